@@ -1,0 +1,1 @@
+"""fleetlens alerts (filled in by later issues)."""

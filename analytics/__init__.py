@@ -1,0 +1,1 @@
+"""fleetlens analytics (filled in by later issues)."""

@@ -1,0 +1,57 @@
+"""What every collector shares: its options, its contract and the counter for bad input it skipped."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from prometheus_client.metrics_core import Metric
+
+log = logging.getLogger("fleetlens.collectors")
+
+
+@dataclass(frozen=True)
+class CollectorOptions:
+    """Every root a collector reads from, injectable so that tests point collectors at fixture trees."""
+
+    sysfs_root: Path = Path("/sys")
+    node: str = socket.gethostname()
+    gpu_backend: str = "nvml"  # nvml | sim | none
+    gpu_sim_seed: int = 0
+    gpu_sim_count: int = 8
+    kernel_log: Path | None = None  # a dmesg/kmsg file to follow for NVRM Xid lines; None: no file
+    nccl_logs: str | None = None  # glob of NCCL_DEBUG=INFO log files; None: collector idle
+
+
+class Collector(Protocol):
+    """A collector yields fresh metric families on every call; it never keeps families between scrapes."""
+
+    def collect(self) -> Iterable[Metric]: ...
+
+
+class ReadErrors:
+    """Counts the samples one collector skipped because of bad input, and logs each distinct problem once.
+
+    A broken file is read on every scrape; logging it every second would drown the log, so repeats of
+    the same (where, problem) go to DEBUG. The count is exported as fleetlens_exporter_read_errors_total.
+    """
+
+    def __init__(self, collector: str) -> None:
+        self.collector = collector
+        self.count = 0
+        self._seen: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
+
+    def report(self, where: str, problem: str) -> None:
+        """Record that the sample at `where` (a path, device or log line) was skipped because of `problem`."""
+        with self._lock:
+            self.count += 1
+            first = (where, problem) not in self._seen
+            self._seen.add((where, problem))
+        level = logging.WARNING if first else logging.DEBUG
+        log.log(level, "collector %s skipped %s: %s", self.collector, where, problem)

@@ -1,0 +1,28 @@
+"""The errors that collectors raise, as one tree.
+
+    CollectorError
+    ├── SysfsError          a sysfs file is unreadable or holds a value we cannot parse
+    ├── GpuBackendError     NVML (or the simulated backend) failed for a device or as a whole
+    └── LogParseError       a kernel or NCCL log line is malformed
+
+Collectors catch these per sample or per device, report them through `ReadErrors` and go on: one bad
+file never fails a scrape. Each message names the file, device or line it is about.
+"""
+
+from __future__ import annotations
+
+
+class CollectorError(Exception):
+    """Base of every error raised by a collector."""
+
+
+class SysfsError(CollectorError):
+    """A sysfs file could not be read or parsed; the message names the path."""
+
+
+class GpuBackendError(CollectorError):
+    """A GPU backend call failed; the message names the device and the call."""
+
+
+class LogParseError(CollectorError):
+    """A log line could not be parsed; the message names the source and line number."""

@@ -1,0 +1,1 @@
+"""fleetlens ui (filled in by later issues)."""
