@@ -1,0 +1,52 @@
+# Two entry points on a fresh machine: `make demo` and `make test`. Both create .venv and install into it.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# Debian packages the integration tests start as real peers.
+DEBIAN_PEERS := prometheus prometheus-node-exporter
+TORCH := torch==2.13.0
+
+.PHONY: demo test venv install install-test debian-peers lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e '.[test]'
+	touch $@
+
+$(VENV)/.torch: $(VENV)/.installed
+	$(PIP) install --quiet $(TORCH)
+	touch $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed $(VENV)/.torch debian-peers
+
+# Installs the Debian peers when missing. As root (CI) a failed install fails the build; without root
+# the tests that need a peer skip and say which binary is missing.
+debian-peers:
+	@missing=""; for p in $(DEBIAN_PEERS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	  else echo "warning: not root, cannot install$$missing; the tests that need them will skip"; fi; \
+	fi
+
+test: install-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+demo: install
+	$(VENV)/bin/fleetlens exporter --gpu-backend sim --listen 127.0.0.1:9400 --node demo-node-01
+
+bench: install-test
+	$(PY) bench/exporter.py
+	$(PY) bench/steps.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

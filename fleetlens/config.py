@@ -1,0 +1,154 @@
+"""One validated configuration object, with one explicit precedence.
+
+    command-line flag  >  environment (FLEETLENS_<SECTION>_<KEY>)  >  config file (YAML)  >  default
+
+Each section is a frozen dataclass; a value from any source is converted to the field's type, and a value
+that does not fit raises ConfigError naming the source (flag, variable or file) and the key.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or of the wrong type; the message says where it came from."""
+
+
+GpuBackend = Literal["nvml", "sim", "none"]
+
+
+@dataclass(frozen=True)
+class ExporterConfig:
+    """The per-VM exporter: where it listens, what it reads, which collectors run."""
+
+    listen: str = "0.0.0.0:9400"
+    sysfs_root: Path = Path("/sys")
+    gpu_backend: GpuBackend = "nvml"
+    node: str = field(default_factory=socket.gethostname)
+    enable_collectors: tuple[str, ...] = ()
+    disable_collectors: tuple[str, ...] = ()
+    kernel_log: Path | None = None
+    nccl_logs: str | None = None
+    gpu_sim_seed: int = 0
+    gpu_sim_count: int = 8
+
+    def __post_init__(self) -> None:
+        _host, sep, port = self.listen.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ConfigError(f"exporter.listen: {self.listen!r} is not HOST:PORT")
+        if self.gpu_sim_count < 0:
+            raise ConfigError(f"exporter.gpu_sim_count: must be >= 0, got {self.gpu_sim_count}")
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True)
+class Config:
+    exporter: ExporterConfig = field(default_factory=ExporterConfig)
+
+
+def _convert(value: Any, hint: Any, where: str) -> Any:
+    """Convert `value` (from YAML, an environment string or a flag) to the annotated type `hint`."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [h for h in typing.get_args(hint) if h is not type(None)]
+        if value is None or value == "":
+            return None
+        return _convert(value, options[0], where)
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            raise ConfigError(f"{where}: {value!r} is not one of {', '.join(choices)}")
+        return value
+    if origin is tuple:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return tuple(_convert(str(item).strip(), str, where) for item in items if str(item).strip())
+    try:
+        if hint is bool:
+            if isinstance(value, str):
+                lowered = value.lower()
+                if lowered not in ("1", "0", "true", "false", "yes", "no"):
+                    raise ValueError(value)
+                return lowered in ("1", "true", "yes")
+            return bool(value)
+        if hint is int and isinstance(value, bool | float):
+            raise ValueError(value)
+        if hint in (int, float, str, Path):
+            return hint(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}") from None
+    raise ConfigError(f"{where}: unsupported type {hint!r}")
+
+
+def _section_values(section: type, raw: Mapping[str, Any], where: Callable[[str], str]) -> dict[str, Any]:
+    """Convert one source's values for `section`; `where(key)` names the key's origin in errors."""
+    hints = typing.get_type_hints(section)
+    names = {f.name for f in fields(section)}
+    for key in raw:
+        if key not in names:
+            raise ConfigError(f"{where(key)}: unknown key; known: {', '.join(sorted(names))}")
+    return {key: _convert(value, hints[key], where(key)) for key, value in raw.items()}
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Config:
+    """Build the Config from the file at `path`, the environment and `overrides` ({section: {key: value}})."""
+    env = os.environ if env is None else env
+    file_values: Mapping[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"config file {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path}: not valid YAML: {exc}") from None
+        file_values = loaded or {}
+        if not isinstance(file_values, Mapping):
+            kind = type(loaded).__name__
+            raise ConfigError(f"config file {path}: expected a mapping of sections, got {kind}")
+        unknown = sorted(set(file_values) - {f.name for f in fields(Config)})
+        if unknown:
+            raise ConfigError(f"config file {path}: unknown section(s) {', '.join(unknown)}")
+
+    sections = {}
+    for section in fields(Config):
+        cls = section.default_factory  # type: ignore[misc]
+        values: dict[str, Any] = {}
+        raw_file = file_values.get(section.name) or {}
+        if not isinstance(raw_file, Mapping):
+            raise ConfigError(f"config file {path}: section {section.name} must be a mapping")
+        name = section.name
+        values.update(_section_values(cls, raw_file, lambda key, n=name: f"config file {path}: {n}.{key}"))
+        prefix = f"FLEETLENS_{name.upper()}_"
+        from_env = {k[len(prefix) :].lower(): v for k, v in env.items() if k.startswith(prefix)}
+        values.update(_section_values(cls, from_env, lambda key, p=prefix: f"environment {p}{key.upper()}"))
+        flags = {k: v for k, v in (overrides or {}).get(name, {}).items() if v is not None}
+        values.update(_section_values(cls, flags, lambda key, n=name: f"command line: {n}.{key}"))
+        try:
+            sections[section.name] = cls(**values)
+        except ConfigError as exc:
+            origin = f"config file {path}" if path else "configuration"
+            raise ConfigError(f"{origin}: {exc}") from None
+    return Config(**sections)
+
+
+__all__ = ["Config", "ConfigError", "ExporterConfig", "GpuBackend", "load_config"]

@@ -1,0 +1,64 @@
+"""The configuration object: precedence flag > environment > file > default, and errors that say where."""
+
+from pathlib import Path
+
+import pytest
+
+from fleetlens.config import ConfigError, load_config
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "fleetlens.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_any_source():
+    config = load_config(env={})
+    assert config.exporter.listen == "0.0.0.0:9400"
+    assert config.exporter.gpu_backend == "nvml"
+    assert config.exporter.sysfs_root == Path("/sys")
+
+
+def test_flag_beats_environment_beats_file(tmp_path):
+    path = write(tmp_path, "exporter:\n  gpu_backend: none\n  node: from-file\n  listen: 127.0.0.1:1\n")
+    env = {"FLEETLENS_EXPORTER_NODE": "from-env", "FLEETLENS_EXPORTER_LISTEN": "127.0.0.1:2"}
+    config = load_config(path, env=env, overrides={"exporter": {"listen": "127.0.0.1:3", "node": None}})
+    assert config.exporter.gpu_backend == "none"  # file only
+    assert config.exporter.node == "from-env"  # env over file; a flag left unset (None) does not override
+    assert config.exporter.listen == "127.0.0.1:3"  # flag over env and file
+    assert config.exporter.host_port == ("127.0.0.1", 3)
+
+
+def test_environment_values_are_converted_to_field_types():
+    env = {"FLEETLENS_EXPORTER_GPU_SIM_COUNT": "4", "FLEETLENS_EXPORTER_DISABLE_COLLECTORS": "gpu, xid"}
+    config = load_config(env=env)
+    assert config.exporter.gpu_sim_count == 4
+    assert config.exporter.disable_collectors == ("gpu", "xid")
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "message"),
+    [
+        ("exporter:\n  gpu_backend: cuda\n", {}, "exporter.gpu_backend: 'cuda' is not one of nvml, sim, none"),
+        ("exporter:\n  gpu_sim_count: many\n", {}, "exporter.gpu_sim_count: expected int, got 'many'"),
+        ("exporter:\n  colour: blue\n", {}, "exporter.colour: unknown key"),
+        ("exporterz: {}\n", {}, "unknown section(s) exporterz"),
+        ("exporter: [1, 2]\n", {}, "section exporter must be a mapping"),
+        ("exporter: {listen: 'nowhere'}\n", {}, "exporter.listen: 'nowhere' is not HOST:PORT"),
+        ("exporter: {\n", {}, "not valid YAML"),
+        ("", {"FLEETLENS_EXPORTER_GPU_SIM_SEED": "1.5"}, "environment FLEETLENS_EXPORTER_GPU_SIM_SEED"),
+    ],
+)
+def test_bad_config_names_what_and_where(tmp_path, text, env, message):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env=env)
+    assert message in str(info.value)
+    if not env:
+        assert str(path) in str(info.value)
+
+
+def test_missing_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="No such file"):
+        load_config(tmp_path / "absent.yaml", env={})
