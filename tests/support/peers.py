@@ -1,0 +1,90 @@
+"""Start real peer processes (our exporter, Prometheus, node_exporter) on free loopback ports.
+
+Each peer is ended by the PID we started, and only that one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def require_binary(path: str) -> str:
+    """The binary's path, or skip the test naming the Debian package that `make test` installs."""
+    found = shutil.which(path)
+    if found is None:
+        pytest.skip(f"{path} not installed (make test installs it from Debian as root)")
+    return found
+
+
+def wait_http(url: str, process: subprocess.Popen, timeout: float = 20.0) -> None:
+    """Wait until `url` answers 200, failing early with the peer's output if it exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            out = process.stdout.read() if process.stdout else ""
+            raise RuntimeError(f"{process.args[0]} exited with {process.returncode}:\n{out}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout}s")
+
+
+@contextlib.contextmanager
+def peer(args: Sequence[str], ready_url: str, cwd: Path | None = None) -> Iterator[subprocess.Popen]:
+    """Run `args` until the block ends; `ready_url` answering 200 means it has started."""
+    process = subprocess.Popen(
+        list(args), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        wait_http(ready_url, process)
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def fleetlens_exporter(*flags: str) -> tuple[list[str], str]:
+    """The command line of our exporter on a free port, and its metrics URL."""
+    port = free_port()
+    args = [sys.executable, "-m", "fleetlens.cli", "exporter", "--listen", f"127.0.0.1:{port}", *flags]
+    return args, f"http://127.0.0.1:{port}/metrics"
+
+
+def node_exporter(sysfs_root: Path, *flags: str) -> tuple[list[str], str]:
+    """Debian's prometheus-node-exporter on `sysfs_root` with only the infiniband and netclass collectors."""
+    binary = require_binary("prometheus-node-exporter")
+    port = free_port()
+    args = [
+        binary,
+        f"--web.listen-address=127.0.0.1:{port}",
+        f"--path.sysfs={sysfs_root}",
+        "--collector.disable-defaults",
+        "--collector.infiniband",
+        "--collector.netclass",
+        *flags,
+    ]
+    return args, f"http://127.0.0.1:{port}/metrics"
