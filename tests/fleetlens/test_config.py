@@ -40,7 +40,7 @@ def test_environment_values_are_converted_to_field_types():
 @pytest.mark.parametrize(
     ("text", "env", "message"),
     [
-        ("exporter:\n  gpu_backend: cuda\n", {}, "exporter.gpu_backend: 'cuda' is not one of nvml, sim, none"),
+        ("exporter: {gpu_backend: cuda}", {}, "exporter.gpu_backend: 'cuda' is not one of nvml, sim, none"),
         ("exporter:\n  gpu_sim_count: many\n", {}, "exporter.gpu_sim_count: expected int, got 'many'"),
         ("exporter:\n  colour: blue\n", {}, "exporter.colour: unknown key"),
         ("exporterz: {}\n", {}, "unknown section(s) exporterz"),
