@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from collectors import registry
+from collectors import nccl_log, registry
 from collectors.base import CollectorOptions
 from collectors.exporter import Exporter, make_registry, serve
 from fleetlens.config import ConfigError, ExporterConfig, load_config
@@ -122,6 +122,10 @@ def cmd_collectors(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_nccl(args: argparse.Namespace) -> int:
+    return nccl_log.main(args.files)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleetlens", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
@@ -140,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     collectors = sub.add_parser("collectors", help="list the collectors and whether they run by default")
     collectors.set_defaults(func=cmd_collectors)
+
+    nccl = sub.add_parser("nccl", help="per-rank GPUDirect RDMA verdict and proof from NCCL_DEBUG=INFO logs")
+    nccl.add_argument("files", nargs="+", metavar="FILE", help="NCCL_DEBUG=INFO log files")
+    nccl.set_defaults(func=cmd_nccl)
     return parser
 
 
