@@ -7,6 +7,7 @@ node_exporter's `node_scrape_collector_success` does.
 
 from __future__ import annotations
 
+import gzip
 import logging
 import socket
 import threading
@@ -15,10 +16,12 @@ from collections.abc import Callable, Iterable, Iterator
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics import exposition as openmetrics
 
+from collectors import textformat
 from collectors.registry import BuiltCollector
 
 log = logging.getLogger("fleetlens.exporter")
@@ -93,14 +96,26 @@ def make_registry(exporter: Exporter, process_metrics: bool = True) -> Collector
     return registry
 
 
+def scrape_body(registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
+    """One scrape, as (body, content type): OpenMetrics if `accept` asks for it, else Prometheus text."""
+    if "application/openmetrics-text" in accept:
+        return openmetrics.generate_latest(registry), openmetrics.CONTENT_TYPE_LATEST
+    return textformat.render(registry.collect()), textformat.CONTENT_TYPE
+
+
 def make_app(registry: CollectorRegistry) -> Callable:
-    """WSGI app: /metrics (text or OpenMetrics by Accept header, gzip on request), a landing page at /."""
-    metrics = make_wsgi_app(registry)
+    """WSGI app: /metrics (format by Accept header, gzip on request), a landing page at /."""
 
     def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
-            return metrics(environ, start_response)
+            body, content_type = scrape_body(registry, environ.get("HTTP_ACCEPT", ""))
+            headers = [("Content-Type", content_type)]
+            if "gzip" in environ.get("HTTP_ACCEPT_ENCODING", ""):
+                body = gzip.compress(body, compresslevel=1)
+                headers.append(("Content-Encoding", "gzip"))
+            start_response("200 OK", headers)
+            return [body]
         if path == "/":
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
             return [LANDING_PAGE]

@@ -13,12 +13,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from prometheus_client import generate_latest
-from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
-
 from collectors import nccl_log, registry
 from collectors.base import CollectorOptions
-from collectors.exporter import Exporter, make_registry, serve
+from collectors.exporter import Exporter, make_registry, scrape_body, serve
 from fleetlens.config import ConfigError, ExporterConfig, load_config
 
 log = logging.getLogger("fleetlens")
@@ -108,8 +105,8 @@ def cmd_exporter(args: argparse.Namespace) -> int:
 def cmd_collect(args: argparse.Namespace) -> int:
     exporter = build_exporter(_exporter_config(args))
     try:
-        registry_ = make_registry(exporter, process_metrics=False)
-        body = generate_openmetrics(registry_) if args.openmetrics else generate_latest(registry_)
+        accept = "application/openmetrics-text" if args.openmetrics else ""
+        body, _ = scrape_body(make_registry(exporter, process_metrics=False), accept)
     finally:
         exporter.close()
     sys.stdout.write(body.decode())

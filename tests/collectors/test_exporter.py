@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
+from collectors import textformat
 from collectors.base import ReadErrors
 from collectors.exporter import Exporter, make_registry, serve
 from collectors.registry import BuiltCollector
@@ -71,7 +72,8 @@ def test_failing_collector_loses_only_its_own_families(server):
 
 
 def test_openmetrics_on_request_and_gzip(server):
-    content_type, body, _ = get(server + "/metrics", {"Accept": "application/openmetrics-text; version=1.0.0"})
+    openmetrics = {"Accept": "application/openmetrics-text; version=1.0.0"}
+    content_type, body, _ = get(server + "/metrics", openmetrics)
     assert content_type == "application/openmetrics-text"
     assert body.decode().rstrip().endswith("# EOF")
     _, body, headers = get(server + "/metrics", {"Accept-Encoding": "gzip"})
@@ -96,3 +98,13 @@ def test_close_reaches_collectors_that_hold_resources():
 
     Exporter([built("holder", Holder()), built("plain", Healthy())]).close()
     assert closed == [True]
+
+
+def test_text_format_escapes_label_values_and_keeps_label_order():
+    family = GaugeMetricFamily("fleetlens_test_info", 'Help with \\ and\nnewline.', labels=["z", "a"])
+    family.add_metric(['quote " back \\ slash', "line\nbreak"], 1)
+    body = textformat.render([family]).decode()
+    assert 'fleetlens_test_info{z="quote \\" back \\\\ slash",a="line\\nbreak"} 1.0' in body
+    (parsed,) = text_string_to_metric_families(body)
+    assert parsed.samples[0].labels == {"z": 'quote " back \\ slash', "a": "line\nbreak"}
+    assert parsed.documentation == "Help with \\ and\nnewline."

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -21,6 +21,7 @@ from prometheus_client.samples import Sample
 from collectors import registry
 from collectors.base import Collector, CollectorOptions, ReadErrors
 from collectors.errors import GpuBackendError
+from collectors.exporter import scrape_body
 from collectors.gpu import (
     LABELS,
     METRICS,
@@ -115,11 +116,11 @@ def test_labels_are_spelled_and_formatted_as_in_real_dcgm_exporter_output(fixtur
 
 
 def test_prometheus_text_format_keeps_dcgm_counter_names_without_total(registry_of_busy_node):
-    text = generate_latest(registry_of_busy_node).decode()
-    parsed = {s.name: s for family in text_string_to_metric_families(text) for s in family.samples}
+    text = scrape_body(registry_of_busy_node)[0].decode()
     for spec in METRICS:
-        assert spec.name in parsed, spec.name
-        assert f"{spec.name}_total" not in parsed
+        assert re.search(rf"^{spec.name}\{{", text, re.MULTILINE), spec.name
+        assert f"{spec.name}_total" not in text
+        assert f"# TYPE {spec.name} {spec.kind}\n" in text
     assert re.search(r"^DCGM_FI_DEV_PCIE_REPLAY_COUNTER\{.*gpu=\"2\".*\} [1-9]", text, re.MULTILINE)
 
 
@@ -133,17 +134,15 @@ def test_openmetrics_types_dcgm_counters_as_counters_under_their_own_name(regist
 
 
 class _TwoFormats(BaseHTTPRequestHandler):
-    """/text answers in the Prometheus text format, /om in OpenMetrics, whatever the Accept header."""
+    """/text answers in the exporter's text format, /om in OpenMetrics, whatever the Accept header."""
 
     registry: CollectorRegistry
 
     def do_GET(self) -> None:
-        if self.path == "/om":
-            body, kind = generate_openmetrics(self.registry), "application/openmetrics-text; version=1.0.0"
-        else:
-            body, kind = generate_latest(self.registry), "text/plain; version=0.0.4"
+        accept = "application/openmetrics-text" if self.path == "/om" else ""
+        body, content_type = scrape_body(self.registry, accept)
         self.send_response(200)
-        self.send_header("Content-Type", f"{kind}; charset=utf-8")
+        self.send_header("Content-Type", content_type)
         self.end_headers()
         self.wfile.write(body)
 
@@ -187,7 +186,7 @@ def test_prometheus_ingests_dcgm_counters_under_dcgm_names_from_both_formats(reg
             renamed = prometheus_api(base, "query", query="DCGM_FI_DEV_PCIE_REPLAY_COUNTER_total")
             assert renamed["result"] == []
             metadata = prometheus_api(base, "targets/metadata", metric="DCGM_FI_DEV_PCIE_REPLAY_COUNTER")
-            assert {m["target"]["job"]: m["type"] for m in metadata}["om"] == "counter"
+            assert {m["target"]["job"]: m["type"] for m in metadata} == {"text": "counter", "om": "counter"}
     finally:
         server.shutdown()
         server.server_close()
