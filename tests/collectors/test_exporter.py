@@ -78,7 +78,7 @@ def test_openmetrics_on_request_and_gzip(server):
     assert body.decode().rstrip().endswith("# EOF")
     _, body, headers = get(server + "/metrics", {"Accept-Encoding": "gzip"})
     assert headers.get("Content-Encoding") == "gzip"
-    assert b"fleetlens_test_value 42.0" in gzip.decompress(body)
+    assert b"fleetlens_test_value 42" in gzip.decompress(body)
 
 
 def test_landing_page_and_unknown_paths(server):
@@ -101,10 +101,27 @@ def test_close_reaches_collectors_that_hold_resources():
 
 
 def test_text_format_escapes_label_values_and_keeps_label_order():
-    family = GaugeMetricFamily("fleetlens_test_info", 'Help with \\ and\nnewline.', labels=["z", "a"])
+    family = GaugeMetricFamily("fleetlens_test_info", "Help with \\ and\nnewline.", labels=["z", "a"])
     family.add_metric(['quote " back \\ slash', "line\nbreak"], 1)
     body = textformat.render([family]).decode()
-    assert 'fleetlens_test_info{z="quote \\" back \\\\ slash",a="line\\nbreak"} 1.0' in body
+    assert 'fleetlens_test_info{z="quote \\" back \\\\ slash",a="line\\nbreak"} 1' in body
     (parsed,) = text_string_to_metric_families(body)
     assert parsed.samples[0].labels == {"z": 'quote " back \\ slash', "a": "line\nbreak"}
     assert parsed.documentation == "Help with \\ and\nnewline."
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (3.0, "3"),
+        (-2, "-2"),
+        (0.25, "0.25"),
+        (1e20, "1e+20"),
+        (float("inf"), "+Inf"),
+        (-float("inf"), "-Inf"),
+    ],
+)
+def test_values_render_as_prometheus_parses_them(value, text):
+    assert textformat.format_value(value) == text
+    assert float(text) == value
+    assert textformat.format_value(float("nan")) == "NaN"
