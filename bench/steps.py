@@ -24,7 +24,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from collectors.steps import StepTracker
-from tests.collectors.test_steps import OtlpReceiver
+from tests.support.otlp import OtlpReceiver
 
 IDENTITY = {"job": "bench", "rank": 0, "node": "bench-node", "dp_rank": 0, "pp_stage": 0, "tp_rank": 0}
 REPEATS = 3

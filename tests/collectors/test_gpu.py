@@ -16,10 +16,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
 
 from collectors import registry
-from collectors.base import Collector, CollectorOptions, ReadErrors
+from collectors.base import CollectorOptions, ReadErrors
 from collectors.errors import GpuBackendError
 from collectors.exporter import scrape_body
 from collectors.gpu import (
@@ -33,16 +32,8 @@ from collectors.gpu import (
 from collectors.gpu_sim import ManualClock, SimBackend
 from collectors.nvml import NvmlBackend
 from collectors.xid import XidCollector
+from tests.support.exposition import samples_of
 from tests.support.peers import free_port, peer, require_binary
-
-
-def samples_of(collector: Collector) -> dict[str, list[Sample]]:
-    """One scrape, as {sample name: samples}."""
-    found: dict[str, list[Sample]] = {}
-    for family in collector.collect():
-        for sample in family.samples:
-            found.setdefault(sample.name, []).append(sample)
-    return found
 
 
 def dcgm_fields(fixtures: Path) -> dict[str, tuple[str, str]]:

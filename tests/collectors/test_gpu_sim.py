@@ -10,7 +10,7 @@ from collectors import registry
 from collectors.base import CollectorOptions, ReadErrors
 from collectors.gpu import GpuCollector, GpuSample, XidEvent
 from collectors.gpu_sim import ManualClock, SimBackend
-from tests.collectors.test_gpu import samples_of
+from tests.support.exposition import samples_of
 
 
 def capture_rows(fixtures: Path, gpu: str) -> dict[str, dict[str, str]]:

@@ -17,6 +17,7 @@ from collectors import sysfs
 from collectors.base import ReadErrors
 from collectors.infiniband import InfiniBandCollector
 from tests.support.exposition import SampleKey, key, parse_samples, render
+from tests.support.trees import as_dangling_link, as_directory, containing
 
 
 def scrape(sysfs_root: Path) -> tuple[dict[SampleKey, float], ReadErrors]:
@@ -148,23 +149,6 @@ def test_ipoib_port_netdev_from_the_pci_function(ib_copy):
     assert port_info(samples, "mlx4_0", "2")["netdev"] == "ib1"
     assert port_info(samples, "mlx5_0", "1")["netdev"] == ""  # sysfs names none
     assert errors.count == 0
-
-
-def as_directory(path: Path) -> None:
-    path.unlink()
-    path.mkdir()
-
-
-def as_dangling_link(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
-    path.symlink_to("vanished")
-
-
-def containing(text: str):
-    return lambda path: path.write_text(text + "\n")
 
 
 def sample(metric: str, device: str, number: str):

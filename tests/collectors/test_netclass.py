@@ -14,8 +14,8 @@ import pytest
 
 from collectors.base import ReadErrors
 from collectors.netclass import NetClassCollector
-from tests.collectors.test_infiniband import as_dangling_link, as_directory, containing
 from tests.support.exposition import SampleKey, key, parse_samples, render
+from tests.support.trees import as_dangling_link, as_directory, containing
 
 
 def scrape(sysfs_root: Path) -> tuple[dict[SampleKey, float], ReadErrors]:

@@ -24,7 +24,7 @@ from collectors.base import ReadErrors
 from collectors.errors import GpuBackendError
 from collectors.gpu import GpuCollector, XidEvent
 from collectors.nvml import ALL_NVLINKS, NvmlBackend, handle_address
-from tests.collectors.test_gpu import samples_of
+from tests.support.exposition import samples_of
 
 H100_LOAD = {
     "sm_clock": 1980,

@@ -16,7 +16,7 @@ from collectors.errors import LogParseError
 from collectors.gpu import normalize_pci_bus_id
 from collectors.gpu_sim import ManualClock, SimBackend
 from collectors.xid import FollowedLog, KmsgReader, XidCollector, open_kernel_log, parse_xid_line
-from tests.collectors.test_gpu import samples_of
+from tests.support.exposition import samples_of
 
 # What each gpud fixture holds, read off the files: (PCI address, Xid) per Xid line.
 GPUD_XIDS = {"dmesg-with-xid-119.log": [("00000000:9B:00.0", 119)] * 5}

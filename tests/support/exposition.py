@@ -11,10 +11,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from collectors.base import Collector
+from collectors.exporter import scrape_body
 from tests.support.peers import node_exporter, peer
 
 SampleKey = tuple[str, frozenset[tuple[str, str]]]
@@ -61,7 +63,16 @@ def render(*collectors: Collector) -> str:
     registry = CollectorRegistry(auto_describe=False)
     for collector in collectors:
         registry.register(collector)
-    return generate_latest(registry).decode()
+    return scrape_body(registry)[0].decode()
+
+
+def samples_of(collector: Collector) -> dict[str, list[Sample]]:
+    """One scrape, as {sample name: samples}."""
+    found: dict[str, list[Sample]] = {}
+    for family in collector.collect():
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append(sample)
+    return found
 
 
 def scrape(url: str) -> str:
