@@ -6,7 +6,6 @@ checked in test_node_exporter_conformance; these tests cover the admin state and
 
 from __future__ import annotations
 
-import logging
 import shutil
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 from collectors.base import ReadErrors
 from collectors.netclass import NetClassCollector
 from tests.support.exposition import SampleKey, key, parse_samples, render
-from tests.support.trees import as_dangling_link, as_directory, containing
+from tests.support.trees import as_dangling_link, as_directory, assert_breaking_loses_only, containing
 
 
 def scrape(sysfs_root: Path) -> tuple[dict[SampleKey, float], ReadErrors]:
@@ -110,17 +109,5 @@ BAD_INPUT = {
 
 @pytest.mark.parametrize(("relative", "breaks", "lost", "logged"), BAD_INPUT.values(), ids=BAD_INPUT.keys())
 def test_bad_input_skips_only_its_samples(net_copy, caplog, relative, breaks, lost, logged):
-    pristine, _ = scrape(net_copy)
     path = net_copy / "class" / "net" / relative
-    breaks(path)
-
-    samples, errors = scrape(net_copy)
-
-    expected_lost = lost(pristine)
-    assert expected_lost
-    assert samples == {k: v for k, v in pristine.items() if k not in expected_lost}
-    assert errors.count == 1
-    [record] = caplog.records
-    assert record.levelno == logging.WARNING
-    assert str(path) in record.getMessage()
-    assert logged in record.getMessage()
+    assert_breaking_loses_only(scrape, net_copy, path, breaks, lost, logged, caplog)
