@@ -26,6 +26,8 @@ class CollectorOptions:
     gpu_sim_count: int = 8
     kernel_log: Path | None = None  # a dmesg/kmsg file to follow for NVRM Xid lines; None: no file
     nccl_logs: str | None = None  # glob of NCCL_DEBUG=INFO log files; None: collector idle
+    netclass_ignored_devices: str = "^$"  # regex, as node_exporter's --collector.netclass.ignored-devices
+    netclass_ignore_invalid_speed: bool = False  # as --collector.netclass.ignore-invalid-speed
 
 
 class Collector(Protocol):

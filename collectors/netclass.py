@@ -150,4 +150,9 @@ def _admin_state(flags: int | None) -> str:
 
 @register("netclass")
 def netclass_collector(options: CollectorOptions, errors: ReadErrors) -> NetClassCollector:
-    return NetClassCollector(options.sysfs_root, errors)
+    return NetClassCollector(
+        options.sysfs_root,
+        errors,
+        ignored_devices=options.netclass_ignored_devices,
+        ignore_invalid_speed=options.netclass_ignore_invalid_speed,
+    )

@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
 
 from collectors import nccl_log, registry
@@ -31,6 +32,15 @@ def _exporter_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-sim-seed", type=int, help="seed of the simulated GPU backend")
     parser.add_argument("--gpu-sim-count", type=int, help="number of simulated GPUs")
     parser.add_argument(
+        "--netclass-ignored-devices", metavar="REGEX", help="interfaces the netclass collector skips"
+    )
+    parser.add_argument(
+        "--netclass-ignore-invalid-speed",
+        action="store_const",
+        const=True,
+        help="omit speed when it reads -1",
+    )
+    parser.add_argument(
         "--enable-collector", action="append", dest="enable_collectors", metavar="NAME", help="repeatable"
     )
     parser.add_argument(
@@ -39,34 +49,14 @@ def _exporter_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _exporter_config(args: argparse.Namespace, **extra: Any) -> ExporterConfig:
-    flags = {
-        key: getattr(args, key)
-        for key in (
-            "sysfs_root",
-            "gpu_backend",
-            "node",
-            "kernel_log",
-            "nccl_logs",
-            "gpu_sim_seed",
-            "gpu_sim_count",
-            "enable_collectors",
-            "disable_collectors",
-        )
-    }
+    """The exporter section, with every flag the user gave (argparse dests are the config keys)."""
+    flags = {f.name: getattr(args, f.name) for f in fields(ExporterConfig) if hasattr(args, f.name)}
     return load_config(args.config, overrides={"exporter": {**flags, **extra}}).exporter
 
 
 def build_exporter(config: ExporterConfig) -> Exporter:
-    """Wire the enabled collectors with the roots the config names."""
-    options = CollectorOptions(
-        sysfs_root=config.sysfs_root,
-        node=config.node,
-        gpu_backend=config.gpu_backend,
-        gpu_sim_seed=config.gpu_sim_seed,
-        gpu_sim_count=config.gpu_sim_count,
-        kernel_log=config.kernel_log,
-        nccl_logs=config.nccl_logs,
-    )
+    """Wire the enabled collectors with the roots the config names (CollectorOptions keys are config keys)."""
+    options = CollectorOptions(**{f.name: getattr(config, f.name) for f in fields(CollectorOptions)})
     try:
         names = registry.resolve(config.enable_collectors, config.disable_collectors)
     except ValueError as exc:

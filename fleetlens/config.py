@@ -9,6 +9,7 @@ that does not fit raises ConfigError naming the source (flag, variable or file) 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import types
 import typing
@@ -41,11 +42,17 @@ class ExporterConfig:
     nccl_logs: str | None = None
     gpu_sim_seed: int = 0
     gpu_sim_count: int = 8
+    netclass_ignored_devices: str = "^$"
+    netclass_ignore_invalid_speed: bool = False
 
     def __post_init__(self) -> None:
         _host, sep, port = self.listen.rpartition(":")
         if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ConfigError(f"exporter.listen: {self.listen!r} is not HOST:PORT")
+        try:
+            re.compile(self.netclass_ignored_devices)
+        except re.error as exc:
+            raise ConfigError(f"exporter.netclass_ignored_devices: not a regular expression: {exc}") from None
         if self.gpu_sim_count < 0:
             raise ConfigError(f"exporter.gpu_sim_count: must be >= 0, got {self.gpu_sim_count}")
 

@@ -1,10 +1,12 @@
 """The configuration object: precedence flag > environment > file > default, and errors that say where."""
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from fleetlens.config import ConfigError, load_config
+from collectors.base import CollectorOptions
+from fleetlens.config import ConfigError, ExporterConfig, load_config
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -62,3 +64,14 @@ def test_bad_config_names_what_and_where(tmp_path, text, env, message):
 def test_missing_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="No such file"):
         load_config(tmp_path / "absent.yaml", env={})
+
+
+def test_every_collector_option_has_a_config_key():
+    """build_exporter hands config keys to collectors by name: a new option needs a config key too."""
+    assert {f.name for f in fields(CollectorOptions)} <= {f.name for f in fields(ExporterConfig)}
+
+
+def test_bad_interface_regex_is_refused(tmp_path):
+    path = write(tmp_path, "exporter: {netclass_ignored_devices: '(eth'}\n")
+    with pytest.raises(ConfigError, match=r"exporter\.netclass_ignored_devices: not a regular expression"):
+        load_config(path, env={})
