@@ -6,10 +6,10 @@ shared by the gpu and xid collectors, and by a fleet simulator that drives the s
 `acquire_backend` / `release_backend`.
 
 dcgm-exporter's counters carry no `_total` suffix. CounterMetricFamily would append one and rename the
-series, so each family is a plain `Metric` typed counter whose samples keep dcgm-exporter's name. Both
-exposition formats render it and Prometheus ingests the series under that name from either; only the
-Prometheus text format's HELP/TYPE lines say `<name>_total`. The OpenMetrics parser of prometheus_client
-rejects such counters, so a Python scraper of this exporter should ask for the Prometheus text format.
+series, so each family is a plain `Metric` typed counter whose samples keep dcgm-exporter's name, and
+collectors.textformat writes its HELP/TYPE lines under that same name, as dcgm-exporter does. Prometheus
+ingests them as counters from either format. The OpenMetrics parser of prometheus_client rejects such
+counters, so a Python scraper of this exporter should ask for the Prometheus text format.
 
 NVML init failure (no driver, no GPU) is reported once, when the collector is built; the collector then
 yields nothing: a node without GPUs is worth one log line, not an error per scrape. Install the driver,
