@@ -33,6 +33,7 @@ from prometheus_client.metrics_core import Metric
 
 from collectors.base import CollectorOptions, ReadErrors
 from collectors.errors import LogParseError
+from collectors.follow import FollowedFile, Line
 from collectors.registry import register
 
 # ---------------------------------------------------------------------------------------------------------
@@ -329,10 +330,14 @@ def parse_line(line: LogLine) -> LogRecord | None:
     return _MESSAGE_PARSERS[kind.lastgroup](message, key, line)
 
 
-def parse_nccl_log(lines: Iterable[str], source: str = "<nccl log>", first_line: int = 1) -> ParsedLog:
-    """Parse lines numbered from `first_line`; malformed NCCL lines are skipped and listed, never fatal."""
+def parse_nccl_log(lines: Iterable[str], source: str = "<nccl log>") -> ParsedLog:
+    """Parse lines numbered from 1; malformed NCCL lines are skipped and listed, never fatal."""
+    return _parse_numbered(enumerate(lines, start=1), source)
+
+
+def _parse_numbered(lines: Iterable[Line], source: str) -> ParsedLog:
     records, malformed = [], []
-    for number, text in enumerate(lines, start=first_line):
+    for number, text in lines:
         try:
             record = parse_line(LogLine(source, number, text))
         except LogParseError as err:
@@ -493,41 +498,14 @@ def overall_verdict(ranks: Iterable[RankSummary]) -> Verdict:
 # Collector
 
 READ_LIMIT = 2 << 20  # bytes per file and scrape (about a second of parsing); backlogs take several scrapes
-_MAX_LINE_BYTES = 64 << 10  # of an unterminated line kept between reads; NCCL's own lines are far shorter
-_HEAD_BYTES = 256  # the start of a file, compared each scrape to notice it was rewritten in place
-
-
-def _split_lines(data: bytes) -> tuple[list[str], bytes]:
-    """The complete lines in `data`, decoded (bytes that are not UTF-8 become U+FFFD), and the rest."""
-    *complete, rest = data.split(b"\n")
-    return [raw.decode("utf-8", "replace") for raw in complete], rest
 
 
 @dataclass
-class _Cursor:
-    """How far one file has been read, and what it said so far."""
+class _FollowedLog:
+    """One log file, followed, and what it said since the follower last started it over."""
 
-    identity: tuple[int, int]  # (st_dev, st_ino): a new inode means the file was rotated
-    offset: int = 0
-    head: bytes = b""
-    pending: bytes = b""  # an unterminated last line, completed by a later write
-    lines: int = 0
+    file: FollowedFile
     summary: LogSummary = field(default_factory=LogSummary)
-
-    def replaced_by(self, log: int, info: os.stat_result) -> bool:
-        return (
-            self.identity != (info.st_dev, info.st_ino)
-            or info.st_size < self.offset
-            or os.pread(log, len(self.head), 0) != self.head
-        )
-
-    def take_lines(self, chunk: bytes) -> list[str]:
-        if len(self.head) < _HEAD_BYTES:
-            self.head = (self.head + chunk)[:_HEAD_BYTES]
-        self.offset += len(chunk)
-        lines, pending = _split_lines(self.pending + chunk)
-        self.pending = pending[:_MAX_LINE_BYTES]  # an endless line is garbage; it must not grow memory
-        return lines
 
 
 class NcclLogCollector:
@@ -540,47 +518,47 @@ class NcclLogCollector:
         self._pattern = pattern
         self._errors = errors
         self._read_limit = read_limit
-        self._cursors: dict[str, _Cursor] = {}
+        self._logs: dict[str, _FollowedLog] = {}
 
     def collect(self) -> Iterator[Metric]:
         if self._pattern is None:
             return
         paths = sorted(glob.glob(self._pattern))
-        for gone in self._cursors.keys() - set(paths):
-            del self._cursors[gone]
+        for gone in self._logs.keys() - set(paths):
+            del self._logs[gone]
         families = _Families()
         for path in paths:
             if not os.path.isfile(path):
                 self._skip(path, "not a regular file (a directory, a dangling link, a device)")
                 continue
             try:
-                cursor = self._follow(path)
+                summary = self._follow(path)
             except OSError as err:
                 self._skip(path, f"cannot read: {err.strerror or err}")
                 continue
-            families.add(path, cursor.summary.ranks())
+            families.add(path, summary.ranks())
         yield from families.all()
 
     def _skip(self, path: str, problem: str) -> None:
-        self._cursors.pop(path, None)
+        self._logs.pop(path, None)
         self._errors.report(path, problem)
 
-    def _follow(self, path: str) -> _Cursor:
+    def _follow(self, path: str) -> LogSummary:
         """Parse what was appended to `path` since the last scrape; start over when it was replaced."""
-        with open(path, "rb") as log:
-            info = os.fstat(log.fileno())
-            cursor = self._cursors.get(path)
-            if cursor is None or cursor.replaced_by(log.fileno(), info):
-                cursor = self._cursors[path] = _Cursor((info.st_dev, info.st_ino))
-            log.seek(cursor.offset)
-            lines = cursor.take_lines(log.read(self._read_limit))
-        parsed = parse_nccl_log(lines, source=path, first_line=cursor.lines + 1)
-        cursor.lines += len(lines)
+        if path not in self._logs:
+            # Each scrape opens the file afresh: a glob may match thousands of logs, too many to hold open.
+            follower = FollowedFile(path, finish_rotated=False, read_limit=self._read_limit)
+            self._logs[path] = _FollowedLog(follower)
+        log = self._logs[path]
+        lines = log.file.read_lines()
+        if log.file.restarted:
+            log.summary = LogSummary()
+        parsed = _parse_numbered(lines, source=path)
         for problem in parsed.malformed:
             self._errors.report(path, problem)
         for record in parsed.records:
-            cursor.summary.add(record)
-        return cursor
+            log.summary.add(record)
+        return log.summary
 
 
 class _Families:
@@ -655,9 +633,8 @@ def nccl_log_collector(options: CollectorOptions, errors: ReadErrors) -> NcclLog
 
 def read_nccl_log(path: str | os.PathLike[str]) -> ParsedLog:
     """Parse a whole log file, its last line included even without a final newline."""
-    data = Path(path).read_bytes()
-    lines, _ = _split_lines(data.removesuffix(b"\n") + b"\n")
-    return parse_nccl_log(lines, source=str(path))
+    text = Path(path).read_bytes().decode(errors="replace")  # bytes that are not UTF-8 become U+FFFD
+    return parse_nccl_log(text.removesuffix("\n").split("\n"), source=str(path))
 
 
 def _who(rank: RankSummary) -> str:

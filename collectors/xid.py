@@ -5,9 +5,10 @@ hides repeats and two Xids between scrapes; `fleetlens_gpu_xid_errors_total` cou
 `source` label says who saw it, NVML's critical-Xid events or the kernel log: the same Xid usually
 reaches both, so do not add the sources up.
 
-The kernel log is CollectorOptions.kernel_log: /dev/kmsg, or a file followed like `tail -F` (rotation
-and truncation included). Both are read from their first line, then incrementally on each scrape, so a
-restarted exporter counts the history still in the log again and the counter does not jump.
+The kernel log is CollectorOptions.kernel_log: /dev/kmsg, or a file followed like `tail -F` (rotation,
+truncation and rewrites included: collectors.follow). Both are read from their first line, then
+incrementally on each scrape, so a restarted exporter counts the history still in the log again and the
+counter does not jump.
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ import re
 import stat
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from collectors.base import CollectorOptions, ReadErrors
 from collectors.errors import LogParseError
+from collectors.follow import FollowedFile, Line
 from collectors.gpu import LABELS, GpuBackend, GpuIdentity, XidEvent, lease_backend, normalize_pci_bus_id
 from collectors.registry import register
 
@@ -54,67 +56,9 @@ def parse_xid_line(text: str, where: str) -> XidEvent | None:
 class LogSource(Protocol):
     name: str
 
-    def read_lines(self) -> Iterator[tuple[int, str]]: ...
+    def read_lines(self) -> Iterable[Line]: ...
 
     def close(self) -> None: ...
-
-
-class FollowedLog:
-    """A log file read like `tail -F`: each call yields (line number, text) for the lines completed since
-    the last call, from the first line on the first call, across rotation (a new file at the path: the
-    old one is finished first) and truncation in place (read again from the start)."""
-
-    def __init__(self, path: Path) -> None:
-        self.name = str(path)
-        self._path = path
-        self._file: BinaryIO | None = None
-        self._file_id: tuple[int, int] | None = None
-        self._partial = b""
-        self._line_number = 0
-
-    def read_lines(self) -> Iterator[tuple[int, str]]:
-        try:
-            current = os.stat(self._path)
-        except FileNotFoundError:
-            if self._file is None:
-                raise
-            yield from self._drain()  # rotated away, successor not created yet
-            return
-        if self._file is not None and (current.st_dev, current.st_ino) != self._file_id:
-            yield from self._drain(final=True)
-            self.close()
-        if self._file is None:
-            self._file = open(self._path, "rb")  # noqa: SIM115 -- kept open between scrapes
-            opened = os.fstat(self._file.fileno())
-            self._file_id = (opened.st_dev, opened.st_ino)
-            self._line_number = 0
-        elif current.st_size < self._file.tell():
-            self._file.seek(0)
-            self._partial = b""
-            self._line_number = 0
-        yield from self._drain()
-
-    def _drain(self, final: bool = False) -> Iterator[tuple[int, str]]:
-        """The complete lines up to the end of the file; an unterminated last one waits for its end,
-        unless this is the `final` read of a rotated file."""
-        assert self._file is not None
-        while chunk := self._file.read(1 << 20):
-            lines = (self._partial + chunk).split(b"\n")
-            self._partial = lines.pop()
-            yield from self._numbered(lines)
-        if final and self._partial:
-            yield from self._numbered([self._partial])
-            self._partial = b""
-
-    def _numbered(self, lines: list[bytes]) -> Iterator[tuple[int, str]]:
-        for line in lines:
-            self._line_number += 1
-            yield self._line_number, line.decode(errors="replace")
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
 
 
 class KmsgReader:
@@ -128,7 +72,7 @@ class KmsgReader:
         self._fd: int | None = None
         self._line_number = 0
 
-    def read_lines(self) -> Iterator[tuple[int, str]]:
+    def read_lines(self) -> Iterator[Line]:
         if self._fd is None:
             self._fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK)
         while True:
@@ -156,7 +100,7 @@ def open_kernel_log(path: Path) -> LogSource:
         is_device = stat.S_ISCHR(os.stat(path).st_mode)
     except OSError:
         is_device = False
-    return KmsgReader(path) if is_device else FollowedLog(path)
+    return KmsgReader(path) if is_device else FollowedFile(path)
 
 
 class XidCollector:

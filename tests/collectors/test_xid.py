@@ -13,9 +13,10 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from collectors import registry
 from collectors.base import CollectorOptions, ReadErrors
 from collectors.errors import LogParseError
+from collectors.follow import FollowedFile
 from collectors.gpu import normalize_pci_bus_id
 from collectors.gpu_sim import ManualClock, SimBackend
-from collectors.xid import FollowedLog, KmsgReader, XidCollector, open_kernel_log, parse_xid_line
+from collectors.xid import KmsgReader, XidCollector, open_kernel_log, parse_xid_line
 from tests.support.exposition import samples_of
 
 # What each gpud fixture holds, read off the files: (PCI address, Xid) per Xid line.
@@ -103,14 +104,14 @@ def test_pci_addresses_take_nvmls_spelling():
         normalize_pci_bus_id("9b:00")
 
 
-def texts(log: FollowedLog | KmsgReader) -> list[str]:
+def texts(log: FollowedFile | KmsgReader) -> list[str]:
     return [text for _, text in log.read_lines()]
 
 
 def test_followed_log_returns_only_new_complete_lines(tmp_path):
     path = tmp_path / "kern.log"
     path.write_text("one\ntwo\n")
-    log = FollowedLog(path)
+    log = FollowedFile(path)
     assert list(log.read_lines()) == [(1, "one"), (2, "two")]
     assert texts(log) == []
     with path.open("a") as out:
@@ -125,7 +126,7 @@ def test_followed_log_returns_only_new_complete_lines(tmp_path):
 def test_followed_log_finishes_a_rotated_file_then_reads_its_successor(tmp_path):
     path = tmp_path / "kern.log"
     path.write_text("old 1\n")
-    log = FollowedLog(path)
+    log = FollowedFile(path)
     assert texts(log) == ["old 1"]
     with path.open("a") as out:
         out.write("old 2\nold 3 unterminated")
@@ -139,7 +140,7 @@ def test_followed_log_finishes_a_rotated_file_then_reads_its_successor(tmp_path)
 def test_followed_log_starts_over_after_truncation_in_place(tmp_path):
     path = tmp_path / "kern.log"
     path.write_text("a long first line\nanother\n")
-    log = FollowedLog(path)
+    log = FollowedFile(path)
     assert len(texts(log)) == 2
     path.write_text("fresh\n")  # copytruncate: same inode, shorter
     assert texts(log) == ["fresh"]
@@ -208,7 +209,7 @@ def test_xids_from_nvml_and_the_log_carry_the_gpus_labels_and_dcgms_last_xid(fix
     log = tmp_path / "kern.log"
     message = real_xid_messages(fixtures)[0].replace("PCI:0000:9b:00", f"PCI:{gpu3.pci_bus_id[4:-2]}")
     log.write_text(as_kmsg([message]))
-    collector = XidCollector("vela-003", ReadErrors("xid"), sim, FollowedLog(log))
+    collector = XidCollector("vela-003", ReadErrors("xid"), sim, FollowedFile(log))
     assert xid_totals(collector) == {("3", gpu3.pci_bus_id, "119", "kernel_log"): 1}
     sim.set_fault(3, "xid", code=48)
     sim.set_fault(3, "xid", code=48)
