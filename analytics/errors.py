@@ -1,0 +1,37 @@
+"""The errors of the analytics package, as one tree.
+
+    AnalyticsError
+    ├── StoreError
+    │   ├── StoreUnavailable   the store cannot be reached or timed out: retry later (the hub spools)
+    │   └── StoreRejected      the store refused the data or statement: retrying the same thing fails again
+    ├── QueryError             a read-only query was refused (a write, a syntax error, a limit exceeded)
+    └── SchemaError            migrations cannot be applied (a newer schema than this code knows, a bad DSN)
+
+Messages name what was refused and why, in words an operator can act on.
+"""
+
+from __future__ import annotations
+
+
+class AnalyticsError(Exception):
+    """Base of every error raised by analytics."""
+
+
+class StoreError(AnalyticsError):
+    """Writing to or reading from the store failed."""
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be reached, or did not answer in time; the same call may succeed later."""
+
+
+class StoreRejected(StoreError):
+    """The store refused the data or the statement; retrying it unchanged will not help."""
+
+
+class QueryError(AnalyticsError):
+    """A read-only query was refused: a write statement, a syntax error, or a row or time limit."""
+
+
+class SchemaError(AnalyticsError):
+    """The schema cannot be brought to this code's version, or the DSN is not understood."""

@@ -1,0 +1,74 @@
+"""What the hub hands to the store: plain rows, independent of ClickHouse and of the collectors.
+
+These are the contract between collectors.hub (scraper, receivers, spool) and analytics.store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeBatch:
+    """Every sample of one scrape of one target, columnar: sample i is (names[i], labels[i], values[i]).
+
+    `node` is the fleet node the target belongs to (its file_sd `node` label); it is stored as a column,
+    never inside `labels`. Times are unix seconds.
+    """
+
+    target: str
+    node: str
+    ts: float
+    names: list[str]
+    labels: list[dict[str, str]]
+    values: list[float]
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetStatus:
+    """The outcome of one scrape of one target; error is "" when it succeeded."""
+
+    ts: float
+    target: str
+    node: str
+    up: bool
+    duration_s: float
+    samples: int
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    """One training step of one rank (from step JSON lines), or a run of `steps` steps of one rank whose
+    durations were only seen in aggregate (from OTLP histograms: duration_s is then their mean, and
+    `step` the number of the last one)."""
+
+    ts: float
+    job: str
+    rank: int
+    node: str
+    step: int
+    duration_s: float
+    compute_s: float | None = None
+    comm_s: float | None = None
+    data_s: float | None = None
+    dp_rank: int | None = None
+    pp_stage: int | None = None
+    tp_rank: int | None = None
+    steps: int = 1
+    source: str = "jsonl"  # jsonl | otlp
+
+
+@dataclass(frozen=True, slots=True)
+class QueryResult:
+    """Rows of a read-only query, with column names and types; `truncated` when the row limit cut it."""
+
+    columns: list[str]
+    types: list[str]
+    rows: list[tuple]
+    truncated: bool = False
+    elapsed_s: float = 0.0
+    extra: dict = field(default_factory=dict)
