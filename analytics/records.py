@@ -5,7 +5,7 @@ These are the contract between collectors.hub (scraper, receivers, spool) and an
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,4 +71,3 @@ class QueryResult:
     rows: list[tuple]
     truncated: bool = False
     elapsed_s: float = 0.0
-    extra: dict = field(default_factory=dict)
