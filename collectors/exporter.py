@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import gzip
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from socketserver import ThreadingMixIn
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -22,6 +20,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from collectors import textformat
+from collectors.httpserver import serve_app
 from collectors.registry import BuiltCollector
 
 log = logging.getLogger("fleetlens.exporter")
@@ -125,22 +124,6 @@ def make_app(registry: CollectorRegistry) -> Callable:
     return app
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        log.debug("%s - %s", self.address_string(), format % args)
-
-
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    """One thread per request, so a slow scraper never blocks another."""
-
-    daemon_threads = True
-
-
-class _ThreadingServer6(_ThreadingServer):
-    address_family = socket.AF_INET6
-
-
 def serve(registry: CollectorRegistry, host: str, port: int) -> WSGIServer:
     """Bind the metrics server (port 0 picks a free one: see `server.server_port`); call serve_forever()."""
-    server_class = _ThreadingServer6 if ":" in host else _ThreadingServer
-    return make_server(host, port, make_app(registry), server_class=server_class, handler_class=_QuietHandler)
+    return serve_app(make_app(registry), host, port)

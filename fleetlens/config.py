@@ -28,6 +28,27 @@ class ConfigError(ValueError):
 GpuBackend = Literal["nvml", "sim", "none"]
 
 
+def split_listen(listen: str, where: str) -> tuple[str, int]:
+    """HOST:PORT (IPv6 hosts in brackets) as (host, port); ConfigError naming `where` otherwise."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{where}: {listen!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def parse_shard(shard: str) -> tuple[int, int]:
+    """`--shard i/n` as (i, n): a hub scrapes the targets whose hash falls in shard i of n."""
+    index, sep, count = shard.partition("/")
+    if not (sep and index.isdigit() and count.isdigit() and 0 <= int(index) < int(count)):
+        raise ConfigError(f"hub.shard: {shard!r} is not i/n with 0 <= i < n")
+    return int(index), int(count)
+
+
+def _check_range(where: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise ConfigError(f"{where}: must be between {low:g} and {high:g}, got {value:g}")
+
+
 @dataclass(frozen=True)
 class ExporterConfig:
     """The per-VM exporter: where it listens, what it reads, which collectors run."""
@@ -46,9 +67,7 @@ class ExporterConfig:
     netclass_ignore_invalid_speed: bool = False
 
     def __post_init__(self) -> None:
-        _host, sep, port = self.listen.rpartition(":")
-        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ConfigError(f"exporter.listen: {self.listen!r} is not HOST:PORT")
+        split_listen(self.listen, "exporter.listen")
         try:
             re.compile(self.netclass_ignored_devices)
         except re.error as exc:
@@ -58,13 +77,67 @@ class ExporterConfig:
 
     @property
     def host_port(self) -> tuple[str, int]:
-        host, _, port = self.listen.rpartition(":")
-        return host.strip("[]"), int(port)
+        return split_listen(self.listen, "exporter.listen")
+
+
+@dataclass(frozen=True)
+class HubConfig:
+    """The hub: what it scrapes, where it stores, what it accepts.
+
+    The API token is deliberately not here: it comes from FLEETLENS_API_TOKEN only, never from a file.
+    """
+
+    store: str = "chdb://./data"
+    targets: Path | None = None
+    listen: str = "127.0.0.1:9500"
+    interval_s: float = 10.0
+    scrape_timeout_s: float = 5.0
+    shard: str = "0/1"
+    cluster: str | None = None
+    raw_retention_days: int = 15
+    rollup_retention_days: int = 400
+    spool_dir: Path = Path("./spool")
+    spool_max_bytes: int = 1 << 30
+    max_body_bytes: int = 16 << 20
+    max_series_per_target: int = 50_000
+    max_label_length: int = 4096
+    query_max_rows: int = 100_000
+    query_max_seconds: float = 30.0
+
+    def __post_init__(self) -> None:
+        split_listen(self.listen, "hub.listen")
+        _check_range("hub.interval_s", self.interval_s, 1, 60)
+        _check_range("hub.scrape_timeout_s", self.scrape_timeout_s, 0.1, self.interval_s)
+        parse_shard(self.shard)
+        for name in (
+            "raw_retention_days",
+            "rollup_retention_days",
+            "spool_max_bytes",
+            "max_body_bytes",
+            "max_series_per_target",
+            "max_label_length",
+            "query_max_rows",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"hub.{name}: must be positive, got {getattr(self, name)}")
+        if self.rollup_retention_days < self.raw_retention_days:
+            raise ConfigError(
+                "hub.rollup_retention_days: the 1-minute rollup must be kept at least as long as raw"
+            )
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        return split_listen(self.listen, "hub.listen")
+
+    @property
+    def shard_index_count(self) -> tuple[int, int]:
+        return parse_shard(self.shard)
 
 
 @dataclass(frozen=True)
 class Config:
     exporter: ExporterConfig = field(default_factory=ExporterConfig)
+    hub: HubConfig = field(default_factory=HubConfig)
 
 
 def _convert(value: Any, hint: Any, where: str) -> Any:
@@ -158,4 +231,12 @@ def load_config(
     return Config(**sections)
 
 
-__all__ = ["Config", "ConfigError", "ExporterConfig", "GpuBackend", "load_config"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "ExporterConfig",
+    "GpuBackend",
+    "HubConfig",
+    "load_config",
+    "split_listen",
+]
