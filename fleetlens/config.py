@@ -101,6 +101,7 @@ class HubConfig:
     max_body_bytes: int = 16 << 20
     max_series_per_target: int = 50_000
     max_label_length: int = 4096
+    max_rows_per_request: int = 100_000
     query_max_rows: int = 100_000
     query_max_seconds: float = 30.0
 
@@ -116,6 +117,7 @@ class HubConfig:
             "max_body_bytes",
             "max_series_per_target",
             "max_label_length",
+            "max_rows_per_request",
             "query_max_rows",
         ):
             if getattr(self, name) <= 0:

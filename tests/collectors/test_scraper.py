@@ -1,0 +1,348 @@
+"""The scraper against real HTTP servers on loopback: our exporter, fixed bodies, a hung one, a 500, a closed
+port; the file_sd targets file as it changes and breaks; shards that split a fleet exactly."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import itertools
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from analytics.records import ScrapeBatch, TargetStatus
+from collectors import registry
+from collectors.base import CollectorOptions
+from collectors.expfmt import ExpositionParser
+from collectors.exporter import Exporter, make_registry, serve
+from collectors.scraper import (
+    ScrapeLimits,
+    Scraper,
+    ScraperConfigError,
+    Shard,
+    Target,
+    TargetsFile,
+    parse_targets,
+)
+from tests.support.peers import free_port
+
+BODY = (
+    b'# TYPE fleetlens_test_value gauge\nfleetlens_test_value{gpu="0"} 1\nfleetlens_test_value{gpu="1"} 2\n'
+)
+
+
+class _FixedBody(BaseHTTPRequestHandler):
+    """Answers every GET with the server's (status, body, headers), keeping HTTP/1.1 connections alive."""
+
+    protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.connections += 1
+
+    def do_GET(self) -> None:
+        status, body, headers = self.server.reply
+        self.send_response(status)
+        for header in {"Content-Type": "text/plain; version=0.0.4", **headers}.items():
+            self.send_header(*header)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def fixed_target(
+    body: bytes, status: int = 200, headers: dict[str, str] | None = None
+) -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FixedBody)
+    server.daemon_threads = True
+    server.handle_error = lambda request, client: None  # a scraper hanging up early is not news here
+    server.reply, server.connections = (status, body, headers or {}), 0
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def hung_target() -> Iterator[str]:
+    """A port that accepts connections (the kernel's backlog) and never answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def address(server: ThreadingHTTPServer) -> str:
+    return f"127.0.0.1:{server.server_port}"
+
+
+def by_target(statuses: list[TargetStatus]) -> dict[str, TargetStatus]:
+    return {status.target: status for status in statuses}
+
+
+def test_failed_targets_are_recorded_and_hold_up_no_one(fixtures: Path) -> None:
+    e2e = (fixtures / "node_exporter" / "e2e-output.txt").read_bytes()
+    expected_samples = sum(len(f.samples) for f in text_string_to_metric_families(e2e.decode()))
+    closed = f"127.0.0.1:{free_port()}"
+    with (
+        fixed_target(e2e) as good,
+        fixed_target(b"boom\n", status=500) as failing,
+        hung_target() as hung1,
+        hung_target() as hung2,
+        hung_target() as hung3,
+    ):
+        targets = [Target(a) for a in (address(good), address(failing), closed, hung1, hung2, hung3)]
+        with Scraper(lambda: targets, interval_s=1, timeout_s=0.5) as scraper:
+            for _ in range(2):  # failed targets are tried again the next round
+                start = time.monotonic()
+                batches, statuses = scraper.scrape_once()
+                elapsed = time.monotonic() - start
+                assert elapsed < 1.0, "three hung targets cost one timeout, not three"
+                status = by_target(statuses)
+                assert len(statuses) == 6
+                assert status[address(good)].up and status[address(good)].samples == expected_samples
+                assert [batch.target for batch in batches] == [address(good)]
+                assert len(batches[0]) == expected_samples
+                assert not status[address(failing)].up
+                assert status[address(failing)].error == "HTTP 500 Internal Server Error"
+                assert status[closed].error == "connection refused"
+                for hung in (hung1, hung2, hung3):
+                    assert status[hung].error == "timed out after 0.5s" and status[hung].samples == 0
+                    assert 0.4 < status[hung].duration_s < 1.0
+
+
+@pytest.fixture
+def our_exporter(procfs_sys: Path) -> Iterator[str]:
+    """Our exporter, in-process, with 8 simulated GPUs on procfs's /sys tree."""
+    options = CollectorOptions(sysfs_root=procfs_sys, gpu_backend="sim", node="vm-7")
+    exporter = Exporter(registry.build(registry.resolve(), options))
+    server = serve(make_registry(exporter, process_metrics=False), "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+    exporter.close()
+
+
+def test_scrapes_our_exporter_into_batches_for_its_node(our_exporter: str) -> None:
+    with urllib.request.urlopen(f"http://{our_exporter}/metrics", timeout=10) as response:
+        served = ExpositionParser().parse(response.read().decode())
+    expected = {
+        (name, frozenset(labels.items())) for name, labels in zip(served.names, served.labels, strict=True)
+    }
+    nic_values = {
+        (name, frozenset(labels.items())): value
+        for name, labels, value in zip(served.names, served.labels, served.values, strict=True)
+        if name.startswith("node_infiniband")  # read from the fixture tree: the same every scrape
+    }
+    target = Target(our_exporter, {"node": "vela-001", "cluster": "vela"})
+    with Scraper(lambda: [target], clock=lambda: 1_700_000_000.5) as scraper:
+        for _ in range(2):  # the exporter closes each connection (HTTP/1.0): the next round reconnects
+            (batch,), (status,) = scraper.scrape_once()
+            assert status.up and status.node == batch.node == "vela-001"
+            assert status.ts == batch.ts == 1_700_000_000.5
+            assert len(batch) == status.samples == len(expected) > 400
+            assert all(labels.pop("cluster") == "vela" for labels in map(dict, batch.labels))
+            got = {
+                (name, frozenset((k, v) for k, v in labels.items() if k != "cluster")): value
+                for name, labels, value in zip(batch.names, batch.labels, batch.values, strict=True)
+            }
+            assert got.keys() == expected
+            assert nic_values and all(got[key] == value for key, value in nic_values.items())
+        assert scraper.types["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == "counter"
+
+
+def test_keeps_one_connection_per_target_across_rounds() -> None:
+    with fixed_target(BODY) as server, Scraper(lambda: [Target(address(server))]) as scraper:
+        for _ in range(3):
+            _, (status,) = scraper.scrape_once()
+            assert status.up and status.samples == 2
+        assert server.connections == 1
+
+
+def test_a_broken_or_oversized_body_fails_only_its_target() -> None:
+    broken = BODY + b'fleetlens_test_value{gpu="2" 3\n'
+    comment = b"# " + b"x" * 5000 + b"\n"
+    limits = ScrapeLimits(max_body_bytes=4096, max_samples=2)
+    with (
+        fixed_target(gzip.compress(BODY), headers={"Content-Encoding": "gzip"}) as good,
+        fixed_target(broken) as bad,
+        fixed_target(BODY + b"x 1\n") as too_many,
+        fixed_target(comment) as too_big,
+        fixed_target(gzip.compress(comment), headers={"Content-Encoding": "gzip"}) as bomb,
+    ):
+        targets = [Target(address(s)) for s in (good, bad, too_many, too_big, bomb)]
+        with Scraper(lambda: targets, limits=limits) as scraper:
+            batches, statuses = scraper.scrape_once()
+    status = by_target(statuses)
+    assert [(batch.target, batch.values) for batch in batches] == [(address(good), [1.0, 2.0])]
+    assert status[address(bomb)].error == "body over max_body_bytes=4096 once decompressed"
+    assert status[address(bad)].error.startswith("line 4: ")
+    assert 'fleetlens_test_value{gpu="2" 3' in status[address(bad)].error
+    assert status[address(too_many)].error == "body has 3 samples, over max_samples=2"
+    assert status[address(too_big)].error == "body over max_body_bytes=4096"
+
+
+def write(path: Path, groups: object) -> None:
+    """Replace the file as config management tools do: a new file renamed over the old one."""
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(groups) if isinstance(groups, list) else groups)
+    temporary.replace(path)
+
+
+def test_targets_file_is_reread_on_change_and_a_broken_one_keeps_the_last_good(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "targets.json"
+    write(path, [{"targets": ["10.0.0.1:9400"], "labels": {"node": "vela-001"}}])
+    targets = TargetsFile(path)
+    assert targets.current() == [Target("10.0.0.1:9400", {"node": "vela-001"})]
+
+    write(path, [{"targets": ["10.0.0.1:9400", "10.0.0.2:9400"], "labels": {"rack": "r1"}}])
+    assert [(t.address, t.node) for t in targets.current()] == [
+        ("10.0.0.1:9400", "10.0.0.1"),
+        ("10.0.0.2:9400", "10.0.0.2"),
+    ]
+
+    for broken in ('[{"targets": ["10.0.0.3:9400"', '{"targets": []}', [{"targets": ["no-port"]}]):
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="fleetlens.scraper"):
+            write(path, broken)
+            assert len(targets.current()) == 2
+            assert len(targets.current()) == 2
+        assert len(caplog.records) == 1, "one message per change, not one per round"
+        assert str(path) in caplog.text and "keeping the last good list of 2 targets" in caplog.text
+
+    path.unlink()
+    assert len(targets.current()) == 2
+
+
+def test_targets_file_in_yaml_and_a_broken_first_read_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "targets.yml"
+    path.write_text("- targets: ['[::1]:9400', 'gpu-node-7:9400']\n  labels: {cluster: vela}\n")
+    assert [(t.address, t.node) for t in TargetsFile(path).current()] == [
+        ("[::1]:9400", "::1"),
+        ("gpu-node-7:9400", "gpu-node-7"),
+    ]
+    path.write_text("- targets: [gpu-node-7:9400]\n  labels: {rack: 7}\n")  # 7 is a number, not a string
+    with pytest.raises(ScraperConfigError, match=rf"targets file {path}: group 0: labels must map strings"):
+        TargetsFile(path)
+    with pytest.raises(ScraperConfigError, match=r"missing\.json"):
+        TargetsFile(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize(
+    ("groups", "problem"),
+    [
+        ({"targets": ["a:1"]}, "want a list of target groups"),
+        ([{"labels": {}}], "group 0: want"),
+        ([{"targets": ["a:1"]}, {"targets": ["a:99999"]}], "group 1: target 'a:99999' is not host:port"),
+        ([{"targets": ["a:1/metrics"]}], "is not host:port"),
+        ([{"targets": [9400]}], "target 9400 is not a string"),
+        ([{"targets": ["a:1"], "label": {}}], "unknown key(s) 'label'"),
+    ],
+)
+def test_bad_target_groups_are_named(groups: object, problem: str) -> None:
+    with pytest.raises(ScraperConfigError) as caught:
+        parse_targets(groups, "targets.json")
+    assert problem in str(caught.value)
+
+
+FLEET = [Target(f"10.{i // 250}.{i % 250}.1:9400") for i in range(400)]
+
+
+def test_shards_partition_the_fleet_exactly() -> None:
+    for count in (2, 3):
+        shards = [{t.address for t in FLEET if Shard(i, count).owns(t)} for i in range(count)]
+        assert sum(len(shard) for shard in shards) == len(FLEET)
+        assert set().union(*shards) == {t.address for t in FLEET}
+        assert all(len(shard) > len(FLEET) / count * 0.8 for shard in shards), "roughly even"
+
+
+def test_shards_agree_across_processes() -> None:
+    """Two hubs are two processes: Python's salted hash() would give each its own split."""
+    program = (
+        "from collectors.scraper import Shard, Target\n"
+        f"print(sorted(a for a in {[t.address for t in FLEET]!r} if Shard(0, 2).owns(Target(a))))"
+    )
+    splits = {
+        subprocess.run(
+            [sys.executable, "-c", program],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2")
+    }
+    assert splits == {repr(sorted(t.address for t in FLEET if Shard(0, 2).owns(t))) + "\n"}
+
+
+def test_a_sharded_scraper_scrapes_only_its_targets() -> None:
+    fleet = [Target(f"127.0.0.1:{free_port()}") for _ in range(40)]  # closed ports: refused at once
+    scraped = []
+    for index in (0, 1):
+        with Scraper(lambda: fleet, shard=Shard(index, 2), timeout_s=0.5) as scraper:
+            scraped.append({status.target for status in scraper.scrape_once()[1]})
+            assert {target.address for target in scraper.targets} == scraped[-1]
+    assert scraped[0].isdisjoint(scraped[1]) and scraped[0] | scraped[1] == {t.address for t in fleet}
+
+
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        ({"interval_s": 0.5}, "want 1 to 60 seconds"),
+        ({"interval_s": 61}, "want 1 to 60 seconds"),
+        ({"interval_s": 5, "timeout_s": 6}, "at most the interval"),
+    ],
+)
+def test_interval_and_timeout_are_checked(settings: dict, problem: str) -> None:
+    with pytest.raises(ScraperConfigError, match=problem):
+        Scraper(list, **settings)
+
+
+@pytest.mark.parametrize(("index", "count"), [(2, 2), (-1, 2), (0, 0)])
+def test_impossible_shards_are_refused(index: int, count: int) -> None:
+    with pytest.raises(ScraperConfigError, match=f"shard {index}/{count}"):
+        Shard(index, count)
+
+
+def test_run_scrapes_on_aligned_ticks_until_stopped() -> None:
+    rounds: list[tuple[list[ScrapeBatch], list[TargetStatus]]] = []
+    stop = threading.Event()
+
+    def sink(batches: list[ScrapeBatch], statuses: list[TargetStatus]) -> None:
+        rounds.append((batches, statuses))
+        if len(rounds) == 1:
+            raise RuntimeError("store hiccup")  # loses this round only
+        if len(rounds) == 3:
+            stop.set()
+
+    with fixed_target(BODY) as server, Scraper(lambda: [Target(address(server))]) as scraper:
+        runner = threading.Thread(target=scraper.run, args=(stop, sink))
+        runner.start()
+        runner.join(timeout=10)
+    assert not runner.is_alive() and len(rounds) == 3
+    times = [statuses[0].ts for _, statuses in rounds]
+    assert all(ts % 1 < 0.3 for ts in times), f"scrapes start just after whole seconds: {times}"
+    assert [round(b - a) for a, b in itertools.pairwise(times)] == [1, 1]
+    assert all(len(batches) == 1 and len(batches[0]) == 2 for batches, _ in rounds)
