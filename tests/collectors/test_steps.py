@@ -19,21 +19,11 @@ import pytest
 from collectors.errors import LogParseError
 from collectors.steps import PHASE_DURATION, STEP_DURATION, StepTracker, otlp_metrics_url, read_step_records
 from tests.conftest import REPO
+from tests.support.clock import FakeClock
 from tests.support.otlp import OtlpReceiver
 from tests.support.peers import free_port
 
 IDENTITY = {"job": "job-a", "rank": 3, "node": "node-7"}
-
-
-class FakeClock:
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture
