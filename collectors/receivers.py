@@ -43,7 +43,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, H
 
 from analytics.records import StepRow
 from collectors.errors import CollectorError
-from collectors.steps import PHASE_DURATION, PHASES, STEP_DURATION, parse_step_record
+from collectors.steps import PHASE_DURATION, PHASES, STEP_DURATION, StepRecord, parse_step_record
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -297,8 +297,13 @@ def parse_steps_jsonl(
         for name in ("job", "node"):
             if len(label := getattr(record, name)) > limits.max_label_length:
                 raise _label_too_long(f"line {number}: {name!r}", len(label), limits)
-        rows.append(StepRow(**dataclasses.asdict(record), source="jsonl"))
+        rows.append(step_row(record))
     return rows
+
+
+def step_row(record: StepRecord) -> StepRow:
+    """The store's row for one step JSON-lines record."""
+    return StepRow(**dataclasses.asdict(record), source="jsonl")
 
 
 def _media_type(content_type: str | None) -> str:

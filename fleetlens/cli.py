@@ -6,20 +6,38 @@ Flags override the environment, which overrides the config file (see fleetlens.c
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import logging
+import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
+from analytics.errors import AnalyticsError
+from analytics.hubclient import HubClient
+from analytics.schema import Retention
+from analytics.store import Store
 from collectors import nccl_log, registry
 from collectors.base import CollectorOptions
+from collectors.errors import CollectorError
 from collectors.exporter import Exporter, make_registry, scrape_body, serve
-from fleetlens.config import ConfigError, ExporterConfig, load_config
+from collectors.httpserver import serve_app
+from collectors.hub import Hub, SerializedStore
+from collectors.hub_writer import Writer
+from collectors.receivers import OtlpStepReceiver, ReceiverLimits, step_row
+from collectors.scraper import ScrapeLimits, Scraper, Shard, TargetsFile
+from collectors.spool import Spool
+from collectors.steps import read_step_records
+from fleetlens.config import ConfigError, ExporterConfig, HubConfig, load_config
 
 log = logging.getLogger("fleetlens")
+
+IMPORT_CHUNK = 100_000  # step rows per insert when importing a file into the store
 
 
 def _exporter_flags(parser: argparse.ArgumentParser) -> None:
@@ -64,6 +82,22 @@ def build_exporter(config: ExporterConfig) -> Exporter:
     return Exporter(registry.build(names, options))
 
 
+def _serve_until_signal(server: Any, on_stop: Any) -> None:
+    """serve_forever until SIGTERM or SIGINT, then `on_stop()`."""
+
+    def stop(signum: int, _frame: object) -> None:
+        log.info("signal %d: stopping", signum)
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+        on_stop()
+
+
 def cmd_exporter(args: argparse.Namespace) -> int:
     config = _exporter_config(args, listen=args.listen)
     exporter = build_exporter(config)
@@ -77,18 +111,101 @@ def cmd_exporter(args: argparse.Namespace) -> int:
         ", ".join(item.name for item in exporter.built),
     )
     print(f"fleetlens exporter: metrics at http://{shown_host}:{server.server_port}/metrics", flush=True)
+    _serve_until_signal(server, exporter.close)
+    return 0
 
-    def stop(signum: int, _frame: object) -> None:
-        log.info("signal %d: stopping", signum)
-        threading.Thread(target=server.shutdown, daemon=True).start()
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+def open_store(config: HubConfig) -> Store:
+    retention = Retention(raw_days=config.raw_retention_days, rollup_days=config.rollup_retention_days)
+    return Store.open(config.store, cluster=config.cluster, retention=retention)
+
+
+def build_hub(config: HubConfig, token: str | None) -> Hub:
+    """Wire store, spool, writer, receivers and (with a targets file) the scraper of this hub's shard."""
+    store = SerializedStore(open_store(config))
+    writer = Writer(store, Spool(config.spool_dir, config.spool_max_bytes))
+    limits = ReceiverLimits(config.max_body_bytes, config.max_label_length, config.max_rows_per_request)
+    scraper = None
+    if config.targets is not None:
+        scraper = Scraper(
+            TargetsFile(config.targets).current,
+            interval_s=config.interval_s,
+            timeout_s=config.scrape_timeout_s,
+            shard=Shard(*config.shard_index_count),
+            limits=ScrapeLimits(config.max_body_bytes, config.max_series_per_target, config.max_label_length),
+        )
+    return Hub(
+        store,
+        writer,
+        OtlpStepReceiver(limits),
+        scraper,
+        token=token,
+        max_body_bytes=config.max_body_bytes,
+        query_max_rows=config.query_max_rows,
+        query_max_seconds=config.query_max_seconds,
+    )
+
+
+def _hub_config(args: argparse.Namespace) -> HubConfig:
+    flags = {f.name: getattr(args, f.name) for f in fields(HubConfig) if hasattr(args, f.name)}
+    return load_config(args.config, overrides={"hub": flags}).hub
+
+
+def cmd_hub(args: argparse.Namespace) -> int:
+    config = _hub_config(args)
+    hub = build_hub(config, os.environ.get("FLEETLENS_API_TOKEN"))
+    host, port = config.host_port
+    server = serve_app(hub.app, host, port)
+    hub.start()
+    print(f"fleetlens hub: API at http://{host}:{server.server_port} (store {config.store})", flush=True)
+    _serve_until_signal(server, hub.close)
+    return 0
+
+
+def _reader(args: argparse.Namespace) -> Any:
+    """Where to read from: a hub's API (--hub) or the store itself (--store, else the config's)."""
+    if args.hub:
+        return HubClient(args.hub)
+    config = _hub_config(args)
+    return open_store(config)
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    reader = _reader(args)
     try:
-        server.serve_forever()
+        result = reader.query(args.sql, max_rows=args.max_rows)
     finally:
-        server.server_close()
-        exporter.close()
+        if not args.hub:
+            reader.close()
+    if args.json:
+        rows = [dict(zip(result.columns, row, strict=True)) for row in result.rows]
+        print(json.dumps(rows, default=str))
+    else:
+        print("\t".join(result.columns))
+        for row in result.rows:
+            print("\t".join(str(value) for value in row))
+    if result.truncated:
+        print(f"fleetlens: result cut at {args.max_rows} rows", file=sys.stderr)
+    return 0
+
+
+def cmd_steps_import(args: argparse.Namespace) -> int:
+    """Import a finished job's step JSON lines: all or nothing, named line on the first bad record."""
+    body = Path(args.file).read_bytes()
+    if args.hub:
+        count = HubClient(args.hub).import_steps(body)
+    else:
+        rows = [step_row(record) for record in read_step_records(args.file)]  # all checked before any insert
+        digest = hashlib.sha256(body).hexdigest()  # importing the same file twice stores it once
+        store = open_store(_hub_config(args))
+        try:
+            count = sum(
+                store.insert_steps(rows[start : start + IMPORT_CHUNK], token=f"{digest}:{start}")
+                for start in range(0, len(rows), IMPORT_CHUNK)
+            )
+        finally:
+            store.close()
+    print(f"imported {count} step records from {args.file}")
     return 0
 
 
@@ -113,6 +230,13 @@ def cmd_nccl(args: argparse.Namespace) -> int:
     return nccl_log.main(args.files)
 
 
+def _hub_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="YAML config file (flags and FLEETLENS_* variables override it)")
+    parser.add_argument(
+        "--store", help="chdb://DIR (embedded, default chdb://./data) or http(s)://host:8123/db"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleetlens", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
@@ -132,6 +256,31 @@ def build_parser() -> argparse.ArgumentParser:
     collectors = sub.add_parser("collectors", help="list the collectors and whether they run by default")
     collectors.set_defaults(func=cmd_collectors)
 
+    hub = sub.add_parser("hub", help="scrape the fleet, receive step times, store everything in ClickHouse")
+    _hub_flags(hub)
+    hub.add_argument("--targets", help="Prometheus file_sd JSON of the exporters to scrape")
+    hub.add_argument("--listen", help="HOST:PORT of the hub's API (default 127.0.0.1:9500)")
+    hub.add_argument("--shard", help="i/n: scrape only the targets whose hash falls in shard i of n")
+    hub.add_argument("--cluster", help="ClickHouse cluster name: Replicated and Distributed tables")
+    hub.add_argument("--interval-s", type=float, dest="interval_s", help="scrape interval, 1 to 60 s")
+    hub.set_defaults(func=cmd_hub)
+
+    query = sub.add_parser("query", help="read-only SQL on the store, through a hub or directly")
+    _hub_flags(query)
+    query.add_argument("sql")
+    query.add_argument("--hub", help="hub URL (needed while a hub holds the embedded store)")
+    query.add_argument("--max-rows", type=int, default=10_000)
+    query.add_argument("--json", action="store_true", help="a JSON array of row objects")
+    query.set_defaults(func=cmd_query)
+
+    steps = sub.add_parser("steps", help="training step records")
+    steps_sub = steps.add_subparsers(dest="steps_command", required=True)
+    steps_import = steps_sub.add_parser("import", help="import a step JSON-lines file into the store")
+    _hub_flags(steps_import)
+    steps_import.add_argument("file")
+    steps_import.add_argument("--hub", help="send to this hub instead of opening the store")
+    steps_import.set_defaults(func=cmd_steps_import)
+
     nccl = sub.add_parser("nccl", help="per-rank GPUDirect RDMA verdict and proof from NCCL_DEBUG=INFO logs")
     nccl.add_argument("files", nargs="+", metavar="FILE", help="NCCL_DEBUG=INFO log files")
     nccl.set_defaults(func=cmd_nccl)
@@ -147,6 +296,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"fleetlens: configuration error: {exc}", file=sys.stderr)
         return 2
+    except (AnalyticsError, CollectorError, OSError) as exc:
+        print(f"fleetlens: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

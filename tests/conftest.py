@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
+import clickhouse_connect
 import pytest
 
+from analytics.store import Store
 from tests.support import ttar
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,3 +41,22 @@ def procfs_sys(fixtures: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     """prometheus/procfs's fixture tree (has mlx5 hw_counters and RoCE ecn dirs); sysfs root."""
     dest = ttar.extract(fixtures / "procfs" / "fixtures.ttar", tmp_path_factory.mktemp("procfs"))
     return dest / "fixtures" / "sys"
+
+
+@pytest.fixture(scope="session")
+def chdb_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The one chDB directory of the test session (chDB opens one directory per process at a time).
+
+    A handle held for the session keeps its engine running, so that a Store opens in milliseconds
+    instead of restarting the engine, which reloads every database earlier tests left behind."""
+    path = tmp_path_factory.mktemp("chdb")
+    engine = clickhouse_connect.get_client(interface="chdb", path=str(path))
+    yield path
+    engine.close()
+
+
+@pytest.fixture
+def store(chdb_dir: Path) -> Iterator[Store]:
+    """A Store on the session's chDB directory, in a database of its own, closed after the test."""
+    with Store.open(f"chdb://{chdb_dir}", database=f"test_{uuid.uuid4().hex[:12]}") as opened:
+        yield opened

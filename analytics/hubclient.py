@@ -1,0 +1,74 @@
+"""Read (and import steps) through a hub's HTTP API: how the UI and the CLI reach an embedded store,
+which only the hub process may open.
+
+`HubClient.query` answers like `Store.query`, so callers take either. The transport is a seam
+(`opener`), so tests can answer without a network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from analytics.errors import QueryError, StoreRejected, StoreUnavailable
+from analytics.records import QueryResult
+
+Opener = Callable[..., Any]
+
+
+class HubClient:
+    """A hub's query and step-import endpoints. `token` defaults to FLEETLENS_API_TOKEN."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout_s: float = 60.0,
+        opener: Opener = urllib.request.urlopen,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._token = token if token is not None else os.environ.get("FLEETLENS_API_TOKEN")
+        self._timeout_s = timeout_s
+        self._open = opener
+
+    def query(self, sql: str, *, max_rows: int | None = None) -> QueryResult:
+        """Run read-only SQL on the hub's store; QueryError carries the hub's explanation."""
+        body: dict[str, Any] = {"sql": sql}
+        if max_rows is not None:
+            body["max_rows"] = max_rows
+        answer = self._post("/api/v1/query", json.dumps(body).encode(), "application/json", QueryError)
+        return QueryResult(
+            columns=answer["columns"],
+            types=answer["types"],
+            rows=[tuple(row) for row in answer["rows"]],
+            truncated=answer["truncated"],
+            elapsed_s=answer["elapsed_s"],
+        )
+
+    def import_steps(self, jsonl: bytes) -> int:
+        """Send step JSON lines to the hub; returns the rows it accepted (all or nothing)."""
+        return self._post("/api/v1/steps", jsonl, "application/x-ndjson", StoreRejected)["rows"]
+
+    def _post(self, path: str, body: bytes, content_type: str, refused: type[Exception]) -> dict:
+        headers = {"Content-Type": content_type}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        request = urllib.request.Request(self.url + path, data=body, headers=headers, method="POST")
+        try:
+            with self._open(request, timeout=self._timeout_s) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                detail = json.loads(detail)["error"]
+            if exc.code >= 500:
+                raise StoreUnavailable(f"hub {self.url}{path}: {exc.code}: {detail}") from None
+            raise refused(f"hub {self.url}{path}: {exc.code}: {detail}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise StoreUnavailable(f"hub {self.url} unreachable: {reason}") from None

@@ -1,0 +1,416 @@
+"""The store's schema: every table and view as ClickHouse DDL, for one node or a cluster, and its migrations.
+
+Tables and views (docs/schema.md has every column, with example queries):
+
+    series        one row per series: series_id, metric, node, labels, first_seen
+    samples       raw samples: metric, node, series_id, ts, value; TTL raw_days
+    samples_1m    1-minute rollup (min, max, sum, count, last), filled by samples_1m_mv; TTL rollup_days
+    metrics       VIEW (ts, metric, node, labels, value): the stable interface for postmortem SQL and Grafana
+    metrics_1m    VIEW (ts, metric, node, labels, min, max, avg, sum, count, last) over the rollup
+    steps         training steps per rank: ts, job, rank, node, step, duration_s, compute_s, comm_s, data_s,
+                  dp_rank, pp_stage, tp_rank, steps, source; TTL steps_days
+    targets       one row per scrape: ts, target, node, up, duration_s, samples, error; TTL targets_days
+    anomalies     detector findings: start, end, kind, node, component, job, severity, score, evidence,
+                  detector, detector_version, id (rewritten with the same id when it ends)
+    alerts        alert state changes: ts, fingerprint, alertname, state, labels, annotations,
+                  starts_at, ends_at
+    actions       audit of automated actions, refusals included: ts, action, node, job, reason, mode,
+                  outcome, decision_id
+    schema_migrations   version, description, applied_at: which migrations this database has had
+
+Sample layout, chosen by measurement (bench/storage_layout.py, one run: 8 nodes x 475 series x 900
+scrapes 1 s apart = 3.42 M samples of simulated busy GPUs and procfs-fixture NICs with growing traffic
+counters, ms jitter on scrape times; bytes on disk per sample after OPTIMIZE FINAL, series table included):
+
+    wide    metric, node, labels Map in every row (OpenTelemetry Collector ClickHouse exporter)   3.90
+    signoz  series + samples (metric, series_id, ts DoubleDelta, value Gorilla), SigNoz samples_v4  1.42
+    ids     series + samples (series_id, ts Delta, value FPC) ordered by (series_id, ts)           1.12
+    chosen  series + samples (metric, node, series_id, ts Delta, value FPC)                        0.77
+
+    ts codecs, bytes/sample      Delta+ZSTD(1) 0.26   Delta+ZSTD(3) 0.26   DoubleDelta+ZSTD(1) 0.52
+    value codecs, bytes/sample   FPC+ZSTD(1) 0.43   FPC+ZSTD(3) 0.40   ZSTD(3) 0.44   Gorilla+ZSTD(1) 0.50
+
+DoubleDelta loses to Delta here because scrape times jitter by milliseconds; FPC beats Gorilla on GPU
+and NIC values; ZSTD(3) would save 7% more on values for more CPU in the hub's process (chDB). Sorting
+by (metric, node, series_id) puts like series side by side, which compresses better than series_id
+order (0.77 against 1.12) and makes the commonest filters (`metric = ...`, `node = ...`) primary-key
+lookups, as SigNoz does with metric_name; the LowCardinality metric and node columns cost almost
+nothing sorted first. Labels live once per series in `series`, joined by the `metrics` view.
+Everything is partitioned by day and raw samples expire a whole part at a time.
+
+Cluster mode: every table is a Replicated*MergeTree `<name>_local` on each shard plus a Distributed
+`<name>` over them (sharded by series_id where a view joins, so that each join is shard-local); views are
+`<name>_local` views with a Distributed `<name>` on top. Readers and writers always use the plain name.
+
+Migrations are applied in order and recorded in schema_migrations; every statement is idempotent
+(IF NOT EXISTS, or OR REPLACE for views), so a migration interrupted halfway is simply applied again.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from analytics.errors import SchemaError
+
+DEDUP_WINDOW = 10_000  # recent insert blocks whose tokens each table remembers, for replays after a crash
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_CLUSTER_NAME = re.compile(r"[A-Za-z0-9_.-]+\Z")
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How many days each kind of data is kept (enforced by ClickHouse TTLs)."""
+
+    raw_days: int = 15
+    rollup_days: int = 400
+    steps_days: int = 90
+    targets_days: int = 15
+
+    def __post_init__(self) -> None:
+        for name, days in vars(self).items():
+            if not isinstance(days, int) or days < 1:
+                raise SchemaError(f"retention {name}: a whole number of days >= 1, got {days!r}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the schema goes: a database, on one node or ON CLUSTER, with its retention."""
+
+    database: str
+    cluster: str | None = None
+    retention: Retention = field(default_factory=Retention)
+
+    def __post_init__(self) -> None:
+        if not _IDENTIFIER.match(self.database):
+            raise SchemaError(f"database name {self.database!r}: letters, digits and _ only")
+        if self.cluster is not None and not _CLUSTER_NAME.match(self.cluster):
+            raise SchemaError(f"cluster name {self.cluster!r}: letters, digits, _, . and - only")
+
+    @property
+    def on_cluster(self) -> str:
+        return f" ON CLUSTER '{self.cluster}'" if self.cluster else ""
+
+    def name(self, table: str) -> str:
+        """The qualified name readers and writers use."""
+        return f"{self.database}.{table}"
+
+    def local(self, table: str) -> str:
+        """The qualified name of the table that holds the data on this node."""
+        return f"{self.database}.{table}_local" if self.cluster else self.name(table)
+
+    def distributed(self, table: str, sharding_key: str | None = None) -> str:
+        """A Distributed table `table` over `<table>_local` on every shard."""
+        key = f", {sharding_key}" if sharding_key else ""
+        return (
+            f"CREATE TABLE IF NOT EXISTS {self.name(table)}{self.on_cluster} AS {self.local(table)}\n"
+            f"ENGINE = Distributed('{self.cluster}', {self.database}, {table}_local{key})"
+        )
+
+
+@dataclass(frozen=True)
+class Table:
+    """A MergeTree-family table; `sharded=False` keeps one full replica on every node of a cluster."""
+
+    name: str
+    columns: str
+    order_by: str
+    engine: str = "MergeTree"
+    partition_by: str | None = None
+    ttl: Callable[[Retention], str] | None = None
+    ttl_drops_whole_parts: bool = False
+    sharding_key: str = "rand()"
+    sharded: bool = True
+
+    def ttl_for(self, layout: Layout) -> str | None:
+        return self.ttl(layout.retention) if self.ttl else None
+
+    def create(self, layout: Layout) -> list[str]:
+        target = layout.local(self.name) if self.sharded else layout.name(self.name)
+        clauses = [f"ENGINE = {self._engine(layout, target)}"]
+        if self.partition_by:
+            clauses.append(f"PARTITION BY {self.partition_by}")
+        clauses.append(f"ORDER BY ({self.order_by})")
+        if self.ttl:
+            clauses.append(f"TTL {self.ttl_for(layout)}")
+        clauses.append(f"SETTINGS {', '.join(self._settings(layout))}")
+        body = "\n".join(clauses)
+        statements = [f"CREATE TABLE IF NOT EXISTS {target}{layout.on_cluster}\n(\n{self.columns}\n)\n{body}"]
+        if layout.cluster and self.sharded:
+            statements.append(layout.distributed(self.name, self.sharding_key))
+        return statements
+
+    def _engine(self, layout: Layout, target: str) -> str:
+        if not layout.cluster:
+            return self.engine
+        shard, replica = ("{shard}", "{replica}") if self.sharded else ("all", "{shard}-{replica}")
+        return f"Replicated{self.engine}('/clickhouse/tables/{shard}/{target}', '{replica}')"
+
+    def _settings(self, layout: Layout) -> list[str]:
+        window = "replicated" if layout.cluster else "non_replicated"
+        settings = [f"{window}_deduplication_window = {DEDUP_WINDOW}"]
+        if self.ttl_drops_whole_parts:
+            settings.append("ttl_only_drop_parts = 1")
+        return settings
+
+
+@dataclass(frozen=True)
+class View:
+    """A view over `sources` (named as {placeholders} in `select`); Distributed over shards in a cluster."""
+
+    name: str
+    select: str
+    sources: tuple[str, ...]
+
+    def create(self, layout: Layout) -> list[str]:
+        select = self.select.format(**{source: layout.local(source) for source in self.sources})
+        view = f"CREATE OR REPLACE VIEW {layout.local(self.name)}{layout.on_cluster} AS\n{select}"
+        return [view, layout.distributed(self.name)] if layout.cluster else [view]
+
+
+@dataclass(frozen=True)
+class MaterializedView:
+    """Turns every insert into `source` into rows of `target` (on each shard, between local tables)."""
+
+    name: str
+    source: str
+    target: str
+    select: str
+
+    def create(self, layout: Layout) -> list[str]:
+        select = self.select.format(source=layout.local(self.source))
+        return [
+            f"CREATE MATERIALIZED VIEW IF NOT EXISTS {layout.name(self.name)}{layout.on_cluster}"
+            f" TO {layout.local(self.target)} AS\n{select}"
+        ]
+
+
+SchemaObject = Table | View | MaterializedView
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One step of the schema: applied once per database, in version order."""
+
+    version: int
+    description: str
+    objects: tuple[SchemaObject, ...]
+
+    def statements(self, layout: Layout) -> list[str]:
+        return [statement for item in self.objects for statement in item.create(layout)]
+
+
+def _days(column: str, retention_field: str) -> Callable[[Retention], str]:
+    """A TTL of `column` plus a retention, spelled as ClickHouse prints it back (so it can be compared)."""
+    return lambda retention: f"{column} + toIntervalDay({getattr(retention, retention_field)})"
+
+
+TS = "DateTime64(3, 'UTC')"
+
+SCHEMA_MIGRATIONS = Table(
+    name="schema_migrations",
+    columns=f"    version UInt32,\n    description String,\n    applied_at {TS}",
+    order_by="version",
+    sharded=False,
+)
+
+SERIES = Table(
+    name="series",
+    columns=f"""    series_id UInt64,
+    metric LowCardinality(String),
+    node LowCardinality(String),
+    labels SimpleAggregateFunction(any, Map(String, String)) CODEC(ZSTD(3)),
+    first_seen SimpleAggregateFunction(min, {TS})""",
+    engine="AggregatingMergeTree",
+    order_by="metric, node, series_id",
+    sharding_key="series_id",
+)
+
+SAMPLES = Table(
+    name="samples",
+    columns=f"""    metric LowCardinality(String),
+    node LowCardinality(String),
+    series_id UInt64,
+    ts {TS} CODEC(Delta, ZSTD(1)),
+    value Float64 CODEC(FPC, ZSTD(1))""",
+    order_by="metric, node, series_id, ts",
+    partition_by="toDate(ts)",
+    ttl=_days("toDateTime(ts)", "raw_days"),
+    ttl_drops_whole_parts=True,
+    sharding_key="series_id",
+)
+
+SAMPLES_1M = Table(
+    name="samples_1m",
+    columns=f"""    metric LowCardinality(String),
+    node LowCardinality(String),
+    series_id UInt64,
+    minute DateTime('UTC') CODEC(DoubleDelta, ZSTD(1)),
+    min SimpleAggregateFunction(min, Float64) CODEC(FPC, ZSTD(1)),
+    max SimpleAggregateFunction(max, Float64) CODEC(FPC, ZSTD(1)),
+    sum SimpleAggregateFunction(sum, Float64) CODEC(FPC, ZSTD(1)),
+    count SimpleAggregateFunction(sum, UInt64) CODEC(T64, ZSTD(1)),
+    last AggregateFunction(argMax, Float64, {TS}) CODEC(ZSTD(1))""",
+    engine="AggregatingMergeTree",
+    order_by="metric, node, series_id, minute",
+    partition_by="toDate(minute)",
+    ttl=_days("minute", "rollup_days"),
+    ttl_drops_whole_parts=True,
+    sharding_key="series_id",
+)
+
+SAMPLES_1M_MV = MaterializedView(
+    name="samples_1m_mv",
+    source="samples",
+    target="samples_1m",
+    select="""SELECT metric, node, series_id, toStartOfMinute(ts) AS minute,
+    min(value) AS min, max(value) AS max, sum(value) AS sum, count() AS count, argMaxState(value, ts) AS last
+FROM {source}
+GROUP BY metric, node, series_id, minute""",
+)
+
+METRICS = View(
+    name="metrics",
+    select="""SELECT s.ts AS ts, CAST(s.metric, 'String') AS metric, CAST(s.node, 'String') AS node,
+    CAST(r.labels, 'Map(String, String)') AS labels, s.value AS value
+FROM {samples} AS s
+ANY LEFT JOIN {series} AS r ON s.series_id = r.series_id""",
+    sources=("samples", "series"),
+)
+
+METRICS_1M = View(
+    name="metrics_1m",
+    select="""SELECT m.minute AS ts, CAST(m.metric, 'String') AS metric, CAST(m.node, 'String') AS node,
+    CAST(r.labels, 'Map(String, String)') AS labels,
+    CAST(m.min, 'Float64') AS min, CAST(m.max, 'Float64') AS max, m.sum / m.count AS avg,
+    m.sum AS sum, m.count AS count, m.last AS last
+FROM (
+    SELECT metric, node, series_id, minute, min(min) AS min, max(max) AS max, sum(sum) AS sum,
+        sum(count) AS count, argMaxMerge(last) AS last
+    FROM {samples_1m}
+    GROUP BY metric, node, series_id, minute
+) AS m
+ANY LEFT JOIN {series} AS r ON m.series_id = r.series_id""",
+    sources=("samples_1m", "series"),
+)
+
+STEPS = Table(
+    name="steps",
+    columns=f"""    ts {TS} CODEC(Delta, ZSTD(1)),
+    job LowCardinality(String),
+    rank UInt32,
+    node LowCardinality(String),
+    step UInt64 CODEC(Delta, ZSTD(1)),
+    duration_s Float64 CODEC(Gorilla, ZSTD(1)),
+    compute_s Nullable(Float64),
+    comm_s Nullable(Float64),
+    data_s Nullable(Float64),
+    dp_rank Nullable(UInt32),
+    pp_stage Nullable(UInt32),
+    tp_rank Nullable(UInt32),
+    steps UInt32,
+    source LowCardinality(String)""",
+    order_by="job, step, rank",
+    partition_by="toYYYYMM(ts)",
+    ttl=_days("toDateTime(ts)", "steps_days"),
+)
+
+TARGETS = Table(
+    name="targets",
+    columns=f"""    ts {TS} CODEC(DoubleDelta, ZSTD(1)),
+    target LowCardinality(String),
+    node LowCardinality(String),
+    up UInt8,
+    duration_s Float64 CODEC(Gorilla, ZSTD(1)),
+    samples UInt32 CODEC(T64, ZSTD(1)),
+    error String CODEC(ZSTD(3))""",
+    order_by="target, ts",
+    partition_by="toYYYYMM(ts)",
+    ttl=_days("toDateTime(ts)", "targets_days"),
+)
+
+ANOMALIES = Table(
+    name="anomalies",
+    columns=f"""    start {TS},
+    end Nullable({TS}),
+    kind LowCardinality(String),
+    node LowCardinality(String),
+    component String,
+    job String,
+    severity LowCardinality(String),
+    score Float64,
+    evidence String CODEC(ZSTD(3)),
+    detector LowCardinality(String),
+    detector_version LowCardinality(String),
+    id String""",
+    engine="ReplacingMergeTree",
+    order_by="node, kind, start, id",
+    partition_by="toYYYYMM(start)",
+)
+
+ALERTS = Table(
+    name="alerts",
+    columns=f"""    ts {TS},
+    fingerprint String,
+    alertname LowCardinality(String),
+    state LowCardinality(String),
+    labels Map(String, String),
+    annotations Map(String, String),
+    starts_at {TS},
+    ends_at Nullable({TS})""",
+    order_by="alertname, fingerprint, ts",
+    partition_by="toYYYYMM(ts)",
+)
+
+ACTIONS = Table(
+    name="actions",
+    columns=f"""    ts {TS},
+    action LowCardinality(String),
+    node LowCardinality(String),
+    job String,
+    reason String,
+    mode LowCardinality(String),
+    outcome LowCardinality(String),
+    decision_id String""",
+    order_by="node, ts",
+    partition_by="toYYYYMM(ts)",
+)
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "series, samples, 1-minute rollup, metrics and metrics_1m views",
+        (SERIES, SAMPLES, SAMPLES_1M, SAMPLES_1M_MV, METRICS, METRICS_1M),
+    ),
+    Migration(2, "steps and targets", (STEPS, TARGETS)),
+    Migration(3, "anomalies, alerts and actions", (ANOMALIES, ALERTS, ACTIONS)),
+)
+LATEST_VERSION = MIGRATIONS[-1].version
+EXPIRING_TABLES = tuple(
+    item for migration in MIGRATIONS for item in migration.objects if isinstance(item, Table) and item.ttl
+)
+
+
+def bootstrap(layout: Layout) -> list[str]:
+    """What must exist before migrations can be read: the database and schema_migrations."""
+    database = f"CREATE DATABASE IF NOT EXISTS {layout.database}{layout.on_cluster}"
+    return [database, *SCHEMA_MIGRATIONS.create(layout)]
+
+
+def ddl(database: str, cluster: str | None = None, retention: Retention | None = None) -> list[str]:
+    """Every statement that builds the latest schema from nothing, in order."""
+    layout = Layout(database, cluster, retention or Retention())
+    return bootstrap(layout) + [s for migration in MIGRATIONS for s in migration.statements(layout)]
+
+
+def retention_changes(layout: Layout, engines: Mapping[str, str]) -> list[str]:
+    """ALTERs for the tables whose TTL (in `engines`: local table name -> system.tables.engine_full)
+    differs from `layout.retention`; tables not yet created are left to their migration."""
+    changes = []
+    for table in EXPIRING_TABLES:
+        local = layout.local(table.name).split(".", 1)[1]
+        ttl = table.ttl_for(layout)
+        if local in engines and f"TTL {ttl}" not in engines[local]:
+            changes.append(f"ALTER TABLE {layout.local(table.name)}{layout.on_cluster} MODIFY TTL {ttl}")
+    return changes

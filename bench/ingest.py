@@ -1,0 +1,176 @@
+"""Hub ingest of a Vela-sized simulated fleet, next to a stock Prometheus scraping the same targets.
+
+Three processes on this machine: the simulated fleet (192 nodes x 8 GPUs x 4 RoCE ports by default,
+each node a real exporter on its own loopback port), `fleetlens hub` scraping it every second into an
+embedded chDB store, and Debian's Prometheus scraping the same file_sd targets every second. After a
+warm-up, both are measured over the same window: samples/s ingested, CPU of each process, scrape lag
+(how far rounds fall behind their ticks), and bytes on disk per stored sample. The parser is then timed
+against prometheus_client's on a body served by the fleet.
+
+    .venv/bin/python bench/ingest.py [--nodes 192] [--seconds 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from analytics.hubclient import HubClient
+from bench.exporter import cpu_seconds
+from bench.parser import prometheus_client_parse, samples_per_second, warm_parse
+from tests.support.peers import free_port, peer
+
+WARMUP_S = 15
+
+
+def prometheus_value(base: str, expr: str) -> float:
+    url = f"{base}/api/v1/query?query={urllib.parse.quote(expr)}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        result = json.load(response)["data"]["result"]
+    return float(result[0]["value"][1]) if result else 0.0
+
+
+def hub_counter(base: str, name: str) -> float:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def directory_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=192)
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument(
+        "--cache-s", type=float, default=5.0, help="fleet response cache (see collectors.simfleet)"
+    )
+    args = parser.parse_args()
+    prometheus = shutil.which("prometheus")
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir=shm) as trees:
+        work = Path(tmp)
+        targets = work / "targets.json"
+        fleet = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "collectors.simfleet",
+                "--nodes",
+                str(args.nodes),
+                "--dir",
+                trees,
+                "--file-sd",
+                str(targets),
+                "--cache-s",
+                str(args.cache_s),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            fleet.stdout.readline()  # "simfleet: N nodes serving"
+            hub_port, prom_port = free_port(), free_port()
+            hub_base, prom_base = f"http://127.0.0.1:{hub_port}", f"http://127.0.0.1:{prom_port}"
+            hub_args = [
+                sys.executable,
+                "-m",
+                "fleetlens.cli",
+                "--log-level",
+                "WARNING",
+                "hub",
+                "--store",
+                f"chdb://{work / 'store'}",
+                "--targets",
+                str(targets),
+                "--listen",
+                f"127.0.0.1:{hub_port}",
+                "--interval-s",
+                "1",
+            ]
+            (work / "prometheus.yml").write_text(
+                "global: {scrape_interval: 1s, scrape_timeout: 1s}\nscrape_configs:\n"
+                f"  - job_name: fleet\n    file_sd_configs: [{{files: ['{targets}']}}]\n"
+            )
+            prom_args = [
+                prometheus,
+                f"--config.file={work / 'prometheus.yml'}",
+                f"--storage.tsdb.path={work / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+            ]
+            with (
+                peer(hub_args, f"{hub_base}/healthz", cwd=work) as hub,
+                peer(prom_args, f"{prom_base}/-/ready") as prom,
+            ):
+                time.sleep(WARMUP_S)
+                start = time.monotonic()
+                hub_cpu0, prom_cpu0 = cpu_seconds(hub.pid), cpu_seconds(prom.pid)
+                hub_samples0 = hub_counter(hub_base, "fleetlens_hub_samples_total")
+                prom_samples0 = prometheus_value(prom_base, "prometheus_tsdb_head_samples_appended_total")
+                time.sleep(args.seconds)
+                window = time.monotonic() - start
+                hub_cpu = (cpu_seconds(hub.pid) - hub_cpu0) / window
+                prom_cpu = (cpu_seconds(prom.pid) - prom_cpu0) / window
+                hub_rate = (hub_counter(hub_base, "fleetlens_hub_samples_total") - hub_samples0) / window
+                prom_rate = (
+                    prometheus_value(prom_base, "prometheus_tsdb_head_samples_appended_total") - prom_samples0
+                ) / window
+                client = HubClient(hub_base)
+                stored = client.query("SELECT count() FROM samples").rows[0][0]
+                on_disk = client.query(
+                    "SELECT sum(bytes_on_disk) FROM system.parts "
+                    "WHERE active AND database = currentDatabase() "
+                    "AND table IN ('samples', 'series')"
+                ).rows[0][0]
+                lag = client.query(
+                    "SELECT quantile(0.5)(duration_s), quantile(0.99)(duration_s), max(duration_s), "
+                    "countIf(up = 0) FROM targets"
+                ).rows[0]
+                prom_stored = prometheus_value(prom_base, "prometheus_tsdb_head_samples_appended_total")
+                prom_disk = directory_bytes(work / "tsdb")
+            body = urllib.request.urlopen(
+                f"http://{json.loads(targets.read_text())[0]['targets'][0]}/metrics"
+            ).read()
+        finally:
+            fleet.terminate()
+            fleet.wait(timeout=30)
+        text = body.decode()
+        ours = samples_per_second(warm_parse(text), 3)
+        theirs = samples_per_second(prometheus_client_parse(text), 3)
+
+    print(f"{args.nodes} nodes, {args.seconds:.0f} s window after {WARMUP_S} s warm-up, 1 s scrape interval")
+    print(f"{'':28} {'samples/s':>10} {'CPU cores':>10} {'bytes/sample':>13}")
+    print(f"{'fleetlens hub (chDB)':28} {hub_rate:10.0f} {hub_cpu:10.2f} {on_disk / max(stored, 1):13.2f}")
+    print(
+        f"{'Prometheus 2.42 (TSDB)':28} {prom_rate:10.0f} {prom_cpu:10.2f} "
+        f"{prom_disk / max(prom_stored, 1):13.2f}"
+    )
+    print(
+        f"hub scrape duration p50 {lag[0] * 1e3:.0f} ms, p99 {lag[1] * 1e3:.0f} ms, "
+        f"max {lag[2] * 1e3:.0f} ms; "
+        f"failed scrapes {lag[3]}"
+    )
+    print(
+        f"parser on one node's body: {ours:,.0f} samples/s "
+        f"vs prometheus_client {theirs:,.0f} ({ours / theirs:.0f}x)"
+    )
+    print("Prometheus bytes/sample is its WAL and head on disk; it compacts into blocks only after 2 h.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

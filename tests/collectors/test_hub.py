@@ -1,0 +1,192 @@
+"""The hub end to end on loopback: real exporters scraped into a real chDB store, step times over OTLP
+and JSON lines, the query API, the token, and a store outage survived through the spool."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from analytics.errors import QueryError, StoreUnavailable
+from analytics.hubclient import HubClient
+from collectors.exporter import make_registry, serve
+from collectors.httpserver import serve_app
+from collectors.hub import Hub, SerializedStore
+from collectors.hub_writer import Writer
+from collectors.receivers import OtlpStepReceiver
+from collectors.scraper import Scraper, Shard, TargetsFile
+from collectors.spool import Spool
+from collectors.steps import StepTracker
+from fleetlens.cli import build_exporter
+from fleetlens.config import ExporterConfig
+from tests.support.clock import FakeClock
+
+TOKEN = "s3cret"
+
+
+@pytest.fixture
+def fleet(procfs_sys: Path) -> Iterator[list[dict]]:
+    """Two real exporters (simulated GPUs, procfs fixture NICs) on loopback, as file_sd target groups."""
+    servers, groups = [], []
+    for node in ("vela-001", "vela-002"):
+        exporter = build_exporter(ExporterConfig(gpu_backend="sim", sysfs_root=procfs_sys, node=node))
+        server = serve(make_registry(exporter, process_metrics=False), "127.0.0.1", 0)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append((server, exporter))
+        groups.append({"targets": [f"127.0.0.1:{server.server_port}"], "labels": {"node": node}})
+    groups.append({"targets": ["127.0.0.1:1"], "labels": {"node": "vela-down"}})  # nothing listens there
+    yield groups
+    for server, exporter in servers:
+        server.shutdown()
+        server.server_close()
+        exporter.close()
+
+
+class Outage:
+    """The real store behind a switch: while `down`, every call fails as an unreachable store does.
+
+    chDB runs inside this process and cannot be taken away for real, so the outage is simulated at the
+    store's boundary; everything behind it (the real store) and in front of it (writer, spool) is real.
+    """
+
+    def __init__(self, store: object) -> None:
+        self.store = store
+        self.down = False
+
+    def __getattr__(self, name: str) -> object:
+        if self.down and name.startswith("insert_"):
+            raise StoreUnavailable("store down for the test")
+        return getattr(self.store, name)
+
+
+def make_hub(
+    store: object, tmp_path: Path, groups: list[dict] | None = None, token: str | None = None
+) -> Hub:
+    scraper = None
+    if groups is not None:
+        targets = tmp_path / "targets.json"
+        targets.write_text(json.dumps(groups))
+        scraper = Scraper(TargetsFile(targets).current, interval_s=1, timeout_s=0.5, shard=Shard(0, 1))
+    writer = Writer(SerializedStore(store), Spool(tmp_path / "spool", 64 << 20))
+    return Hub(store, writer, OtlpStepReceiver(), scraper, token=token)
+
+
+@pytest.fixture
+def served(store, tmp_path, fleet) -> Iterator[tuple[Hub, str]]:
+    hub = make_hub(store, tmp_path, fleet)
+    server = serve_app(hub.app, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield hub, f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+    hub.writer.close()
+
+
+def scrape(hub: Hub) -> None:
+    hub._on_scrape(*hub.scraper.scrape_once())
+
+
+def test_scraped_fleet_lands_in_the_metrics_view_and_targets(served):
+    hub, url = served
+    scrape(hub)
+    client = HubClient(url)
+    nodes = client.query(
+        "SELECT node, count() FROM metrics WHERE metric = 'DCGM_FI_DEV_GPU_TEMP' GROUP BY node ORDER BY node"
+    )
+    assert nodes.rows == [("vela-001", 8), ("vela-002", 8)]
+    port = client.query(
+        "SELECT labels['device'], value FROM metrics WHERE node = 'vela-001' "
+        "AND metric = 'node_infiniband_port_data_received_bytes_total' ORDER BY 1"
+    )
+    assert [device for device, _ in port.rows] == ["hfi1_0", "mlx4_0", "mlx4_0", "mlx5_0"]
+    targets = client.query("SELECT node, up, samples > 0, error != '' FROM targets ORDER BY node").rows
+    assert targets == [("vela-001", 1, 1, 0), ("vela-002", 1, 1, 0), ("vela-down", 0, 0, 1)]
+
+
+def test_step_times_over_otlp_and_json_lines(served):
+    _, url = served
+    clock = FakeClock()
+    tracker = StepTracker(job="llm", rank=3, node="vela-002", clock=clock, environ={}, otlp_endpoint=url)
+    for _ in range(5):
+        with tracker.step():
+            clock.advance(2.0)
+    tracker.close()
+    record = {"ts": time.time(), "job": "llm", "rank": 0, "node": "vela-001", "step": 7, "duration_s": 1.5}
+    assert HubClient(url).import_steps(json.dumps(record).encode() + b"\n") == 1
+    rows = HubClient(url).query("SELECT source, rank, step, steps, duration_s FROM steps ORDER BY rank").rows
+    assert rows == [("jsonl", 0, 7, 1, 1.5), ("otlp", 3, 4, 5, 2.0)]
+
+
+def test_bad_step_lines_are_refused_naming_the_line_and_nothing_is_stored(served):
+    _, url = served
+    good = {"ts": 1.7e9, "job": "llm", "rank": 0, "node": "n", "step": 1, "duration_s": 1.0}
+    body = (json.dumps(good) + "\n" + '{"ts": 1.7e9, "job": "llm"\n').encode()
+    with pytest.raises(Exception, match="line 2") as info:
+        HubClient(url).import_steps(body)
+    assert "400" in str(info.value)
+    assert HubClient(url).query("SELECT count() FROM steps").rows == [(0,)]
+
+
+@pytest.mark.parametrize(
+    ("sql", "message"),
+    [
+        ("INSERT INTO steps (job) VALUES ('x')", "only read statements .* not INSERT"),
+        ("SELECT count( FROM steps", "Syntax error"),
+    ],
+)
+def test_query_api_refuses_writes_and_explains_syntax_errors(served, sql, message):
+    _, url = served
+    with pytest.raises(QueryError, match=message):
+        HubClient(url).query(sql)
+
+
+def test_token_guards_the_api_but_not_metrics_or_health(store, tmp_path):
+    hub = make_hub(store, tmp_path, token=TOKEN)
+    server = serve_app(hub.app, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        with pytest.raises(QueryError, match="401"):
+            HubClient(url, token="").query("SELECT 1")
+        assert HubClient(url, token=TOKEN).query("SELECT 1").rows == [(1,)]
+        for path in ("/metrics", "/healthz"):
+            with urllib.request.urlopen(url + path, timeout=5) as response:
+                assert response.status == 200
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+            assert b"fleetlens_hub_refused_requests_total" in response.read()
+    finally:
+        server.shutdown()
+        server.server_close()
+        hub.writer.close()
+
+
+def test_store_outage_during_scraping_loses_and_duplicates_nothing_across_a_restart(store, tmp_path, fleet):
+    outage = Outage(store)
+    hub = make_hub(outage, tmp_path, fleet)
+    scrape(hub)  # store up
+    outage.down = True
+    for _ in range(3):  # store down: batches go to the spool
+        scrape(hub)
+    assert hub.writer.spool.pending_entries > 0
+    hub.writer.close()  # the hub restarts while the store is still down; the spool stays on disk
+
+    outage.down = False
+    restarted = make_hub(outage, tmp_path, fleet)
+    scrape(restarted)
+    restarted.writer.close()  # flushes: replays the spool in order, then the new batch
+    assert restarted.writer.spool.pending_entries == 0
+
+    per_scrape = store.query(
+        "SELECT ts, count() FROM metrics WHERE node = 'vela-001' AND metric = 'DCGM_FI_DEV_GPU_TEMP' "
+        "GROUP BY ts"
+    ).rows
+    assert len(per_scrape) == 5  # every scrape stored
+    assert {count for _, count in per_scrape} == {8}  # and exactly once
+    statuses = store.query("SELECT count() FROM targets").rows
+    assert statuses == [(15,)]
