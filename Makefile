@@ -47,6 +47,9 @@ demo: install
 bench: install-test
 	$(PY) bench/exporter.py
 	$(PY) bench/steps.py
+	$(PY) bench/parser.py
+	$(PY) bench/storage_layout.py
+	$(PY) bench/ingest.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

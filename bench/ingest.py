@@ -57,7 +57,7 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=192)
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument(
-        "--cache-s", type=float, default=5.0, help="fleet response cache (see collectors.simfleet)"
+        "--cache-s", type=float, default=30.0, help="fleet response cache (see collectors.simfleet)"
     )
     args = parser.parse_args()
     prometheus = shutil.which("prometheus")
@@ -80,10 +80,14 @@ def main() -> int:
                 str(args.cache_s),
             ],
             stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
             text=True,
         )
         try:
             fleet.stdout.readline()  # "simfleet: N nodes serving"
+            for group in json.loads(targets.read_text()):  # render every node once before the scrapers come
+                with urllib.request.urlopen(f"http://{group['targets'][0]}/metrics", timeout=60) as response:
+                    response.read()
             hub_port, prom_port = free_port(), free_port()
             hub_base, prom_base = f"http://127.0.0.1:{hub_port}", f"http://127.0.0.1:{prom_port}"
             hub_args = [
@@ -142,12 +146,16 @@ def main() -> int:
                 ).rows[0]
                 prom_stored = prometheus_value(prom_base, "prometheus_tsdb_head_samples_appended_total")
                 prom_disk = directory_bytes(work / "tsdb")
-            body = urllib.request.urlopen(
-                f"http://{json.loads(targets.read_text())[0]['targets'][0]}/metrics"
-            ).read()
+            first_node = json.loads(targets.read_text())[0]["targets"][0]
+            with urllib.request.urlopen(f"http://{first_node}/metrics", timeout=60) as response:
+                body = response.read()
         finally:
             fleet.terminate()
-            fleet.wait(timeout=30)
+            try:
+                fleet.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                fleet.kill()
+                fleet.wait()
         text = body.decode()
         ours = samples_per_second(warm_parse(text), 3)
         theirs = samples_per_second(prometheus_client_parse(text), 3)

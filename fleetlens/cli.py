@@ -130,7 +130,7 @@ def build_hub(config: HubConfig, token: str | None) -> Hub:
         scraper = Scraper(
             TargetsFile(config.targets).current,
             interval_s=config.interval_s,
-            timeout_s=config.scrape_timeout_s,
+            timeout_s=config.timeout_s,
             shard=Shard(*config.shard_index_count),
             limits=ScrapeLimits(config.max_body_bytes, config.max_series_per_target, config.max_label_length),
         )

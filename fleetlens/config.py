@@ -91,7 +91,7 @@ class HubConfig:
     targets: Path | None = None
     listen: str = "127.0.0.1:9500"
     interval_s: float = 10.0
-    scrape_timeout_s: float = 5.0
+    scrape_timeout_s: float | None = None  # default: the interval, at most 5 s
     shard: str = "0/1"
     cluster: str | None = None
     raw_retention_days: int = 15
@@ -108,7 +108,8 @@ class HubConfig:
     def __post_init__(self) -> None:
         split_listen(self.listen, "hub.listen")
         _check_range("hub.interval_s", self.interval_s, 1, 60)
-        _check_range("hub.scrape_timeout_s", self.scrape_timeout_s, 0.1, self.interval_s)
+        if self.scrape_timeout_s is not None:
+            _check_range("hub.scrape_timeout_s", self.scrape_timeout_s, 0.1, self.interval_s)
         parse_shard(self.shard)
         for name in (
             "raw_retention_days",
@@ -130,6 +131,11 @@ class HubConfig:
     @property
     def host_port(self) -> tuple[str, int]:
         return split_listen(self.listen, "hub.listen")
+
+    @property
+    def timeout_s(self) -> float:
+        """Per-target scrape timeout: as configured, else the interval up to 5 s (as Prometheus's default)."""
+        return self.scrape_timeout_s if self.scrape_timeout_s is not None else min(self.interval_s, 5.0)
 
     @property
     def shard_index_count(self) -> tuple[int, int]:
