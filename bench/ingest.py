@@ -1,11 +1,11 @@
 """Hub ingest of a Vela-sized simulated fleet, next to a stock Prometheus scraping the same targets.
 
-Three processes on this machine: the simulated fleet (192 nodes x 8 GPUs x 4 RoCE ports by default,
+Three processes: this one serving the simulated fleet (192 nodes x 8 GPUs x 4 RoCE ports by default,
 each node a real exporter on its own loopback port), `fleetlens hub` scraping it every second into an
 embedded chDB store, and Debian's Prometheus scraping the same file_sd targets every second. After a
-warm-up, both are measured over the same window: samples/s ingested, CPU of each process, scrape lag
-(how far rounds fall behind their ticks), and bytes on disk per stored sample. The parser is then timed
-against prometheus_client's on a body served by the fleet.
+warm-up, both are measured over one window: samples/s ingested, CPU of each process, scrape durations,
+and bytes on disk per stored sample. The parser is then timed against prometheus_client's on a body
+served by the fleet.
 
     .venv/bin/python bench/ingest.py [--nodes 192] [--seconds 60]
 """
@@ -13,9 +13,7 @@ against prometheus_client's on a body served by the fleet.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,19 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from analytics.hubclient import HubClient
 from bench.exporter import cpu_seconds
 from bench.parser import prometheus_client_parse, samples_per_second, warm_parse
+from collectors.simfleet import SimFleet
 from tests.support.peers import free_port, peer
 
 WARMUP_S = 15
 
 
-def prometheus_value(base: str, expr: str) -> float:
-    url = f"{base}/api/v1/query?query={urllib.parse.quote(expr)}"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        result = json.load(response)["data"]["result"]
-    return float(result[0]["value"][1]) if result else 0.0
-
-
-def hub_counter(base: str, name: str) -> float:
+def own_metric(base: str, name: str) -> float:
+    """The first sample of `name` on a server's own /metrics (the hub's, or Prometheus's)."""
     with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
         for line in response.read().decode().splitlines():
             if line.startswith(name + " ") or line.startswith(name + "{"):
@@ -65,28 +58,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir=shm) as trees:
         work = Path(tmp)
         targets = work / "targets.json"
-        fleet = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "collectors.simfleet",
-                "--nodes",
-                str(args.nodes),
-                "--dir",
-                trees,
-                "--file-sd",
-                str(targets),
-                "--cache-s",
-                str(args.cache_s),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
+        fleet = SimFleet(args.nodes, Path(trees), cache_s=args.cache_s).start()  # in this process
         try:
-            fleet.stdout.readline()  # "simfleet: N nodes serving"
-            for group in json.loads(targets.read_text()):  # render every node once before the scrapers come
-                with urllib.request.urlopen(f"http://{group['targets'][0]}/metrics", timeout=60) as response:
+            fleet.write_file_sd(targets)
+            for node in fleet.nodes:  # render every node once before the scrapers come
+                with urllib.request.urlopen(f"http://{node.address}/metrics", timeout=60) as response:
                     response.read()
             hub_port, prom_port = free_port(), free_port()
             hub_base, prom_base = f"http://127.0.0.1:{hub_port}", f"http://127.0.0.1:{prom_port}"
@@ -123,15 +99,15 @@ def main() -> int:
                 time.sleep(WARMUP_S)
                 start = time.monotonic()
                 hub_cpu0, prom_cpu0 = cpu_seconds(hub.pid), cpu_seconds(prom.pid)
-                hub_samples0 = hub_counter(hub_base, "fleetlens_hub_samples_total")
-                prom_samples0 = prometheus_value(prom_base, "prometheus_tsdb_head_samples_appended_total")
+                hub_samples0 = own_metric(hub_base, "fleetlens_hub_samples_total")
+                prom_samples0 = own_metric(prom_base, "prometheus_tsdb_head_samples_appended_total")
                 time.sleep(args.seconds)
                 window = time.monotonic() - start
                 hub_cpu = (cpu_seconds(hub.pid) - hub_cpu0) / window
                 prom_cpu = (cpu_seconds(prom.pid) - prom_cpu0) / window
-                hub_rate = (hub_counter(hub_base, "fleetlens_hub_samples_total") - hub_samples0) / window
+                hub_rate = (own_metric(hub_base, "fleetlens_hub_samples_total") - hub_samples0) / window
                 prom_rate = (
-                    prometheus_value(prom_base, "prometheus_tsdb_head_samples_appended_total") - prom_samples0
+                    own_metric(prom_base, "prometheus_tsdb_head_samples_appended_total") - prom_samples0
                 ) / window
                 client = HubClient(hub_base)
                 stored = client.query("SELECT count() FROM samples").rows[0][0]
@@ -144,18 +120,12 @@ def main() -> int:
                     "SELECT quantile(0.5)(duration_s), quantile(0.99)(duration_s), max(duration_s), "
                     "countIf(up = 0) FROM targets"
                 ).rows[0]
-                prom_stored = prometheus_value(prom_base, "prometheus_tsdb_head_samples_appended_total")
+                prom_stored = own_metric(prom_base, "prometheus_tsdb_head_samples_appended_total")
                 prom_disk = directory_bytes(work / "tsdb")
-            first_node = json.loads(targets.read_text())[0]["targets"][0]
-            with urllib.request.urlopen(f"http://{first_node}/metrics", timeout=60) as response:
+            with urllib.request.urlopen(f"http://{fleet.nodes[0].address}/metrics", timeout=60) as response:
                 body = response.read()
         finally:
-            fleet.terminate()
-            try:
-                fleet.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                fleet.kill()
-                fleet.wait()
+            fleet.stop()
         text = body.decode()
         ours = samples_per_second(warm_parse(text), 3)
         theirs = samples_per_second(prometheus_client_parse(text), 3)

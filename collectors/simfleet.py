@@ -30,7 +30,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
@@ -61,42 +61,58 @@ class _Response:
 
 
 class CachedMetrics:
-    """WSGI middleware that answers /metrics from a response at most `max_age_s` old.
+    """WSGI middleware that answers /metrics from a kept response, re-rendered at most every `max_age_s`.
 
     Responses are kept per (Accept, Accept-Encoding) pair, the headers that choose the format and the
     compression, so a Prometheus asking for OpenMetrics and a hub asking for text each get their own.
-    Concurrent scrapes of a stale response wait for one render instead of each making their own.
+    Only the very first scrape of a format waits for a render. After that a stale response is still
+    served at once while `refresher` (one worker shared by the whole fleet) renders its successor: with
+    192 nodes expiring together, renders on the request path would pile up one thread per waiting
+    scrape and starve the machine, which is what the scrapers being measured must not see.
     """
 
-    def __init__(self, app: Callable, max_age_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        app: Callable,
+        max_age_s: float,
+        refresher: Executor,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._app = app
         self._max_age_s = max_age_s
+        self._refresher = refresher
         self._clock = clock
         self._lock = threading.Lock()
         self._responses: dict[tuple[str, str], _Response] = {}
+        self._refreshing: set[tuple[str, str]] = set()
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         if environ.get("PATH_INFO") != "/metrics":
             return self._app(environ, start_response)
         key = (environ.get("HTTP_ACCEPT", ""), environ.get("HTTP_ACCEPT_ENCODING", ""))
         with self._lock:
-            now = self._clock()
             response = self._responses.get(key)
-            if response is None or now - response.made_at >= self._max_age_s:
-                response = self._render(environ, now)
-                self._responses = {
-                    k: r for k, r in self._responses.items() if now - r.made_at < self._max_age_s
-                }
-                self._responses[key] = response
+            if response is None:
+                response = self._responses[key] = self._render(environ)
+            elif self._clock() - response.made_at >= self._max_age_s and key not in self._refreshing:
+                self._refreshing.add(key)
+                self._refresher.submit(self._refresh, key, dict(environ))
         start_response(response.status, response.headers)
         return [response.body]
 
-    def _render(self, environ: dict, now: float) -> _Response:
+    def _refresh(self, key: tuple[str, str], environ: dict) -> None:
+        response = self._render(environ)
+        with self._lock:
+            self._responses[key] = response
+            self._refreshing.discard(key)
+
+    def _render(self, environ: dict) -> _Response:
         started: list[tuple[str, list[tuple[str, str]]]] = []
 
         def start_response(status: str, headers: list[tuple[str, str]], exc_info: object = None) -> None:
             started.append((status, headers))
 
+        now = self._clock()
         body = b"".join(self._app(environ, start_response))
         status, headers = started[-1]
         return _Response(status, headers, body, now)
@@ -148,7 +164,8 @@ class SimFleet:
         self._clock = clock
         self._stopping = threading.Event()
         self._ticker: threading.Thread | None = None
-        self.nodes: list[SimNode] = []
+        self._refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="simfleet-render")
+        self.nodes: list[SimNode] = []  # a fleet starts once: stop() ends its renderer for good
 
     def __enter__(self) -> SimFleet:
         return self.start()
@@ -179,6 +196,7 @@ class SimFleet:
             with ThreadPoolExecutor(max_workers=len(self.nodes)) as pool:
                 list(pool.map(_stop_node, self.nodes))
         self.nodes = []
+        self._refresher.shutdown(wait=True, cancel_futures=True)
 
     @property
     def targets(self) -> list[dict]:
@@ -206,7 +224,7 @@ class SimFleet:
         exporter = Exporter(registry.build(COLLECTORS, options))
         app = make_app(make_registry(exporter, process_metrics=False))  # one process: no per-node process_*
         if self._cache_s > 0:
-            app = CachedMetrics(app, self._cache_s, self._clock)
+            app = CachedMetrics(app, self._cache_s, self._refresher, self._clock)
         try:
             server = serve_app(app, LOOPBACK, 0)
         except BaseException:
