@@ -42,23 +42,13 @@ from collectors.receivers import (
     parse_steps_jsonl,
 )
 from collectors.steps import PHASE_DURATION, PHASES, STEP_DURATION, StepTracker, read_step_records
+from tests.support.clock import FakeClock
 
 CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 DELTA = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
 IDENTITY = {"job": "job-a", "rank": 3, "node": "node-7"}
 START_NS = 1_700_000_000 * 10**9
 MIB = 1 << 20
-
-
-class FakeClock:
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def since_epoch() -> FakeClock:
