@@ -7,12 +7,11 @@ import functools
 import gzip
 import json
 import math
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from email.message import Message
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -43,6 +42,7 @@ from collectors.receivers import (
 )
 from collectors.steps import PHASE_DURATION, PHASES, STEP_DURATION, StepTracker, read_step_records
 from tests.support.clock import FakeClock
+from tests.support.loopback import LoopbackPostServer
 
 CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 DELTA = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
@@ -66,47 +66,34 @@ class LoopbackHub:
     encodings: set[str | None] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        hub = self
+        self._server = LoopbackPostServer(self._receive)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                content_type, encoding = self.headers["Content-Type"], self.headers["Content-Encoding"]
-                try:
-                    result = hub.receiver.receive(body, content_type, encoding)
-                except PayloadError as error:
-                    response = otlp_error_response(error, content_type)
-                else:
-                    response = result.response
-                    hub.rows.extend(result.rows)
-                    hub.bodies.append(gzip.decompress(body) if encoding == "gzip" else body)
-                    hub.encodings.add(encoding)
-                self.send_response(response.status)
-                self.send_header("Content-Type", response.content_type)
-                self.send_header("Content-Length", str(len(response.body)))
-                self.end_headers()
-                self.wfile.write(response.body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                """Keep the test output free of access logs."""
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+    def _receive(self, body: bytes, headers: Message) -> tuple[int, str, bytes]:
+        content_type, encoding = headers["Content-Type"], headers["Content-Encoding"]
+        try:
+            result = self.receiver.receive(body, content_type, encoding)
+        except PayloadError as error:
+            response = otlp_error_response(error, content_type)
+        else:
+            response = result.response
+            self.rows.extend(result.rows)
+            self.bodies.append(gzip.decompress(body) if encoding == "gzip" else body)
+            self.encodings.add(encoding)
+        return response.status, response.content_type, response.body
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._server.url
 
     def rows_of(self, rank: int) -> list[StepRow]:
         return [row for row in self.rows if row.rank == rank]
 
     def __enter__(self) -> LoopbackHub:
-        self._thread.start()
+        self._server.__enter__()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.__exit__(*exc_info)
 
 
 @pytest.fixture

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+from tests.support.loopback import LoopbackPostServer
 
 
 @dataclass(frozen=True)
@@ -26,26 +26,15 @@ class OtlpReceiver:
 
     def __init__(self) -> None:
         self.requests: list[ExportMetricsServiceRequest] = []
-        requests = self.requests
+        self._server = LoopbackPostServer(self._record)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                requests.append(ExportMetricsServiceRequest.FromString(body))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, format: str, *args: object) -> None:
-                """Keep the test output free of access logs."""
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+    def _record(self, body: bytes, headers: object) -> tuple[int, str, bytes]:
+        self.requests.append(ExportMetricsServiceRequest.FromString(body))
+        return 200, "application/x-protobuf", b""
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._server.url
 
     def histograms(self, name: str) -> Iterator[HistogramPoint]:
         for request in self.requests:
@@ -79,9 +68,8 @@ class OtlpReceiver:
         return list(newest.values())
 
     def __enter__(self) -> OtlpReceiver:
-        self._thread.start()
+        self._server.__enter__()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.__exit__(*exc_info)
