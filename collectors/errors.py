@@ -3,10 +3,15 @@
     CollectorError
     ├── SysfsError          a sysfs file is unreadable or holds a value we cannot parse
     ├── GpuBackendError     NVML (or the simulated backend) failed for a device or as a whole
-    └── LogParseError       a kernel or NCCL log line is malformed
+    ├── LogParseError       a kernel or NCCL log line, or a step JSON line, is malformed
+    ├── ExpositionError     a scraped body breaks the text format (collectors.expfmt)
+    ├── ScraperConfigError  a targets file or scrape setting is unusable (collectors.scraper)
+    ├── ScrapeError         one target's scrape failed (collectors.scraper)
+    └── PayloadError        a receiver refused a request body, with its HTTP status (collectors.receivers)
 
-Collectors catch these per sample or per device, report them through `ReadErrors` and go on: one bad
-file never fails a scrape. Each message names the file, device or line it is about.
+The last four live beside the code that raises them. Collectors catch theirs per sample or per
+device, report them through `ReadErrors` and go on: one bad file never fails a scrape. Each message
+names the file, device, line or field it is about.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ import itertools
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -36,7 +35,7 @@ from collectors.scraper import (
     TargetsFile,
     parse_targets,
 )
-from tests.support.peers import free_port
+from tests.support.peers import free_port, hung_listener
 
 BODY = (
     b'# TYPE fleetlens_test_value gauge\nfleetlens_test_value{gpu="0"} 1\nfleetlens_test_value{gpu="1"} 2\n'
@@ -82,15 +81,6 @@ def fixed_target(
         server.server_close()
 
 
-@contextlib.contextmanager
-def hung_target() -> Iterator[str]:
-    """A port that accepts connections (the kernel's backlog) and never answers."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(16)
-        yield f"127.0.0.1:{sock.getsockname()[1]}"
-
-
 def address(server: ThreadingHTTPServer) -> str:
     return f"127.0.0.1:{server.server_port}"
 
@@ -106,9 +96,9 @@ def test_failed_targets_are_recorded_and_hold_up_no_one(fixtures: Path) -> None:
     with (
         fixed_target(e2e) as good,
         fixed_target(b"boom\n", status=500) as failing,
-        hung_target() as hung1,
-        hung_target() as hung2,
-        hung_target() as hung3,
+        hung_listener() as hung1,
+        hung_listener() as hung2,
+        hung_listener() as hung3,
     ):
         targets = [Target(a) for a in (address(good), address(failing), closed, hung1, hung2, hung3)]
         with Scraper(lambda: targets, interval_s=1, timeout_s=0.5) as scraper:

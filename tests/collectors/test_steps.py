@@ -21,7 +21,7 @@ from collectors.steps import PHASE_DURATION, STEP_DURATION, StepTracker, otlp_me
 from tests.conftest import REPO
 from tests.support.clock import FakeClock
 from tests.support.otlp import OtlpReceiver
-from tests.support.peers import free_port
+from tests.support.peers import free_port, hung_listener
 
 IDENTITY = {"job": "job-a", "rank": 3, "node": "node-7"}
 
@@ -303,10 +303,8 @@ def refused_endpoint() -> str:
 @pytest.fixture
 def hanging_endpoint() -> Iterator[str]:
     """Accepts connections into its backlog and never answers: a hub that is up but stuck."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(16)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with hung_listener() as address:
+        yield f"http://{address}"
 
 
 @pytest.mark.parametrize("endpoint_fixture", ["refused_endpoint", "hanging_endpoint"])

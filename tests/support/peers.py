@@ -34,6 +34,16 @@ def require_binary(path: str) -> str:
     return found
 
 
+@contextlib.contextmanager
+def hung_listener() -> Iterator[str]:
+    """HOST:PORT of a socket that accepts connections (the kernel's backlog) and never answers:
+    a peer that is up but stuck."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
+
+
 def wait_http(url: str, process: subprocess.Popen, timeout: float = 20.0) -> None:
     """Wait until `url` answers 200, failing early with the peer's output if it exits."""
     deadline = time.monotonic() + timeout
