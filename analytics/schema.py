@@ -38,6 +38,13 @@ lookups, as SigNoz does with metric_name; the LowCardinality metric and node col
 nothing sorted first. Labels live once per series in `series`, joined by the `metrics` view.
 Everything is partitioned by day and raw samples expire a whole part at a time.
 
+The rollup's view is a projection, not a GROUP BY: at a 1 s scrape interval one insert holds one sample
+per series, so grouping inside the insert reduces nothing, and it cost half the insert (one round of a
+192-node fleet, 126k samples, into chDB: 465 ms grouping with argMaxState, 225 ms as a projection).
+AggregatingMergeTree folds a minute's rows together in background merges; readers aggregate whatever
+is not merged yet (metrics_1m does). `last` is the max of (ts, value) tuples: the value at the latest
+ts, as exact as argMax, with no aggregate state to merge.
+
 Cluster mode: every table is a Replicated*MergeTree `<name>_local` on each shard plus a Distributed
 `<name>` over them (sharded by series_id where a view joins, so that each join is shard-local); views are
 `<name>_local` views with a Distributed `<name>` on top. Readers and writers always use the plain name.
@@ -251,7 +258,7 @@ SAMPLES_1M = Table(
     max SimpleAggregateFunction(max, Float64) CODEC(FPC, ZSTD(1)),
     sum SimpleAggregateFunction(sum, Float64) CODEC(FPC, ZSTD(1)),
     count SimpleAggregateFunction(sum, UInt64) CODEC(T64, ZSTD(1)),
-    last AggregateFunction(argMax, Float64, {TS}) CODEC(ZSTD(1))""",
+    last SimpleAggregateFunction(max, Tuple(ts {TS}, value Float64)) CODEC(ZSTD(1))""",
     engine="AggregatingMergeTree",
     order_by="metric, node, series_id, minute",
     partition_by="toDate(minute)",
@@ -265,9 +272,8 @@ SAMPLES_1M_MV = MaterializedView(
     source="samples",
     target="samples_1m",
     select="""SELECT metric, node, series_id, toStartOfMinute(ts) AS minute,
-    min(value) AS min, max(value) AS max, sum(value) AS sum, count() AS count, argMaxState(value, ts) AS last
-FROM {source}
-GROUP BY metric, node, series_id, minute""",
+    value AS min, value AS max, value AS sum, toUInt64(1) AS count, (ts, value) AS last
+FROM {source}""",
 )
 
 METRICS = View(
@@ -284,10 +290,10 @@ METRICS_1M = View(
     select="""SELECT m.minute AS ts, CAST(m.metric, 'String') AS metric, CAST(m.node, 'String') AS node,
     CAST(r.labels, 'Map(String, String)') AS labels,
     CAST(m.min, 'Float64') AS min, CAST(m.max, 'Float64') AS max, m.sum / m.count AS avg,
-    m.sum AS sum, m.count AS count, m.last AS last
+    m.sum AS sum, m.count AS count, m.last.value AS last
 FROM (
     SELECT metric, node, series_id, minute, min(min) AS min, max(max) AS max, sum(sum) AS sum,
-        sum(count) AS count, argMaxMerge(last) AS last
+        sum(count) AS count, max(last) AS last
     FROM {samples_1m}
     GROUP BY metric, node, series_id, minute
 ) AS m
