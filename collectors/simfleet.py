@@ -1,5 +1,8 @@
 """A fleet of simulated GPU VMs served from one process: each node a real exporter on its own loopback port.
 
+The ports are served by one asyncio loop (collectors.loopserver), not a server thread per node, so that
+a Vela-sized fleet polled every second by two scrapers stays within one process's means.
+
 Each node gets a generated /sys tree (collectors.sim_sysfs) and an exporter built through the collector
 registry like the real one (gpu with the simulated backend, infiniband, netclass), so that a hub, a
 benchmark or a stock Prometheus scrapes the fleet exactly as it would scrape VMs. A background thread
@@ -33,12 +36,11 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from wsgiref.simple_server import WSGIServer
 
 from collectors import registry
 from collectors.base import CollectorOptions
 from collectors.exporter import Exporter, make_app, make_registry
-from collectors.httpserver import serve_app
+from collectors.loopserver import LoopServer
 from collectors.sim_sysfs import SimSysfs
 
 COLLECTORS = ("gpu", "infiniband", "netclass")
@@ -120,7 +122,7 @@ class CachedMetrics:
 
 @dataclass
 class SimNode:
-    """One simulated VM: its /sys tree (the fault hooks), its exporter and the server in front of it.
+    """One simulated VM: its /sys tree (the fault hooks), its exporter and the "host:port" it answers on.
 
     The simulated GPUs are collectors.gpu's shared backend for `options`: acquire_backend(options) reaches
     them (release_backend after) to set loads and faults.
@@ -130,12 +132,7 @@ class SimNode:
     sysfs: SimSysfs
     options: CollectorOptions
     exporter: Exporter
-    server: WSGIServer
-    thread: threading.Thread
-
-    @property
-    def address(self) -> str:
-        return f"{LOOPBACK}:{self.server.server_port}"
+    address: str
 
 
 class SimFleet:
@@ -165,6 +162,7 @@ class SimFleet:
         self._stopping = threading.Event()
         self._ticker: threading.Thread | None = None
         self._refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="simfleet-render")
+        self._server = LoopServer()
         self.nodes: list[SimNode] = []  # a fleet starts once: stop() ends its renderer for good
 
     def __enter__(self) -> SimFleet:
@@ -176,6 +174,7 @@ class SimFleet:
     def start(self) -> SimFleet:
         """Write the trees, start each node's server on a free port and the thread that advances the trees."""
         self._stopping.clear()
+        self._server.start()
         try:
             for index in range(self._count):
                 self.nodes.append(self._start_node(index))
@@ -192,9 +191,9 @@ class SimFleet:
         if self._ticker is not None:
             self._ticker.join()
             self._ticker = None
-        if self.nodes:  # each shutdown waits up to half a second for its server's loop: all at once
-            with ThreadPoolExecutor(max_workers=len(self.nodes)) as pool:
-                list(pool.map(_stop_node, self.nodes))
+        self._server.stop()
+        for node in self.nodes:
+            node.exporter.close()
         self.nodes = []
         self._refresher.shutdown(wait=True, cancel_futures=True)
 
@@ -226,13 +225,11 @@ class SimFleet:
         if self._cache_s > 0:
             app = CachedMetrics(app, self._cache_s, self._refresher, self._clock)
         try:
-            server = serve_app(app, LOOPBACK, 0)
+            port = self._server.serve(app, LOOPBACK)
         except BaseException:
             exporter.close()
             raise
-        thread = threading.Thread(target=server.serve_forever, name=f"simfleet-{name}", daemon=True)
-        thread.start()
-        return SimNode(name, sysfs, options, exporter, server, thread)
+        return SimNode(name, sysfs, options, exporter, f"{LOOPBACK}:{port}")
 
     def _advance_trees(self) -> None:
         period = max(MIN_TICK_S, self._cache_s)
@@ -242,13 +239,6 @@ class SimFleet:
             for node in self.nodes:
                 node.sysfs.advance(now - last)
             last = now
-
-
-def _stop_node(node: SimNode) -> None:
-    node.server.shutdown()
-    node.server.server_close()
-    node.thread.join()
-    node.exporter.close()
 
 
 def main(argv: list[str] | None = None) -> int:
