@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry
@@ -32,6 +33,7 @@ from collectors.scraper import Scraper
 log = logging.getLogger("fleetlens.hub")
 
 JSON = "application/json"
+PENDING_ROUNDS = 2  # scraped rounds that may wait for the insert thread before the scrape loop waits too
 
 
 class HttpError(Exception):
@@ -101,6 +103,8 @@ class Hub:
         self._query_max_seconds = query_max_seconds
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._inserter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetlens-insert")
+        self._pending = threading.BoundedSemaphore(PENDING_ROUNDS)
         self.scrapes = 0
         self.samples = 0
         self.refused: dict[tuple[str, int], int] = {}
@@ -110,13 +114,32 @@ class Hub:
     # -- ingestion ---------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the scrape loop (if there are targets) in a background thread."""
+        """Start the scrape loop (if there are targets) in a background thread.
+
+        Rounds are written by one insert thread of their own, in order, so that the next round is
+        scraped on time while the store takes the last one (chDB works outside the GIL). Past
+        PENDING_ROUNDS waiting rounds the scrape loop waits too, and skips the ticks it misses.
+        """
         if self.scraper is not None:
             thread = threading.Thread(
-                target=self.scraper.run, args=(self._stop, self._on_scrape), daemon=True
+                target=self.scraper.run, args=(self._stop, self._queue_round), daemon=True
             )
             thread.start()
             self._threads.append(thread)
+
+    def _queue_round(self, batches: list, statuses: list) -> None:
+        self._pending.acquire()
+        try:
+            future = self._inserter.submit(self._on_scrape, batches, statuses)
+        except BaseException:
+            self._pending.release()
+            raise
+        future.add_done_callback(self._round_written)
+
+    def _round_written(self, future: Future) -> None:
+        self._pending.release()
+        if (error := future.exception()) is not None:
+            log.error("writing a scraped round failed; its batches are lost", exc_info=error)
 
     def _on_scrape(self, batches: list, statuses: list) -> None:
         self.scrapes += len(statuses)
@@ -131,6 +154,7 @@ class Hub:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=30)
+        self._inserter.shutdown(wait=True)
         self.writer.close()
         self.store.close()
 
