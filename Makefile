@@ -49,7 +49,7 @@ bench: install-test
 	$(PY) bench/steps.py
 	$(PY) bench/parser.py
 	$(PY) bench/storage_layout.py
-	$(PY) bench/ingest.py --nodes 64  # 192 (Vela) outruns the simulated fleet on 2 cores: see README
+	$(PY) bench/ingest.py --nodes 192
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -13,6 +13,7 @@ served by the fleet.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -99,12 +100,14 @@ def main() -> int:
                 time.sleep(WARMUP_S)
                 start = time.monotonic()
                 hub_cpu0, prom_cpu0 = cpu_seconds(hub.pid), cpu_seconds(prom.pid)
+                fleet_cpu0 = cpu_seconds(os.getpid())
                 hub_samples0 = own_metric(hub_base, "fleetlens_hub_samples_total")
                 prom_samples0 = own_metric(prom_base, "prometheus_tsdb_head_samples_appended_total")
                 time.sleep(args.seconds)
                 window = time.monotonic() - start
                 hub_cpu = (cpu_seconds(hub.pid) - hub_cpu0) / window
                 prom_cpu = (cpu_seconds(prom.pid) - prom_cpu0) / window
+                fleet_cpu = (cpu_seconds(os.getpid()) - fleet_cpu0) / window
                 hub_rate = (own_metric(hub_base, "fleetlens_hub_samples_total") - hub_samples0) / window
                 prom_rate = (
                     own_metric(prom_base, "prometheus_tsdb_head_samples_appended_total") - prom_samples0
@@ -136,6 +139,11 @@ def main() -> int:
     print(
         f"{'Prometheus 2.42 (TSDB)':28} {prom_rate:10.0f} {prom_cpu:10.2f} "
         f"{prom_disk / max(prom_stored, 1):13.2f}"
+    )
+    print(f"{'simulated fleet (serving)':28} {'':10} {fleet_cpu:10.2f}")
+    print(
+        f"hub: {hub_rate / prom_rate:.0%} of what Prometheus ingested, "
+        f"{hub_rate / hub_cpu:,.0f} samples/s per core"
     )
     print(
         f"hub scrape duration p50 {lag[0] * 1e3:.0f} ms, p99 {lag[1] * 1e3:.0f} ms, "
