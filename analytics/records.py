@@ -63,6 +63,25 @@ class StepRow:
 
 
 @dataclass(frozen=True, slots=True)
+class Anomaly:
+    """A detector's finding that persisted: one row of `anomalies`, written when it opens and written
+    again with the same id when it ends (the table keeps the latest). Times are unix seconds."""
+
+    id: str
+    start: float
+    end: float | None  # None while it lasts
+    kind: str
+    node: str
+    component: str  # "gpu:3", "mlx5_2:1", or "" for the whole node
+    job: str
+    severity: str  # info | warning | critical
+    score: float
+    evidence: str  # JSON object: the numbers that triggered it
+    detector: str
+    detector_version: str
+
+
+@dataclass(frozen=True, slots=True)
 class QueryResult:
     """Rows of a read-only query, with column names and types; `truncated` when the row limit cut it."""
 

@@ -1,0 +1,120 @@
+"""The detector contract: what every detector is, so that the runner, the CLI and the conformance test
+treat them all alike.
+
+A detector looks at one window of the store at a time (default 10 s):
+
+    features(source, window) -> DataFrame     one row per candidate (node, component, job + feature
+                                              columns), aggregated in ClickHouse SQL, not in Python
+    score(features) -> ndarray                one float per row; higher = more anomalous, always
+    findings(features, scores) -> [Finding]   thresholding, apart from scoring: rows over `threshold`,
+                                              each with the numbers that put it there (evidence)
+
+scikit-learn conventions: every parameter is an `__init__` keyword stored unchanged under its own name
+(get_params() reads them back, so `type(d)(**d.get_params())` is an identical detector); state learned
+from data ends in `_` and exists only after fit(). Persistence across windows (k of n) and the start and
+end of anomalies are the runner's job (analytics.detectors.runner), not the detector's.
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import pandas as pd
+
+from analytics.records import QueryResult
+
+SEVERITIES = ("info", "warning", "critical")
+KEY_COLUMNS = ("node", "component", "job")
+
+
+class QuerySource(Protocol):
+    """What detectors read from: analytics.store.Store, or analytics.hubclient.HubClient for a hub."""
+
+    def query(
+        self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int = ...
+    ) -> QueryResult: ...
+
+
+@dataclass(frozen=True)
+class Window:
+    """[start, end) in unix seconds."""
+
+    start: float
+    end: float
+
+    @property
+    def parameters(self) -> dict[str, datetime]:
+        """The bounds as query parameters: `ts >= {start:DateTime64(3)} AND ts < {end:DateTime64(3)}`."""
+        return {
+            "start": datetime.fromtimestamp(self.start, UTC),
+            "end": datetime.fromtimestamp(self.end, UTC),
+        }
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What a detector saw in one window; the runner turns persistent findings into anomalies."""
+
+    kind: str
+    node: str
+    component: str  # "gpu:3", "mlx5_2:1", or "" for the whole node
+    job: str  # "" when no job is involved
+    score: float
+    severity: str  # one of SEVERITIES
+    evidence: Mapping[str, Any] = field(default_factory=dict)  # JSON-able numbers that triggered it
+
+
+class Detector(ABC):
+    """Base of every detector; subclasses set the class attributes and implement the three steps."""
+
+    name: ClassVar[str]
+    version: ClassVar[str]
+    kinds: ClassVar[tuple[str, ...]]  # anomaly kinds this detector reports
+    # persistence the runner applies: a finding in `min_windows` of the last `of_windows` windows opens an
+    # anomaly; `clear_windows` windows without one close it
+    min_windows: ClassVar[int] = 1
+    of_windows: ClassVar[int] = 1
+    clear_windows: ClassVar[int] = 1
+
+    def get_params(self) -> dict[str, Any]:
+        """The `__init__` parameters and their current values."""
+        names = [
+            p.name
+            for p in inspect.signature(type(self).__init__).parameters.values()
+            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        return {name: getattr(self, name) for name in names}
+
+    def fit(self, source: QuerySource, windows: Sequence[Window]) -> Detector:
+        """Learn from past windows (a no-op for rule detectors); returns self."""
+        return self
+
+    @abstractmethod
+    def features(self, source: QuerySource, window: Window) -> pd.DataFrame:
+        """One row per candidate in `window`: KEY_COLUMNS plus this detector's feature columns."""
+
+    @abstractmethod
+    def score(self, features: pd.DataFrame) -> np.ndarray:
+        """One float per row of `features`; higher = more anomalous."""
+
+    @abstractmethod
+    def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
+        """The rows whose score passes this detector's threshold, with their evidence."""
+
+    def detect(self, source: QuerySource, window: Window) -> list[Finding]:
+        """features -> score -> findings for one window."""
+        features = self.features(source, window)
+        if features.empty:
+            return []
+        return self.findings(features, self.score(features))
+
+
+def frame(result: QueryResult) -> pd.DataFrame:
+    """A query result as a DataFrame with the result's column names."""
+    return pd.DataFrame.from_records(result.rows, columns=result.columns)
