@@ -187,6 +187,10 @@ def parse_scenario(
     job_names = [job.name for job in jobs]
     if len(set(job_names)) != len(job_names):
         raise reader.error("jobs", "job names must be unique")
+    placed = [node for job in jobs for node in job.nodes]
+    twice = sorted({node for node in placed if placed.count(node) > 1})
+    if twice:
+        raise reader.error("jobs", f"node(s) {', '.join(twice)} in more than one job")
     faults_doc = top.get("faults") or []
     if isinstance(faults_doc, Mapping):
         random_doc = reader.mapping(faults_doc, "faults", {"random"})
@@ -299,7 +303,7 @@ def _confounder(
 def _span(
     reader: _Reader, doc: Mapping, where: str, duration: float, end_required: bool
 ) -> tuple[float, float | None]:
-    start = reader.number(doc, "start_s", where, minimum=0, maximum=duration)
+    start = reader.number(doc, "start_s", where, minimum=0, maximum=duration - 1)
     if "end_s" not in doc and not end_required:
         return start, None
     end = reader.number(doc, "end_s", where, minimum=0, maximum=duration)
@@ -466,7 +470,7 @@ def random_faults(
         t = rng.expovariate(rate_per_node_day / 86_400) if rate_per_node_day > 0 else math.inf
         while t < duration_s:
             drawn = rng.choice(pool)
-            length = drawn.duration_s if drawn.duration_s else duration_s
+            length = duration_s if drawn.duration_s is None else drawn.duration_s
             end = min(duration_s, t + max(length, 60.0))
             faults.append(_from_trace(drawn, node, t, end, fleet, rng))
             t = end + rng.expovariate(rate_per_node_day / 86_400)
