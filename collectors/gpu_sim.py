@@ -23,6 +23,8 @@ Fault kinds, their parameters and defaults (FAULTS):
     pcie_downgrade    gen, width, replays_per_second   link trained below its max, replays grow
     ecc               sbe_per_second, dbe, remap_failure   SBEs grow; `dbe` DBEs at once, each remapping
                                                  a row (pending until the fault is cleared, i.e. a reset)
+    host_staged       pcie_factor                its NIC traffic bounced through host memory (no GPUDirect
+                                                 RDMA): PCIe tx and rx bytes x pcie_factor
     gpu_lost                                     fallen off the bus: fleetlens_gpu_up 0, Xid 79
     xid               code                       one Xid event; nothing is kept, so nothing to clear
 """
@@ -48,6 +50,7 @@ FAULTS: dict[str, dict[str, Any]] = {
     "slow": {"clock_factor": 0.7},
     "pcie_downgrade": {"gen": 4, "width": 8, "replays_per_second": 5.0},
     "ecc": {"sbe_per_second": 0.5, "dbe": 1, "remap_failure": False},
+    "host_staged": {"pcie_factor": 2.0},
     "gpu_lost": {},
     "xid": {"code": 13},
 }
@@ -274,6 +277,7 @@ class SimBackend:
                 THROTTLE_REASONS[r] for r in ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown")
             )
         gpu_temp = gpu.param("thermal_throttle", "temp_c", between(p.gpu_temp_c, load) + gpu.temp_offset_c)
+        pcie_factor = gpu.param("host_staged", "pcie_factor", 1.0)
         sample = GpuSample(
             sm_clock_mhz=round(p.sm_clock_mhz[1 if load > 0 else 0] * self._clock_factor(gpu)),
             memory_clock_mhz=p.memory_clock_mhz,
@@ -287,8 +291,8 @@ class SimBackend:
             fb_used_mib=fb_used,
             fb_reserved_mib=p.fb_reserved_mib,
             pcie_replays=math.floor(gpu.pcie_replays),
-            pcie_tx_bytes_per_second=round(between(p.pcie_tx_kbps, load) * KIB),
-            pcie_rx_bytes_per_second=round(between(p.pcie_rx_kbps, load) * KIB),
+            pcie_tx_bytes_per_second=round(between(p.pcie_tx_kbps, load) * KIB * pcie_factor),
+            pcie_rx_bytes_per_second=round(between(p.pcie_rx_kbps, load) * KIB * pcie_factor),
             pcie_link_gen=gpu.param("pcie_downgrade", "gen", p.pcie_max_gen),
             pcie_link_width=gpu.param("pcie_downgrade", "width", p.pcie_max_width),
             pcie_max_link_gen=p.pcie_max_gen,

@@ -14,6 +14,8 @@ Driving it (the fleet simulator's API); everything is a function of the seed and
     tree.advance(1.0, load=0.9)        # one second of a busy job: data, packets, a little ECN/CNP
     tree.set_link(2, up=False)         # link lost: IB state, carrier, link_downed and carrier counts
     tree.set_congestion(1, 0.5)        # ECN marks, CNPs and transmit waits rise, throughput falls
+    tree.set_traffic(3, 0.6)           # port 3 carries 60% of its share (no GPUDirect RDMA: host-staged)
+    tree.reload_driver()               # mlx5 reloaded: counters and carrier counts start over
 
 Every file is replaced atomically (written in <root>/.staging, outside every directory a collector lists,
 then renamed over the old one), so a concurrent scrape never reads a half-written value; only files whose
@@ -108,6 +110,7 @@ DOWN_RATE = "40 Gb/sec (4X QDR)"
 IFF_UP_BROADCAST_MULTICAST = "0x1003"  # sysfs flags hold the administrative flags, not carrier
 FIRST_NIC_SLOT = 0x11  # PCI slots 00:11.0 onwards, after the simulated GPUs' 00:09.0-00:10.0
 MAX_NICS = 0x20 - FIRST_NIC_SLOT
+PROBE_CARRIER_CHANGES = 1  # the driver turns a port's carrier off and on once while probing it
 
 
 @dataclass(frozen=True)
@@ -140,8 +143,9 @@ class _Port:
     values: dict[str, float] = field(default_factory=dict)  # counter name -> value
     up: bool = True
     congestion: float = 0.0
-    carrier_up_count: int = 1  # the driver turned the carrier off and on once while probing
-    carrier_down_count: int = 1
+    traffic_factor: float = 1.0  # set_traffic(): how much of its healthy traffic the port carries
+    carrier_up_count: int = PROBE_CARRIER_CHANGES
+    carrier_down_count: int = PROBE_CARRIER_CHANGES
 
     @property
     def device(self) -> str:
@@ -251,6 +255,26 @@ class SimSysfs:
         with self._lock:
             self._port(nic).congestion = level
 
+    def set_traffic(self, nic: int, factor: float) -> None:
+        """Scale port `nic`'s traffic from now on: 1 healthy, below 1 a port that moves less per second,
+        e.g. when NCCL stages its messages through host memory instead of GPUDirect RDMA."""
+        if factor < 0:
+            raise ValueError(f"traffic factor must not be negative, got {factor}")
+        with self._lock:
+            self._port(nic).traffic_factor = factor
+
+    def reload_driver(self) -> None:
+        """Reload the mlx5 driver, as a node repair or an exporter host restart does: every counter starts
+        again from zero and every netdev's carrier counts from the probe's, with the links as they were."""
+        with self._lock:
+            for port in self.ports:
+                for name in port.counter_paths:
+                    port.values[name] = 0.0
+                port.values["lifespan"] = LIFESPAN_MS
+                port.carrier_up_count = port.carrier_down_count = PROBE_CARRIER_CHANGES
+                self._write_link(port)
+                self._write_counters(port)
+
     def _port(self, nic: int) -> _Port:
         if not 0 <= nic < len(self.ports):
             raise ValueError(f"no NIC {nic} on {self.node}: it has {len(self.ports)}")
@@ -262,7 +286,8 @@ class SimSysfs:
             if not port.up:
                 continue
             level = port.congestion
-            mean = load * BUSY_LINE_SHARE * self._line_bytes_per_second * port.traffic_share / (1 + level)
+            share = port.traffic_share * port.traffic_factor
+            mean = load * BUSY_LINE_SHARE * self._line_bytes_per_second * share / (1 + level)
             received = mean * seconds * self._rng.uniform(1 - JITTER, 1 + JITTER)
             sent = mean * seconds * self._rng.uniform(1 - JITTER, 1 + JITTER)
             marked = received / ROCE_PAYLOAD * (ECN_BASE + ECN_PER_LEVEL * level)

@@ -159,6 +159,16 @@ def test_pcie_downgrade_shows_in_link_metrics_and_replays():
     assert metrics["DCGM_FI_DEV_PCIE_REPLAY_COUNTER"] == {"0": 50, "1": 0, "2": 0, "3": 0}
 
 
+def test_host_staged_traffic_multiplies_pcie_bytes_until_cleared():
+    sim, _ = busy()
+    sim.set_fault(2, "host_staged", pcie_factor=2.5)
+    metrics = scrape(sim)
+    for name in ("DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES"):
+        assert metrics[name]["2"] == pytest.approx(2.5 * metrics[name]["0"], rel=1e-3)
+    sim.clear_fault(2, "host_staged")
+    assert scrape(sim)["DCGM_FI_PROF_PCIE_TX_BYTES"]["2"] == metrics["DCGM_FI_PROF_PCIE_TX_BYTES"]["0"]
+
+
 def test_ecc_fault_counts_errors_and_remaps_rows_until_cleared():
     sim, clock = busy()
     sim.set_fault(3, "ecc", dbe=2, remap_failure=True)

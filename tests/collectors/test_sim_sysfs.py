@@ -171,6 +171,37 @@ def test_link_down_and_up_read_as_the_kernel_reports_them(tmp_path):
     assert changes(before, up, "ens3f0np0", "mlx5_2") == {"changes": 2, "down": 1, "up": 1, "downed": 1}
 
 
+def test_a_port_staging_through_host_memory_moves_less(tmp_path):
+    sim = tree(tmp_path, nics=2)
+    before = clean_scrape(sim)
+    sim.set_traffic(1, 0.5)
+    sim.advance(10.0)
+    after = clean_scrape(sim)
+
+    def grown(device: str) -> float:
+        return after[key(TX_BYTES, **port(device))] - before[key(TX_BYTES, **port(device))]
+
+    assert grown("mlx5_1") / grown("mlx5_0") == pytest.approx(0.5, rel=0.15)
+    assert after[key("node_infiniband_state_id", **port("mlx5_1"))] == 4, "the link stays up"
+
+
+def test_a_driver_reload_starts_every_counter_over_and_keeps_the_links(tmp_path):
+    sim = tree(tmp_path, nics=2)
+    sim.set_link(1, up=False)
+    sim.advance(10.0)
+    sim.reload_driver()
+    reloaded = clean_scrape(sim)
+
+    infiniband = {
+        value for (name, _), value in counters(reloaded).items() if name.startswith("node_infiniband")
+    }
+    assert infiniband == {0}
+    assert reloaded[key("node_network_carrier_changes_total", device="ens1f0np0")] == 2  # probe's up and down
+    assert reloaded[key("node_infiniband_state_id", **port("mlx5_1"))] == 1
+    sim.advance(1.0)
+    assert clean_scrape(sim)[key(RX_BYTES, **port("mlx5_0"))] > 0
+
+
 def test_concurrent_scrapes_never_see_a_half_written_tree(tmp_path):
     sim = tree(tmp_path, nics=2)
     done = threading.Event()
@@ -216,6 +247,8 @@ def test_same_seed_same_tree_other_seed_other_tree(tmp_path):
         lambda sim: sim.advance(-1.0),
         lambda sim: sim.set_link(4, up=False),
         lambda sim: sim.set_congestion(0, -0.1),
+        lambda sim: sim.set_traffic(0, -0.5),
+        lambda sim: sim.set_traffic(4, 0.5),
     ],
 )
 def test_calls_outside_the_model_are_refused(tmp_path, call):
