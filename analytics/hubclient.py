@@ -12,7 +12,8 @@ import json
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from analytics.errors import QueryError, StoreRejected, StoreUnavailable
@@ -36,9 +37,16 @@ class HubClient:
         self._timeout_s = timeout_s
         self._open = opener
 
-    def query(self, sql: str, *, max_rows: int | None = None) -> QueryResult:
-        """Run read-only SQL on the hub's store; QueryError carries the hub's explanation."""
+    def query(
+        self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int | None = None
+    ) -> QueryResult:
+        """Run read-only SQL on the hub's store; QueryError carries the hub's explanation.
+
+        `parameters` fill `{name:Type}` placeholders as with Store.query; datetimes travel as
+        ClickHouse's "YYYY-MM-DD hh:mm:ss.fff" text (UTC), which every DateTime parameter accepts."""
         body: dict[str, Any] = {"sql": sql}
+        if parameters:
+            body["parameters"] = {name: _wire_value(value) for name, value in parameters.items()}
         if max_rows is not None:
             body["max_rows"] = max_rows
         answer = self._post("/api/v1/query", json.dumps(body).encode(), "application/json", QueryError)
@@ -72,3 +80,9 @@ class HubClient:
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise StoreUnavailable(f"hub {self.url} unreachable: {reason}") from None
+
+
+def _wire_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return value

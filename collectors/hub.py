@@ -248,11 +248,18 @@ class Hub:
             request = json.loads(body)
             sql = request["sql"]
             max_rows = min(int(request.get("max_rows", self._query_max_rows)), self._query_max_rows)
+            parameters = request.get("parameters") or {}
+            if not isinstance(parameters, dict):
+                raise TypeError
         except (ValueError, KeyError, TypeError):
-            raise HttpError(400, 'expected a JSON object {"sql": "...", "max_rows"?: int}') from None
+            raise HttpError(
+                400, 'expected a JSON object {"sql": "...", "max_rows"?: int, "parameters"?: {name: value}}'
+            ) from None
         start = time.monotonic()
         try:
-            result = self.store.query(sql, max_rows=max_rows, max_seconds=self._query_max_seconds)
+            result = self.store.query(
+                sql, parameters=parameters, max_rows=max_rows, max_seconds=self._query_max_seconds
+            )
         except QueryError as exc:
             raise HttpError(400, str(exc)) from None
         except StoreError as exc:

@@ -9,6 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,21 @@ def test_bad_step_lines_are_refused_naming_the_line_and_nothing_is_stored(served
         HubClient(url).import_steps(body)
     assert "400" in str(info.value)
     assert HubClient(url).query("SELECT count() FROM steps").rows == [(0,)]
+
+
+def test_query_api_fills_parameters_as_the_store_does(served):
+    """Detectors read an embedded store through the hub with the same parameterized SQL."""
+    _, url = served
+    step = {"job": "llm", "rank": 0, "node": "vela-001", "step": 1, "duration_s": 1.0}
+    now = int(time.time())
+    lines = [json.dumps({**step, "ts": ts, "step": ts}) for ts in (now - 10, now)]
+    HubClient(url).import_steps("\n".join(lines).encode() + b"\n")
+    since = datetime.fromtimestamp(now - 5, UTC)
+    result = HubClient(url).query(
+        "SELECT step FROM steps WHERE ts >= {since:DateTime64(3)} AND job = {job:String}",
+        parameters={"since": since, "job": "llm"},
+    )
+    assert result.rows == [(now,)]
 
 
 @pytest.mark.parametrize(
