@@ -226,10 +226,13 @@ def test_a_report_opened_before_the_fault_counts_as_immediate() -> None:
 
 
 @pytest.mark.parametrize(("delay_s", "met"), [(10, True), (20, False)])
-def test_link_flap_goal_wants_one_interval_from_the_first_flap(delay_s: float, met: bool) -> None:
-    flap = scenario([{"kind": "link_flap", "node": "vela-003", "nic": 2, "start_s": 300}])
-    report = anomaly("link_flap", "vela-003", 300 + delay_s, 400, "mlx5_2:1")
-    assert combine([evaluate(flap, [report], EPOCH)]).goals[2].met is met
+def test_link_flap_goal_wants_one_interval_from_the_end_of_the_first_flap(delay_s: float, met: bool) -> None:
+    """The link goes down at 300 and is back at 315 (period 30 s): the first flap is over at 315."""
+    flap = scenario([{"kind": "link_flap", "node": "vela-003", "nic": 2, "start_s": 300, "period_s": 30}])
+    report = anomaly("link_flap", "vela-003", 315 + delay_s, 400, "mlx5_2:1")
+    result = combine([evaluate(flap, [report], EPOCH)])
+    assert result.goals[2].met is met
+    assert result.kinds["link_flap"].latency_s(50) == delay_s
 
 
 def test_peer_outlier_is_shown_but_never_judged() -> None:
