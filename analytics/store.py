@@ -36,7 +36,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError, OperationalErr
 
 from analytics import schema
 from analytics.errors import QueryError, SchemaError, StoreRejected, StoreUnavailable
-from analytics.records import QueryResult, ScrapeBatch, StepRow, TargetStatus
+from analytics.records import Anomaly, QueryResult, ScrapeBatch, StepRow, TargetStatus
 from analytics.schema import Layout, Retention
 
 __all__ = ["DEFAULT_DATABASE", "DEFAULT_DSN", "Retention", "Store", "series_id"]
@@ -192,6 +192,13 @@ class Store:
         """Store training step rows; returns the number of rows sent."""
         return self._insert_records("steps", StepRow, rows, token)
 
+    def insert_anomalies(self, rows: Sequence[Anomaly], *, token: str) -> int:
+        """Store anomaly rows; an anomaly written again under its id (when it ends) replaces the earlier
+        row on merge (read with FINAL). Returns the number of rows sent."""
+        return self._insert_records(
+            "anomalies", Anomaly, rows, token, times=("start", "end"), nullable_times=("end",)
+        )
+
     def query(
         self,
         sql: str,
@@ -238,16 +245,28 @@ class Store:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def _insert_records(self, table: str, record: type, records: Sequence[Any], token: str) -> int:
-        """Insert dataclass records whose fields are the table's columns; `ts` goes in as milliseconds."""
+    def _insert_records(
+        self,
+        table: str,
+        record: type,
+        records: Sequence[Any],
+        token: str,
+        times: Sequence[str] = ("ts",),
+        nullable_times: Sequence[str] = (),
+    ) -> int:
+        """Insert dataclass records whose fields are the table's columns; the `times` columns (unix
+        seconds) go in as milliseconds, and None in a `nullable_times` column as NULL."""
         if not records:
             return 0
         names = [f.name for f in fields(record)]
         columns = {name: [getattr(r, name) for r in records] for name in names}
-        try:
-            columns["ts"] = [_millis(ts) for ts in columns["ts"]]
-        except (TypeError, ValueError, OverflowError) as error:
-            raise StoreRejected(f"{table}: a row has a bad ts: {error}") from error
+        for name in times:
+            try:
+                columns[name] = [
+                    None if ts is None and name in nullable_times else _millis(ts) for ts in columns[name]
+                ]
+            except (TypeError, ValueError, OverflowError) as error:
+                raise StoreRejected(f"{table}: a row has a bad {name}: {error}") from error
         self._insert(table, names, list(columns.values()), token, column_oriented=True)
         return len(records)
 

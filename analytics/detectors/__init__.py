@@ -3,6 +3,8 @@
     from analytics.detectors import build
     detectors = build()                      # one of each, default parameters
     detectors = build(["slow_node"])         # by name; an unknown name is a DetectorError naming it
+
+The conformance test (tests/analytics/detectors/test_conformance.py) checks every registered detector.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import clickhouse_connect
@@ -18,7 +18,7 @@ import pytest
 
 from analytics import schema
 from analytics.errors import QueryError, SchemaError, StoreRejected, StoreUnavailable
-from analytics.records import ScrapeBatch, StepRow, TargetStatus
+from analytics.records import Anomaly, ScrapeBatch, StepRow, TargetStatus
 from analytics.store import Retention, Store
 from fleetlens.cli import build_exporter
 from fleetlens.config import ExporterConfig
@@ -256,6 +256,40 @@ def test_steps_and_targets_read_back_with_their_missing_values(store: Store) -> 
     rows = store.query(f"SELECT toUnixTimestamp64Milli(ts) / 1000, {columns} FROM steps ORDER BY rank").rows
     assert [StepRow(*row) for row in rows] == steps
     assert store.query("SELECT up, samples, error FROM targets").rows == [(0, 0, "timeout")]
+
+
+def test_anomalies_read_back_and_a_closed_anomaly_replaces_its_open_row(store: Store) -> None:
+    opened = Anomaly(
+        id="a1",
+        start=NOW + 0.5,
+        end=None,
+        kind="slow_node",
+        node="vela-003",
+        component="",
+        job="llm",
+        severity="warning",
+        score=0.12,
+        evidence='{"ratio": 1.12}',
+        detector="slow_node",
+        detector_version="1",
+    )
+    flapping = replace(opened, id="a2", kind="link_flap", component="mlx5_1:1", detector="link_flap")
+    closed = replace(opened, end=NOW + 60.25, severity="critical")
+    assert store.insert_anomalies([opened, flapping], token="open") == 2
+    for _ in range(2):  # the second is a replay
+        store.insert_anomalies([closed], token="close")
+    rows = store.query(
+        "SELECT id, toUnixTimestamp64Milli(start), toUnixTimestamp64Milli(end), component, severity, evidence"
+        " FROM anomalies FINAL ORDER BY id"
+    ).rows
+    start_ms = round((NOW + 0.5) * 1000)
+    assert rows == [
+        ("a1", start_ms, round((NOW + 60.25) * 1000), "", "critical", '{"ratio": 1.12}'),
+        ("a2", start_ms, None, "mlx5_1:1", "warning", '{"ratio": 1.12}'),
+    ]
+    assert scalar(store, "SELECT count() FROM anomalies") == 3
+    with pytest.raises(StoreRejected, match="anomalies: a row has a bad start"):
+        store.insert_anomalies([replace(opened, start=None)], token="no start")
 
 
 @pytest.mark.parametrize(

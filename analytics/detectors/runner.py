@@ -1,0 +1,247 @@
+"""Runs detectors window after window and turns their persistent findings into anomalies.
+
+A detector says what it sees in one window (base.Finding); the runner remembers, per detector and per
+(kind, node, component, job), which of the last windows had a finding, and applies the detector class's
+persistence: `min_windows` findings among the last `of_windows` windows open an anomaly, `clear_windows`
+windows in a row without one close it. This is what keeps a one-window blip from paging anyone.
+
+    runner = DetectionRunner(build())
+    for window in windows(start, end):
+        changed = runner.step(store, window)    # opened, stronger or closed in this window
+    store_anomalies(store, runner.flush())
+
+An anomaly's id is a uuid5 over what it is about and when it started, so a rerun over the same data
+gives the same ids, and writing it again when it ends replaces its open row in the store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from analytics.detectors import DetectorError, build
+from analytics.detectors.base import SEVERITIES, Detector, Finding, QuerySource, Window
+from analytics.records import Anomaly
+
+if TYPE_CHECKING:
+    from analytics.store import Store
+
+log = logging.getLogger(__name__)
+
+ANOMALY_NAMESPACE = uuid.UUID("5f6c3a8e-2d1b-4c67-9a0e-7b4d2f1e8c90")
+STORE_RESOLUTION_S = 0.001  # the store keeps milliseconds: a range ends this much after its last row
+
+SCORE_STEP = 0.1  # an open anomaly is reported again when its score passes the last reported one by 10%
+
+TrackKey = tuple[str, str, str, str]  # kind, node, component, job (within one detector)
+
+
+def windows(start: float, end: float, window_s: float = 10.0) -> list[Window]:
+    """Consecutive windows of `window_s` covering [start, end), aligned to multiples of `window_s`, so that
+    every run over the same data sees the same windows."""
+    if not window_s > 0 or not math.isfinite(window_s):
+        raise DetectorError(f"window_s must be a positive number of seconds, got {window_s}")
+    if end <= start:
+        return []
+    first = math.floor(start / window_s)
+    return [Window(i * window_s, (i + 1) * window_s) for i in range(first, math.ceil(end / window_s))]
+
+
+@dataclass
+class _Track:
+    """What the runner remembers of one (kind, node, component, job) of one detector."""
+
+    recent: deque[tuple[Window, Finding | None]]  # while closed: the last `of_windows` windows, oldest first
+    anomaly: Anomaly | None = None  # the open anomaly, as it stands
+    strongest: Finding | None = None  # the open anomaly's highest-scoring finding
+    severity: str = SEVERITIES[0]  # the open anomaly's highest severity
+    last_found: Window | None = None  # the open anomaly's last window with a finding
+    found_windows: int = 0
+    quiet_windows: int = 0  # windows in a row without a finding since the last one
+
+    @property
+    def idle(self) -> bool:
+        """Nothing open and nothing pending: the track can be forgotten."""
+        return self.anomaly is None and all(finding is None for _, finding in self.recent)
+
+    def absorb(self, window: Window, finding: Finding) -> None:
+        """Count a window with a finding."""
+        if self.strongest is None or finding.score > self.strongest.score:
+            self.strongest = finding
+        if SEVERITIES.index(finding.severity) > SEVERITIES.index(self.severity):
+            self.severity = finding.severity
+        self.last_found = window
+        self.found_windows += 1
+        self.quiet_windows = 0
+
+    def close(self) -> Anomaly:
+        """The open anomaly, ended with its last window with a finding; the track starts over after."""
+        assert self.anomaly is not None and self.last_found is not None
+        closed = replace(self.anomaly, end=self.last_found.end)
+        self.recent.clear()
+        self.anomaly, self.strongest, self.severity, self.last_found = None, None, SEVERITIES[0], None
+        self.found_windows = self.quiet_windows = 0
+        return closed
+
+
+class DetectionRunner:
+    """Steps detectors through consecutive windows and keeps the state of every anomaly between them."""
+
+    def __init__(self, detectors: Sequence[Detector], window_s: float = 10.0) -> None:
+        self.detectors = list(detectors)
+        self.window_s = window_s
+        self._tracks: dict[str, dict[TrackKey, _Track]] = {detector.name: {} for detector in self.detectors}
+
+    def step(self, source: QuerySource, window: Window) -> list[Anomaly]:
+        """Run every detector on `window`; returns the anomalies that opened, grew stronger (severity up,
+        or score up by SCORE_STEP) or closed in it. A detector that raises is logged and skipped for this
+        window: its anomalies stay as they were."""
+        changed = []
+        for detector in self.detectors:
+            try:
+                found = detector.detect(source, window)
+            except Exception:  # one broken detector must not silence the others
+                log.exception(
+                    "detector %s failed on window [%s, %s)", detector.name, window.start, window.end
+                )
+                continue
+            changed.extend(self._advance(detector, window, found))
+        return changed
+
+    def run(self, source: QuerySource, start: float, end: float) -> list[Anomaly]:
+        """Step through every window of [start, end); returns the final state of each anomaly seen (the
+        ones still open with end None)."""
+        latest: dict[str, Anomaly] = {}
+        for window in windows(start, end, self.window_s):
+            latest.update((anomaly.id, anomaly) for anomaly in self.step(source, window))
+        latest.update((track.anomaly.id, track.anomaly) for track in self._open_tracks())
+        return list(latest.values())
+
+    def flush(self) -> list[Anomaly]:
+        """Close every open anomaly at the end of its last window with a finding and forget all state: what
+        an offline evaluation does when its data ends."""
+        closed = [track.close() for track in self._open_tracks()]
+        for tracks in self._tracks.values():
+            tracks.clear()
+        return closed
+
+    def _open_tracks(self) -> list[_Track]:
+        return [track for tracks in self._tracks.values() for track in tracks.values() if track.anomaly]
+
+    def _advance(self, detector: Detector, window: Window, found: list[Finding]) -> list[Anomaly]:
+        """Apply one window of `detector`'s findings to its tracks."""
+        tracks = self._tracks[detector.name]
+        strongest: dict[TrackKey, Finding] = {}
+        for finding in found:
+            key = (finding.kind, finding.node, finding.component, finding.job)
+            if key not in strongest or finding.score > strongest[key].score:
+                strongest[key] = finding
+        changed = []
+        for key in sorted(set(strongest) | set(tracks)):
+            track = tracks.get(key) or _Track(deque(maxlen=type(detector).of_windows))
+            if (anomaly := _update(detector, track, window, strongest.get(key))) is not None:
+                changed.append(anomaly)
+            if track.idle:
+                tracks.pop(key, None)
+            else:
+                tracks[key] = track
+        return changed
+
+
+def _update(detector: Detector, track: _Track, window: Window, finding: Finding | None) -> Anomaly | None:
+    """Move one track past `window` under `detector`'s persistence; returns its anomaly when it opened,
+    grew stronger or closed."""
+    persistence = type(detector)
+    if track.anomaly is None:
+        track.recent.append((window, finding))
+        hits = [(seen, hit) for seen, hit in track.recent if hit is not None]
+        if len(hits) < persistence.min_windows:
+            return None
+        for seen, hit in hits:
+            track.absorb(seen, hit)
+        track.recent.clear()
+        track.anomaly = _anomaly(detector, track, start=hits[0][0].start)
+        return track.anomaly
+    if finding is None:
+        track.quiet_windows += 1
+        return track.close() if track.quiet_windows >= persistence.clear_windows else None
+    reported = track.anomaly
+    track.absorb(window, finding)
+    track.anomaly = _anomaly(detector, track, start=reported.start)
+    stronger = SEVERITIES.index(track.severity) > SEVERITIES.index(reported.severity) or (
+        track.anomaly.score > reported.score + SCORE_STEP * abs(reported.score)
+    )
+    return track.anomaly if stronger else None
+
+
+def _anomaly(detector: Detector, track: _Track, start: float) -> Anomaly:
+    """The open anomaly of `track` as it stands."""
+    finding = track.strongest
+    assert finding is not None
+    identity = f"{detector.name}/{finding.kind}/{finding.node}/{finding.component}/{finding.job}/{start:.3f}"
+    evidence = {**finding.evidence, "windows": track.found_windows}
+    return Anomaly(
+        id=str(uuid.uuid5(ANOMALY_NAMESPACE, identity)),
+        start=start,
+        end=None,
+        kind=finding.kind,
+        node=finding.node,
+        component=finding.component,
+        job=finding.job,
+        severity=track.severity,
+        score=float(finding.score),
+        evidence=json.dumps(evidence, sort_keys=True, allow_nan=False),
+        detector=detector.name,
+        detector_version=detector.version,
+    )
+
+
+def detect(
+    source: QuerySource,
+    start: float | None = None,
+    end: float | None = None,
+    names: Sequence[str] | None = None,
+    window_s: float = 10.0,
+) -> list[Anomaly]:
+    """Run the named detectors (all when None) once over [start, end), by default over all the data in the
+    store; returns every anomaly found, sorted by start and node (`fleetlens detect`)."""
+    detectors = build(names)
+    if start is None or end is None:
+        span = data_span(source)
+        if span is None:
+            return []
+        start = span[0] if start is None else start
+        end = span[1] if end is None else end
+    anomalies = DetectionRunner(detectors, window_s).run(source, start, end)
+    return sorted(anomalies, key=lambda a: (a.start, a.node, a.kind, a.component, a.job, a.detector))
+
+
+def data_span(source: QuerySource) -> tuple[float, float] | None:
+    """[first, last] unix seconds of the samples and steps in the store, with `last` moved past the last
+    row so that a range ending there includes it; None when both are empty."""
+    result = source.query(
+        "SELECT count(), min(toUnixTimestamp64Milli(ts)), max(toUnixTimestamp64Milli(ts)) FROM samples"
+        " UNION ALL"
+        " SELECT count(), min(toUnixTimestamp64Milli(ts)), max(toUnixTimestamp64Milli(ts)) FROM steps"
+    )
+    spans = [(first / 1000, last / 1000) for count, first, last in result.rows if count]
+    if not spans:
+        return None
+    return min(first for first, _ in spans), max(last for _, last in spans) + STORE_RESOLUTION_S
+
+
+def store_anomalies(store: Store, anomalies: Sequence[Anomaly]) -> None:
+    """Write `anomalies`; the insert token is derived from the rows themselves, so writing the same states
+    again (a rerun, a retry) stores nothing twice."""
+    if not anomalies:
+        return
+    rows = sorted(repr(anomaly) for anomaly in anomalies)
+    token = "anomalies/" + hashlib.sha256("\n".join(rows).encode()).hexdigest()
+    store.insert_anomalies(anomalies, token=token)
