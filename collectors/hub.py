@@ -26,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from analytics.errors import QueryError, StoreError
 from collectors import textformat
+from collectors.hub_detect import DetectionLoop
 from collectors.hub_writer import Writer
 from collectors.receivers import OtlpStepReceiver, PayloadError, otlp_error_response, parse_steps_jsonl
 from collectors.scraper import Scraper
@@ -88,6 +89,7 @@ class Hub:
         otlp: OtlpStepReceiver,
         scraper: Scraper | None = None,
         *,
+        detection: DetectionLoop | None = None,
         token: str | None = None,
         max_body_bytes: int = 16 << 20,
         query_max_rows: int = 100_000,
@@ -97,6 +99,7 @@ class Hub:
         self.writer = writer
         self.otlp = otlp
         self.scraper = scraper
+        self.detection = detection
         self._token = token
         self._max_body_bytes = max_body_bytes
         self._query_max_rows = query_max_rows
@@ -114,7 +117,7 @@ class Hub:
     # -- ingestion ---------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the scrape loop (if there are targets) in a background thread.
+        """Start the scrape loop (if there are targets) and the detection loop, each in a thread.
 
         Rounds are written by one insert thread of their own, in order, so that the next round is
         scraped on time while the store takes the last one (chDB works outside the GIL). Past
@@ -124,6 +127,10 @@ class Hub:
             thread = threading.Thread(
                 target=self.scraper.run, args=(self._stop, self._queue_round), daemon=True
             )
+            thread.start()
+            self._threads.append(thread)
+        if self.detection is not None:
+            thread = threading.Thread(target=self.detection.run, args=(self._stop,), daemon=True)
             thread.start()
             self._threads.append(thread)
 
@@ -174,6 +181,8 @@ class Hub:
             refused.add_metric([endpoint, str(status)], count)
         yield refused
         yield from self.writer.collect()
+        if self.detection is not None:
+            yield from self.detection.collect()
         if self.scraper is not None:
             yield GaugeMetricFamily(
                 "fleetlens_hub_targets", "Targets this hub's shard scrapes.", value=len(self.scraper.targets)

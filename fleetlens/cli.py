@@ -12,14 +12,21 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import asdict, fields
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from analytics.detectors import build as build_detectors
+from analytics.detectors.runner import DetectionRunner, detect
 from analytics.errors import AnalyticsError
+from analytics.evaluation import combine, to_json, to_markdown
 from analytics.hubclient import HubClient
+from analytics.records import Anomaly
+from analytics.scenario import load_scenario
 from analytics.schema import Retention
 from analytics.store import Store
 from collectors import nccl_log, registry
@@ -28,11 +35,13 @@ from collectors.errors import CollectorError
 from collectors.exporter import Exporter, make_registry, scrape_body, serve
 from collectors.httpserver import serve_app
 from collectors.hub import Hub, SerializedStore
+from collectors.hub_detect import DetectionLoop
 from collectors.hub_writer import Writer
 from collectors.receivers import OtlpStepReceiver, ReceiverLimits, step_row
 from collectors.scraper import ScrapeLimits, Scraper, Shard, TargetsFile
 from collectors.spool import Spool
 from collectors.steps import read_step_records
+from fleetlens import pipeline
 from fleetlens.config import ConfigError, ExporterConfig, HubConfig, load_config
 
 log = logging.getLogger("fleetlens")
@@ -134,11 +143,20 @@ def build_hub(config: HubConfig, token: str | None) -> Hub:
             shard=Shard(*config.shard_index_count),
             limits=ScrapeLimits(config.max_body_bytes, config.max_series_per_target, config.max_label_length),
         )
+    detection = None
+    if config.detector_names != []:
+        detection = DetectionLoop(
+            DetectionRunner(build_detectors(config.detector_names), config.detect_window_s),
+            store,
+            window_s=config.detect_window_s,
+            lag_s=config.interval_s + config.timeout_s,
+        )
     return Hub(
         store,
         writer,
         OtlpStepReceiver(limits),
         scraper,
+        detection=detection,
         token=token,
         max_body_bytes=config.max_body_bytes,
         query_max_rows=config.query_max_rows,
@@ -209,6 +227,71 @@ def cmd_steps_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sim_run(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.scenario)
+    store = open_store(_hub_config(args))
+    try:
+        with tempfile.TemporaryDirectory(prefix="fleetlens-sim-", dir=pipeline.scratch_dir()) as tmp:
+            summary = pipeline.simulate(scenario, store, Path(tmp), offline=args.offline, speed=args.speed)
+    finally:
+        store.close()
+    print(
+        f"simulated {scenario.name}: {summary.ticks} ticks, {summary.samples} samples, {summary.steps} step "
+        f"rows, {summary.targets_down} failed scrapes, in {summary.wall_s:.1f} s"
+    )
+    return 0
+
+
+def _anomaly_json(anomaly: Anomaly) -> dict[str, Any]:
+    """An anomaly with ISO 8601 UTC times and its evidence as an object."""
+    row = asdict(anomaly)
+    for key in ("start", "end"):
+        if row[key] is not None:
+            row[key] = datetime.fromtimestamp(row[key], UTC).isoformat(timespec="milliseconds")
+    row["evidence"] = json.loads(anomaly.evidence)
+    return row
+
+
+def cmd_detect(args: argparse.Namespace) -> int:
+    start, end = (pipeline.parse_time(t) if t else None for t in (args.start, args.end))
+    reader = _reader(args)
+    try:
+        anomalies = detect(reader, start, end, names=args.detectors, window_s=args.window_s)
+    finally:
+        if not args.hub:
+            reader.close()
+    if args.json:
+        print(json.dumps([_anomaly_json(anomaly) for anomaly in anomalies]))
+        return 0
+    print("start\tend\tkind\tnode\tcomponent\tjob\tseverity\tscore\tdetector")
+    for row in map(_anomaly_json, anomalies):
+        print(
+            "\t".join(
+                str(row[key] or "")
+                for key in (
+                    "start",
+                    "end",
+                    "kind",
+                    "node",
+                    "component",
+                    "job",
+                    "severity",
+                    "score",
+                    "detector",
+                )
+            )
+        )
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    suite = combine(pipeline.evaluate_files([Path(p) for p in args.scenarios], workers=args.workers))
+    print(to_markdown(suite))
+    if args.json:
+        Path(args.json).write_text(json.dumps(to_json(suite), indent=1) + "\n")
+    return 0
+
+
 def cmd_collect(args: argparse.Namespace) -> int:
     exporter = build_exporter(_exporter_config(args))
     try:
@@ -263,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     hub.add_argument("--shard", help="i/n: scrape only the targets whose hash falls in shard i of n")
     hub.add_argument("--cluster", help="ClickHouse cluster name: Replicated and Distributed tables")
     hub.add_argument("--interval-s", type=float, dest="interval_s", help="scrape interval, 1 to 60 s")
+    hub.add_argument("--detectors", help='detectors to run on each window: "all" (default), "none" or names')
+    hub.add_argument("--detect-window-s", type=float, dest="detect_window_s", help="detection window (10 s)")
     hub.set_defaults(func=cmd_hub)
 
     query = sub.add_parser("query", help="read-only SQL on the store, through a hub or directly")
@@ -280,6 +365,39 @@ def build_parser() -> argparse.ArgumentParser:
     steps_import.add_argument("file")
     steps_import.add_argument("--hub", help="send to this hub instead of opening the store")
     steps_import.set_defaults(func=cmd_steps_import)
+
+    sim = sub.add_parser("sim", help="the fleet simulator")
+    sim_sub = sim.add_subparsers(dest="sim_command", required=True)
+    sim_run = sim_sub.add_parser(
+        "run", help="play a scenario through the collectors and the hub into a store"
+    )
+    _hub_flags(sim_run)
+    sim_run.add_argument("scenario", help="scenario YAML (format in the README)")
+    sim_run.add_argument("--speed", type=float, default=1.0, help="simulated seconds per real second")
+    sim_run.add_argument("--offline", action="store_true", help="write the rows straight into the store")
+    sim_run.set_defaults(func=cmd_sim_run)
+
+    detect_cmd = sub.add_parser("detect", help="run the detectors once over a time range and print anomalies")
+    _hub_flags(detect_cmd)
+    detect_cmd.add_argument("--hub", help="hub URL (needed while a hub holds the embedded store)")
+    detect_cmd.add_argument(
+        "--from", dest="start", help="start (unix seconds or ISO 8601; default: oldest data)"
+    )
+    detect_cmd.add_argument("--to", dest="end", help="end (unix seconds or ISO 8601; default: newest data)")
+    detect_cmd.add_argument(
+        "--detector", dest="detectors", action="append", help="only this one (repeatable)"
+    )
+    detect_cmd.add_argument("--window-s", type=float, default=pipeline.DEFAULT_WINDOW_S)
+    detect_cmd.add_argument("--json", action="store_true", help="a JSON array of anomaly objects")
+    detect_cmd.set_defaults(func=cmd_detect)
+
+    eval_cmd = sub.add_parser(
+        "eval", help="simulate scenarios, run the detectors, score them against the faults"
+    )
+    eval_cmd.add_argument("scenarios", nargs="+", metavar="SCENARIO", help="scenario YAML files")
+    eval_cmd.add_argument("--json", help="also write the full results (every miss and false report) here")
+    eval_cmd.add_argument("--workers", type=int, default=2, help="scenarios evaluated at once (default 2)")
+    eval_cmd.set_defaults(func=cmd_eval)
 
     nccl = sub.add_parser("nccl", help="per-rank GPUDirect RDMA verdict and proof from NCCL_DEBUG=INFO logs")
     nccl.add_argument("files", nargs="+", metavar="FILE", help="NCCL_DEBUG=INFO log files")

@@ -104,10 +104,13 @@ class HubConfig:
     max_rows_per_request: int = 100_000
     query_max_rows: int = 100_000
     query_max_seconds: float = 30.0
+    detectors: str = "all"  # comma-separated detector names, "all", or "none" (no detection in the hub)
+    detect_window_s: float = 10.0
 
     def __post_init__(self) -> None:
         split_listen(self.listen, "hub.listen")
         _check_range("hub.interval_s", self.interval_s, 1, 60)
+        _check_range("hub.detect_window_s", self.detect_window_s, 1, 3600)
         if self.scrape_timeout_s is not None:
             _check_range("hub.scrape_timeout_s", self.scrape_timeout_s, 0.1, self.interval_s)
         parse_shard(self.shard)
@@ -140,6 +143,15 @@ class HubConfig:
     @property
     def shard_index_count(self) -> tuple[int, int]:
         return parse_shard(self.shard)
+
+    @property
+    def detector_names(self) -> list[str] | None:
+        """The detectors to run: None for all of them, [] for none."""
+        if self.detectors.strip() == "all":
+            return None
+        if self.detectors.strip() == "none":
+            return []
+        return [name.strip() for name in self.detectors.split(",") if name.strip()]
 
 
 @dataclass(frozen=True)
