@@ -252,11 +252,17 @@ def _anomaly_json(anomaly: Anomaly) -> dict[str, Any]:
     return row
 
 
+def _time(text: str) -> float:
+    try:
+        return pipeline.parse_time(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def cmd_detect(args: argparse.Namespace) -> int:
-    start, end = (pipeline.parse_time(t) if t else None for t in (args.start, args.end))
     reader = _reader(args)
     try:
-        anomalies = detect(reader, start, end, names=args.detectors, window_s=args.window_s)
+        anomalies = detect(reader, args.start, args.end, names=args.detectors, window_s=args.window_s)
     finally:
         if not args.hub:
             reader.close()
@@ -380,10 +386,10 @@ def build_parser() -> argparse.ArgumentParser:
     detect_cmd = sub.add_parser("detect", help="run the detectors once over a time range and print anomalies")
     _hub_flags(detect_cmd)
     detect_cmd.add_argument("--hub", help="hub URL (needed while a hub holds the embedded store)")
-    detect_cmd.add_argument(
-        "--from", dest="start", help="start (unix seconds or ISO 8601; default: oldest data)"
-    )
-    detect_cmd.add_argument("--to", dest="end", help="end (unix seconds or ISO 8601; default: newest data)")
+    for flag, dest, default in (("--from", "start", "oldest"), ("--to", "end", "newest")):
+        detect_cmd.add_argument(
+            flag, dest=dest, type=_time, help=f"unix seconds or ISO 8601 (default: the {default} data)"
+        )
     detect_cmd.add_argument(
         "--detector", dest="detectors", action="append", help="only this one (repeatable)"
     )

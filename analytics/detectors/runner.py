@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from analytics.detectors import DetectorError, build
 from analytics.detectors.base import SEVERITIES, Detector, Finding, QuerySource, Window
+from analytics.errors import StoreUnavailable
 from analytics.records import Anomaly
 
 if TYPE_CHECKING:
@@ -102,17 +103,22 @@ class DetectionRunner:
     def step(self, source: QuerySource, window: Window) -> list[Anomaly]:
         """Run every detector on `window`; returns the anomalies that opened, grew stronger (severity up,
         or score up by SCORE_STEP) or closed in it. A detector that raises is logged and skipped for this
-        window: its anomalies stay as they were."""
-        changed = []
+        window: its anomalies stay as they were. StoreUnavailable fails the whole window before any state
+        moves, so that no anomaly closes for want of data."""
+        found: dict[str, list[Finding]] = {}
         for detector in self.detectors:
             try:
-                found = detector.detect(source, window)
+                found[detector.name] = detector.detect(source, window)
+            except StoreUnavailable:
+                raise
             except Exception:  # one broken detector must not silence the others
                 log.exception(
                     "detector %s failed on window [%s, %s)", detector.name, window.start, window.end
                 )
-                continue
-            changed.extend(self._advance(detector, window, found))
+        changed = []
+        for detector in self.detectors:
+            if detector.name in found:
+                changed.extend(self._advance(detector, window, found[detector.name]))
         return changed
 
     def run(self, source: QuerySource, start: float, end: float) -> list[Anomaly]:
