@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 DEBIAN_PEERS := prometheus prometheus-node-exporter
 TORCH := torch==2.13.0
 
-.PHONY: demo test venv install install-test debian-peers lint bench clean
+.PHONY: demo test venv install install-test debian-peers lint bench eval eval-ci clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,14 @@ bench: install-test
 	$(PY) bench/parser.py
 	$(PY) bench/storage_layout.py
 	$(PY) bench/ingest.py --nodes 192
+	$(PY) bench/detect.py --nodes 192
+
+# The detection evaluation: the CI subset (also run by `make test`) and the whole scenario suite.
+eval-ci: install
+	$(VENV)/bin/fleetlens --log-level ERROR eval tests/scenarios/ci-*.yaml --json eval-ci.json
+
+eval: install
+	$(VENV)/bin/fleetlens --log-level ERROR eval tests/scenarios/*.yaml --json eval.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
