@@ -69,6 +69,11 @@ class Finding:
     severity: str  # one of SEVERITIES
     evidence: Mapping[str, Any] = field(default_factory=dict)  # JSON-able numbers that triggered it
 
+    @classmethod
+    def at(cls, row: Any, kind: str, score: float, severity: str, evidence: Mapping[str, Any]) -> Finding:
+        """A finding about one candidate row of a features frame: its node, component and job."""
+        return cls(kind, row.node, row.component, row.job, float(score), severity, evidence)
+
 
 class Detector(ABC):
     """Base of every detector; subclasses set the class attributes and implement the three steps."""

@@ -79,14 +79,12 @@ class Congestion(Detector):
 
     def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
         return [
-            Finding(
-                kind="congestion",
-                node=row.node,
-                component=row.component,
-                job=row.job,
-                score=float(score),
-                severity="info",
-                evidence={
+            Finding.at(
+                row,
+                "congestion",
+                score,
+                "info",
+                {
                     "ecn_marks_per_s": evidence_number(row.ecn_marks_per_s),
                     "cnp_sent_per_s": evidence_number(row.cnp_sent_per_s),
                     "cnp_handled_per_s": evidence_number(row.cnp_handled_per_s),

@@ -124,5 +124,5 @@ def signal_findings(
         details: dict[str, Any] = {"signals": names}
         for name in names:
             details.update(evidence[name](row))
-        found.append(Finding(kind, row.node, row.component, row.job, float(score), severity, details))
+        found.append(Finding.at(row, kind, score, severity, details))
     return found

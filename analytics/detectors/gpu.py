@@ -110,14 +110,12 @@ class GpuThrottle(Detector):
 
     def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
         return [
-            Finding(
-                kind="gpu_throttle",
-                node=row.node,
-                component=row.component,
-                job=row.job,
-                score=float(score),
-                severity="warning",
-                evidence={
+            Finding.at(
+                row,
+                "gpu_throttle",
+                score,
+                "warning",
+                {
                     "reasons": list(row.reasons),
                     "sm_clock_mhz": evidence_number(row.sm_clock_mhz),
                     "peers_sm_clock_mhz": evidence_number(row.peers_sm_clock_mhz),

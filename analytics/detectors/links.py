@@ -102,14 +102,12 @@ class LinkFlap(Detector):
 
     def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
         return [
-            Finding(
-                kind="link_flap",
-                node=row.node,
-                component=row.component,
-                job=row.job,
-                score=float(score),
-                severity="warning",
-                evidence={
+            Finding.at(
+                row,
+                "link_flap",
+                score,
+                "warning",
+                {
                     "downs": evidence_number(row.downs),
                     "link_downed": evidence_number(row.link_downed),
                     "state_falls": evidence_number(row.state_falls),
@@ -149,14 +147,12 @@ class LinkDown(Detector):
 
     def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
         return [
-            Finding(
-                kind="link_down",
-                node=row.node,
-                component=row.component,
-                job=row.job,
-                score=float(score),
-                severity="critical",
-                evidence={"down_s": evidence_number(score), **_link_evidence(row)},
+            Finding.at(
+                row,
+                "link_down",
+                score,
+                "critical",
+                {"down_s": evidence_number(score), **_link_evidence(row)},
             )
             for row, score in zip(features.itertuples(), scores, strict=True)
             if score >= self.min_down_s

@@ -26,7 +26,7 @@ from sklearn.ensemble import IsolationForest
 
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, QuerySource, Window, frame
-from analytics.detectors.slow_node import by_node, peer_baseline, step_aggregates
+from analytics.detectors.peers import by_node, peer_baseline, step_aggregates
 
 
 @dataclass(frozen=True)
