@@ -26,7 +26,7 @@ from analytics.detectors.runner import DetectionRunner
 from analytics.scenario import parse_scenario
 from analytics.store import Store
 from collectors.simulator import SCENARIO_EPOCH, simulate_offline
-from fleetlens.pipeline import scratch_dir
+from fleetlens.pipeline import EVAL_RETENTION, scratch_dir
 
 
 def scenario_document(nodes: int, minutes: int) -> dict:
@@ -71,7 +71,10 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     scenario = parse_scenario(scenario_document(args.nodes, args.minutes), "bench-detect")
-    with tempfile.TemporaryDirectory(dir=scratch_dir()) as tmp, Store.open(f"chdb://{tmp}/store") as store:
+    with (
+        tempfile.TemporaryDirectory(dir=scratch_dir()) as tmp,
+        Store.open(f"chdb://{tmp}/store", retention=EVAL_RETENTION) as store,
+    ):
         started = time.perf_counter()
         summary = simulate_offline(scenario, store, Path(tmp) / "sim")
         print(
