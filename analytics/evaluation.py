@@ -9,11 +9,12 @@ close). Each fault kind is detected by exactly one anomaly kind (DETECTED_BY), s
 on a port that went down does not detect the link_down.
 
 Reports that detect nothing are told apart, in this order, so that a person knows where to look:
-`confounder` (during a confounder's span on its node or job: a job-wide stall, a restart, an exporter
-restart, a scrape gap, a node of an imbalanced pipeline stage), `other_fault` (during a fault of its
-node that it does not detect, by kind or by component: real trouble, wrongly named) and `false`
-(fault-free time). All three lower precision; the goals want zero `confounder` reports, and false reports
-per node-day count only `false`.
+`other_fault` (during a fault of its node that it does not detect, by kind or by component: real
+trouble, wrongly named; a confounder at the same time is not what caused it), `confounder` (during a
+confounder's span on its node or job, with no fault on its node: a job-wide stall, a restart, an
+exporter restart, a scrape gap, a node of an imbalanced pipeline stage) and `false` (fault-free time).
+All three lower precision; the goals want zero `confounder` reports, and false reports per node-day
+count only `false`.
 
 Latency runs from a fault's onset: its start, except for a link flap, whose first flap ends when the
 link is back up half a period after it went down (before that nobody can tell a flap from a link going
@@ -302,12 +303,12 @@ def _judge(report: Report, scenario: Scenario) -> ReportOutcome:
     if detected:
         kinds = frozenset(fault.kind for fault in detected)
         return ReportOutcome(report, TRUE, kinds, tuple(map(_describe_fault, detected)))
-    confounders = [c for c in scenario.confounders if _during_confounder(report, c, scenario)]
-    if confounders:
-        return ReportOutcome(report, CONFOUNDER, explained_by=tuple(map(_describe_confounder, confounders)))
     during = [fault for fault in scenario.faults if _overlaps_fault(report, fault, scenario)]
     if during:
         return ReportOutcome(report, OTHER_FAULT, explained_by=tuple(map(_describe_fault, during)))
+    confounders = [c for c in scenario.confounders if _during_confounder(report, c, scenario)]
+    if confounders:
+        return ReportOutcome(report, CONFOUNDER, explained_by=tuple(map(_describe_confounder, confounders)))
     return ReportOutcome(report, FALSE)
 
 
