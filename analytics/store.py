@@ -89,9 +89,9 @@ class KnownSeries:
     batch with its ids.
 
     An exporter serves the same series in the same order scrape after scrape, so a batch whose node,
-    names and labels equal its target's previous batch reuses that batch's ids: one list comparison
-    instead of a lookup per sample. Past `limit` series (label churn) the memo starts over; registering
-    a series again is harmless (the series table merges duplicates).
+    names and labels equal its target's previous batch (in this call or an earlier one) reuses its ids:
+    one list comparison instead of a lookup per sample. Past `limit` series (label churn) the memo starts
+    over; registering a series again is harmless (the series table merges duplicates).
     """
 
     def __init__(self, limit: int = MAX_KNOWN_SERIES) -> None:
@@ -103,8 +103,9 @@ class KnownSeries:
         """The series ids of every batch's samples, and the rows of the series not stored yet."""
         ids_per_batch = []
         new: dict[int, SeriesRow] = {}
+        latest = dict(self._last)  # a call may hold several scrapes of one target (a spool replay, a sim)
         for batch in batches:
-            last = self._last.get(batch.target)
+            last = latest.get(batch.target)
             if last and (last[0].node, last[0].names, last[0].labels) == (
                 batch.node,
                 batch.names,
@@ -120,6 +121,7 @@ class KnownSeries:
                     new.setdefault(sid, (sid, metric, batch.node, labels, _millis(batch.ts)))
                 ids.append(sid)
             ids_per_batch.append(ids)
+            latest[batch.target] = (batch, ids)
         return ids_per_batch, list(new.values())
 
     def remember(

@@ -458,11 +458,7 @@ def _simulate_shard(scenario: Scenario, indices: range, workdir: Path, epoch: fl
 
 
 class _Inserts:
-    """Rows gathered over many ticks and inserted together: one insert per table per FLUSH_SAMPLES.
-
-    The first tick goes in alone: the store learns every series from it, and resolves the series of
-    the later, larger inserts from its memo instead of hashing each sample's labels.
-    """
+    """Rows gathered over many ticks and inserted together: one insert per table per FLUSH_SAMPLES."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -479,7 +475,7 @@ class _Inserts:
         self._statuses += statuses
         self._steps += steps
         self._pending_samples += sum(len(batch) for batch in batches)
-        if self._pending_samples >= FLUSH_SAMPLES or not self._flushes:
+        if self._pending_samples >= FLUSH_SAMPLES:
             self.flush()
 
     def flush(self) -> None:
