@@ -31,7 +31,14 @@ LOOKBACK_S = 60.0  # how far before a range to look for its first step: bridges 
 MAX_CANDIDATES = 1_000_000  # rows a detector's feature query may return: every GPU and port of a fleet
 
 INCREASE = "arraySum(step -> if(step.2.2 >= step.1.2, step.2.2 - step.1.2, step.2.2), steps)"
-STEADY_INCREASE = "arraySum(step -> if(step.2.2 >= step.1.2, step.2.2 - step.1.2, 0), steps)"
+
+
+def steady_increase(steps: str = "steps") -> str:
+    """The increase over `steps` (an array of point pairs) with the steps that go down left out."""
+    return f"arraySum(step -> if(step.2.2 >= step.1.2, step.2.2 - step.1.2, 0), {steps})"
+
+
+STEADY_INCREASE = steady_increase()
 STEADY_SECONDS = "arraySum(step -> if(step.2.2 >= step.1.2, step.2.1 - step.1.1, 0), steps)"
 STEADY_RATE = f"if({STEADY_SECONDS} > 0, {STEADY_INCREASE} / {STEADY_SECONDS}, 0)"  # 0 without a steady step
 LAST = "points[-1].2"  # the latest value; `inside` tells whether it is in the range

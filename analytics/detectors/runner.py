@@ -22,14 +22,14 @@ import logging
 import math
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from analytics.detectors import DetectorError, build
 from analytics.detectors.base import SEVERITIES, Detector, Finding, QuerySource, Window
 from analytics.errors import StoreUnavailable
-from analytics.records import Anomaly
+from analytics.records import Anomaly, QueryResult
 
 if TYPE_CHECKING:
     from analytics.store import Store
@@ -53,6 +53,23 @@ def windows(start: float, end: float, window_s: float = 10.0) -> list[Window]:
         return []
     first = math.floor(start / window_s)
     return [Window(i * window_s, (i + 1) * window_s) for i in range(first, math.ceil(end / window_s))]
+
+
+class _SharedQueries:
+    """A source that runs each distinct query once: detectors that read the same rows in one window
+    (link_flap and link_down read every port's link) share one query. Lives for one window."""
+
+    def __init__(self, source: QuerySource) -> None:
+        self._source = source
+        self._results: dict[str, QueryResult] = {}
+
+    def query(
+        self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int = 10_000
+    ) -> QueryResult:
+        key = repr((sql, sorted((parameters or {}).items()), max_rows))
+        if key not in self._results:
+            self._results[key] = self._source.query(sql, parameters=parameters, max_rows=max_rows)
+        return self._results[key]
 
 
 @dataclass
@@ -106,9 +123,10 @@ class DetectionRunner:
         window: its anomalies stay as they were. StoreUnavailable fails the whole window before any state
         moves, so that no anomaly closes for want of data."""
         found: dict[str, list[Finding]] = {}
+        shared = _SharedQueries(source)
         for detector in self.detectors:
             try:
-                found[detector.name] = detector.detect(source, window)
+                found[detector.name] = detector.detect(shared, window)
             except StoreUnavailable:
                 raise
             except Exception:  # one broken detector must not silence the others

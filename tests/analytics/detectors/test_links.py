@@ -68,19 +68,35 @@ def test_the_runner_opens_a_flap_in_the_window_of_the_first_flap_and_keeps_it_th
     assert opened.start == quiet[-1].end and opened.end is None
 
 
-def test_a_link_down_for_half_a_minute_is_link_down_and_its_return_is_no_flap(store: Store, tmp_path: Path):
+def test_a_link_down_for_a_minute_and_a_half_is_link_down_from_its_first_minute_and_its_return_is_no_flap(
+    store: Store, tmp_path: Path
+):
     with SimulatedFleet(store, tmp_path, gpus=0) as fleet:
         fleet.tick(3)
         fleet["vela-001"].sysfs.set_link(1, up=False)
-        down = [fleet.tick() for _ in range(5)]
+        down = [fleet.tick() for _ in range(9)]
         fleet["vela-001"].sysfs.set_link(1, up=True)
         back = [fleet.tick() for _ in range(3)]
 
         link_down = [LinkDown().detect(store, window) for window in down + back]
-        assert [bool(found) for found in link_down] == [False, False, True, True, True, False, False, False]
+        assert [bool(found) for found in link_down] == [False] * 5 + [True] * 4 + [False] * 3
         assert {(f.node, f.component) for found in link_down for f in found} == {("vela-001", "mlx5_1:1")}
-        assert [f.evidence["down_s"] for found in link_down for f in found] == [30, 40, 50]
+        assert [f.evidence["down_s"] for found in link_down for f in found] == [60, 60, 60, 60]
         assert all(reported(LinkFlap(), store, window) == set() for window in down + back)
+
+
+def test_a_link_down_for_half_a_minute_is_a_flap_when_it_is_back_and_no_link_down(store: Store, tmp_path: Path):
+    with SimulatedFleet(store, tmp_path, gpus=0) as fleet:
+        fleet.tick(3)
+        fleet["vela-001"].sysfs.set_link(1, up=False)
+        down = [fleet.tick() for _ in range(3)]
+        fleet["vela-001"].sysfs.set_link(1, up=True)
+        back = fleet.tick()
+
+        assert all(LinkDown().detect(store, window) == [] for window in [*down, back])
+        assert all(reported(LinkFlap(), store, window) == set() for window in down)
+        [finding] = LinkFlap().detect(store, back)
+        assert (finding.node, finding.component, finding.score) == ("vela-001", "mlx5_1:1", 1)
 
 
 def test_a_reboot_that_zeroes_the_counters_of_a_port_that_flapped_before_is_no_flap(
