@@ -3,11 +3,12 @@
 - `pcie`: a GPU whose PCIe link trained below its maximum generation or width, with its replay
   counter rising (a link that merely idles at a low generation replays nothing); component gpu:N.
 - `roce_bytes`: a RoCE port moving far fewer bytes per second than its peers while its node's job
-  runs, with its link steady and its fabric not pushing back (ECN marks would make it congestion);
-  component device:port. Peers are the ports of the nodes running the same job (the job of a node
-  is its latest step row), or, for nodes without step rows, of all such nodes. In a synchronous job
-  every port moves about the same bytes per step, so a port far below is staging its traffic
-  through host memory or sitting on a narrowed link.
+  runs, with its link steady (up at every sample and never down since the lookback: the bytes of a
+  port that just flapped say nothing about its data path) and its fabric not pushing back (ECN
+  marks would make it congestion); component device:port. Peers are the ports of the nodes running
+  the same job (the job of a node is its latest step row), or, for nodes without step rows, of all
+  such nodes. In a synchronous job every port moves about the same bytes per step, so a port far
+  below is staging its traffic through host memory or sitting on a narrowed link.
 - `nccl`: NCCL logs saying a rank of the node runs without GPUDirect RDMA (status no or partial);
   component: the port its connections without GPUDirect RDMA go through, or "" when several.
 """
@@ -22,7 +23,6 @@ import pandas as pd
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, QuerySource, Window, frame
 from analytics.detectors.counters import (
-    INSIDE_MIN,
     LAST,
     LOOKBACK_S,
     MAX_CANDIDATES,
@@ -71,9 +71,11 @@ DMA_SERIES = series_sql(
     f"{LAST} AS last",
     "length(inside) AS samples",
     f"{STEADY_SECONDS} AS steady_s",
-    f"{INSIDE_MIN} AS low",
     f"{STEADY_INCREASE} AS increase",
     f"{STEADY_RATE} AS rate",
+    "lookback_low",
+    "lookback_high",
+    lookback_aggregates=("min(value) AS lookback_low", "max(value) AS lookback_high"),
 )
 # Units: a GPU, a port, or an NCCL rank (its log, pid and CUDA device). A rank without GPUDirect RDMA is
 # put on the port its connections without it go through (NET device index -> device:port, as its log
@@ -95,8 +97,8 @@ SELECT node,
     countIf(metric IN ('{RECEIVED}', '{TRANSMITTED}') AND steady_s > 0) = 2 AS is_port,
     sumIf(rate, metric IN ('{RECEIVED}', '{TRANSMITTED}')) AS roce_bytes_per_s,
     sumIf(rate, metric = '{ECN_MARKED}') AS ecn_marks_per_s,
-    minIf(low, metric = '{STATE}' AND samples > 0) = {ACTIVE}
-        AND sumIf(increase, metric = '{LINK_DOWNED}') = 0 AS link_steady,
+    minIf(lookback_low, metric = '{STATE}' AND samples > 0) = {ACTIVE}
+        AND maxIf(lookback_high - lookback_low, metric = '{LINK_DOWNED}') = 0 AS link_steady,
     anyIf(labels['status'], metric = '{NCCL_GDR}' AND samples > 0 AND last = 1) AS gdr,
     anyIf(
         concat('rank ', labels['rank'], ' in ', labels['log']), startsWith(metric, 'fleetlens_nccl_')

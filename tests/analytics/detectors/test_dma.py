@@ -73,6 +73,23 @@ def test_a_congested_port_or_a_port_whose_link_is_down_moves_less_but_is_no_dma_
         assert reported(store, window) == set()
 
 
+def test_a_port_back_from_a_flap_moving_little_while_its_connections_recover_is_no_dma_fault(
+    store: Store, tmp_path: Path
+):
+    with SimulatedFleet(store, tmp_path, gpus=1) as fleet:
+        fleet.tick(2)
+        fleet["vela-003"].sysfs.set_link(1, up=False)
+        fleet.tick()
+        fleet["vela-003"].sysfs.set_link(1, up=True)
+        fleet["vela-003"].sysfs.set_traffic(1, 0.1)  # its connections come back slowly
+        recovering = [fleet.tick() for _ in range(4)]
+
+        ports = DmaDegraded().features(store, recovering[-1]).set_index(["node", "component"])
+        port = ports.loc[("vela-003", "mlx5_1:1")]
+        assert port["roce_bytes_per_s"] < 0.2 * port["peers_roce_bytes_per_s"]
+        assert all(reported(store, window) == set() for window in recovering)
+
+
 def test_nccl_logs_saying_a_rank_runs_without_gpudirect_rdma_name_its_port_and_the_rank(
     store: Store, tmp_path: Path, fixtures: Path
 ):

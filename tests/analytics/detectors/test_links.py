@@ -85,7 +85,9 @@ def test_a_link_down_for_a_minute_and_a_half_is_link_down_from_its_first_minute_
         assert all(reported(LinkFlap(), store, window) == set() for window in down + back)
 
 
-def test_a_link_down_for_half_a_minute_is_a_flap_when_it_is_back_and_no_link_down(store: Store, tmp_path: Path):
+def test_a_link_down_for_half_a_minute_is_a_flap_when_it_is_back_and_no_link_down(
+    store: Store, tmp_path: Path
+):
     with SimulatedFleet(store, tmp_path, gpus=0) as fleet:
         fleet.tick(3)
         fleet["vela-001"].sysfs.set_link(1, up=False)
