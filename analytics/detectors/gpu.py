@@ -42,13 +42,13 @@ THROTTLE_METRICS = (
     "DCGM_FI_DEV_GPU_TEMP",
     "fleetlens_gpu_clock_throttle_reason",
 )
-# Candidates: GPUs reporting a slowdown reason; their peers are every GPU.
+# Candidates: GPUs reporting a slowdown reason; their peers are every GPU as busy as they are.
 THROTTLE_SQL = """
 SELECT * FROM (
-SELECT node, component, '' AS job, reasons, sm_clock_mhz, util_percent, temp_c,
+SELECT node, component, '' AS job, reasons, sm_clock_mhz, util_percent, temp_c, busy,
     greatest(
-        medianExactIf(sm_clock_mhz, busy) OVER (PARTITION BY node),
-        medianExactIf(sm_clock_mhz, busy) OVER (PARTITION BY model)
+        medianExact(sm_clock_mhz) OVER (PARTITION BY node, busy),
+        medianExact(sm_clock_mhz) OVER (PARTITION BY model, busy)
     ) AS peers_sm_clock_mhz
 FROM (
     SELECT node, concat('gpu:', labels['gpu']) AS component, any(labels['modelName']) AS model,
@@ -75,16 +75,17 @@ ORDER BY node, component
 
 @register
 class GpuThrottle(Detector):
-    """A busy GPU that reports a slowdown reason and runs its SM clock well below its peers'.
+    """A GPU that reports a slowdown reason and runs its SM clock well below its peers'.
 
-    Peers are the busy GPUs of the same node and, so that a node whose every GPU throttles (a cooling
-    failure) still stands out, the busy GPUs of the same model fleet-wide: the reference clock is the
-    higher of the two medians. Score: the clock drop below that reference (0..1) while a slowdown
-    reason is set, else 0.
+    Peers are the GPUs as busy as it is (at least `busy_util_percent`, or idle: an idle GPU's clock is
+    not a busy one's) on the same node and, so that a node whose every GPU throttles (a cooling
+    failure) still stands out, of the same model fleet-wide: the reference clock is the higher of the
+    two medians. So a thermal fault on an idle node is seen too. Score: the clock drop below that
+    reference (0..1) while a slowdown reason is set, else 0.
     """
 
     name: ClassVar[str] = "gpu_throttle"
-    version: ClassVar[str] = "1"
+    version: ClassVar[str] = "2"
     kinds: ClassVar[tuple[str, ...]] = ("gpu_throttle",)
     min_windows: ClassVar[int] = 2
     of_windows: ClassVar[int] = 3
@@ -104,7 +105,7 @@ class GpuThrottle(Detector):
         return frame(source.query(THROTTLE_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
 
     def score(self, features: pd.DataFrame) -> np.ndarray:
-        throttled = (features["reasons"].map(len) > 0) & (features["util_percent"] >= self.busy_util_percent)
+        throttled = features["reasons"].map(len) > 0
         drop = 1 - features["sm_clock_mhz"] / features["peers_sm_clock_mhz"]
         return np.where(throttled, drop.fillna(0).clip(lower=0), 0.0).astype(float)
 
@@ -122,6 +123,7 @@ class GpuThrottle(Detector):
                     "clock_drop": evidence_number(score),
                     "gpu_temp_c": evidence_number(row.temp_c),
                     "gpu_util_percent": evidence_number(row.util_percent),
+                    "peers": "busy GPUs" if row.busy else "idle GPUs",
                 },
             )
             for row, score in zip(features.itertuples(), scores, strict=True)

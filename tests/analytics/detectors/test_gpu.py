@@ -41,6 +41,19 @@ def test_a_node_whose_every_gpu_throttles_still_stands_out_against_the_fleet(sto
         assert reported(GpuThrottle(), store, window) == {("vela-004", f"gpu:{gpu}") for gpu in range(4)}
 
 
+def test_a_thermal_fault_on_an_idle_node_is_reported_against_the_idle_gpus(store: Store, tmp_path: Path):
+    with SimulatedFleet(store, tmp_path) as fleet:
+        fleet.set_load("vela-003", 0.0)  # no job on this node; the rest of the fleet is busy
+        fleet.tick(2)
+        fleet["vela-003"].gpus.set_fault(1, "thermal_throttle")
+        window = fleet.tick()
+
+        [finding] = GpuThrottle().detect(store, window)
+    assert (finding.node, finding.component) == ("vela-003", "gpu:1")
+    assert finding.evidence["peers"] == "idle GPUs" and finding.evidence["gpu_util_percent"] == 0
+    assert finding.evidence["sm_clock_mhz"] < 0.9 * finding.evidence["peers_sm_clock_mhz"]
+
+
 def test_a_slow_gpu_that_reports_no_reason_and_an_idle_fleet_are_no_throttling(store: Store, tmp_path: Path):
     with SimulatedFleet(store, tmp_path) as fleet:
         fleet["vela-001"].gpus.set_fault(0, "slow", clock_factor=0.6)
