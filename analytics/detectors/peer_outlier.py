@@ -92,7 +92,7 @@ class PeerOutlier(Detector):
         min_feature_z: float = 4.0,
         relative_floor: float = 0.02,
         lookback_s: float = 10.0,
-        n_estimators: int = 32,
+        n_estimators: int = 16,
         random_state: int = 0,
         top_features: int = 3,
     ) -> None:
