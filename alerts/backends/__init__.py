@@ -1,0 +1,23 @@
+"""Drain backends: what takes a node out of scheduling and puts it back (Slurm, Kubernetes, a command).
+
+Each backend implements DrainBackend; `drain` and `resume` either succeed or raise BackendError with
+what the scheduler answered. They are only ever called by the drain controller, after its safety limits.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from alerts.model import DrainRequest
+
+
+class DrainBackend(Protocol):
+    """Takes nodes out of scheduling and puts them back."""
+
+    name: str
+
+    def drain(self, request: DrainRequest) -> None:
+        """Stop new work landing on request.node; raises BackendError when the scheduler refused."""
+
+    def resume(self, request: DrainRequest) -> None:
+        """Put request.node back into scheduling; raises BackendError when the scheduler refused."""
