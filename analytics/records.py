@@ -90,3 +90,59 @@ class QueryResult:
     rows: list[tuple]
     truncated: bool = False
     elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class AlertChange:
+    """One state change of one alert: a row of `alerts`. Times are unix seconds."""
+
+    ts: float
+    fingerprint: str
+    alertname: str
+    state: str  # pending | firing | resolved
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: float
+    ends_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRow:
+    """One decision of the drain controller, refusals included: a row of `actions`."""
+
+    ts: float
+    action: str  # drain | undrain | approve | deny | breaker
+    node: str
+    job: str
+    reason: str
+    mode: str  # dry-run | approve | auto
+    outcome: str  # done | dry-run | pending | refused | failed | approved | denied
+    decision_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SilenceRow:
+    """A silence as stored: `matchers` is a JSON list of [name, operator, value]; a silence expired
+    early is written again with the same id and the new ends_at."""
+
+    id: str
+    matchers: str
+    starts_at: float
+    ends_at: float
+    created_by: str
+    comment: str
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class NotificationRow:
+    """One final delivery outcome to one receiver: a row of `notifications`."""
+
+    ts: float
+    receiver: str
+    ok: bool
+    attempts: int
+    status: int | None
+    error: str
+    fingerprints: list[str]
+    states: list[str]

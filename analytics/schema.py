@@ -16,6 +16,10 @@ Tables and views (docs/schema.md has every column, with example queries):
                   starts_at, ends_at
     actions       audit of automated actions, refusals included: ts, action, node, job, reason, mode,
                   outcome, decision_id
+    silences      alert silences: id, matchers (JSON), starts_at, ends_at, created_by, comment, updated_at
+                  (rewritten with the same id when expired early)
+    notifications deliveries to alert receivers: ts, receiver, ok, attempts, status, error, fingerprints,
+                  states
     schema_migrations   version, description, applied_at: which migrations this database has had
 
 Sample layout, chosen by measurement (bench/storage_layout.py, one run: 8 nodes x 475 series x 900
@@ -383,6 +387,34 @@ ACTIONS = Table(
     partition_by="toYYYYMM(ts)",
 )
 
+SILENCES = Table(
+    name="silences",
+    columns=f"""    id String,
+    matchers String,
+    starts_at {TS},
+    ends_at {TS},
+    created_by String,
+    comment String,
+    updated_at {TS}""",
+    engine="ReplacingMergeTree",
+    order_by="id",
+    sharding_key="cityHash64(id)",  # a silence and its expiry on one shard, so FINAL sees both
+)
+
+NOTIFICATIONS = Table(
+    name="notifications",
+    columns=f"""    ts {TS},
+    receiver LowCardinality(String),
+    ok UInt8,
+    attempts UInt32,
+    status Nullable(UInt16),
+    error String,
+    fingerprints Array(String),
+    states Array(LowCardinality(String))""",
+    order_by="receiver, ts",
+    partition_by="toYYYYMM(ts)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
@@ -391,6 +423,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(2, "steps and targets", (STEPS, TARGETS)),
     Migration(3, "anomalies, alerts and actions", (ANOMALIES, ALERTS, ACTIONS)),
+    Migration(4, "silences and notifications", (SILENCES, NOTIFICATIONS)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 EXPIRING_TABLES = tuple(

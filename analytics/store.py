@@ -36,7 +36,17 @@ from clickhouse_connect.driver.exceptions import ClickHouseError, OperationalErr
 
 from analytics import schema
 from analytics.errors import QueryError, SchemaError, StoreRejected, StoreUnavailable
-from analytics.records import Anomaly, QueryResult, ScrapeBatch, StepRow, TargetStatus
+from analytics.records import (
+    ActionRow,
+    AlertChange,
+    Anomaly,
+    NotificationRow,
+    QueryResult,
+    ScrapeBatch,
+    SilenceRow,
+    StepRow,
+    TargetStatus,
+)
 from analytics.schema import Layout, Retention
 
 __all__ = ["DEFAULT_DATABASE", "DEFAULT_DSN", "Retention", "Store", "series_id"]
@@ -200,6 +210,31 @@ class Store:
         return self._insert_records(
             "anomalies", Anomaly, rows, token, times=("start", "end"), nullable_times=("end",)
         )
+
+    def insert_alert_changes(self, rows: Sequence[AlertChange], *, token: str) -> int:
+        """Store alert state changes; returns the number of rows sent."""
+        return self._insert_records(
+            "alerts",
+            AlertChange,
+            rows,
+            token,
+            times=("ts", "starts_at", "ends_at"),
+            nullable_times=("ends_at",),
+        )
+
+    def insert_actions(self, rows: Sequence[ActionRow], *, token: str) -> int:
+        """Store drain controller decisions; returns the number of rows sent."""
+        return self._insert_records("actions", ActionRow, rows, token)
+
+    def insert_silences(self, rows: Sequence[SilenceRow], *, token: str) -> int:
+        """Store silences (a row under an existing id replaces it, read with FINAL)."""
+        return self._insert_records(
+            "silences", SilenceRow, rows, token, times=("starts_at", "ends_at", "updated_at")
+        )
+
+    def insert_notifications(self, rows: Sequence[NotificationRow], *, token: str) -> int:
+        """Store delivery outcomes; returns the number of rows sent."""
+        return self._insert_records("notifications", NotificationRow, rows, token)
 
     def query(
         self,

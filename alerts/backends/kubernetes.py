@@ -1,0 +1,201 @@
+"""The Kubernetes drain backend: cordon, taint and label a node through the API server, and optionally
+evict its pods through the Eviction API, so that PodDisruptionBudgets hold.
+
+Drain and resume are each one strategic merge patch of the node (spec.unschedulable, the taint, the label
+and the reason annotation), so a node is never left half-marked. spec.taints is an atomic list, so the
+patch carries the node's other taints and the resourceVersion they were read at: when the kubelet or
+another controller wrote the node in between (409 Conflict), it is read again instead of losing theirs.
+
+Pods that a PodDisruptionBudget protects right now are not a failure of the drain: the node stays
+cordoned and tainted, and a warning on this module's logger names each such pod with the API's answer.
+The controller records the drain as done; nothing here retries those evictions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kubernetes.config
+import urllib3
+from kubernetes.client import (
+    ApiClient,
+    Configuration,
+    CoreV1Api,
+    V1DeleteOptions,
+    V1Eviction,
+    V1Node,
+    V1ObjectMeta,
+    V1Pod,
+    V1Taint,
+)
+from kubernetes.client.exceptions import ApiException
+
+from alerts.errors import AlertConfigError, BackendError
+from alerts.model import DrainRequest
+
+log = logging.getLogger(__name__)
+
+REASON_ANNOTATION = "fleetlens.io/reason"
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+CONFLICT_ATTEMPTS = 3
+
+
+class KubernetesBackend:
+    """Drains a node by cordoning it, tainting `<taint_key>=<kind>:NoSchedule`, labelling `<label_key>=true`
+    and annotating `fleetlens.io/reason`; with `evict`, also evicts its pods. Resume removes exactly those."""
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        *,
+        api_client: ApiClient | None = None,
+        evict: bool = False,
+        taint_key: str = "fleetlens.io/unhealthy",
+        label_key: str = "fleetlens.io/drained",
+        grace_period_s: int | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self._api_client = api_client or _client_from_environment()
+        self._core = CoreV1Api(self._api_client)
+        self._evict = evict
+        self._taint_key = taint_key
+        self._label_key = label_key
+        self._delete_options = None if grace_period_s is None else V1DeleteOptions(grace_period_seconds=grace_period_s)
+        self._timeout_s = timeout_s
+
+    def drain(self, request: DrainRequest) -> None:
+        """Mark the node unschedulable for new pods, then (with `evict`) evict the pods it runs."""
+        self._patch_node(request.node, lambda node: self._marks(node, request))
+        if self._evict:
+            self._evict_pods(request.node)
+
+    def resume(self, request: DrainRequest) -> None:
+        """Uncordon the node and remove fleetlens's taint, label and annotation; nothing else changes."""
+        self._patch_node(request.node, lambda node: self._marks(node, None))
+
+    def _marks(self, node: V1Node, request: DrainRequest | None) -> dict[str, Any]:
+        """The patch that puts fleetlens's marks on `node` for `request`, or takes them off for None; valid
+        only at the version that was read. Nulls delete a key, as `kubectl uncordon` sends them."""
+        taints = [taint for taint in node.spec.taints or [] if taint.key != self._taint_key]
+        if request is not None:
+            taints.append(V1Taint(key=self._taint_key, value=request.kind, effect="NoSchedule"))
+        drained = request is not None
+        return {
+            "metadata": {
+                "resourceVersion": node.metadata.resource_version,
+                "labels": {self._label_key: "true" if drained else None},
+                "annotations": {REASON_ANNOTATION: request.reason if drained else None},
+            },
+            "spec": {"unschedulable": True if drained else None, "taints": taints},
+        }
+
+    def _patch_node(self, node_name: str, patch_for: Callable[[V1Node], dict[str, Any]]) -> None:
+        """Read the node and patch it; read it again when another writer got there first (409)."""
+        for _ in range(CONFLICT_ATTEMPTS):
+            with self._api_errors(node_name, f"GET /api/v1/nodes/{node_name}"):
+                node = self._core.read_node(node_name, _request_timeout=self._timeout_s)
+            with self._api_errors(node_name, f"PATCH /api/v1/nodes/{node_name}"):
+                try:
+                    self._core.patch_node(node_name, patch_for(node), _request_timeout=self._timeout_s)
+                    return
+                except ApiException as error:
+                    if error.status != 409:
+                        raise
+        raise BackendError(
+            f"kubernetes node {node_name}: PATCH /api/v1/nodes/{node_name} at {self._host} answered "
+            f"409 Conflict {CONFLICT_ATTEMPTS} times: other writers keep changing the node"
+        )
+
+    def _evict_pods(self, node_name: str) -> None:
+        """Evict every pod that a drain should move; warn about those a disruption budget keeps for now."""
+        selector = f"spec.nodeName={node_name}"
+        with self._api_errors(node_name, f"GET /api/v1/pods?fieldSelector={selector}"):
+            pods = self._core.list_pod_for_all_namespaces(field_selector=selector, _request_timeout=self._timeout_s)
+        refusals = []
+        for pod in pods.items:
+            if _should_evict(pod) and (refusal := self._evict_pod(node_name, pod)):
+                refusals.append(refusal)
+        if refusals:
+            log.warning(
+                "kubernetes node %s stays cordoned with %d pod(s) not evicted yet: %s",
+                node_name,
+                len(refusals),
+                "; ".join(refusals),
+            )
+
+    def _evict_pod(self, node_name: str, pod: V1Pod) -> str | None:
+        """Evict one pod; returns `namespace/name: the API's message` when it was refused for now (429)."""
+        name, namespace = pod.metadata.name, pod.metadata.namespace
+        eviction = V1Eviction(
+            api_version="policy/v1",
+            kind="Eviction",
+            metadata=V1ObjectMeta(name=name, namespace=namespace),
+            delete_options=self._delete_options,
+        )
+        with self._api_errors(node_name, f"POST /api/v1/namespaces/{namespace}/pods/{name}/eviction"):
+            try:
+                self._core.create_namespaced_pod_eviction(
+                    name, namespace, eviction, _request_timeout=self._timeout_s
+                )
+            except ApiException as error:
+                if error.status == 429:
+                    return f"{namespace}/{name}: {_api_message(error)}"
+                if error.status != 404:  # 404: the pod is gone already, which is what eviction wants
+                    raise
+        return None
+
+    @property
+    def _host(self) -> str:
+        return self._api_client.configuration.host
+
+    @contextlib.contextmanager
+    def _api_errors(self, node_name: str, call: str) -> Iterator[None]:
+        """Turn the client's errors into a BackendError naming the node, the call and what answered."""
+        try:
+            yield
+        except ApiException as error:
+            raise BackendError(
+                f"kubernetes node {node_name}: {call} at {self._host} answered "
+                f"{error.status} {error.reason}: {_api_message(error)}"
+            ) from error
+        except urllib3.exceptions.HTTPError as error:
+            raise BackendError(f"kubernetes node {node_name}: {call} at {self._host} got no answer: {error}") from error
+
+
+def _should_evict(pod: V1Pod) -> bool:
+    """kubectl drain's rules: a DaemonSet's pod would come straight back, a mirror pod belongs to the
+    kubelet (the API cannot remove a static pod), and a finished pod holds nothing."""
+    daemon = any(owner.controller and owner.kind == "DaemonSet" for owner in pod.metadata.owner_references or [])
+    mirror = MIRROR_ANNOTATION in (pod.metadata.annotations or {})
+    return not (daemon or mirror or pod.status.phase in FINISHED_PHASES)
+
+
+def _api_message(error: ApiException) -> str:
+    """The message of the API's Status answer, else its raw body."""
+    try:
+        return json.loads(error.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return error.body or ""
+
+
+def _client_from_environment() -> ApiClient:
+    """What kubectl would use: inside a pod its service account, elsewhere $KUBECONFIG or ~/.kube/config."""
+    configuration = Configuration()
+    kubeconfig = os.environ.get("KUBECONFIG", "~/.kube/config")
+    in_pod = "KUBERNETES_SERVICE_HOST" in os.environ
+    try:
+        if in_pod:
+            kubernetes.config.load_incluster_config(client_configuration=configuration)
+        else:
+            kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    except kubernetes.config.ConfigException as error:
+        source = "the pod's service account" if in_pod else f"kubeconfig {kubeconfig}"
+        raise AlertConfigError(f"drain backend kubernetes: no cluster to talk to through {source}: {error}") from error
+    return ApiClient(configuration)

@@ -1,0 +1,254 @@
+"""A loopback stand-in for the Kubernetes API server, for nodes, pods and evictions only.
+
+No API server can be installed here, so drain backends are tested against this one: it answers the
+calls the official client makes with the real API's paths, verbs, content types and Status bodies,
+and records every request so that tests can assert what a real cluster would have received.
+
+Patches: the client sends a dict body as a strategic merge patch. For the node fields a drain touches
+(labels and annotations are maps, unschedulable a scalar, spec.taints an atomic list) strategic merge
+is JSON merge patch (RFC 7386): maps merge, null deletes, lists are replaced whole. A
+metadata.resourceVersion in a patch is a precondition, answered 409 Conflict when the node moved on.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from kubernetes.client import ApiClient, Configuration
+
+PATCH_TYPES = ("application/strategic-merge-patch+json", "application/merge-patch+json")
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+
+NODE_PATH = re.compile(r"^/api/v1/nodes/(?P<name>[^/]+)$")
+EVICTION_PATH = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/pods/(?P<name>[^/]+)/eviction$")
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request as the server received it; `body` is the parsed JSON, None when there was none."""
+
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    content_type: str
+    body: Any
+
+
+@dataclass(frozen=True)
+class _Answer:
+    code: int
+    body: dict[str, Any]
+
+
+def make_node(name: str, *, taints: Iterable[dict] = (), labels: dict | None = None, **annotations: str) -> dict:
+    """A schedulable node as the API stores it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "resourceVersion": "1", "labels": labels or {}, "annotations": annotations},
+        "spec": {"taints": list(taints)},
+    }
+
+
+def make_pod(
+    name: str,
+    namespace: str,
+    node: str,
+    *,
+    owner_kind: str = "ReplicaSet",
+    phase: str = "Running",
+    mirror: bool = False,
+) -> dict:
+    """A pod bound to `node`, controlled by an owner of `owner_kind`; `mirror` makes it a static pod's mirror."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "annotations": {MIRROR_ANNOTATION: "checksum"} if mirror else {},
+            "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": owner_kind, "name": f"{name}-owner", "uid": "u", "controller": True}
+            ],
+        },
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox"}]},
+        "status": {"phase": phase},
+    }
+
+
+def status(code: int, reason: str, message: str, **details: Any) -> _Answer:
+    """The API's Status object for a failed call."""
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "details": details,
+        "code": code,
+    }
+    return _Answer(code, body)
+
+
+def merge_patch(target: dict, patch: dict) -> dict:
+    """RFC 7386: maps merge recursively, null deletes a key, anything else replaces."""
+    merged = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_patch(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+class FakeKubeApi:
+    """Serves nodes and pods on 127.0.0.1 and a free port between `with` and its end.
+
+    `nodes` (by name) and `pods` (by (namespace, name)) are the cluster's state and change as the API
+    would; pods named in `pdb_protected` are refused eviction with 429, as a PodDisruptionBudget does.
+    """
+
+    def __init__(
+        self, nodes: Iterable[dict], pods: Iterable[dict] = (), pdb_protected: Iterable[str] = ()
+    ) -> None:
+        self.nodes = {node["metadata"]["name"]: node for node in nodes}
+        self.pods = {(pod["metadata"]["namespace"], pod["metadata"]["name"]): pod for pod in pods}
+        self.pdb_protected = set(pdb_protected)
+        self.requests: list[RecordedRequest] = []
+        self._failures: dict[tuple[str, str], _Answer] = {}
+        self._writes_before_patch: dict[str, Callable[[dict], None]] = {}
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def api_client(self) -> ApiClient:
+        """An official client pointed at this server."""
+        return ApiClient(Configuration(host=self.url))
+
+    def fail_next(self, method: str, path: str, code: int, message: str) -> None:
+        """Answer the next `method` on `path` with a Status of `code` instead of serving it."""
+        self._failures[(method, path)] = status(code, "InternalError", message)
+
+    def write_before_next_patch(self, node: str, change: Callable[[dict], None]) -> None:
+        """Another client changes `node` after it was read and before the next patch to it lands."""
+        self._writes_before_patch[node] = change
+
+    def calls(self, method: str) -> list[RecordedRequest]:
+        return [request for request in self.requests if request.method == method]
+
+    def __enter__(self) -> FakeKubeApi:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _serve(self, method: str, path: str, query: dict[str, list[str]], content_type: str, body: Any) -> _Answer:
+        with self._lock:
+            self.requests.append(RecordedRequest(method, path, query, content_type, body))
+            failure = self._failures.pop((method, path), None)
+            if failure is not None:
+                return failure
+            if node := NODE_PATH.match(path):
+                if method == "GET":
+                    return self._read_node(node["name"])
+                if method == "PATCH":
+                    return self._patch_node(node["name"], content_type, body)
+            if method == "GET" and path == "/api/v1/pods":
+                return self._list_pods(query)
+            if (eviction := EVICTION_PATH.match(path)) and method == "POST":
+                return self._evict(eviction["namespace"], eviction["name"], body)
+            return status(404, "NotFound", f"the server could not find the requested resource ({method} {path})")
+
+    def _read_node(self, name: str) -> _Answer:
+        if name not in self.nodes:
+            return status(404, "NotFound", f'nodes "{name}" not found', name=name, kind="nodes")
+        return _Answer(200, self.nodes[name])
+
+    def _patch_node(self, name: str, content_type: str, patch: dict) -> _Answer:
+        if content_type not in PATCH_TYPES:
+            return status(415, "UnsupportedMediaType", f"the fake serves only {PATCH_TYPES}, not {content_type}")
+        if name not in self.nodes:
+            return status(404, "NotFound", f'nodes "{name}" not found', name=name, kind="nodes")
+        if name in self._writes_before_patch:
+            self._writes_before_patch.pop(name)(self.nodes[name])
+            self._bump_version(name)
+        wanted_version = patch.get("metadata", {}).get("resourceVersion")
+        if wanted_version not in (None, self.nodes[name]["metadata"]["resourceVersion"]):
+            message = (
+                f'Operation cannot be fulfilled on nodes "{name}": the object has been modified; '
+                "please apply your changes to the latest version and try again"
+            )
+            return status(409, "Conflict", message, name=name, kind="nodes")
+        self.nodes[name] = merge_patch(self.nodes[name], patch)
+        self._bump_version(name)
+        return _Answer(200, self.nodes[name])
+
+    def _bump_version(self, name: str) -> None:
+        metadata = self.nodes[name]["metadata"]
+        metadata["resourceVersion"] = str(int(metadata["resourceVersion"]) + 1)
+
+    def _list_pods(self, query: dict[str, list[str]]) -> _Answer:
+        selector = query.get("fieldSelector", [""])[0]
+        if not selector.startswith("spec.nodeName="):
+            return status(400, "BadRequest", f"the fake filters pods by spec.nodeName only, not {selector!r}")
+        node = selector.removeprefix("spec.nodeName=")
+        items = [pod for pod in self.pods.values() if pod["spec"]["nodeName"] == node]
+        return _Answer(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
+
+    def _evict(self, namespace: str, name: str, eviction: dict) -> _Answer:
+        if (eviction.get("apiVersion"), eviction.get("kind")) != ("policy/v1", "Eviction"):
+            return status(400, "BadRequest", f"not a policy/v1 Eviction: {eviction}")
+        if (eviction["metadata"].get("namespace"), eviction["metadata"].get("name")) != (namespace, name):
+            return status(400, "BadRequest", "name or namespace in the Eviction does not match the URL")
+        if (namespace, name) not in self.pods:
+            return status(404, "NotFound", f'pods "{name}" not found', name=name, kind="pods")
+        if name in self.pdb_protected:
+            return status(
+                429,
+                "TooManyRequests",
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+                causes=[{"reason": "DisruptionBudget", "message": f"The disruption budget {name}-pdb needs 1"}],
+            )
+        del self.pods[(namespace, name)]
+        return _Answer(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                url = urlsplit(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                content_type = self.headers.get("Content-Type", "")
+                answer = api._serve(self.command, url.path, parse_qs(url.query), content_type, body)
+                payload = json.dumps(answer.body).encode()
+                self.send_response(answer.code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_PATCH = do_POST = _answer
+
+            def log_message(self, format: str, *args: object) -> None:
+                """Keep the test output free of access logs."""
+
+        return Handler
