@@ -288,7 +288,7 @@ class DeliveryQueue:
             self._ready.notify()
 
     def close(self, timeout_s: float = 10.0) -> bool:
-        """Deliver what is queued within `timeout_s`, then stop; True when nothing was left undelivered."""
+        """Deliver what is queued within `timeout_s`, then stop; True when every batch got its outcome."""
         with self._ready:
             self._closing = True
             self._ready.notify()

@@ -199,7 +199,7 @@ def test_a_hung_receiver_does_not_delay_another_and_does_not_hold_up_close(serve
 
         first = outcomes.get(timeout=5)
         assert (first.receiver, first.ok) == ("healthy", True)
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 1.5  # the stuck receiver's timeout is 2 s
 
         second = outcomes.get(timeout=5)
         assert (second.receiver, second.ok, second.status) == ("stuck", False, None)
@@ -248,7 +248,7 @@ def test_a_full_queue_drops_its_oldest_batch_without_blocking_the_caller():
     started = time.monotonic()
     for node in ("vela-002", "vela-003", "vela-004"):
         deliveries.submit([fault(node)])
-    assert time.monotonic() - started < 0.1
+    assert time.monotonic() - started < 1.0  # the receiver holds its batch for up to 5 s
     assert deliveries.dropped == 1
 
     notifier.gate.set()

@@ -18,7 +18,7 @@ import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -30,11 +30,13 @@ NodeStates = dict[str, tuple[str, str]]
 
 @dataclass(frozen=True)
 class SlurmCluster:
-    """A running cluster: its slurm.conf, the environment Slurm's commands need to find it, its nodes."""
+    """A running cluster: its slurm.conf, the environment Slurm's commands need to find it, its nodes,
+    and its daemons by name (each logs to `<name>.log` beside slurm.conf)."""
 
     conf: Path
     env: dict[str, str]
     nodes: list[str]
+    daemons: Mapping[str, subprocess.Popen] = field(default_factory=dict)
 
     def sinfo(self) -> NodeStates:
         """node -> (state, reason) as the real `sinfo -N` shows them; reason "" where sinfo says none."""
@@ -55,10 +57,13 @@ class SlurmCluster:
     def wait_until(
         self, condition: Callable[[NodeStates], bool], what: str, timeout: float = 15.0
     ) -> NodeStates:
-        """Poll sinfo until `condition` holds for it; TimeoutError naming `what` and the last answer."""
+        """Poll sinfo until `condition` holds for it. RuntimeError as soon as a daemon has exited,
+        TimeoutError naming `what` and sinfo's last answer; both with the daemons' logs."""
         deadline = time.monotonic() + timeout
         last: NodeStates | str = "no answer"
         while time.monotonic() < deadline:
+            if any(process.poll() is not None for process in self.daemons.values()):
+                raise RuntimeError(f"a Slurm daemon exited while waiting for {what}\n{self.logs()}")
             try:
                 last = self.sinfo()
             except subprocess.CalledProcessError as error:
@@ -67,7 +72,16 @@ class SlurmCluster:
                 if condition(last):
                     return last
             time.sleep(0.2)
-        raise TimeoutError(f"Slurm did not reach {what} within {timeout}s; sinfo said: {last}")
+        raise TimeoutError(f"Slurm did not reach {what} within {timeout}s; sinfo said: {last}\n{self.logs()}")
+
+    def logs(self, lines: int = 20) -> str:
+        """Each daemon's status and the last lines of its log."""
+        parts = []
+        for name, process in self.daemons.items():
+            status = "running" if process.poll() is None else f"exited with {process.returncode}"
+            tail = (self.conf.parent / f"{name}.log").read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {name} ({status}):\n" + "\n".join(tail))
+        return "\n".join(parts)
 
 
 def slurm_conf(root: Path, controller_port: int, node_ports: Mapping[str, int]) -> Path:
@@ -116,18 +130,16 @@ def slurm_cluster(tmp_path: Path, nodes: int = 4) -> Iterator[SlurmCluster]:
         pytest.skip("a private Slurm cluster needs root: its daemons run as SlurmUser/SlurmdUser root")
     names = [f"node{index:02d}" for index in range(1, nodes + 1)]
     conf = slurm_conf(tmp_path, free_port(), {node: free_port() for node in names})
-    cluster = SlurmCluster(conf=conf, env={"SLURM_CONF": str(conf)}, nodes=names)
+    env = {"SLURM_CONF": str(conf)}
     commands = {"slurmctld": [slurmctld, "-D", "-f", str(conf)]}
     commands |= {f"slurmd-{node}": [slurmd, "-D", "-N", node, "-f", str(conf)] for node in names}
     with contextlib.ExitStack() as stack:
         daemons = {
-            name: stack.enter_context(_daemon(args, tmp_path / f"{name}.log", cluster.env))
+            name: stack.enter_context(_daemon(args, tmp_path / f"{name}.log", env))
             for name, args in commands.items()
         }
-        try:
-            cluster.wait_until(lambda states: _all_idle(states, names), "every node idle", timeout=30)
-        except TimeoutError as error:
-            raise RuntimeError(f"{error}\n{_report(daemons, tmp_path)}") from error
+        cluster = SlurmCluster(conf=conf, env=env, nodes=names, daemons=daemons)
+        cluster.wait_until(lambda states: _all_idle(states, names), "every node idle", timeout=30)
         yield cluster
 
 
@@ -151,13 +163,3 @@ def _daemon(args: Sequence[str], log: Path, env: Mapping[str, str]) -> Iterator[
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-def _report(daemons: Mapping[str, subprocess.Popen], root: Path, lines: int = 20) -> str:
-    """Each daemon's exit status (if it died) and the last lines of its log, for a failed start."""
-    parts = []
-    for name, process in daemons.items():
-        status = "running" if process.poll() is None else f"exited with {process.returncode}"
-        tail = (root / f"{name}.log").read_text(errors="replace").splitlines()[-lines:]
-        parts.append(f"--- {name} ({status}):\n" + "\n".join(tail))
-    return "\n".join(parts)

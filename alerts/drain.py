@@ -1,0 +1,312 @@
+"""The drain controller: firing alerts in, drain decisions out, within the policy's safety limits.
+
+Each step looks at the alerts firing now. A node with an alert the policy covers is a candidate once
+corroborated (policy.DrainRule); before anything is called, the controller checks, in order: a silence
+on the node's alert, the node's cooldown, the circuit breaker, then the limits (drained at once, share
+of the fleet, per job, per hour), counting drains waiting for approval as drained. What passes is
+
+    dry-run   recorded as `dry-run`: no backend is called; the controller's state moves as if drained,
+              so the audit shows what `auto` would have done
+    approve   recorded as `pending` until approve() or deny(); approve() calls the backends
+    auto      the backends are called at once: `done`, or `failed` with their answer (retried after
+              policy.retry_s)
+
+Every decision goes to the `actions` table, refusals included (a refusal is recorded again only when
+its reason changes, so a flapping alert does not flood the audit). When more than breaker_fraction of
+the fleet turns anomalous within breaker_window_s, the breaker opens: no drains, and one fleet-level
+critical alert (`fleet_alert`) instead, until fewer than that share of nodes are anomalous.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from alerts.backends import DrainBackend
+from alerts.errors import BackendError, DecisionError
+from alerts.model import Alert, DrainRequest
+from alerts.policy import DrainPolicy
+from alerts.rules import fingerprint
+from analytics.records import ActionRow
+
+log = logging.getLogger(__name__)
+
+DECISION_NAMESPACE = uuid.UUID("0b8f6d4e-93a1-4c2e-8f57-6a1d2c3b4e5f")
+FLEET_ALERT = "FleetlensFleetWideEvent"
+HOUR_S = 3600.0
+
+
+@dataclass
+class _Drained:
+    request: DrainRequest
+    at: float
+    healthy_since: float | None = None
+
+
+class DrainController:
+    """Decides and carries out drains for one fleet of `fleet_size` nodes; see the module doc."""
+
+    def __init__(self, policy: DrainPolicy, backends: Sequence[DrainBackend], fleet_size: int) -> None:
+        self.policy = policy
+        self.backends = list(backends)
+        self.fleet_size = fleet_size
+        self.drained: dict[str, _Drained] = {}
+        self.pending: dict[str, DrainRequest] = {}  # decision id -> drain waiting for approval
+        self.breaker_open = False
+        self._last_drain: dict[str, float] = {}  # node -> when it was last drained (cooldown)
+        self._failed_at: dict[str, float] = {}  # node -> when a backend last failed on it
+        self._recent_drains: deque[float] = deque()
+        self._first_seen: dict[str, float] = {}  # anomalous node -> since when, for the breaker
+        self._refused: dict[str, str] = {}  # node -> the last refusal recorded
+
+    # -- the step -------------------------------------------------------------------------------------
+
+    def step(
+        self,
+        firing: Sequence[Alert],
+        now: float,
+        muted: Mapping[str, str] | None = None,
+        node_jobs: Mapping[str, str] | None = None,
+    ) -> list[ActionRow]:
+        """Decide on the alerts firing at `now` (`muted`: fingerprint -> silence id; `node_jobs`: the job
+        each node runs, for the per-job limit); returns the decisions made."""
+        muted, node_jobs = muted or {}, node_jobs or {}
+        by_node: dict[str, list[Alert]] = {}
+        for alert in firing:
+            if alert.node and alert.alertname != FLEET_ALERT:
+                by_node.setdefault(alert.node, []).append(alert)
+        actions = self._watch_breaker(by_node, now)
+        for node, alerts in sorted(by_node.items()):
+            request = self._candidate(node, alerts, now, node_jobs)
+            if request is not None:
+                actions += self._decide(request, alerts, now, muted)
+        actions += self._return_healthy(by_node, now)
+        self._refused = {node: reason for node, reason in self._refused.items() if node in by_node}
+        return actions
+
+    @property
+    def fleet_alert(self) -> Alert | None:
+        """The fleet-level critical alert while the breaker is open."""
+        if not self.breaker_open:
+            return None
+        labels = {"alertname": FLEET_ALERT, "severity": "critical", "kind": "fleet_event"}
+        count = len(self._first_seen)
+        summary = (
+            f"{count} of {self.fleet_size} nodes turned anomalous within "
+            f"{self.policy.limits.breaker_window_s:g} s: likely a switch or fabric event; drains stopped"
+        )
+        return Alert(
+            fingerprint(labels), labels, {"summary": summary}, "firing", min(self._first_seen.values())
+        )
+
+    def _watch_breaker(self, by_node: Mapping[str, list[Alert]], now: float) -> list[ActionRow]:
+        for node in list(self._first_seen):
+            if node not in by_node:
+                del self._first_seen[node]
+        for node in by_node:
+            self._first_seen.setdefault(node, now)
+        limits = self.policy.limits
+        threshold = limits.breaker_fraction * self.fleet_size
+        recent = sum(1 for since in self._first_seen.values() if now - since <= limits.breaker_window_s)
+        if not self.breaker_open and recent > threshold:
+            self.breaker_open = True
+            reason = (
+                f"{recent} of {self.fleet_size} nodes turned anomalous within {limits.breaker_window_s:g} s"
+            )
+            return [self._row(now, "breaker", "", "", reason, "open", "breaker")]
+        if self.breaker_open and len(self._first_seen) <= threshold:
+            self.breaker_open = False
+            reason = f"{len(self._first_seen)} of {self.fleet_size} nodes anomalous"
+            return [self._row(now, "breaker", "", "", reason, "closed", "breaker")]
+        return []
+
+    def _candidate(
+        self, node: str, alerts: list[Alert], now: float, node_jobs: Mapping[str, str]
+    ) -> DrainRequest | None:
+        """The drain the policy asks for on `node`, if its alerts are corroborated enough."""
+        if node in self.drained or any(request.node == node for request in self.pending.values()):
+            return None
+        kinds = {alert.labels.get("kind", "") for alert in alerts}
+        for alert in sorted(alerts, key=lambda a: a.starts_at):
+            kind, severity = alert.labels.get("kind", ""), alert.labels.get("severity", "")
+            rule = self.policy.rule_for(kind, severity)
+            if rule is None:
+                continue
+            corroborated = not rule.needs_corroboration or (
+                (rule.second_signal and len(kinds - {kind}) > 0)
+                or (rule.after_s is not None and now - alert.starts_at >= rule.after_s)
+            )
+            if corroborated:
+                job = alert.labels.get("job") or node_jobs.get(node, "")
+                decision = uuid.uuid5(DECISION_NAMESPACE, f"{node}/{alert.fingerprint}/{alert.starts_at}")
+                return DrainRequest(str(decision), node, kind, alert.fingerprint, job, severity)
+        return None
+
+    def _decide(
+        self, request: DrainRequest, alerts: list[Alert], now: float, muted: Mapping[str, str]
+    ) -> list[ActionRow]:
+        refusal = self._refusal(request, alerts, now, muted)
+        if refusal is not None:
+            if self._refused.get(request.node) == refusal:
+                return []
+            self._refused[request.node] = refusal
+            return [
+                self._row(now, "drain", request.node, request.job, refusal, "refused", request.decision_id)
+            ]
+        self._refused.pop(request.node, None)
+        if self.policy.mode == "approve":
+            self.pending[request.decision_id] = request
+            return [self._drain_row(now, request, "pending", "waiting for approval")]
+        return self._drain(request, now)
+
+    def _refusal(
+        self, request: DrainRequest, alerts: list[Alert], now: float, muted: Mapping[str, str]
+    ) -> str | None:
+        """Why `request` may not go ahead now, or None."""
+        silences = sorted({muted[a.fingerprint] for a in alerts if a.fingerprint in muted})
+        if silences:
+            return f"silenced by {', '.join(silences)}"
+        last = self._last_drain.get(request.node)
+        if last is not None and now - last < self.policy.cooldown_s:
+            return f"cooldown: drained {now - last:.0f} s ago, cooldown {self.policy.cooldown_s:g} s"
+        if now - self._failed_at.get(request.node, -float("inf")) < self.policy.retry_s:
+            return f"retrying after {self.policy.retry_s:g} s: the last attempt failed"
+        if self.breaker_open:
+            return "circuit breaker open: too many nodes anomalous at once (a fabric event?)"
+        limits = self.policy.limits
+        held = [d.request for d in self.drained.values()] + list(self.pending.values())
+        while self._recent_drains and now - self._recent_drains[0] >= HOUR_S:
+            self._recent_drains.popleft()
+        if len(held) + 1 > limits.max_nodes:
+            return f"limit: at most {limits.max_nodes} nodes drained at once ({len(held)} are)"
+        if len(held) + 1 > limits.max_fraction * self.fleet_size:
+            share = f"{limits.max_fraction:.0%} of {self.fleet_size}"
+            return f"limit: at most {share} nodes drained at once ({len(held)} are)"
+        same_job = [held_request for held_request in held if request.job and held_request.job == request.job]
+        if len(same_job) + 1 > limits.max_per_job:
+            return f"limit: at most {limits.max_per_job} per job ({len(same_job)} of job {request.job} are)"
+        if len(self._recent_drains) + 1 > limits.max_per_hour:
+            return (
+                f"limit: at most {limits.max_per_hour} new drains per hour ({len(self._recent_drains)} made)"
+            )
+        return None
+
+    def _drain(self, request: DrainRequest, now: float) -> list[ActionRow]:
+        """Carry out `request` (or, in dry-run, record that it would have been)."""
+        if self.policy.mode != "dry-run":
+            error = self._call(request, "drain")
+            if error:
+                self._failed_at[request.node] = now
+                return [self._drain_row(now, request, "failed", error)]
+        self.drained[request.node] = _Drained(request, now)
+        self._last_drain[request.node] = now
+        self._recent_drains.append(now)
+        outcome = "dry-run" if self.policy.mode == "dry-run" else "done"
+        return [self._drain_row(now, request, outcome, "")]
+
+    def _return_healthy(self, by_node: Mapping[str, list[Alert]], now: float) -> list[ActionRow]:
+        """Undrain the nodes healthy for return_after_healthy_s, when the policy returns nodes itself."""
+        wait = self.policy.return_after_healthy_s
+        actions: list[ActionRow] = []
+        for node, drained in list(self.drained.items()):
+            if node in by_node:
+                drained.healthy_since = None
+                continue
+            drained.healthy_since = drained.healthy_since or now
+            if wait is not None and now - drained.healthy_since >= wait:
+                actions += self._undrain(node, now, f"healthy for {now - drained.healthy_since:.0f} s")
+        return actions
+
+    # -- people ---------------------------------------------------------------------------------------
+
+    def approve(self, decision_id: str, by: str, now: float) -> list[ActionRow]:
+        """Carry out a drain that waits for approval; DecisionError when there is none under that id."""
+        request = self._take_pending(decision_id)
+        approval = self._row(
+            now, "approve", request.node, request.job, f"approved by {by}", "approved", decision_id
+        )
+        return [approval, *self._drain(request, now)]
+
+    def deny(self, decision_id: str, by: str, now: float) -> list[ActionRow]:
+        """Drop a drain that waits for approval; DecisionError when there is none under that id."""
+        request = self._take_pending(decision_id)
+        return [self._row(now, "deny", request.node, request.job, f"denied by {by}", "denied", decision_id)]
+
+    def undrain(self, node: str, by: str, now: float) -> list[ActionRow]:
+        """Put a node fleetlens drained back into scheduling; DecisionError when it drained no such node."""
+        if node not in self.drained:
+            raise DecisionError(
+                f"fleetlens has not drained {node}; drained now: {sorted(self.drained) or 'none'}"
+            )
+        return self._undrain(node, now, f"requested by {by}")
+
+    def _take_pending(self, decision_id: str) -> DrainRequest:
+        if decision_id not in self.pending:
+            raise DecisionError(
+                f"no drain decision {decision_id} waits for approval; "
+                f"waiting: {sorted(self.pending) or 'none'}"
+            )
+        return self.pending.pop(decision_id)
+
+    def _undrain(self, node: str, now: float, why: str) -> list[ActionRow]:
+        request = self.drained[node].request
+        if self.policy.mode != "dry-run":
+            error = self._call(request, "resume")
+            if error:
+                return [self._row(now, "undrain", node, request.job, error, "failed", request.decision_id)]
+        del self.drained[node]
+        outcome = "dry-run" if self.policy.mode == "dry-run" else "done"
+        return [self._row(now, "undrain", node, request.job, why, outcome, request.decision_id)]
+
+    # -- plumbing -------------------------------------------------------------------------------------
+
+    def _call(self, request: DrainRequest, verb: str) -> str:
+        """Call `verb` on every backend; the errors, joined ("" when all succeeded)."""
+        errors = []
+        for backend in self.backends:
+            try:
+                getattr(backend, verb)(request)
+            except BackendError as error:
+                log.warning("%s %s on %s failed: %s", backend.name, verb, request.node, error)
+                errors.append(f"{backend.name}: {error}")
+        return "; ".join(errors)
+
+    def _drain_row(self, now: float, request: DrainRequest, outcome: str, detail: str) -> ActionRow:
+        reason = f"{request.reason} (severity {request.severity})" + (f": {detail}" if detail else "")
+        return self._row(now, "drain", request.node, request.job, reason, outcome, request.decision_id)
+
+    def _row(
+        self, now: float, action: str, node: str, job: str, reason: str, outcome: str, decision_id: str
+    ) -> ActionRow:
+        return ActionRow(now, action, node, job, reason, self.policy.mode, outcome, decision_id)
+
+    def restore(self, rows: Iterable[ActionRow], now: float) -> None:
+        """Take up where an earlier controller left off, from its `actions` rows in time order: which
+        nodes it drained, what waits for approval, the cooldowns and the drains of the last hour."""
+        for row in rows:
+            request = DrainRequest(row.decision_id, row.node, _kind(row.reason), _alert(row.reason), row.job)
+            if row.action == "drain" and row.outcome in ("done", "dry-run"):
+                self.drained[row.node] = _Drained(request, row.ts)
+                self._last_drain[row.node] = row.ts
+                if now - row.ts < HOUR_S:
+                    self._recent_drains.append(row.ts)
+            elif row.action == "drain" and row.outcome == "pending":
+                self.pending[row.decision_id] = request
+            elif row.action in ("approve", "deny"):
+                self.pending.pop(row.decision_id, None)
+            elif row.action == "undrain" and row.outcome in ("done", "dry-run"):
+                self.drained.pop(row.node, None)
+
+
+def _kind(reason: str) -> str:
+    """The anomaly kind of a drain reason `fleetlens: <kind> <alert id> ...`."""
+    words = reason.split()
+    return words[1] if len(words) > 2 and words[0] == "fleetlens:" else ""
+
+
+def _alert(reason: str) -> str:
+    words = reason.split()
+    return words[2] if len(words) > 2 and words[0] == "fleetlens:" else ""

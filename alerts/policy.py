@@ -1,0 +1,143 @@
+"""The drain policy: which alerts lead to a drain, how sure fleetlens must be first, and the safety
+limits no decision may cross. Parsed from the `drain:` section of the config file.
+
+    drain:
+      mode: dry-run                 # dry-run (default): record decisions, call nothing
+                                    # approve: decisions wait for a person; auto: act at once
+      cooldown_s: 3600              # a node is drained at most once per cooldown
+      return_after_healthy_s: null  # put a node back after this long without alerts (null: by hand)
+      rules:
+        - {kinds: [gpu_fault], min_severity: critical}                             # at once
+        - {kinds: [slow_node], second_signal: true, after_s: 600}                  # either suffices
+      limits: {max_nodes: 4, max_fraction: 0.05, max_per_job: 1, max_per_hour: 4,
+               breaker_fraction: 0.2, breaker_window_s: 300}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from alerts.errors import AlertConfigError
+from alerts.rules import SEVERITIES
+
+MODES = ("dry-run", "approve", "auto")
+
+
+@dataclass(frozen=True)
+class DrainRule:
+    """Firing alerts of `kinds` at `min_severity` or above lead to a drain, at once, or when corroborated:
+    by an alert of another kind on the same node (`second_signal`), or by firing for `after_s` seconds."""
+
+    kinds: tuple[str, ...]
+    min_severity: str = "warning"
+    second_signal: bool = False
+    after_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.kinds:
+            raise AlertConfigError("drain rule: needs at least one kind")
+        if self.min_severity not in SEVERITIES:
+            raise AlertConfigError(
+                f"drain rule {self.kinds}: min_severity must be one of {', '.join(SEVERITIES)}"
+            )
+        if self.after_s is not None and not self.after_s >= 0:
+            raise AlertConfigError(f"drain rule {self.kinds}: after_s must be >= 0, got {self.after_s}")
+
+    @property
+    def needs_corroboration(self) -> bool:
+        return self.second_signal or self.after_s is not None
+
+    def covers(self, kind: str, severity: str) -> bool:
+        return kind in self.kinds and SEVERITIES.index(severity) >= SEVERITIES.index(self.min_severity)
+
+
+@dataclass(frozen=True)
+class DrainLimits:
+    """Checked before any call: drained at once (count and share of the fleet), per job, new drains per
+    hour; and the circuit breaker: more than `breaker_fraction` of the fleet turning anomalous within
+    `breaker_window_s` is a switch or fabric event, not many bad nodes, so drains stop."""
+
+    max_nodes: int = 4
+    max_fraction: float = 0.05
+    max_per_job: int = 1
+    max_per_hour: int = 4
+    breaker_fraction: float = 0.2
+    breaker_window_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_nodes", "max_per_job", "max_per_hour"):
+            if getattr(self, name) < 0:
+                raise AlertConfigError(f"drain.limits.{name}: must be >= 0, got {getattr(self, name)}")
+        for name in ("max_fraction", "breaker_fraction"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise AlertConfigError(
+                    f"drain.limits.{name}: must be between 0 and 1, got {getattr(self, name)}"
+                )
+        if not self.breaker_window_s > 0:
+            raise AlertConfigError(f"drain.limits.breaker_window_s: must be > 0, got {self.breaker_window_s}")
+
+
+DEFAULT_DRAIN_RULES = (
+    DrainRule(("gpu_fault",), min_severity="critical"),
+    DrainRule(("link_down",), second_signal=True, after_s=300),
+    DrainRule(("slow_node",), second_signal=True, after_s=600),
+    DrainRule(("dma_degraded", "link_flap"), second_signal=True, after_s=900),
+)
+
+
+@dataclass(frozen=True)
+class DrainPolicy:
+    mode: str = "dry-run"
+    rules: tuple[DrainRule, ...] = DEFAULT_DRAIN_RULES
+    limits: DrainLimits = field(default_factory=DrainLimits)
+    cooldown_s: float = 3600.0
+    return_after_healthy_s: float | None = None
+    retry_s: float = 60.0  # how long after a failed backend call the same drain is tried again
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise AlertConfigError(f"drain.mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not self.cooldown_s >= 0:
+            raise AlertConfigError(f"drain.cooldown_s: must be >= 0, got {self.cooldown_s}")
+
+    def rule_for(self, kind: str, severity: str) -> DrainRule | None:
+        return next((rule for rule in self.rules if rule.covers(kind, severity)), None)
+
+
+def parse_policy(section: Mapping[str, Any], where: str = "drain") -> DrainPolicy:
+    """A DrainPolicy from the config file's `drain:` mapping; AlertConfigError naming the key otherwise."""
+    section = dict(section)
+    try:
+        rules = section.pop("rules", None)
+        limits = section.pop("limits", {})
+        _no_unknown(section, {f.name for f in fields(DrainPolicy)} - {"rules", "limits"}, where)
+        _no_unknown(limits, {f.name for f in fields(DrainLimits)}, f"{where}.limits")
+        parsed_rules = (
+            DEFAULT_DRAIN_RULES
+            if rules is None
+            else tuple(_rule(e, f"{where}.rules[{i}]") for i, e in enumerate(rules))
+        )
+        return DrainPolicy(rules=parsed_rules, limits=DrainLimits(**limits), **section)
+    except (TypeError, ValueError) as error:
+        raise AlertConfigError(f"{where}: {error}") from None
+
+
+def _rule(entry: Any, where: str) -> DrainRule:
+    if not isinstance(entry, Mapping):
+        raise AlertConfigError(
+            f"{where}: expected a mapping with kinds, min_severity, second_signal, after_s"
+        )
+    _no_unknown(entry, {f.name for f in fields(DrainRule)}, where)
+    try:
+        return DrainRule(**{**entry, "kinds": tuple(entry.get("kinds", ()))})
+    except AlertConfigError as error:
+        raise AlertConfigError(f"{where}: {error}") from None
+
+
+def _no_unknown(entry: Mapping[str, Any], known: set[str], where: str) -> None:
+    if unknown := set(entry) - known:
+        raise AlertConfigError(
+            f"{where}: unknown key(s) {sorted(unknown)}; known: {', '.join(sorted(known))}"
+        )

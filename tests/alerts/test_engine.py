@@ -1,0 +1,138 @@
+"""The alert lifecycle on anomalies as the detection runner produces them: pending, firing, resolved,
+resent while firing, muted by silences, grouped per node."""
+
+from __future__ import annotations
+
+import pytest
+
+from alerts.engine import AlertEngine, change_rows
+from alerts.errors import AlertConfigError
+from alerts.rules import AlertRule, fingerprint, parse_rules
+from alerts.silences import new_silence
+from analytics.records import Anomaly
+
+
+def anomaly(
+    kind: str = "gpu_fault", node: str = "vela-007", start: float = 1000.0, **fields: object
+) -> Anomaly:
+    values: dict = dict(
+        id=f"{kind}/{node}",
+        start=start,
+        end=None,
+        kind=kind,
+        node=node,
+        component="gpu:3",
+        job="",
+        severity="critical",
+        score=2.0,
+        evidence='{"xid_codes": [79]}',
+        detector=kind,
+        detector_version="1",
+    )
+    return Anomaly(**{**values, **fields})
+
+
+def states(engine_changes: list) -> list[tuple[str, str]]:
+    return [(alert.alertname, alert.state) for alert in engine_changes]
+
+
+def test_an_anomaly_fires_once_it_lasted_for_the_rule_and_resolves_when_it_closes():
+    engine = AlertEngine([AlertRule("SlowNode", ("slow_node",), for_s=30)])
+    slow = anomaly("slow_node", severity="warning", component="", job="llm")
+
+    first = engine.evaluate([slow], now=1010)
+    assert states(first.changes) == [("SlowNode", "pending")] and first.to_send == []
+    assert engine.evaluate([slow], now=1020).changes == []
+    fired = engine.evaluate([slow], now=1030)
+    assert states(fired.changes) == [("SlowNode", "firing")] and fired.to_send == fired.changes
+    resolved = engine.evaluate([], now=1100)
+    assert states(resolved.changes) == [("SlowNode", "resolved")]
+    assert resolved.to_send[0].ends_at == 1100 and resolved.to_send[0].starts_at == 1030
+
+
+def test_alert_labels_identify_the_anomaly_and_annotations_carry_its_evidence():
+    engine = AlertEngine()
+    [alert] = engine.evaluate([anomaly()], now=1010).to_send
+
+    assert alert.labels == {
+        "alertname": "FleetlensGpuFault",
+        "node": "vela-007",
+        "kind": "gpu_fault",
+        "severity": "critical",
+        "component": "gpu:3",
+    }
+    assert alert.annotations["summary"] == "gpu_fault on vela-007 gpu:3"
+    assert alert.annotations["evidence"] == '{"xid_codes": [79]}'
+    assert alert.fingerprint == fingerprint(alert.labels)
+
+
+def test_the_fingerprint_is_alertmanagers():
+    # model.LabelSet{"alertname": "TestAlert", "instance": "localhost"} per prometheus/common's FNV-1a scheme,
+    # computed independently byte by byte here
+    labels = {"alertname": "TestAlert", "instance": "localhost"}
+    digest = 14695981039346656037
+    for byte in b"alertname\xffTestAlert\xffinstance\xfflocalhost\xff":
+        digest = ((digest ^ byte) * 1099511628211) % 2**64
+    assert fingerprint(labels) == f"{digest:016x}"
+    assert fingerprint(dict(reversed(labels.items()))) == fingerprint(labels)
+
+
+def test_a_pending_alert_whose_anomaly_closed_is_recorded_but_never_sent():
+    engine = AlertEngine([AlertRule("Throttle", ("gpu_throttle",), for_s=120)])
+    engine.evaluate([anomaly("gpu_throttle", severity="warning")], now=1010)
+    gone = engine.evaluate([], now=1030)
+    assert states(gone.changes) == [("Throttle", "resolved")] and gone.to_send == []
+
+
+def test_a_firing_alert_is_resent_every_resend_interval_and_a_reopened_anomaly_is_the_same_alert():
+    engine = AlertEngine(resend_s=60)
+    fault = anomaly()
+    sent = [len(engine.evaluate([fault], now=1000 + 10 * i).to_send) for i in range(13)]
+    assert sent == [1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1]
+
+    first = engine.firing[0].fingerprint
+    engine.evaluate([], now=2000)
+    reopened = engine.evaluate([anomaly(start=2100)], now=2110)
+    assert reopened.to_send[0].fingerprint == first
+
+
+def test_a_silence_mutes_notifications_until_it_ends_then_the_firing_alert_is_sent():
+    engine = AlertEngine()
+    silence = new_silence(["node=vela-007", "kind=~gpu_.*"], 60, created_by="sre", comment="repair", now=1000)
+    muted = engine.evaluate([anomaly()], now=1010, silences=[silence])
+    assert states(muted.changes) == [("FleetlensGpuFault", "firing")]
+    assert muted.to_send == [] and list(muted.muted.values()) == [silence.id]
+    other = engine.evaluate([anomaly(), anomaly(node="vela-008")], now=1020, silences=[silence])
+    assert [alert.node for alert in other.to_send] == ["vela-008"]
+    after = engine.evaluate([anomaly(), anomaly(node="vela-008")], now=1070, silences=[silence])
+    assert [alert.node for alert in after.to_send] == ["vela-007"]
+
+
+def test_notifications_are_grouped_per_node_and_changes_become_alerts_rows():
+    engine = AlertEngine()
+    link = anomaly("link_down", component="mlx5_1:1", severity="warning")
+    slow = anomaly("slow_node", node="vela-009", component="", severity="warning")  # pending for a minute
+    evaluation = engine.evaluate([anomaly(), link, anomaly(node="vela-009"), slow], now=1010)
+    groups = evaluation.by_node()
+    assert sorted(groups) == ["vela-007", "vela-009"] and len(groups["vela-007"]) == 2
+
+    rows = change_rows(evaluation.changes, 1010)
+    assert {row.state for row in rows} == {"pending", "firing"}
+    assert all(row.ts == 1010 and row.labels["node"] in ("vela-007", "vela-009") for row in rows)
+
+
+def test_info_anomalies_make_no_alert_under_the_default_rules():
+    assert AlertEngine().evaluate([anomaly("peer_outlier", severity="info")], now=1010).changes == []
+
+
+def test_rules_from_config_name_the_entry_and_key_that_is_wrong():
+    [rule] = parse_rules(
+        [{"name": "Hot", "kinds": ["gpu_throttle"], "for_s": 30, "labels": {"team": "gpu"}}], "x"
+    )
+    assert rule.for_s == 30 and rule.labels == {"team": "gpu"}
+    with pytest.raises(AlertConfigError, match=r"alerts.rules\[1\]: unknown key\(s\) \['for'\]"):
+        parse_rules([{"name": "A", "kinds": ["x"]}, {"name": "B", "kinds": ["x"], "for": 3}], "alerts.rules")
+    with pytest.raises(AlertConfigError, match=r"unknown field\(s\) \['host'\]"):
+        parse_rules([{"name": "A", "kinds": ["x"], "annotations": {"summary": "{host}"}}], "alerts.rules")
+    with pytest.raises(AlertConfigError, match="min_severity"):
+        parse_rules([{"name": "A", "kinds": ["x"], "min_severity": "page"}], "alerts.rules")
