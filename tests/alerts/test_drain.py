@@ -1,0 +1,237 @@
+"""The drain controller's decisions and safety limits, on alerts the engine raises from anomalies.
+
+The backend here records the calls it gets (the real Slurm and Kubernetes backends have their own tests
+against real or recorded peers): what matters is which calls the controller makes, and which it never
+makes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from alerts.drain import FLEET_ALERT, DrainController
+from alerts.engine import AlertEngine
+from alerts.errors import AlertConfigError, BackendError, DecisionError
+from alerts.model import Alert, DrainRequest
+from alerts.policy import DrainLimits, DrainPolicy, DrainRule, parse_policy
+from analytics.records import Anomaly
+
+
+@dataclass
+class RecordingBackend:
+    name: str = "recording"
+    calls: list[tuple[str, str, str]] = field(default_factory=list)
+    failing: set[str] = field(default_factory=set)
+
+    def drain(self, request: DrainRequest) -> None:
+        self._call("drain", request)
+
+    def resume(self, request: DrainRequest) -> None:
+        self._call("resume", request)
+
+    def _call(self, verb: str, request: DrainRequest) -> None:
+        if request.node in self.failing:
+            raise BackendError(f"scontrol: node {request.node} unreachable")
+        self.calls.append((verb, request.node, request.reason))
+
+
+def anomaly(
+    node: str, kind: str = "gpu_fault", start: float = 0.0, severity: str = "critical", job: str = ""
+):
+    return Anomaly(
+        f"{kind}/{node}/{start}",
+        start,
+        None,
+        kind,
+        node,
+        "gpu:0" if kind == "gpu_fault" else "",
+        job,
+        severity,
+        1.0,
+        "{}",
+        kind,
+        "1",
+    )
+
+
+def firing(*anomalies: Anomaly, now: float = 10.0) -> list[Alert]:
+    engine = AlertEngine()
+    engine.evaluate(anomalies, now)
+    return engine.firing
+
+
+def fleet(n: int) -> list[str]:
+    return [f"vela-{i:03d}" for i in range(1, n + 1)]
+
+
+def controller(
+    mode: str = "auto", fleet_size: int = 32, **policy: object
+) -> tuple[DrainController, RecordingBackend]:
+    backend = RecordingBackend()
+    return DrainController(DrainPolicy(mode=mode, **policy), [backend], fleet_size), backend
+
+
+def test_dry_run_records_every_decision_and_calls_no_backend():
+    drains, backend = controller("dry-run")
+    actions = drains.step(firing(anomaly("vela-001")), now=10)
+    actions += drains.undrain("vela-001", "sre", now=20)
+
+    assert backend.calls == []
+    assert [(a.action, a.node, a.outcome, a.mode) for a in actions] == [
+        ("drain", "vela-001", "dry-run", "dry-run"),
+        ("undrain", "vela-001", "dry-run", "dry-run"),
+    ]
+    assert actions[0].reason.startswith("fleetlens: gpu_fault ")
+
+
+def test_a_hard_gpu_fault_drains_at_once_with_the_alert_in_the_reason():
+    drains, backend = controller()
+    alerts = firing(anomaly("vela-004"))
+    [action] = drains.step(alerts, now=10)
+
+    assert backend.calls == [("drain", "vela-004", f"fleetlens: gpu_fault {alerts[0].fingerprint}")]
+    assert (action.action, action.outcome, action.decision_id) == ("drain", "done", action.decision_id)
+    assert drains.step(alerts, now=20) == []  # drained already: nothing more to decide
+
+
+def test_a_slow_node_drains_only_with_a_second_signal_or_after_it_fired_long_enough():
+    drains, backend = controller()
+    slow = anomaly("vela-002", "slow_node", severity="warning", job="llm")
+    assert drains.step(firing(slow, now=100), now=100) == []
+    link = anomaly("vela-002", "link_down", start=90, severity="warning")
+    [action] = drains.step(firing(slow, link, now=110), now=110)
+    assert (action.node, action.outcome) == ("vela-002", "done")
+
+    alone, backend = controller()
+    assert alone.step(firing(slow, now=100), now=100) == []
+    [late] = alone.step(firing(slow, now=100), now=100 + 600)  # fired at 100; after_s 600 for slow_node
+    assert late.outcome == "done" and backend.calls[0][1] == "vela-002"
+
+
+def test_a_storm_over_a_third_of_the_fleet_opens_the_breaker_drains_nothing_and_raises_one_fleet_alert():
+    drains, backend = controller(fleet_size=32)
+    storm = firing(*(anomaly(node) for node in fleet(10)))  # 31% of 32 nodes at once
+    actions = drains.step(storm, now=10)
+
+    assert backend.calls == []
+    assert (actions[0].action, actions[0].outcome) == ("breaker", "open")
+    assert {a.outcome for a in actions[1:]} == {"refused"} and len(actions) == 11
+    assert all("circuit breaker" in a.reason for a in actions[1:])
+    alert = drains.fleet_alert
+    assert alert is not None and alert.alertname == FLEET_ALERT and alert.labels["severity"] == "critical"
+    assert "10 of 32 nodes" in alert.annotations["summary"]
+
+    assert drains.step(storm, now=20) == []  # the same refusals are not recorded again
+    calm = firing(anomaly("vela-001"))
+    [closed, drained] = drains.step(calm, now=400)
+    assert (closed.action, closed.outcome) == ("breaker", "closed") and drained.outcome == "done"
+    assert drains.fleet_alert is None
+
+
+def test_limits_cap_nodes_at_once_share_of_fleet_per_job_and_per_hour():
+    limits = DrainLimits(max_nodes=2, max_fraction=0.5, max_per_job=1, max_per_hour=3, breaker_fraction=1.0)
+    drains, _ = controller(fleet_size=32, limits=limits)
+    faults = firing(anomaly("vela-001"), anomaly("vela-002"), anomaly("vela-003"))
+    actions = drains.step(faults, now=10)
+    assert [a.outcome for a in actions] == ["done", "done", "refused"]
+    assert "at most 2 nodes drained at once (2 are)" in actions[2].reason
+
+    small, _ = controller(fleet_size=20, limits=DrainLimits(max_fraction=0.05, breaker_fraction=1.0))
+    assert [a.outcome for a in small.step(faults, now=10)] == ["done", "refused", "refused"]
+
+    per_job, _ = controller(limits=DrainLimits(max_per_job=1, max_fraction=1, breaker_fraction=1.0))
+    slow = [anomaly(n, "slow_node", severity="warning", job="llm") for n in ("vela-005", "vela-006")]
+    outcomes = per_job.step(firing(*slow, now=100), now=100 + 600)  # slow_node alone: after firing 600 s
+    assert [a.outcome for a in outcomes] == ["done", "refused"] and "per job" in outcomes[1].reason
+
+    hourly, _ = controller(
+        limits=DrainLimits(max_nodes=10, max_fraction=1, max_per_hour=1, breaker_fraction=1.0),
+        return_after_healthy_s=0,
+    )
+    hourly.step(firing(anomaly("vela-007")), now=10)
+    hourly.step([], now=20)  # healthy again: returned to service
+    [refused] = hourly.step(firing(anomaly("vela-008")), now=30)
+    assert "per hour" in refused.reason
+
+
+def test_a_flapping_alert_never_drains_the_same_node_twice_inside_its_cooldown():
+    drains, backend = controller(cooldown_s=3600, return_after_healthy_s=60)
+    for minute in range(30):  # firing one minute, quiet the next two, over half an hour
+        now = minute * 60.0
+        drains.step(firing(anomaly("vela-009", start=now)) if minute % 3 == 0 else [], now=now)
+
+    verbs = [verb for verb, *_ in backend.calls]
+    assert verbs.count("drain") == 1 and verbs[:2] == ["drain", "resume"]  # back after a healthy minute
+
+
+def test_approve_mode_waits_for_a_person_and_counts_waiting_drains_against_the_limits():
+    drains, backend = controller(
+        "approve", limits=DrainLimits(max_nodes=1, max_fraction=1, breaker_fraction=1)
+    )
+    [waiting, refused] = drains.step(firing(anomaly("vela-001"), anomaly("vela-002")), now=10)
+    assert (waiting.outcome, refused.outcome) == ("pending", "refused") and backend.calls == []
+
+    approval = drains.approve(waiting.decision_id, "alice", now=30)
+    assert [(a.action, a.outcome) for a in approval] == [("approve", "approved"), ("drain", "done")]
+    assert backend.calls == [("drain", "vela-001", backend.calls[0][2])]
+    with pytest.raises(DecisionError, match="no drain decision"):
+        drains.approve(waiting.decision_id, "bob", now=40)
+
+    other, backend = controller("approve")
+    [pending] = other.step(firing(anomaly("vela-003")), now=10)
+    [denial] = other.deny(pending.decision_id, "alice", now=20)
+    assert denial.outcome == "denied" and "alice" in denial.reason and backend.calls == []
+
+
+def test_a_silenced_node_is_not_drained_and_a_failing_backend_is_recorded_and_retried_later():
+    drains, backend = controller()
+    alerts = firing(anomaly("vela-001"))
+    [refused] = drains.step(alerts, now=10, muted={alerts[0].fingerprint: "silence-1"})
+    assert refused.outcome == "refused" and "silenced by silence-1" in refused.reason and backend.calls == []
+
+    backend.failing = {"vela-001"}
+    [failed] = drains.step(alerts, now=20)
+    assert failed.outcome == "failed" and "unreachable" in failed.reason
+    [waiting] = drains.step(alerts, now=30)
+    assert waiting.outcome == "refused" and "retrying" in waiting.reason
+    backend.failing = set()
+    [done] = drains.step(alerts, now=90)
+    assert done.outcome == "done"
+
+
+def test_a_restarted_controller_takes_up_its_drains_cooldowns_and_pending_approvals_from_the_audit():
+    first, _ = controller("approve", limits=DrainLimits(max_nodes=5, max_fraction=1, breaker_fraction=1))
+    rows = first.step(firing(anomaly("vela-001"), anomaly("vela-002")), now=10)
+    rows += first.approve(rows[0].decision_id, "alice", now=20)
+
+    second, backend = controller(
+        "approve", limits=DrainLimits(max_nodes=5, max_fraction=1, breaker_fraction=1)
+    )
+    second.restore(rows, now=30)
+    assert set(second.drained) == {"vela-001"} and [r.node for r in second.pending.values()] == ["vela-002"]
+    second.approve(rows[1].decision_id, "bob", now=40)
+    assert backend.calls[0][:2] == ("drain", "vela-002")
+
+
+def test_a_policy_from_config_names_the_key_that_is_wrong():
+    policy = parse_policy(
+        {
+            "mode": "auto",
+            "rules": [{"kinds": ["gpu_fault"], "min_severity": "critical"}],
+            "limits": {"max_nodes": 2},
+        }
+    )
+    assert (
+        policy.mode == "auto"
+        and policy.limits.max_nodes == 2
+        and policy.rules == (DrainRule(("gpu_fault",), "critical"),)
+    )
+    with pytest.raises(AlertConfigError, match=r"drain\.mode"):
+        parse_policy({"mode": "yolo"})
+    with pytest.raises(AlertConfigError, match=r"drain.limits: unknown key\(s\) \['max_drains'\]"):
+        parse_policy({"limits": {"max_drains": 3}})
+    with pytest.raises(AlertConfigError, match=r"drain.rules\[0\]: unknown key"):
+        parse_policy({"rules": [{"kinds": ["x"], "after": 3}]})
+    with pytest.raises(AlertConfigError, match="max_fraction"):
+        parse_policy({"limits": {"max_fraction": 5}})
