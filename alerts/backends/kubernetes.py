@@ -41,6 +41,7 @@ from alerts.model import DrainRequest
 log = logging.getLogger(__name__)
 
 REASON_ANNOTATION = "fleetlens.io/reason"
+CORDONED_ANNOTATION = "fleetlens.io/cordoned"
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 CONFLICT_ATTEMPTS = 3
@@ -48,7 +49,8 @@ CONFLICT_ATTEMPTS = 3
 
 class KubernetesBackend:
     """Drains a node by cordoning it, tainting `<taint_key>=<kind>:NoSchedule`, labelling `<label_key>=true`
-    and annotating `fleetlens.io/reason`; with `evict`, also evicts its pods. Resume removes exactly those."""
+    and annotating `fleetlens.io/reason`; with `evict`, also evicts its pods. Resume removes exactly what
+    drain added."""
 
     name = "kubernetes"
 
@@ -67,34 +69,50 @@ class KubernetesBackend:
         self._evict = evict
         self._taint_key = taint_key
         self._label_key = label_key
-        self._delete_options = None if grace_period_s is None else V1DeleteOptions(grace_period_seconds=grace_period_s)
+        self._delete_options = (
+            None if grace_period_s is None else V1DeleteOptions(grace_period_seconds=grace_period_s)
+        )
         self._timeout_s = timeout_s
 
     def drain(self, request: DrainRequest) -> None:
         """Mark the node unschedulable for new pods, then (with `evict`) evict the pods it runs."""
-        self._patch_node(request.node, lambda node: self._marks(node, request))
+        self._patch_node(request.node, lambda node: self._drain_patch(node, request))
         if self._evict:
             self._evict_pods(request.node)
 
     def resume(self, request: DrainRequest) -> None:
-        """Uncordon the node and remove fleetlens's taint, label and annotation; nothing else changes."""
-        self._patch_node(request.node, lambda node: self._marks(node, None))
+        """Remove fleetlens's taint, label and annotations, and uncordon the node if fleetlens cordoned it."""
+        self._patch_node(request.node, self._resume_patch)
 
-    def _marks(self, node: V1Node, request: DrainRequest | None) -> dict[str, Any]:
-        """The patch that puts fleetlens's marks on `node` for `request`, or takes them off for None; valid
-        only at the version that was read. Nulls delete a key, as `kubectl uncordon` sends them."""
-        taints = [taint for taint in node.spec.taints or [] if taint.key != self._taint_key]
-        if request is not None:
-            taints.append(V1Taint(key=self._taint_key, value=request.kind, effect="NoSchedule"))
-        drained = request is not None
-        return {
-            "metadata": {
-                "resourceVersion": node.metadata.resource_version,
-                "labels": {self._label_key: "true" if drained else None},
-                "annotations": {REASON_ANNOTATION: request.reason if drained else None},
-            },
-            "spec": {"unschedulable": True if drained else None, "taints": taints},
-        }
+    def _drain_patch(self, node: V1Node, request: DrainRequest) -> dict[str, Any]:
+        """Cordon, taint, label and annotate. A cordon that someone else set first stays theirs: only a
+        cordon fleetlens set is marked `fleetlens.io/cordoned`, so that resume lifts no one else's."""
+        ours = not node.spec.unschedulable or CORDONED_ANNOTATION in (node.metadata.annotations or {})
+        taint = V1Taint(key=self._taint_key, value=request.kind, effect="NoSchedule")
+        return self._node_patch(
+            node,
+            label="true",
+            annotations={REASON_ANNOTATION: request.reason, CORDONED_ANNOTATION: "true" if ours else None},
+            spec={"unschedulable": True, "taints": [*self._other_taints(node), taint]},
+        )
+
+    def _resume_patch(self, node: V1Node) -> dict[str, Any]:
+        """Remove fleetlens's marks, and its cordon only. Nulls delete, as `kubectl uncordon` sends them."""
+        spec: dict[str, Any] = {"taints": self._other_taints(node)}
+        if CORDONED_ANNOTATION in (node.metadata.annotations or {}):
+            spec["unschedulable"] = None
+        annotations = {REASON_ANNOTATION: None, CORDONED_ANNOTATION: None}
+        return self._node_patch(node, label=None, annotations=annotations, spec=spec)
+
+    def _node_patch(
+        self, node: V1Node, *, label: str | None, annotations: dict[str, str | None], spec: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A strategic merge patch valid only at the version of `node` that was read."""
+        metadata = {"resourceVersion": node.metadata.resource_version, "labels": {self._label_key: label}}
+        return {"metadata": {**metadata, "annotations": annotations}, "spec": spec}
+
+    def _other_taints(self, node: V1Node) -> list[V1Taint]:
+        return [taint for taint in node.spec.taints or [] if taint.key != self._taint_key]
 
     def _patch_node(self, node_name: str, patch_for: Callable[[V1Node], dict[str, Any]]) -> None:
         """Read the node and patch it; read it again when another writer got there first (409)."""
@@ -117,7 +135,9 @@ class KubernetesBackend:
         """Evict every pod that a drain should move; warn about those a disruption budget keeps for now."""
         selector = f"spec.nodeName={node_name}"
         with self._api_errors(node_name, f"GET /api/v1/pods?fieldSelector={selector}"):
-            pods = self._core.list_pod_for_all_namespaces(field_selector=selector, _request_timeout=self._timeout_s)
+            pods = self._core.list_pod_for_all_namespaces(
+                field_selector=selector, _request_timeout=self._timeout_s
+            )
         refusals = []
         for pod in pods.items:
             if _should_evict(pod) and (refusal := self._evict_pod(node_name, pod)):
@@ -166,13 +186,17 @@ class KubernetesBackend:
                 f"{error.status} {error.reason}: {_api_message(error)}"
             ) from error
         except urllib3.exceptions.HTTPError as error:
-            raise BackendError(f"kubernetes node {node_name}: {call} at {self._host} got no answer: {error}") from error
+            raise BackendError(
+                f"kubernetes node {node_name}: {call} at {self._host} got no answer: {error}"
+            ) from error
 
 
 def _should_evict(pod: V1Pod) -> bool:
     """kubectl drain's rules: a DaemonSet's pod would come straight back, a mirror pod belongs to the
     kubelet (the API cannot remove a static pod), and a finished pod holds nothing."""
-    daemon = any(owner.controller and owner.kind == "DaemonSet" for owner in pod.metadata.owner_references or [])
+    daemon = any(
+        owner.controller and owner.kind == "DaemonSet" for owner in pod.metadata.owner_references or []
+    )
     mirror = MIRROR_ANNOTATION in (pod.metadata.annotations or {})
     return not (daemon or mirror or pod.status.phase in FINISHED_PHASES)
 
@@ -197,5 +221,7 @@ def _client_from_environment() -> ApiClient:
             kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     except kubernetes.config.ConfigException as error:
         source = "the pod's service account" if in_pod else f"kubeconfig {kubeconfig}"
-        raise AlertConfigError(f"drain backend kubernetes: no cluster to talk to through {source}: {error}") from error
+        raise AlertConfigError(
+            f"drain backend kubernetes: no cluster to talk to through {source}: {error}"
+        ) from error
     return ApiClient(configuration)

@@ -48,12 +48,19 @@ class _Answer:
     body: dict[str, Any]
 
 
-def make_node(name: str, *, taints: Iterable[dict] = (), labels: dict | None = None, **annotations: str) -> dict:
+def make_node(
+    name: str, *, taints: Iterable[dict] = (), labels: dict | None = None, **annotations: str
+) -> dict:
     """A schedulable node as the API stores it."""
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "resourceVersion": "1", "labels": labels or {}, "annotations": annotations},
+        "metadata": {
+            "name": name,
+            "resourceVersion": "1",
+            "labels": labels or {},
+            "annotations": annotations,
+        },
         "spec": {"taints": list(taints)},
     }
 
@@ -67,7 +74,7 @@ def make_pod(
     phase: str = "Running",
     mirror: bool = False,
 ) -> dict:
-    """A pod bound to `node`, controlled by an owner of `owner_kind`; `mirror` makes it a static pod's mirror."""
+    """A pod on `node` that an owner of `owner_kind` controls; `mirror` makes it a static pod's mirror."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -76,7 +83,13 @@ def make_pod(
             "namespace": namespace,
             "annotations": {MIRROR_ANNOTATION: "checksum"} if mirror else {},
             "ownerReferences": [
-                {"apiVersion": "apps/v1", "kind": owner_kind, "name": f"{name}-owner", "uid": "u", "controller": True}
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": owner_kind,
+                    "name": f"{name}-owner",
+                    "uid": "u",
+                    "controller": True,
+                }
             ],
         },
         "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox"}]},
@@ -130,7 +143,7 @@ class FakeKubeApi:
         self._writes_before_patch: dict[str, Callable[[dict], None]] = {}
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
 
     @property
     def url(self) -> str:
@@ -140,9 +153,11 @@ class FakeKubeApi:
         """An official client pointed at this server."""
         return ApiClient(Configuration(host=self.url))
 
-    def fail_next(self, method: str, path: str, code: int, message: str) -> None:
+    def fail_next(
+        self, method: str, path: str, code: int, message: str, reason: str = "InternalError"
+    ) -> None:
         """Answer the next `method` on `path` with a Status of `code` instead of serving it."""
-        self._failures[(method, path)] = status(code, "InternalError", message)
+        self._failures[(method, path)] = status(code, reason, message)
 
     def write_before_next_patch(self, node: str, change: Callable[[dict], None]) -> None:
         """Another client changes `node` after it was read and before the next patch to it lands."""
@@ -159,22 +174,28 @@ class FakeKubeApi:
         self._server.shutdown()
         self._server.server_close()
 
-    def _serve(self, method: str, path: str, query: dict[str, list[str]], content_type: str, body: Any) -> _Answer:
+    def _answer(self, request: RecordedRequest) -> tuple[int, bytes]:
+        """Record `request` and answer it as the API would: status code and JSON body."""
         with self._lock:
-            self.requests.append(RecordedRequest(method, path, query, content_type, body))
-            failure = self._failures.pop((method, path), None)
-            if failure is not None:
-                return failure
-            if node := NODE_PATH.match(path):
-                if method == "GET":
-                    return self._read_node(node["name"])
-                if method == "PATCH":
-                    return self._patch_node(node["name"], content_type, body)
-            if method == "GET" and path == "/api/v1/pods":
-                return self._list_pods(query)
-            if (eviction := EVICTION_PATH.match(path)) and method == "POST":
-                return self._evict(eviction["namespace"], eviction["name"], body)
-            return status(404, "NotFound", f"the server could not find the requested resource ({method} {path})")
+            self.requests.append(request)
+            answer = self._failures.pop((request.method, request.path), None) or self._serve(request)
+            return answer.code, json.dumps(answer.body).encode()
+
+    def _serve(self, request: RecordedRequest) -> _Answer:
+        method, path = request.method, request.path
+        if node := NODE_PATH.match(path):
+            if method == "GET":
+                return self._read_node(node["name"])
+            if method == "PATCH":
+                return self._patch_node(node["name"], request.content_type, request.body)
+        if method == "GET" and path == "/api/v1/pods":
+            return self._list_pods(request.query)
+        if (eviction := EVICTION_PATH.match(path)) and method == "POST":
+            # the API server reads a POST without Content-Type as JSON, and the client sends none
+            if request.content_type not in ("", "application/json"):
+                return status(415, "UnsupportedMediaType", f"an Eviction is JSON, not {request.content_type}")
+            return self._evict(eviction["namespace"], eviction["name"], request.body)
+        return status(404, "NotFound", f"the server could not find the requested resource ({method} {path})")
 
     def _read_node(self, name: str) -> _Answer:
         if name not in self.nodes:
@@ -183,7 +204,9 @@ class FakeKubeApi:
 
     def _patch_node(self, name: str, content_type: str, patch: dict) -> _Answer:
         if content_type not in PATCH_TYPES:
-            return status(415, "UnsupportedMediaType", f"the fake serves only {PATCH_TYPES}, not {content_type}")
+            return status(
+                415, "UnsupportedMediaType", f"the fake serves only {PATCH_TYPES}, not {content_type}"
+            )
         if name not in self.nodes:
             return status(404, "NotFound", f'nodes "{name}" not found', name=name, kind="nodes")
         if name in self._writes_before_patch:
@@ -224,10 +247,14 @@ class FakeKubeApi:
                 429,
                 "TooManyRequests",
                 "Cannot evict pod as it would violate the pod's disruption budget.",
-                causes=[{"reason": "DisruptionBudget", "message": f"The disruption budget {name}-pdb needs 1"}],
+                causes=[
+                    {"reason": "DisruptionBudget", "message": f"The disruption budget {name}-pdb needs 1"}
+                ],
             )
         del self.pods[(namespace, name)]
-        return _Answer(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+        return _Answer(
+            201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+        )
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         api = self
@@ -238,9 +265,9 @@ class FakeKubeApi:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
                 content_type = self.headers.get("Content-Type", "")
-                answer = api._serve(self.command, url.path, parse_qs(url.query), content_type, body)
-                payload = json.dumps(answer.body).encode()
-                self.send_response(answer.code)
+                request = RecordedRequest(self.command, url.path, parse_qs(url.query), content_type, body)
+                code, payload = api._answer(request)
+                self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()

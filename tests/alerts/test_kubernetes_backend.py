@@ -1,0 +1,258 @@
+"""KubernetesBackend through the official kubernetes client.
+
+No API server can be installed here, so the backend is tested against a local HTTP server that records
+and answers the real API calls (tests/support/kubeapi.py): the paths, verbs, content types and bodies
+asserted below are those a real API server receives, and the answers (409, 429, 404, 500 Status bodies)
+are the ones it gives.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes.client import ApiClient, Configuration
+
+from alerts.backends.kubernetes import KubernetesBackend
+from alerts.errors import AlertConfigError, BackendError
+from alerts.model import DrainRequest
+from tests.support.kubeapi import FakeKubeApi, make_node, make_pod
+from tests.support.peers import hung_listener
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+FLEETLENS_TAINT_KEY = "fleetlens.io/unhealthy"
+
+
+def request(node: str = "gpu-01", kind: str = "gpu_fault") -> DrainRequest:
+    return DrainRequest(decision_id=uuid.uuid4().hex, node=node, kind=kind, alert_id=uuid.uuid4().hex[:16])
+
+
+def training_pods() -> list[dict]:
+    """What a GPU node runs: two training workers, the GPU DaemonSet, a static pod, a finished job."""
+    return [
+        make_pod("worker-0", "train", "gpu-01"),
+        make_pod("worker-1", "train", "gpu-01", owner_kind="StatefulSet"),
+        make_pod("dcgm-exporter-x7k2p", "gpu-operator", "gpu-01", owner_kind="DaemonSet"),
+        make_pod("kube-proxy-gpu-01", "kube-system", "gpu-01", owner_kind="Node", mirror=True),
+        make_pod("preflight-check", "train", "gpu-01", owner_kind="Job", phase="Succeeded"),
+        make_pod("worker-2", "train", "gpu-02"),
+    ]
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubeApi]:
+    nodes = [
+        make_node("gpu-01", taints=[GPU_TAINT], labels={"nvidia.com/gpu.product": "H100"}, owner="team-a"),
+        make_node("gpu-02"),
+    ]
+    with FakeKubeApi(nodes, training_pods(), pdb_protected={"worker-1"}) as served:
+        yield served
+
+
+def backend(api: FakeKubeApi, **options: object) -> KubernetesBackend:
+    return KubernetesBackend(api_client=api.api_client(), **options)
+
+
+def test_drain_cordons_taints_labels_and_annotates_with_one_patch_keeping_other_taints(
+    api: FakeKubeApi,
+) -> None:
+    drain = request(kind="gpu_fault")
+    backend(api).drain(drain)
+
+    node = api.nodes["gpu-01"]
+    assert node["spec"]["unschedulable"] is True
+    assert node["spec"]["taints"] == [
+        GPU_TAINT,
+        {"key": FLEETLENS_TAINT_KEY, "value": "gpu_fault", "effect": "NoSchedule"},
+    ]
+    assert node["metadata"]["labels"] == {"nvidia.com/gpu.product": "H100", "fleetlens.io/drained": "true"}
+    assert node["metadata"]["annotations"] == {
+        "owner": "team-a",
+        "fleetlens.io/reason": drain.reason,
+        "fleetlens.io/cordoned": "true",
+    }
+    assert [(call.method, call.path) for call in api.requests] == [
+        ("GET", "/api/v1/nodes/gpu-01"),
+        ("PATCH", "/api/v1/nodes/gpu-01"),
+    ]
+    patch = api.calls("PATCH")[0]
+    assert patch.content_type == "application/strategic-merge-patch+json"
+    assert patch.body["metadata"]["resourceVersion"] == "1"
+
+
+def test_drain_replaces_an_older_fleetlens_taint_and_honours_configured_keys(api: FakeKubeApi) -> None:
+    drains = backend(api, taint_key="example.com/sick", label_key="example.com/out")
+    drains.drain(request(kind="slow_node"))
+    drains.drain(request(kind="gpu_fault"))
+
+    node = api.nodes["gpu-01"]
+    assert node["spec"]["taints"] == [
+        GPU_TAINT,
+        {"key": "example.com/sick", "value": "gpu_fault", "effect": "NoSchedule"},
+    ]
+    assert node["metadata"]["labels"]["example.com/out"] == "true"
+    assert "fleetlens.io/drained" not in node["metadata"]["labels"]
+
+
+def test_resume_undoes_exactly_what_drains_added(api: FakeKubeApi) -> None:
+    before = copy.deepcopy(api.nodes["gpu-01"])
+    drains = backend(api)
+    drains.drain(request(kind="slow_node"))
+    drains.drain(request(kind="gpu_fault"))
+    drains.resume(request(kind="gpu_fault"))
+
+    after = api.nodes["gpu-01"]
+    assert after["metadata"].pop("resourceVersion") != before["metadata"].pop("resourceVersion")
+    assert after == before
+    uncordon = api.calls("PATCH")[-1].body
+    assert uncordon["spec"]["unschedulable"] is None  # null clears it, as kubectl uncordon sends
+
+
+def test_resume_leaves_a_cordon_that_a_person_set_before_the_drain(api: FakeKubeApi) -> None:
+    api.nodes["gpu-01"]["spec"]["unschedulable"] = True
+    drains = backend(api)
+    drains.drain(request())
+    drains.resume(request())
+
+    node = api.nodes["gpu-01"]
+    assert node["spec"]["unschedulable"] is True
+    assert node["spec"]["taints"] == [GPU_TAINT]
+    assert node["metadata"]["labels"] == {"nvidia.com/gpu.product": "H100"}
+    assert node["metadata"]["annotations"] == {"owner": "team-a"}
+
+
+def test_a_taint_written_between_read_and_patch_is_kept(api: FakeKubeApi) -> None:
+    maintenance = {"key": "example.com/maintenance", "value": "fw-update", "effect": "NoSchedule"}
+    api.write_before_next_patch("gpu-01", lambda node: node["spec"]["taints"].append(maintenance))
+
+    backend(api).drain(request())
+
+    assert [taint["key"] for taint in api.nodes["gpu-01"]["spec"]["taints"]] == [
+        "nvidia.com/gpu",
+        "example.com/maintenance",
+        FLEETLENS_TAINT_KEY,
+    ]
+    assert [call.method for call in api.requests] == ["GET", "PATCH", "GET", "PATCH"]
+
+
+def test_eviction_moves_workload_pods_only_through_the_eviction_api(api: FakeKubeApi) -> None:
+    api.pdb_protected.clear()
+    backend(api, evict=True, grace_period_s=30).drain(request())
+
+    listing = api.calls("GET")[-1]
+    assert (listing.path, listing.query) == ("/api/v1/pods", {"fieldSelector": ["spec.nodeName=gpu-01"]})
+    evictions = {call.path: call.body for call in api.calls("POST")}
+    assert evictions == {
+        f"/api/v1/namespaces/train/pods/{name}/eviction": {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": "train"},
+            "deleteOptions": {"gracePeriodSeconds": 30},
+        }
+        for name in ("worker-0", "worker-1")
+    }
+    assert sorted(api.pods) == [
+        ("gpu-operator", "dcgm-exporter-x7k2p"),
+        ("kube-system", "kube-proxy-gpu-01"),
+        ("train", "preflight-check"),
+        ("train", "worker-2"),
+    ]
+
+
+def test_a_pod_its_disruption_budget_protects_stays_and_is_reported_while_the_node_stays_cordoned(
+    api: FakeKubeApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="alerts.backends.kubernetes"):
+        backend(api, evict=True).drain(request())
+
+    assert ("train", "worker-1") in api.pods
+    assert ("train", "worker-0") not in api.pods
+    assert api.nodes["gpu-01"]["spec"]["unschedulable"] is True
+    [warning] = caplog.records
+    assert "gpu-01" in warning.getMessage()
+    assert (
+        "train/worker-1: Cannot evict pod as it would violate the pod's disruption budget"
+        in warning.getMessage()
+    )
+    assert "worker-0" not in warning.getMessage()
+
+
+def test_a_pod_gone_before_its_eviction_is_not_an_error(api: FakeKubeApi) -> None:
+    api.pdb_protected.clear()
+    eviction = "/api/v1/namespaces/train/pods/worker-0/eviction"
+    api.fail_next("POST", eviction, 404, 'pods "worker-0" not found', reason="NotFound")
+
+    backend(api, evict=True).drain(request())
+
+    assert ("train", "worker-1") not in api.pods
+
+
+def test_an_unknown_node_is_a_backend_error_naming_it_and_the_404(api: FakeKubeApi) -> None:
+    with pytest.raises(
+        BackendError, match=r"gpu-99: GET /api/v1/nodes/gpu-99 at http://127\.0\.0\.1:\d+ answered 404"
+    ):
+        backend(api).drain(request(node="gpu-99"))
+    with pytest.raises(BackendError, match='nodes "gpu-99" not found'):
+        backend(api).resume(request(node="gpu-99"))
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("PATCH", "/api/v1/nodes/gpu-01"),
+        ("GET", "/api/v1/pods"),
+        ("POST", "/api/v1/namespaces/train/pods/worker-0/eviction"),
+    ],
+)
+def test_an_api_server_error_is_a_backend_error_naming_the_call_and_the_answer(
+    api: FakeKubeApi, method: str, path: str
+) -> None:
+    api.fail_next(method, path, 500, "etcdserver: request timed out")
+
+    with pytest.raises(
+        BackendError, match=rf"gpu-01: {method} {path}.* answered 500 .*: etcdserver: request timed out"
+    ):
+        backend(api, evict=True).drain(request())
+
+
+def test_a_hung_api_server_is_a_backend_error_not_a_hang() -> None:
+    with hung_listener() as address:
+        client = ApiClient(Configuration(host=f"http://{address}"))
+        drains = KubernetesBackend(api_client=client, timeout_s=0.3)
+        with pytest.raises(
+            BackendError, match=rf"gpu-01: GET /api/v1/nodes/gpu-01 at http://{address} got no answer"
+        ):
+            drains.drain(request())
+
+
+def test_without_a_client_it_uses_kubeconfig(
+    api: FakeKubeApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: lab\n"
+        f"clusters: [{{name: lab, cluster: {{server: '{api.url}'}}}}]\n"
+        "users: [{name: ops, user: {token: t}}]\n"
+        "contexts: [{name: lab, context: {cluster: lab, user: ops}}]\n"
+    )
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+
+    KubernetesBackend().drain(request())
+
+    assert api.nodes["gpu-01"]["spec"]["unschedulable"] is True
+
+
+def test_without_a_client_or_kubeconfig_it_is_a_config_error_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = tmp_path / "no-such-kubeconfig"
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(missing))
+
+    with pytest.raises(AlertConfigError, match=f"kubeconfig {missing}"):
+        KubernetesBackend()
