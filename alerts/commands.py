@@ -1,0 +1,158 @@
+"""What people do to alerts and drains, as rows in the store: the CLI, the UI and the hub's API all go
+through here, so a silence or an approval made anywhere reaches the hub's controller the same way.
+
+Writes need a Store (the hub's, behind its API, or a ClickHouse server directly); reads need anything
+with `query` (a Store, or analytics.hubclient.HubClient through the hub's query API).
+
+Approvals, denials and undrain requests are `actions` rows with outcome `requested`; the hub's
+controller picks them up on its next cycle and records what it did with them.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from alerts.errors import DecisionError, SilenceError
+from alerts.silences import Silence, new_silence
+from analytics.records import ActionRow, QueryResult
+
+REQUESTS = ("approve", "deny", "undrain")
+
+
+class Reader(Protocol):
+    def query(self, sql: str, *, parameters: Any = None, max_rows: int = ...) -> QueryResult: ...
+
+
+class Writer(Reader, Protocol):
+    def insert_silences(self, rows: Sequence[Any], *, token: str) -> int: ...
+
+    def insert_actions(self, rows: Sequence[Any], *, token: str) -> int: ...
+
+
+def rows(result: QueryResult) -> list[dict[str, Any]]:
+    """A query result as one dict per row."""
+    return [dict(zip(result.columns, row, strict=True)) for row in result.rows]
+
+
+# -- silences --------------------------------------------------------------------------------------------
+
+SILENCES_SQL = """
+SELECT id, matchers, toUnixTimestamp64Milli(starts_at) / 1000 AS starts_at,
+    toUnixTimestamp64Milli(ends_at) / 1000 AS ends_at, created_by, comment
+FROM silences FINAL
+WHERE ends_at > fromUnixTimestamp64Milli(toInt64({since:Float64} * 1000))
+ORDER BY starts_at
+"""
+
+
+def silences(source: Reader, since: float | None = None) -> list[Silence]:
+    """Silences that end after `since` (default now): the ones in force or to come."""
+    since = time.time() if since is None else since
+    return [Silence.from_row(row) for row in rows(source.query(SILENCES_SQL, parameters={"since": since}))]
+
+
+def add_silence(
+    store: Writer, matchers: Sequence[str], duration_s: float, *, created_by: str, comment: str
+) -> Silence:
+    """Create a silence starting now; SilenceError for a bad matcher, duration or missing comment."""
+    silence = new_silence(matchers, duration_s, created_by=created_by, comment=comment)
+    store.insert_silences([silence.row(silence.starts_at)], token=f"silence/{silence.id}/new")
+    return silence
+
+
+def expire_silence(store: Writer, silence_id: str) -> Silence:
+    """End a silence now; SilenceError when no silence in force or to come has that id."""
+    now = time.time()
+    found = next((s for s in silences(store, now) if s.id == silence_id), None)
+    if found is None:
+        raise SilenceError(f"no silence {silence_id} is in force or to come")
+    expired = Silence(
+        found.id, found.matchers, min(found.starts_at, now), now, found.created_by, found.comment
+    )
+    store.insert_silences([expired.row(now)], token=f"silence/{silence_id}/expire/{now}")
+    return expired
+
+
+# -- alerts ----------------------------------------------------------------------------------------------
+
+ALERTS_SQL = """
+SELECT fingerprint, argMax(alertname, ts) AS alertname, argMax(state, ts) AS state,
+    argMax(labels, ts) AS labels, argMax(annotations, ts) AS annotations,
+    toUnixTimestamp64Milli(argMax(starts_at, ts)) / 1000 AS starts_at,
+    toUnixTimestamp64Milli(argMax(ends_at, ts)) / 1000 AS ends_at,
+    toUnixTimestamp64Milli(max(ts)) / 1000 AS changed_at
+FROM alerts
+GROUP BY fingerprint
+HAVING {state:String} = '' OR state = {state:String}
+ORDER BY changed_at DESC
+"""
+
+
+def alert_states(source: Reader, state: str = "", limit: int = 1000) -> list[dict[str, Any]]:
+    """The latest state of each alert (only those in `state` when given), most recently changed first."""
+    return rows(source.query(ALERTS_SQL, parameters={"state": state}, max_rows=limit))
+
+
+# -- drain decisions -------------------------------------------------------------------------------------
+
+ACTIONS_SQL = """
+SELECT toUnixTimestamp64Milli(ts) / 1000 AS ts, action, node, job, reason, mode, outcome, decision_id
+FROM actions
+WHERE ts >= fromUnixTimestamp64Milli(toInt64({since:Float64} * 1000))
+ORDER BY ts, action
+"""
+
+
+def actions(source: Reader, since: float = 0.0, limit: int = 100_000) -> list[ActionRow]:
+    """Every `actions` row since `since`, oldest first."""
+    return [
+        ActionRow(**row)
+        for row in rows(source.query(ACTIONS_SQL, parameters={"since": since}, max_rows=limit))
+    ]
+
+
+def request(store: Writer, action: str, target: str, by: str) -> ActionRow:
+    """Ask the hub's controller to approve or deny decision `target`, or to undrain node `target`."""
+    if action not in REQUESTS:
+        raise DecisionError(f"unknown request {action!r}; one of {', '.join(REQUESTS)}")
+    if not target or not by:
+        raise DecisionError(f"{action}: needs a decision id (or, to undrain, a node) and who asks")
+    now = time.time()
+    is_node = action == "undrain"
+    row = ActionRow(
+        now,
+        action,
+        target if is_node else "",
+        "",
+        f"requested by {by}",
+        "",
+        "requested",
+        "" if is_node else target,
+    )
+    store.insert_actions([row], token=f"request/{uuid.uuid4()}")
+    return row
+
+
+def drain_status(source: Reader, since: float = 0.0) -> dict[str, list[ActionRow]]:
+    """What the controller has done, as its audit says: `drained` (the last drain of each node still
+    out of service), `pending` (drains waiting for approval) and `recent` (every row since `since`)."""
+    history = actions(source)
+    drained: dict[str, ActionRow] = {}
+    pending: dict[str, ActionRow] = {}
+    for row in history:
+        if row.action == "drain" and row.outcome in ("done", "dry-run"):
+            drained[row.node] = row
+        elif row.action == "undrain" and row.outcome in ("done", "dry-run"):
+            drained.pop(row.node, None)
+        elif row.action == "drain" and row.outcome == "pending":
+            pending[row.decision_id] = row
+        elif row.action in ("approve", "deny") and row.outcome != "requested":
+            pending.pop(row.decision_id, None)
+    return {
+        "drained": list(drained.values()),
+        "pending": list(pending.values()),
+        "recent": [row for row in history if row.ts >= since],
+    }
