@@ -55,10 +55,16 @@ def silences(source: Reader, since: float | None = None) -> list[Silence]:
 
 
 def add_silence(
-    store: Writer, matchers: Sequence[str], duration_s: float, *, created_by: str, comment: str
+    store: Writer,
+    matchers: Sequence[str],
+    duration_s: float,
+    *,
+    created_by: str,
+    comment: str,
+    now: float | None = None,
 ) -> Silence:
     """Create a silence starting now; SilenceError for a bad matcher, duration or missing comment."""
-    silence = new_silence(matchers, duration_s, created_by=created_by, comment=comment)
+    silence = new_silence(matchers, duration_s, created_by=created_by, comment=comment, now=now)
     store.insert_silences([silence.row(silence.starts_at)], token=f"silence/{silence.id}/new")
     return silence
 
@@ -114,13 +120,13 @@ def actions(source: Reader, since: float = 0.0, limit: int = 100_000) -> list[Ac
     ]
 
 
-def request(store: Writer, action: str, target: str, by: str) -> ActionRow:
+def request(store: Writer, action: str, target: str, by: str, now: float | None = None) -> ActionRow:
     """Ask the hub's controller to approve or deny decision `target`, or to undrain node `target`."""
     if action not in REQUESTS:
         raise DecisionError(f"unknown request {action!r}; one of {', '.join(REQUESTS)}")
     if not target or not by:
         raise DecisionError(f"{action}: needs a decision id (or, to undrain, a node) and who asks")
-    now = time.time()
+    now = time.time() if now is None else now
     is_node = action == "undrain"
     row = ActionRow(
         now,

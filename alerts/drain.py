@@ -295,7 +295,7 @@ class DrainController:
                     self._recent_drains.append(row.ts)
             elif row.action == "drain" and row.outcome == "pending":
                 self.pending[row.decision_id] = request
-            elif row.action in ("approve", "deny"):
+            elif row.action in ("approve", "deny") and row.outcome in ("approved", "denied"):
                 self.pending.pop(row.decision_id, None)
             elif row.action == "undrain" and row.outcome in ("done", "dry-run"):
                 self.drained.pop(row.node, None)

@@ -122,13 +122,16 @@ PartitionName=all Nodes=ALL Default=YES State=UP
 
 
 @contextlib.contextmanager
-def slurm_cluster(tmp_path: Path, nodes: int = 4) -> Iterator[SlurmCluster]:
-    """Start slurmctld and `nodes` slurmd (node01, node02, ...) and yield once sinfo shows all idle."""
+def slurm_cluster(
+    tmp_path: Path, nodes: int = 4, names: Sequence[str] | None = None
+) -> Iterator[SlurmCluster]:
+    """Start slurmctld and one slurmd per node (`names`, default node01 .. node<nodes>) and yield once
+    sinfo shows all idle."""
     slurmctld, slurmd = require_binary("slurmctld"), require_binary("slurmd")
     require_binary("sinfo")
     if os.geteuid() != 0:
         pytest.skip("a private Slurm cluster needs root: its daemons run as SlurmUser/SlurmdUser root")
-    names = [f"node{index:02d}" for index in range(1, nodes + 1)]
+    names = list(names or [f"node{index:02d}" for index in range(1, nodes + 1)])
     conf = slurm_conf(tmp_path, free_port(), {node: free_port() for node in names})
     env = {"SLURM_CONF": str(conf)}
     commands = {"slurmctld": [slurmctld, "-D", "-f", str(conf)]}
