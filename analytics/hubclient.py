@@ -1,7 +1,8 @@
-"""Read (and import steps) through a hub's HTTP API: how the UI and the CLI reach an embedded store,
-which only the hub process may open.
+"""Read, import steps, and send silences and drain requests through a hub's HTTP API: how the UI and
+the CLI reach an embedded store, which only the hub process may open.
 
-`HubClient.query` answers like `Store.query`, so callers take either. The transport is a seam
+`HubClient.query`, `insert_silences` and `insert_actions` answer like the Store's, so callers take
+either. The transport is a seam
 (`opener`), so tests can answer without a network.
 """
 
@@ -12,12 +13,13 @@ import json
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
 from analytics.errors import QueryError, StoreRejected, StoreUnavailable
-from analytics.records import QueryResult
+from analytics.records import ActionRow, QueryResult, SilenceRow
 
 Opener = Callable[..., Any]
 
@@ -61,6 +63,18 @@ class HubClient:
     def import_steps(self, jsonl: bytes) -> int:
         """Send step JSON lines to the hub; returns the rows it accepted (all or nothing)."""
         return self._post("/api/v1/steps", jsonl, "application/x-ndjson", StoreRejected)["rows"]
+
+    def insert_silences(self, rows: Sequence[SilenceRow], *, token: str) -> int:
+        """Store silences through the hub (as Store.insert_silences); returns the rows it accepted."""
+        return self._post_rows("/api/v1/silences", rows, token)
+
+    def insert_actions(self, rows: Sequence[ActionRow], *, token: str) -> int:
+        """Send requests to the hub's drain controller (approve, deny, undrain; outcome `requested`)."""
+        return self._post_rows("/api/v1/actions", rows, token)
+
+    def _post_rows(self, path: str, rows: Sequence[Any], token: str) -> int:
+        body = json.dumps({"token": token, "rows": [asdict(row) for row in rows]}).encode()
+        return self._post(path, body, "application/json", StoreRejected)["rows"]
 
     def _post(self, path: str, body: bytes, content_type: str, refused: type[Exception]) -> dict:
         headers = {"Content-Type": content_type}

@@ -106,6 +106,9 @@ class AlertChange:
     ends_at: float | None
 
 
+REQUESTS = ("approve", "deny", "undrain")  # what people may ask of the drain controller (outcome `requested`)
+
+
 @dataclass(frozen=True, slots=True)
 class ActionRow:
     """One decision of the drain controller, refusals included: a row of `actions`."""

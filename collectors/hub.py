@@ -4,6 +4,7 @@
     POST /v1/metrics (OTLP) ─┐                               │ (store down: spool on disk, replay in order)
     POST /api/v1/steps ──────┴──(StepRow)──▶ writer          ▼
     POST /api/v1/query ◀───────── read-only SQL ────────── store
+    POST /api/v1/silences, /api/v1/actions ─(silences, drain requests)─▶ store
     GET /metrics (the hub's own), GET /healthz
 
 If FLEETLENS_API_TOKEN is set, every POST needs it as a bearer token; /metrics and /healthz stay open
@@ -19,12 +20,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import fields
 from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from analytics.errors import QueryError, StoreError
+from analytics.errors import QueryError, StoreError, StoreRejected
+from analytics.records import REQUESTS, ActionRow, SilenceRow
 from collectors import textformat
 from collectors.hub_detect import DetectionLoop
 from collectors.hub_writer import Writer
@@ -252,6 +255,48 @@ class Hub:
         if rows:
             self.writer.write("steps", rows)
 
+    def _silences(self, body: bytes, environ: dict) -> tuple[bytes, str]:
+        rows, token = self._rows(body, SilenceRow)
+        return self._insert(lambda: self.store.insert_silences(rows, token=token))
+
+    def _actions(self, body: bytes, environ: dict) -> tuple[bytes, str]:
+        """People's requests to the drain controller; only requests, never decisions, come this way."""
+        rows, token = self._rows(body, ActionRow)
+        for row in rows:
+            if row.outcome != "requested" or row.action not in REQUESTS:
+                raise HttpError(
+                    400,
+                    f"only requests ({', '.join(REQUESTS)} with outcome 'requested') are accepted, not {row}",
+                )
+        return self._insert(lambda: self.store.insert_actions(rows, token=token))
+
+    @staticmethod
+    def _rows(body: bytes, record: type) -> tuple[list, str]:
+        """{"token": str, "rows": [{column: value}]} as records; 400 naming the row that does not fit."""
+        try:
+            request = json.loads(body)
+            token, entries = str(request["token"]), request["rows"]
+            if not isinstance(entries, list):
+                raise TypeError
+        except (ValueError, KeyError, TypeError):
+            raise HttpError(400, 'expected a JSON object {"token": "...", "rows": [{...}]}') from None
+        names = {f.name: f.type for f in fields(record)}
+        rows = []
+        for index, entry in enumerate(entries):
+            if not isinstance(entry, dict) or set(entry) != set(names):
+                raise HttpError(400, f"rows[{index}]: expected exactly the columns {', '.join(names)}")
+            rows.append(record(**entry))
+        return rows, token
+
+    def _insert(self, insert: Callable[[], int]) -> tuple[bytes, str]:
+        try:
+            count = insert()
+        except StoreRejected as exc:
+            raise HttpError(400, str(exc)) from None
+        except StoreError as exc:
+            raise HttpError(503, str(exc)) from None
+        return json.dumps({"rows": count}).encode(), JSON
+
     def _query(self, body: bytes, environ: dict) -> tuple[bytes, str]:
         try:
             request = json.loads(body)
@@ -286,4 +331,6 @@ class Hub:
         "/v1/metrics": _otlp,
         "/api/v1/steps": _steps,
         "/api/v1/query": _query,
+        "/api/v1/silences": _silences,
+        "/api/v1/actions": _actions,
     }

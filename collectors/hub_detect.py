@@ -6,7 +6,7 @@ persistence from window to window, so an anomaly opens, is updated and closes as
 same range would. A failing cycle (store down, a detector that raises) is logged and counted; the next
 window runs as usual.
 
-    loop = DetectionLoop(DetectionRunner(build()), store, window_s=10, lag_s=11)
+    loop = DetectionLoop(DetectionRunner(build()), store, window_s=10, lag_s=11, then=alerts.cycle)
     loop.run(stop_event)          # in a thread of its own; `collect()` gives its metrics
 """
 
@@ -23,6 +23,7 @@ from prometheus_client.metrics_core import Metric
 from analytics.detectors.base import Window
 from analytics.detectors.runner import DetectionRunner, store_anomalies
 from analytics.errors import AnalyticsError
+from analytics.records import Anomaly
 
 log = logging.getLogger("fleetlens.hub.detect")
 
@@ -38,8 +39,10 @@ class DetectionLoop:
         window_s: float,
         lag_s: float,
         clock: Callable[[], float] = time.time,
+        then: Callable[[list[Anomaly], float], None] | None = None,
     ) -> None:
         self.runner = runner
+        self.then = then  # what runs on each window's changed anomalies and its end: the alerts
         self.store = store
         self.window_s = window_s
         self.lag_s = lag_s
@@ -47,6 +50,7 @@ class DetectionLoop:
         self.cycles = 0
         self.failures = 0
         self.written = 0
+        self.then_failures = 0
         self.last_duration_s = 0.0
 
     def run(self, stop: threading.Event) -> None:
@@ -74,6 +78,12 @@ class DetectionLoop:
             self.cycles += 1
             self.last_duration_s = time.perf_counter() - started
         self.written += len(anomalies)
+        if self.then is not None:
+            try:
+                self.then(anomalies, window.end)
+            except Exception:  # alerting must not stop detection; the next window tries again
+                self.then_failures += 1
+                log.exception("alerting after the window ending %s failed", window.end)
 
     def collect(self) -> Iterator[Metric]:
         yield CounterMetricFamily(
@@ -88,6 +98,11 @@ class DetectionLoop:
             "fleetlens_hub_anomaly_updates",
             "Anomaly rows written: openings, updates and closings.",
             value=self.written,
+        )
+        yield CounterMetricFamily(
+            "fleetlens_hub_alerting_failures",
+            "Alerting cycles after a detection window that failed (logged with the reason).",
+            value=self.then_failures,
         )
         yield GaugeMetricFamily(
             "fleetlens_hub_detection_duration_seconds",

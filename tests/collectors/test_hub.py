@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from analytics.errors import QueryError, StoreUnavailable
+from alerts import commands
+from analytics.errors import QueryError, StoreRejected, StoreUnavailable
 from analytics.hubclient import HubClient
+from analytics.records import ActionRow
 from collectors.exporter import make_registry, serve
 from collectors.httpserver import serve_app
 from collectors.hub import Hub, SerializedStore
@@ -160,6 +162,26 @@ def test_query_api_refuses_writes_and_explains_syntax_errors(served, sql, messag
     _, url = served
     with pytest.raises(QueryError, match=message):
         HubClient(url).query(sql)
+
+
+def test_silences_and_drain_requests_go_through_the_hub_and_only_requests_are_accepted(served):
+    """The CLI and the UI reach an embedded store's silences and the drain controller this way."""
+    _, url = served
+    client = HubClient(url)
+    silence = commands.add_silence(client, ["node=vela-007"], 3600, created_by="sre", comment="GPU swap")
+    assert [s.id for s in commands.silences(client)] == [silence.id]
+    commands.expire_silence(client, silence.id)
+    assert commands.silences(client) == []
+
+    commands.request(client, "approve", "decision-1", "alice")
+    assert [(r.action, r.outcome, r.decision_id) for r in commands.actions(client)] == [
+        ("approve", "requested", "decision-1")
+    ]
+    forged = ActionRow(time.time(), "drain", "vela-007", "", "by hand", "auto", "done", "d")
+    with pytest.raises(StoreRejected, match="only requests"):
+        client.insert_actions([forged], token="t")
+    with pytest.raises(StoreRejected, match=r"rows\[0\]: expected exactly the columns"):
+        client.insert_silences([forged], token="t")  # an action is no silence
 
 
 def test_token_guards_the_api_but_not_metrics_or_health(store, tmp_path):

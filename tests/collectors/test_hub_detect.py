@@ -37,7 +37,7 @@ def test_a_port_that_goes_down_opens_an_anomaly_and_closes_it_when_back(store, t
         for _ in range(3):
             loop.cycle(fleet.tick())
         fleet["vela-002"].sysfs.set_link(1, up=False)
-        for _ in range(5):
+        for _ in range(7):  # link_down needs a minute down
             loop.cycle(fleet.tick())
         opened = store.query("SELECT node, component, isNull(end) FROM anomalies FINAL").rows
         fleet["vela-002"].sysfs.set_link(1, up=True)
@@ -48,7 +48,7 @@ def test_a_port_that_goes_down_opens_an_anomaly_and_closes_it_when_back(store, t
     assert opened == [("vela-002", "mlx5_1:1", 1)]
     assert closed == [("vela-002", "mlx5_1:1", 0)]
     samples = exposition(loop)
-    assert samples[key("fleetlens_hub_detection_cycles_total")] == 13
+    assert samples[key("fleetlens_hub_detection_cycles_total")] == 15
     assert samples[key("fleetlens_hub_anomaly_updates_total")] >= 2, "at least the opening and the closing"
 
 
@@ -61,9 +61,32 @@ def test_a_store_outage_costs_its_windows_and_detection_goes_on(store, tmp_path:
         for _ in range(2):
             loop.cycle(fleet.tick())
         flaky.down = False
-        for _ in range(4):
+        for _ in range(6):
             loop.cycle(fleet.tick())
 
-    assert (loop.failures, loop.cycles) == (2, 6)
+    assert (loop.failures, loop.cycles) == (2, 8)
     assert store.query("SELECT node, component FROM anomalies FINAL").rows == [("vela-003", "mlx5_0:1")]
     assert exposition(loop)[key("fleetlens_hub_detection_failures_total")] == 2
+
+
+def test_what_runs_after_each_window_gets_its_anomalies_and_its_failures_stop_nothing(
+    store, tmp_path: Path
+) -> None:
+    calls: list[tuple[int, float]] = []
+
+    def alerting(anomalies: list, end: float) -> None:
+        calls.append((len(anomalies), end))
+        if len(calls) == 1:
+            raise RuntimeError("receiver config broken")
+
+    loop = DetectionLoop(DetectionRunner(build(["link_down"])), store, window_s=10, lag_s=11, then=alerting)
+    with SimulatedFleet(store, tmp_path, gpus=0) as fleet:
+        fleet["vela-001"].sysfs.set_link(0, up=False)
+        windows = [fleet.tick() for _ in range(7)]
+        for window in windows:
+            loop.cycle(window)
+
+    assert [end for _, end in calls] == [window.end for window in windows]
+    assert [count for count, _ in calls][-1] == 1  # the window where link_down opened
+    assert (loop.then_failures, loop.failures) == (1, 0)
+    assert exposition(loop)[key("fleetlens_hub_alerting_failures_total")] == 1
