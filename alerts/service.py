@@ -32,7 +32,11 @@ JOBS_SQL = """
 SELECT node, argMax(job, ts) AS job FROM steps
 WHERE ts >= fromUnixTimestamp64Milli(toInt64({since:Float64} * 1000)) GROUP BY node
 """
+FLEET_SQL = """
+SELECT uniqExact(node) FROM targets WHERE ts >= fromUnixTimestamp64Milli(toInt64({since:Float64} * 1000))
+"""
 JOB_MEMORY_S = 600.0  # a node's job is the one it last reported a step for within this long
+FLEET_MEMORY_S = 600.0  # the fleet is the nodes scraped within this long
 
 
 class AlertService:
@@ -84,6 +88,8 @@ class AlertService:
             for queue in self.queues:
                 queue.submit(group)
         if self.controller is not None:
+            [(scraped,)] = self.store.query(FLEET_SQL, parameters={"since": now - FLEET_MEMORY_S}).rows
+            self.controller.fleet_size = scraped or self.controller.fleet_size
             actions = self._requests(now)
             actions += self.controller.step(self.engine.firing, now, evaluation.muted, self._node_jobs(now))
             self.store.insert_actions(actions, token=f"actions/{now}")

@@ -18,7 +18,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import fields
 from typing import Any, ClassVar
@@ -93,6 +93,7 @@ class Hub:
         scraper: Scraper | None = None,
         *,
         detection: DetectionLoop | None = None,
+        closing: Sequence[Callable[[], None]] = (),
         token: str | None = None,
         max_body_bytes: int = 16 << 20,
         query_max_rows: int = 100_000,
@@ -103,6 +104,7 @@ class Hub:
         self.otlp = otlp
         self.scraper = scraper
         self.detection = detection
+        self._closing = list(closing)  # run once the loops stopped, before the store closes
         self._token = token
         self._max_body_bytes = max_body_bytes
         self._query_max_rows = query_max_rows
@@ -165,6 +167,8 @@ class Hub:
         for thread in self._threads:
             thread.join(timeout=30)
         self._inserter.shutdown(wait=True)
+        for close in self._closing:
+            close()
         self.writer.close()
         self.store.close()
 

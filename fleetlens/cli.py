@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from alerts.errors import AlertsError
 from analytics.detectors import build as build_detectors
 from analytics.detectors.runner import DetectionRunner, detect
 from analytics.errors import AnalyticsError
@@ -27,8 +28,6 @@ from analytics.evaluation import combine, to_json, to_markdown
 from analytics.hubclient import HubClient
 from analytics.records import Anomaly
 from analytics.scenario import load_scenario
-from analytics.schema import Retention
-from analytics.store import Store
 from collectors import nccl_log, registry
 from collectors.base import CollectorOptions
 from collectors.errors import CollectorError
@@ -42,7 +41,10 @@ from collectors.scraper import ScrapeLimits, Scraper, Shard, TargetsFile
 from collectors.spool import Spool
 from collectors.steps import read_step_records
 from fleetlens import pipeline
-from fleetlens.config import ConfigError, ExporterConfig, HubConfig, load_config
+from fleetlens.access import hub_config, load, open_store, reader
+from fleetlens.alerting import build_alert_service
+from fleetlens.alerts_cli import add_commands as add_alert_commands
+from fleetlens.config import Config, ConfigError, ExporterConfig, load_config
 
 log = logging.getLogger("fleetlens")
 
@@ -124,13 +126,10 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     return 0
 
 
-def open_store(config: HubConfig) -> Store:
-    retention = Retention(raw_days=config.raw_retention_days, rollup_days=config.rollup_retention_days)
-    return Store.open(config.store, cluster=config.cluster, retention=retention)
-
-
-def build_hub(config: HubConfig, token: str | None) -> Hub:
-    """Wire store, spool, writer, receivers and (with a targets file) the scraper of this hub's shard."""
+def build_hub(settings: Config, token: str | None) -> Hub:
+    """Wire store, spool, writer, receivers, (with a targets file) the scraper of this hub's shard, and
+    detection with alerting and draining after each window."""
+    config = settings.hub
     store = SerializedStore(open_store(config))
     writer = Writer(store, Spool(config.spool_dir, config.spool_max_bytes))
     limits = ReceiverLimits(config.max_body_bytes, config.max_label_length, config.max_rows_per_request)
@@ -143,13 +142,16 @@ def build_hub(config: HubConfig, token: str | None) -> Hub:
             shard=Shard(*config.shard_index_count),
             limits=ScrapeLimits(config.max_body_bytes, config.max_series_per_target, config.max_label_length),
         )
-    detection = None
+    detection, closing = None, []
     if config.detector_names != []:
+        alerting = build_alert_service(store, settings.alerts, settings.drain)
+        closing.append(alerting.close)
         detection = DetectionLoop(
             DetectionRunner(build_detectors(config.detector_names), config.detect_window_s),
             store,
             window_s=config.detect_window_s,
             lag_s=config.interval_s + config.timeout_s,
+            then=alerting.cycle,
         )
     return Hub(
         store,
@@ -157,6 +159,7 @@ def build_hub(config: HubConfig, token: str | None) -> Hub:
         OtlpStepReceiver(limits),
         scraper,
         detection=detection,
+        closing=closing,
         token=token,
         max_body_bytes=config.max_body_bytes,
         query_max_rows=config.query_max_rows,
@@ -164,14 +167,10 @@ def build_hub(config: HubConfig, token: str | None) -> Hub:
     )
 
 
-def _hub_config(args: argparse.Namespace) -> HubConfig:
-    flags = {f.name: getattr(args, f.name) for f in fields(HubConfig) if hasattr(args, f.name)}
-    return load_config(args.config, overrides={"hub": flags}).hub
-
-
 def cmd_hub(args: argparse.Namespace) -> int:
-    config = _hub_config(args)
-    hub = build_hub(config, os.environ.get("FLEETLENS_API_TOKEN"))
+    settings = load(args)
+    config = settings.hub
+    hub = build_hub(settings, os.environ.get("FLEETLENS_API_TOKEN"))
     host, port = config.host_port
     server = serve_app(hub.app, host, port)
     hub.start()
@@ -180,21 +179,13 @@ def cmd_hub(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reader(args: argparse.Namespace) -> Any:
-    """Where to read from: a hub's API (--hub) or the store itself (--store, else the config's)."""
-    if args.hub:
-        return HubClient(args.hub)
-    config = _hub_config(args)
-    return open_store(config)
-
-
 def cmd_query(args: argparse.Namespace) -> int:
-    reader = _reader(args)
+    source = reader(args)
     try:
-        result = reader.query(args.sql, max_rows=args.max_rows)
+        result = source.query(args.sql, max_rows=args.max_rows)
     finally:
         if not args.hub:
-            reader.close()
+            source.close()
     if args.json:
         rows = [dict(zip(result.columns, row, strict=True)) for row in result.rows]
         print(json.dumps(rows, default=str))
@@ -215,7 +206,7 @@ def cmd_steps_import(args: argparse.Namespace) -> int:
     else:
         rows = [step_row(record) for record in read_step_records(args.file)]  # all checked before any insert
         digest = hashlib.sha256(body).hexdigest()  # importing the same file twice stores it once
-        store = open_store(_hub_config(args))
+        store = open_store(hub_config(args))
         try:
             count = sum(
                 store.insert_steps(rows[start : start + IMPORT_CHUNK], token=f"{digest}:{start}")
@@ -229,7 +220,7 @@ def cmd_steps_import(args: argparse.Namespace) -> int:
 
 def cmd_sim_run(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
-    store = open_store(_hub_config(args))
+    store = open_store(hub_config(args))
     try:
         with tempfile.TemporaryDirectory(prefix="fleetlens-sim-", dir=pipeline.scratch_dir()) as tmp:
             summary = pipeline.simulate(scenario, store, Path(tmp), offline=args.offline, speed=args.speed)
@@ -260,12 +251,12 @@ def _time(text: str) -> float:
 
 
 def cmd_detect(args: argparse.Namespace) -> int:
-    reader = _reader(args)
+    source = reader(args)
     try:
-        anomalies = detect(reader, args.start, args.end, names=args.detectors, window_s=args.window_s)
+        anomalies = detect(source, args.start, args.end, names=args.detectors, window_s=args.window_s)
     finally:
         if not args.hub:
-            reader.close()
+            source.close()
     if args.json:
         print(json.dumps([_anomaly_json(anomaly) for anomaly in anomalies]))
         return 0
@@ -408,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     nccl = sub.add_parser("nccl", help="per-rank GPUDirect RDMA verdict and proof from NCCL_DEBUG=INFO logs")
     nccl.add_argument("files", nargs="+", metavar="FILE", help="NCCL_DEBUG=INFO log files")
     nccl.set_defaults(func=cmd_nccl)
+    add_alert_commands(sub, _hub_flags)
     return parser
 
 
@@ -420,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"fleetlens: configuration error: {exc}", file=sys.stderr)
         return 2
-    except (AnalyticsError, CollectorError, OSError) as exc:
+    except (AnalyticsError, AlertsError, CollectorError, OSError) as exc:
         print(f"fleetlens: {exc}", file=sys.stderr)
         return 1
 

@@ -8,6 +8,7 @@ that does not fit raises ConfigError naming the source (flag, variable or file) 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -19,6 +20,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+from alerts.errors import AlertConfigError
+from alerts.policy import DrainPolicy, parse_policy
+from alerts.rules import DEFAULT_RULES, AlertRule, parse_rules
 
 
 class ConfigError(ValueError):
@@ -155,9 +160,82 @@ class HubConfig:
 
 
 @dataclass(frozen=True)
+class AlertsConfig:
+    """Alert rules and receivers (the hub's alerting runs after each detection window).
+
+    `rules`: a list of {name, kinds, min_severity, for_s, labels, annotations}; None keeps the defaults
+    (alerts.rules.DEFAULT_RULES). Receivers get firing alerts again every `resend_s`."""
+
+    alertmanager_urls: tuple[str, ...] = ()
+    webhook_urls: tuple[str, ...] = ()
+    resend_s: float = 60.0
+    generator_url: str = ""  # where people see an alert's context, e.g. the UI's address
+    rules: list | None = None
+
+    def __post_init__(self) -> None:
+        _check_range("alerts.resend_s", self.resend_s, 1, 3600)
+        for url in (*self.alertmanager_urls, *self.webhook_urls):
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(f"alerts: receiver URL {url!r} must start with http:// or https://")
+        self.alert_rules()
+
+    def alert_rules(self) -> tuple[AlertRule, ...]:
+        if self.rules is None:
+            return DEFAULT_RULES
+        try:
+            return parse_rules(self.rules, "alerts.rules")
+        except AlertConfigError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+DrainMode = Literal["dry-run", "approve", "auto"]
+DrainBackendName = Literal["none", "slurm", "kubernetes", "exec"]
+
+
+@dataclass(frozen=True)
+class DrainConfig:
+    """The drain controller: its policy (alerts.policy: mode, rules, limits, cooldown) and its backend.
+
+    Dry-run is the default and needs no backend; approve and auto need one."""
+
+    mode: DrainMode = "dry-run"
+    backend: DrainBackendName = "none"
+    cooldown_s: float = 3600.0
+    return_after_healthy_s: float | None = None
+    rules: list | None = None
+    limits: dict | None = None
+    exec_command: tuple[str, ...] = ()
+    scontrol: str = "scontrol"
+    kubernetes_evict: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode != "dry-run" and self.backend == "none":
+            raise ConfigError(f"drain.mode {self.mode} needs a drain.backend (slurm, kubernetes or exec)")
+        if self.backend == "exec" and not self.exec_command:
+            raise ConfigError("drain.backend exec needs drain.exec_command (the command and its arguments)")
+        self.policy()
+
+    def policy(self) -> DrainPolicy:
+        section: dict[str, Any] = {
+            "mode": self.mode,
+            "cooldown_s": self.cooldown_s,
+            "return_after_healthy_s": self.return_after_healthy_s,
+            "limits": self.limits or {},
+        }
+        if self.rules is not None:
+            section["rules"] = self.rules
+        try:
+            return parse_policy(section)
+        except AlertConfigError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+@dataclass(frozen=True)
 class Config:
     exporter: ExporterConfig = field(default_factory=ExporterConfig)
     hub: HubConfig = field(default_factory=HubConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    drain: DrainConfig = field(default_factory=DrainConfig)
 
 
 def _convert(value: Any, hint: Any, where: str) -> Any:
@@ -172,6 +250,15 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
         choices = typing.get_args(hint)
         if value not in choices:
             raise ConfigError(f"{where}: {value!r} is not one of {', '.join(choices)}")
+        return value
+    if hint in (list, dict):  # structured values: YAML in a file, JSON in a variable or flag
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ConfigError(f"{where}: expected a {hint.__name__} (JSON), got {value!r}") from None
+        if not isinstance(value, hint):
+            raise ConfigError(f"{where}: expected a {hint.__name__}, got {value!r}")
         return value
     if origin is tuple:
         items = value.split(",") if isinstance(value, str) else value
@@ -252,8 +339,10 @@ def load_config(
 
 
 __all__ = [
+    "AlertsConfig",
     "Config",
     "ConfigError",
+    "DrainConfig",
     "ExporterConfig",
     "GpuBackend",
     "HubConfig",

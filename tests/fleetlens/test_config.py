@@ -75,3 +75,43 @@ def test_bad_interface_regex_is_refused(tmp_path):
     path = write(tmp_path, "exporter: {netclass_ignored_devices: '(eth'}\n")
     with pytest.raises(ConfigError, match=r"exporter\.netclass_ignored_devices: not a regular expression"):
         load_config(path, env={})
+
+
+def test_alert_rules_receivers_and_the_drain_policy_come_from_the_file_and_environment(tmp_path):
+    path = write(
+        tmp_path,
+        """
+alerts:
+  alertmanager_urls: [http://127.0.0.1:9093]
+  rules:
+    - {name: HotGpu, kinds: [gpu_throttle], for_s: 30, labels: {team: gpu}}
+drain:
+  mode: auto
+  backend: slurm
+  rules: [{kinds: [gpu_fault], min_severity: critical}]
+  limits: {max_nodes: 2}
+""",
+    )
+    config = load_config(path, env={"FLEETLENS_DRAIN_LIMITS": '{"max_nodes": 3, "max_per_hour": 1}'})
+    [rule] = config.alerts.alert_rules()
+    assert (rule.name, rule.for_s, dict(rule.labels)) == ("HotGpu", 30, {"team": "gpu"})
+    assert config.alerts.alertmanager_urls == ("http://127.0.0.1:9093",)
+    policy = config.drain.policy()
+    assert (policy.mode, policy.limits.max_nodes, policy.limits.max_per_hour) == ("auto", 3, 1)
+    assert load_config(env={}).drain.policy().mode == "dry-run"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("drain: {mode: auto}", "drain.mode auto needs a drain.backend"),
+        ("drain: {limits: {max_nodez: 2}}", r"drain.limits: unknown key\(s\) \['max_nodez'\]"),
+        ("drain: {backend: exec}", "needs drain.exec_command"),
+        ("alerts: {rules: [{name: X, kinds: [a], for: 3}]}", r"alerts.rules\[0\]: unknown key"),
+        ("alerts: {webhook_urls: [example.com/hook]}", "must start with http"),
+        ("alerts: {rules: oops}", "alerts.rules: expected a list"),
+    ],
+)
+def test_bad_alerting_config_names_the_key(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text), env={})

@@ -1,0 +1,41 @@
+"""Wires the hub's alerting from the config: rules and receivers (alerts:), the drain controller and
+its backend (drain:). The hub runs the result after each detection window."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from alerts.backends import DrainBackend
+from alerts.backends.exec_hook import ExecBackend
+from alerts.backends.slurm import SlurmBackend
+from alerts.drain import DrainController
+from alerts.engine import AlertEngine
+from alerts.notifiers import AlertmanagerNotifier, Notifier, WebhookNotifier
+from alerts.service import AlertService
+from fleetlens.config import AlertsConfig, DrainConfig
+
+
+def drain_backends(config: DrainConfig) -> list[DrainBackend]:
+    """The backend drain.backend names, configured (none for dry-run without one)."""
+    match config.backend:
+        case "slurm":
+            return [SlurmBackend(scontrol=config.scontrol)]
+        case "kubernetes":
+            from alerts.backends.kubernetes import KubernetesBackend  # the client is slow to import: on use
+
+            return [KubernetesBackend(evict=config.kubernetes_evict)]
+        case "exec":
+            return [ExecBackend(config.exec_command)]
+    return []
+
+
+def build_alert_service(store: Any, alerts: AlertsConfig, drain: DrainConfig) -> AlertService:
+    """The alert service on `store`, its controller taking up where the audit says it left off."""
+    engine = AlertEngine(alerts.alert_rules(), resend_s=alerts.resend_s, generator_url=alerts.generator_url)
+    notifiers: list[Notifier] = [AlertmanagerNotifier(url) for url in alerts.alertmanager_urls]
+    notifiers += [WebhookNotifier(url) for url in alerts.webhook_urls]
+    controller = DrainController(drain.policy(), drain_backends(drain), fleet_size=0)
+    service = AlertService(store, engine, notifiers, controller)
+    service.restore(time.time())
+    return service

@@ -1,0 +1,79 @@
+"""`fleetlens silence`, `fleetlens drain` and `fleetlens alerts` as an SRE types them, on a store of
+their own (each command is its own process, as on a real host)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def fleetlens(store: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "fleetlens.cli", "--log-level", "ERROR", *args, "--store", f"chdb://{store}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_silence_is_added_listed_and_expired_and_a_drain_is_requested(tmp_path: Path):
+    store = tmp_path / "store"
+    added = fleetlens(
+        store,
+        "silence",
+        "add",
+        "-m",
+        "node=vela-007",
+        "-m",
+        'kind=~"link_.*"',
+        "--duration",
+        "2h",
+        "--comment",
+        "cable swap",
+        "--by",
+        "alice",
+        "--json",
+    )
+    assert added.returncode == 0, added.stderr
+    [silence] = json.loads(added.stdout)
+    assert silence["matchers"] == 'node="vela-007",kind=~"link_.*"' and silence["created_by"] == "alice"
+
+    listed = json.loads(fleetlens(store, "silence", "list", "--json").stdout)
+    assert [s["id"] for s in listed] == [silence["id"]]
+    assert fleetlens(store, "silence", "expire", silence["id"]).returncode == 0
+    assert json.loads(fleetlens(store, "silence", "list", "--json").stdout) == []
+
+    asked = fleetlens(store, "drain", "approve", "0b8f-decision", "--by", "bob")
+    assert asked.returncode == 0 and "requested by bob" in asked.stdout
+    status = json.loads(fleetlens(store, "drain", "list", "--json").stdout)
+    assert [(row["action"], row["outcome"]) for row in status["recent"]] == [("approve", "requested")]
+    assert status["pending"] == [] and status["drained"] == []
+    assert fleetlens(store, "alerts", "list").stdout.split("\n")[0].startswith("state\talertname\tnode")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["silence", "add", "-m", "node", "--duration", "1h", "--comment", "x"], "expected NAME=VALUE"),
+        (
+            ["silence", "add", "-m", "node=~(", "--duration", "1h", "--comment", "x"],
+            "not a regular expression",
+        ),
+        (["silence", "add", "-m", "node=a", "--duration", "1h", "--comment", " "], "needs a comment"),
+        (["silence", "expire", "no-such-id"], "no silence no-such-id"),
+    ],
+)
+def test_bad_silences_are_refused_naming_what_is_wrong(tmp_path: Path, args: list[str], message: str):
+    result = fleetlens(tmp_path / "store", *args)
+    assert result.returncode == 1 and message in result.stderr
+
+
+def test_a_duration_that_is_not_one_is_refused_by_the_parser(tmp_path: Path):
+    result = fleetlens(
+        tmp_path / "store", "silence", "add", "-m", "a=b", "--duration", "soon", "--comment", "x"
+    )
+    assert result.returncode == 2 and "not a duration like 90s" in result.stderr
