@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from alerts.errors import DecisionError, SilenceError
-from alerts.silences import Silence, new_silence
+from alerts.silences import Silence
 from analytics.records import ActionRow, QueryResult
 
 REQUESTS = ("approve", "deny", "undrain")
@@ -54,17 +54,8 @@ def silences(source: Reader, since: float | None = None) -> list[Silence]:
     return [Silence.from_row(row) for row in rows(source.query(SILENCES_SQL, parameters={"since": since}))]
 
 
-def add_silence(
-    store: Writer,
-    matchers: Sequence[str],
-    duration_s: float,
-    *,
-    created_by: str,
-    comment: str,
-    now: float | None = None,
-) -> Silence:
-    """Create a silence starting now; SilenceError for a bad matcher, duration or missing comment."""
-    silence = new_silence(matchers, duration_s, created_by=created_by, comment=comment, now=now)
+def add_silence(store: Writer, silence: Silence) -> Silence:
+    """Store a new silence (alerts.silences.new_silence checks it) so every hub and reader sees it."""
     store.insert_silences([silence.row(silence.starts_at)], token=f"silence/{silence.id}/new")
     return silence
 

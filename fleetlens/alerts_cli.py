@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from alerts import commands
-from alerts.silences import Silence
+from alerts.silences import Silence, new_silence
 from analytics.hubclient import HubClient
 from analytics.records import ActionRow
 from fleetlens.access import hub_config, open_store
@@ -99,9 +99,8 @@ SILENCE_COLUMNS = ["id", "matchers", "starts_at", "ends_at", "created_by", "comm
 
 def cmd_silence_add(args: argparse.Namespace) -> int:
     with connected(args) as store:
-        silence = commands.add_silence(
-            store, args.matcher, args.duration, created_by=args.by, comment=args.comment
-        )
+        silence = new_silence(args.matcher, args.duration, created_by=args.by, comment=args.comment)
+        commands.add_silence(store, silence)
     _print([_silence_row(silence)], SILENCE_COLUMNS, args.json)
     return 0
 

@@ -19,6 +19,7 @@ from alerts.engine import AlertEngine
 from alerts.notifiers import AlertmanagerNotifier
 from alerts.policy import DrainLimits, DrainPolicy
 from alerts.service import AlertService
+from alerts.silences import new_silence
 from analytics.detectors.gpu import GpuFault
 from analytics.detectors.runner import DetectionRunner
 from analytics.store import Store
@@ -59,9 +60,8 @@ def test_a_lost_gpu_fires_in_alertmanager_a_silenced_one_does_not_and_both_resol
     runner = DetectionRunner([GpuFault()])
     with alertmanager(tmp_path) as base, SimulatedFleet(store, tmp_path, nodes=4, gpus=2) as fleet:
         service = AlertService(store, AlertEngine(), [AlertmanagerNotifier(base)])
-        commands.add_silence(
-            store, ["node=vela-003"], 3600, created_by="sre", comment="GPU swap scheduled", now=fleet.clock()
-        )
+        swap = new_silence(["node=vela-003"], 3600, created_by="sre", comment="GPU swap", now=fleet.clock())
+        commands.add_silence(store, swap)
         run_windows(fleet, runner, service, store, 2)
         fleet["vela-002"].gpus.set_fault(1, "gpu_lost")
         fleet["vela-003"].gpus.set_fault(0, "gpu_lost")

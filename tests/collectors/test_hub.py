@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from alerts import commands
+from alerts.silences import new_silence
 from analytics.errors import QueryError, StoreRejected, StoreUnavailable
 from analytics.hubclient import HubClient
 from analytics.records import ActionRow
@@ -168,7 +169,9 @@ def test_silences_and_drain_requests_go_through_the_hub_and_only_requests_are_ac
     """The CLI and the UI reach an embedded store's silences and the drain controller this way."""
     _, url = served
     client = HubClient(url)
-    silence = commands.add_silence(client, ["node=vela-007"], 3600, created_by="sre", comment="GPU swap")
+    silence = commands.add_silence(
+        client, new_silence(["node=vela-007"], 3600, created_by="sre", comment="swap")
+    )
     assert [s.id for s in commands.silences(client)] == [silence.id]
     commands.expire_silence(client, silence.id)
     assert commands.silences(client) == []

@@ -69,12 +69,17 @@ def peer(args: Sequence[str], ready_url: str, cwd: Path | None = None) -> Iterat
         wait_http(ready_url, process)
         yield process
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """End a process we started, by its own PID: SIGTERM, then SIGKILL if it lingers past 10 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def fleetlens_exporter(*flags: str) -> tuple[list[str], str]:

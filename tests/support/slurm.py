@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.peers import free_port, require_binary
+from tests.support.peers import free_port, require_binary, stop
 
 NodeStates = dict[str, tuple[str, str]]
 
@@ -160,9 +160,4 @@ def _daemon(args: Sequence[str], log: Path, env: Mapping[str, str]) -> Iterator[
     try:
         yield process
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
