@@ -45,6 +45,7 @@ from fleetlens.access import hub_config, load, open_store, reader
 from fleetlens.alerting import build_alert_service
 from fleetlens.alerts_cli import add_commands as add_alert_commands
 from fleetlens.config import Config, ConfigError, ExporterConfig, load_config
+from fleetlens.postmortem_cli import add_commands as add_postmortem_commands
 
 log = logging.getLogger("fleetlens")
 
@@ -243,13 +244,6 @@ def _anomaly_json(anomaly: Anomaly) -> dict[str, Any]:
     return row
 
 
-def _time(text: str) -> float:
-    try:
-        return pipeline.parse_time(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def cmd_detect(args: argparse.Namespace) -> int:
     source = reader(args)
     try:
@@ -379,7 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
     detect_cmd.add_argument("--hub", help="hub URL (needed while a hub holds the embedded store)")
     for flag, dest, default in (("--from", "start", "oldest"), ("--to", "end", "newest")):
         detect_cmd.add_argument(
-            flag, dest=dest, type=_time, help=f"unix seconds or ISO 8601 (default: the {default} data)"
+            flag,
+            dest=dest,
+            type=pipeline.time_argument,
+            help=f"unix seconds or ISO 8601 (default: the {default} data)",
         )
     detect_cmd.add_argument(
         "--detector", dest="detectors", action="append", help="only this one (repeatable)"
@@ -400,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     nccl.add_argument("files", nargs="+", metavar="FILE", help="NCCL_DEBUG=INFO log files")
     nccl.set_defaults(func=cmd_nccl)
     add_alert_commands(sub, _hub_flags)
+    add_postmortem_commands(sub, _hub_flags)
     return parser
 
 

@@ -8,6 +8,7 @@ process, and two cores evaluate two scenarios at once.
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 import time
 from collections.abc import Sequence
@@ -81,6 +82,14 @@ def parse_time(text: str) -> float:
     except ValueError:
         raise ValueError(f"{text!r} is neither unix seconds nor an ISO 8601 time") from None
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def time_argument(text: str) -> float:
+    """parse_time for argparse: a bad time is a usage error naming the text."""
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def scratch_dir() -> str | None:

@@ -1,0 +1,108 @@
+"""`fleetlens postmortem` as an SRE runs it: its own process, on a store another process filled (chDB opens
+one directory per process) with a throttled GPU, its alert, its drain and a scrape gap."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.analytics.test_postmortem import NODE
+from tests.conftest import REPO
+from tests.support.peers import free_port, peer
+
+FLEETLENS = [sys.executable, "-m", "fleetlens.cli", "--log-level", "ERROR"]
+SEED = """
+import json, sys
+from pathlib import Path
+from analytics.store import Store
+from tests.analytics.test_postmortem import seed_incident
+root = Path(sys.argv[1])
+with Store.open(f"chdb://{root / 'store'}") as store:
+    incident = seed_incident(store, root / "fleet")
+print(json.dumps({"start": incident.start, "end": incident.end}))
+"""
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A store holding the incident of tests.analytics.test_postmortem, and its window."""
+    root = tmp_path_factory.mktemp("postmortem")
+    done = subprocess.run(
+        [sys.executable, "-c", SEED, str(root)], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return root / "store", json.loads(done.stdout)
+
+
+def postmortem(seeded: tuple[Path, dict], *args: str, hub: str | None = None) -> subprocess.CompletedProcess:
+    """The command on the seeded window, reading the store itself or, given its URL, through a hub."""
+    store, window = seeded
+    reader = ["--hub", hub] if hub else ["--store", f"chdb://{store}"]
+    window_flags = ["--from", str(window["start"]), "--to", str(window["end"])]
+    return subprocess.run(
+        [*FLEETLENS, "postmortem", *args, *window_flags, *reader],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_markdown_report_of_a_node_names_the_incident(seeded):
+    done = postmortem(seeded, "--node", NODE)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"# Postmortem: node {NODE}\n")
+    for line in (
+        "- Anomalies: 1 (gpu_throttle 1)",
+        "- Alerts fired: FleetlensGpuThrottle",
+        f"- Drains: {NODE} pending (approve)",
+        "- Target gaps: 1 (3 failed scrapes)",
+    ):
+        assert line in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "message"),
+    [
+        (["--node", "vela-999"], 1, "fleetlens: node 'vela-999' is unknown to the store"),
+        (["--node", NODE, "--job", "job-a"], 2, "argument --job: not allowed with argument --node"),
+    ],
+)
+def test_a_bad_scope_exits_non_zero_naming_it(seeded, args: list[str], status: int, message: str):
+    done = postmortem(seeded, *args)
+
+    assert done.returncode == status and message in done.stderr
+    assert done.stdout == ""
+
+
+def test_a_jobs_json_from_the_store_and_csv_through_a_hub_holding_it_carry_the_same_events(seeded):
+    as_json = postmortem(seeded, "--job", "job-a", "--format", "json")
+    port = free_port()
+    hub = [
+        *FLEETLENS,
+        "hub",
+        "--store",
+        f"chdb://{seeded[0]}",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--detectors",
+        "none",
+    ]
+    with peer(hub, f"http://127.0.0.1:{port}/healthz", cwd=REPO):
+        as_csv = postmortem(seeded, "--job", "job-a", "--format", "csv", hub=f"http://127.0.0.1:{port}")
+
+    assert as_json.returncode == as_csv.returncode == 0, as_json.stderr + as_csv.stderr
+    report = json.loads(as_json.stdout)
+    assert report["nodes"] == ["vela-001", NODE] and report["scope"] == {"node": None, "job": "job-a"}
+    rows = list(csv.DictReader(io.StringIO(as_csv.stdout)))
+    assert [(row["ts"], row["what"], json.loads(row["evidence"])) for row in rows] == [
+        (event["ts"], event["what"], event["evidence"]) for event in report["events"]
+    ]
+    assert "gpu_throttle gpu:1 opened" in [row["what"] for row in rows]
