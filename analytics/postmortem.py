@@ -493,7 +493,10 @@ def _series_points(source: QuerySource, probes: Sequence[_Probe]) -> tuple[dict[
         series = sorted({probe.series for probe in probes if probe.spec.from_steps == from_steps})
         if series:
             result = source.query(sql, parameters={**parameters, "series": series}, max_rows=SERIES_ROWS)
-            frames.append(frame(result))
+            if result.rows:  # an empty result may come back without its column names
+                frames.append(frame(result))
+    if not frames:
+        return {}, bucket_s
     rates = {probe.series for probe in probes if probe.spec.rate}
     return {
         key: _as_rate(group) if key in rates else group.reset_index(drop=True)

@@ -46,6 +46,7 @@ from fleetlens.alerting import build_alert_service
 from fleetlens.alerts_cli import add_commands as add_alert_commands
 from fleetlens.config import Config, ConfigError, ExporterConfig, load_config
 from fleetlens.postmortem_cli import add_commands as add_postmortem_commands
+from fleetlens.ui_cli import add_commands as add_ui_commands
 
 log = logging.getLogger("fleetlens")
 
@@ -398,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     nccl.set_defaults(func=cmd_nccl)
     add_alert_commands(sub, _hub_flags)
     add_postmortem_commands(sub, _hub_flags)
+    add_ui_commands(sub, _hub_flags)
     return parser
 
 

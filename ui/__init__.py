@@ -1,1 +1,1 @@
-"""fleetlens ui (filled in by later issues)."""
+"""The SRE dashboards (Streamlit): `fleetlens ui` serves app.py, whose pages are in views/."""

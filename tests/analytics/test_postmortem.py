@@ -324,6 +324,20 @@ def test_a_counters_excursion_is_its_rate_and_a_counter_reset_is_no_excursion(st
     assert (excursion.start, excursion.end) == (T0 + 1200, T0 + 1500)
 
 
+def test_an_anomaly_whose_series_were_never_scraped_is_told_without_excursions(store: Store):
+    """A GPU that fell off the bus before any scrape: the timeline has it, there is nothing to plot."""
+    lost = Anomaly(
+        "a-3", T0 + 60, None, "gpu_fault", "vela-011", "gpu:5", "", "critical", 1.0, "{}", "gpu", "1"
+    )
+    store.insert_anomalies([lost], token="anomaly")
+    store.insert_targets([TargetStatus(T0, "vela-011:9400", "vela-011", True, 0.01, 10)], token="target")
+
+    report = build_report(store, node="vela-011", start=T0, end=T0 + 600)
+
+    assert [event.kind for event in report.events if event.source == "anomaly"] == ["gpu_fault"]
+    assert report.excursions == ()
+
+
 @pytest.mark.parametrize(
     ("scope", "message"),
     [

@@ -1,0 +1,153 @@
+"""The app as people see it: `fleetlens ui` serving a store that a real `fleetlens hub` holds, read by a
+headless Chromium (Debian's `chromium`, driven over its DevTools protocol on loopback). The Fleet page's
+screenshot is kept as docs/fleet.png for the README."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from itertools import count
+from pathlib import Path
+
+import pytest
+import websocket
+
+from tests.support.peers import free_port, peer, require_binary, stop, wait_http
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+SCREENSHOT = REPO / "docs" / "fleet.png"
+FLEETLENS = [sys.executable, "-m", "fleetlens.cli", "--log-level", "ERROR"]
+SCENARIO = """
+seed: 5
+duration_s: 150
+interval_s: 10
+fleet: {nodes: 4, gpus_per_node: 2, nics_per_node: 2, prefix: vela-}
+jobs:
+  - {name: llm-tiny, nodes: 4, step_s: 2.0, dp: 4, pp: 1, tp: 2}
+faults:
+  - {kind: gpu_lost, node: vela-002, gpu: 1, start_s: 60}
+  - {kind: link_flap, node: vela-003, nic: 1, start_s: 50, flaps: 1, period_s: 20}
+"""
+CONFIG = "drain: {mode: dry-run, limits: {max_nodes: 3, max_per_hour: 2}}\n"
+DETECT = """
+import sys
+from analytics.detectors.runner import detect, store_anomalies
+from analytics.store import Store
+with Store.open(sys.argv[1]) as store:
+    store_anomalies(store, detect(store, names=["gpu_fault", "link_flap"]))
+"""
+
+
+class Browser:
+    """One headless Chromium tab, driven over the DevTools protocol."""
+
+    def __init__(self, debugger_url: str) -> None:
+        self._socket = websocket.create_connection(debugger_url, timeout=30, suppress_origin=True)
+        self._ids = count(1)
+
+    def call(self, method: str, **params: object) -> dict:
+        sent = next(self._ids)
+        self._socket.send(json.dumps({"id": sent, "method": method, "params": params}))
+        while True:
+            answer = json.loads(self._socket.recv())
+            if answer.get("id") == sent:
+                if "error" in answer:
+                    raise RuntimeError(f"Chromium refused {method}: {answer['error']}")
+                return answer["result"]
+
+    def visible_text(self, url: str, wanted: Sequence[str], timeout: float = 40.0) -> str:
+        """The page's visible text once every `wanted` string shows and the page has stopped changing
+        (the app renders over a websocket, charts a moment later)."""
+        self.call("Page.navigate", url=url)
+        deadline = time.monotonic() + timeout
+        text, before = "", None
+        while time.monotonic() < deadline:
+            evaluated = self.call(
+                "Runtime.evaluate", expression="document.body.innerText", returnByValue=True
+            )
+            text = evaluated["result"].get("value", "")
+            if text == before and all(part in text for part in wanted):
+                return text
+            before = text
+            time.sleep(1.0)
+        missing = [part for part in wanted if part not in text]
+        raise AssertionError(f"{url} never showed {missing}; it showed:\n{text}")
+
+    def screenshot(self, path: Path) -> None:
+        path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+@pytest.fixture
+def chromium_binary() -> str:
+    """Debian's chromium, asked for before the store is filled, so that a machine without it skips fast."""
+    return require_binary("chromium")
+
+
+@contextlib.contextmanager
+def chromium(binary: str, profile: Path) -> Iterator[Browser]:
+    """A headless Chromium on a free loopback port for its DevTools protocol, ended by its PID after."""
+    port = free_port()
+    args = [binary, "--headless", "--no-sandbox", "--disable-gpu", f"--remote-debugging-port={port}"]
+    args += [f"--user-data-dir={profile}", "--window-size=1400,1000", "about:blank"]
+    with (profile.parent / "chromium.log").open("w") as log:
+        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/json/version", process)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as answer:
+                tab = next(target for target in json.load(answer) if target["type"] == "page")
+            browser = Browser(tab["webSocketDebuggerUrl"])
+            yield browser
+            browser.close()
+        finally:
+            stop(process)
+
+
+@pytest.fixture
+def hub(tmp_path: Path) -> Iterator[str]:
+    """A hub holding a store the simulator filled (a lost GPU, a flapping port) and the detectors read."""
+    (tmp_path / "tiny.yaml").write_text(SCENARIO)
+    dsn = f"chdb://{tmp_path / 'store'}"
+    subprocess.run(
+        [*FLEETLENS, "sim", "run", str(tmp_path / "tiny.yaml"), "--offline", "--store", dsn], check=True
+    )
+    subprocess.run([sys.executable, "-c", DETECT, dsn], check=True)
+    port = free_port()
+    args = [*FLEETLENS, "hub", "--store", dsn, "--listen", f"127.0.0.1:{port}", "--detectors", "none"]
+    (tmp_path / "hub.yaml").write_text(f"hub: {{spool_dir: {tmp_path / 'spool'}}}\n")
+    with peer([*args, "--config", str(tmp_path / "hub.yaml")], f"http://127.0.0.1:{port}/healthz"):
+        yield f"http://127.0.0.1:{port}"
+
+
+def test_fleet_and_postmortem_pages_render_in_a_browser(chromium_binary: str, hub: str, tmp_path: Path):
+    (tmp_path / "fleetlens.yaml").write_text(CONFIG)
+    port = free_port()
+    ui = [*FLEETLENS, "ui", "--hub", hub, "--port", str(port), "--config", str(tmp_path / "fleetlens.yaml")]
+    base = f"http://127.0.0.1:{port}"
+    with peer(ui, f"{base}/_stcore/health"), chromium(chromium_binary, tmp_path / "profile") as browser:
+        fleet = ["vela-001", "vela-002", "vela-003", "vela-004", "anomalous", "gpu_fault", "link_flap"]
+        fleet += ["GPU temperature (°C)", "anomalies (count)", "link flaps (count)"]  # charts and their units
+        browser.visible_text(f"{base}/", fleet)
+        browser.screenshot(SCREENSHOT)
+
+        report = [
+            "anomalies by kind: gpu_fault 1",
+            "nodes involved: vela-002",
+            "Download Markdown",
+            "time (UTC)",
+        ]
+        browser.visible_text(f"{base}/postmortem?node=vela-002", report)
+
+        limits = ["drain mode dry-run", "max_nodes", "max_per_hour"]  # from the config `fleetlens ui` read
+        browser.visible_text(f"{base}/actions", limits)
+
+    assert SCREENSHOT.read_bytes().startswith(b"\x89PNG")
