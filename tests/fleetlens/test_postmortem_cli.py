@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.analytics.test_postmortem import NODE
 from tests.conftest import REPO
+from tests.support.incident import NODE
 from tests.support.peers import free_port, peer
 
 FLEETLENS = [sys.executable, "-m", "fleetlens.cli", "--log-level", "ERROR"]
@@ -21,7 +21,7 @@ SEED = """
 import json, sys
 from pathlib import Path
 from analytics.store import Store
-from tests.analytics.test_postmortem import seed_incident
+from tests.support.incident import seed_incident
 root = Path(sys.argv[1])
 with Store.open(f"chdb://{root / 'store'}") as store:
     incident = seed_incident(store, root / "fleet")
