@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from alerts.errors import DecisionError, SilenceError
@@ -133,10 +133,10 @@ def request(store: Writer, action: str, target: str, by: str, now: float | None 
     return row
 
 
-def drain_status(source: Reader, since: float = 0.0) -> dict[str, list[ActionRow]]:
-    """What the controller has done, as its audit says: `drained` (the last drain of each node still
-    out of service), `pending` (drains waiting for approval) and `recent` (every row since `since`)."""
-    history = actions(source)
+def standing(history: Iterable[ActionRow]) -> tuple[dict[str, ActionRow], dict[str, ActionRow]]:
+    """What an audit in time order leaves standing: the last drain of each node still out of service (by
+    node) and the drains still waiting for approval (by decision id). The controller restores from it and
+    people read it; one reading, so that both agree."""
     drained: dict[str, ActionRow] = {}
     pending: dict[str, ActionRow] = {}
     for row in history:
@@ -146,8 +146,16 @@ def drain_status(source: Reader, since: float = 0.0) -> dict[str, list[ActionRow
             drained.pop(row.node, None)
         elif row.action == "drain" and row.outcome == "pending":
             pending[row.decision_id] = row
-        elif row.action in ("approve", "deny") and row.outcome != "requested":
+        elif row.action in ("approve", "deny") and row.outcome in ("approved", "denied"):
             pending.pop(row.decision_id, None)
+    return drained, pending
+
+
+def drain_status(source: Reader, since: float = 0.0) -> dict[str, list[ActionRow]]:
+    """What the controller has done, as its audit says: `drained` (the last drain of each node still
+    out of service), `pending` (drains waiting for approval) and `recent` (every row since `since`)."""
+    history = actions(source)
+    drained, pending = standing(history)
     return {
         "drained": list(drained.values()),
         "pending": list(pending.values()),

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from alerts.backends import DrainBackend
+from alerts.commands import standing
 from alerts.errors import BackendError, DecisionError
 from alerts.model import Alert, DrainRequest
 from alerts.policy import DrainPolicy
@@ -286,27 +287,19 @@ class DrainController:
     def restore(self, rows: Iterable[ActionRow], now: float) -> None:
         """Take up where an earlier controller left off, from its `actions` rows in time order: which
         nodes it drained, what waits for approval, the cooldowns and the drains of the last hour."""
-        for row in rows:
-            request = DrainRequest(row.decision_id, row.node, _kind(row.reason), _alert(row.reason), row.job)
+        history = list(rows)
+        drained, pending = standing(history)
+        self.drained = {node: _Drained(_request(row), row.ts) for node, row in drained.items()}
+        self.pending = {decision: _request(row) for decision, row in pending.items()}
+        for row in history:
             if row.action == "drain" and row.outcome in ("done", "dry-run"):
-                self.drained[row.node] = _Drained(request, row.ts)
                 self._last_drain[row.node] = row.ts
                 if now - row.ts < HOUR_S:
                     self._recent_drains.append(row.ts)
-            elif row.action == "drain" and row.outcome == "pending":
-                self.pending[row.decision_id] = request
-            elif row.action in ("approve", "deny") and row.outcome in ("approved", "denied"):
-                self.pending.pop(row.decision_id, None)
-            elif row.action == "undrain" and row.outcome in ("done", "dry-run"):
-                self.drained.pop(row.node, None)
 
 
-def _kind(reason: str) -> str:
-    """The anomaly kind of a drain reason `fleetlens: <kind> <alert id> ...`."""
-    words = reason.split()
-    return words[1] if len(words) > 2 and words[0] == "fleetlens:" else ""
-
-
-def _alert(reason: str) -> str:
-    words = reason.split()
-    return words[2] if len(words) > 2 and words[0] == "fleetlens:" else ""
+def _request(row: ActionRow) -> DrainRequest:
+    """The request behind an audited drain, from its reason `fleetlens: <kind> <alert id> ...`."""
+    words = row.reason.split()
+    kind, alert = (words[1], words[2]) if len(words) > 2 and words[0] == "fleetlens:" else ("", "")
+    return DrainRequest(row.decision_id, row.node, kind, alert, row.job)
