@@ -218,7 +218,7 @@ FROM (
     WHERE action = 'drain' AND outcome = 'pending' AND ts <= {NOW}
         AND decision_id NOT IN (
             SELECT decision_id FROM actions
-            WHERE action IN ('approve', 'deny') AND outcome != 'requested' AND ts <= {NOW}
+            WHERE action IN ('approve', 'deny') AND outcome IN ('approved', 'denied') AND ts <= {NOW}
         )
 ) AS queue
 LEFT JOIN (
