@@ -11,6 +11,7 @@ of the RoCE device of NIC 2 (the node_exporter `device:port` labels of the simul
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -110,7 +111,10 @@ class Fault:
 
     @property
     def component(self) -> str:
-        """What detectors should name: "gpu:N", "mlx5_N:1", or "" for the whole node."""
+        """What detectors should name: "gpu:N", "mlx5_N:1", or "" for the whole node; a fault on a
+        real interface (the demo's veth) names it in params["device"]."""
+        if "device" in self.params:
+            return self.params["device"]
         if self.kind in ("link_flap", "link_down", "congestion") or (
             self.kind == "dma_degraded" and self.params.get("mode") == "no_gdr"
         ):
@@ -145,6 +149,15 @@ class Scenario:
     jobs: tuple[JobSpec, ...]
     faults: tuple[Fault, ...]
     confounders: tuple[Confounder, ...] = ()
+
+    def until(self, t: float) -> Scenario:
+        """The scenario with only the faults and confounders that start before `t`: what a run cut
+        short at `t` injects (those already running go on as written)."""
+        return dataclasses.replace(
+            self,
+            faults=tuple(fault for fault in self.faults if fault.start_s < t),
+            confounders=tuple(item for item in self.confounders if item.start_s < t),
+        )
 
 
 def load_scenario(path: Path | str, fixtures: Path | None = None) -> Scenario:

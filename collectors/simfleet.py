@@ -203,10 +203,7 @@ class SimFleet:
         return [{"targets": [node.address], "labels": {"node": node.name}} for node in self.nodes]
 
     def write_file_sd(self, path: Path) -> None:
-        """Write `targets` to `path` atomically, so a scraper watching the file never reads half of it."""
-        staging = path.with_name(f".{path.name}.tmp")
-        staging.write_text(json.dumps(self.targets, indent=1) + "\n")
-        os.replace(staging, path)
+        write_file_sd(path, self.targets)
 
     def _start_node(self, index: int) -> SimNode:
         name = node_name(index)
@@ -239,6 +236,13 @@ class SimFleet:
             for node in self.nodes:
                 node.sysfs.advance(now - last)
             last = now
+
+
+def write_file_sd(path: Path, groups: list[dict]) -> None:
+    """Write file_sd target groups to `path` atomically, so a scraper watching it never reads half of it."""
+    staging = path.with_name(f".{path.name}.tmp")
+    staging.write_text(json.dumps(groups, indent=1) + "\n")
+    os.replace(staging, path)
 
 
 def main(argv: list[str] | None = None) -> int:

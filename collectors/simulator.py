@@ -521,7 +521,7 @@ def simulate_online(
         writer = Writer(shared_store, spool)
         stack.callback(writer.close)
         hub = Hub(shared_store, writer, OtlpStepReceiver())
-        poster = stack.enter_context(_StepPoster(f"{LOOPBACK}:{server.serve(hub.app, LOOPBACK)}"))
+        poster = stack.enter_context(StepPoster(f"{LOOPBACK}:{server.serve(hub.app, LOOPBACK)}"))
         scraper = stack.enter_context(
             Scraper(lambda: targets, interval_s=min(scenario.interval_s, 60.0), clock=fleet_clock)
         )
@@ -561,12 +561,17 @@ def step_lines(rows: Sequence[StepRow]) -> bytes:
     return "".join(json.dumps(record) + "\n" for record in records).encode()
 
 
-class _StepPoster:
+class StepPoster:
     """POSTs step records to a hub's /api/v1/steps over one keep-alive connection."""
 
     def __init__(self, address: str) -> None:
-        self._address = address
+        self.address = address
         self._conn = http.client.HTTPConnection(address, timeout=30)
+
+    def reconnect(self) -> None:
+        """Start over on a new connection (after the hub went away)."""
+        self._conn.close()
+        self._conn = http.client.HTTPConnection(self.address, timeout=30)
 
     def post(self, rows: Sequence[StepRow]) -> None:
         for first in range(0, len(rows), STEPS_PER_POST):
@@ -576,11 +581,11 @@ class _StepPoster:
                 answer = response.read()
                 if response.status != 200:
                     raise SimulationError(
-                        f"hub at {self._address} refused step records: HTTP {response.status}: "
+                        f"hub at {self.address} refused step records: HTTP {response.status}: "
                         f"{answer.decode(errors='replace')[:300]}"
                     )
 
-    def __enter__(self) -> _StepPoster:
+    def __enter__(self) -> StepPoster:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

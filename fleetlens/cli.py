@@ -14,11 +14,13 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from alerts.errors import AlertsError
 from analytics.detectors import build as build_detectors
@@ -38,6 +40,8 @@ from collectors.hub_detect import DetectionLoop
 from collectors.hub_writer import Writer
 from collectors.receivers import OtlpStepReceiver, ReceiverLimits, step_row
 from collectors.scraper import ScrapeLimits, Scraper, Shard, TargetsFile
+from collectors.sim_live import LiveFleet
+from collectors.simfleet import write_file_sd
 from collectors.spool import Spool
 from collectors.steps import read_step_records
 from fleetlens import pipeline
@@ -45,6 +49,7 @@ from fleetlens.access import hub_config, load, open_store, reader
 from fleetlens.alerting import build_alert_service
 from fleetlens.alerts_cli import add_commands as add_alert_commands
 from fleetlens.config import Config, ConfigError, ExporterConfig, load_config
+from fleetlens.demo_cli import add_commands as add_demo_commands
 from fleetlens.postmortem_cli import add_commands as add_postmortem_commands
 from fleetlens.ui_cli import add_commands as add_ui_commands
 
@@ -235,6 +240,33 @@ def cmd_sim_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sim_serve(args: argparse.Namespace) -> int:
+    """Serve the scenario's nodes on loopback in real time until SIGTERM or SIGINT."""
+    scenario = load_scenario(args.scenario)
+    if args.until is not None:
+        scenario = scenario.until(args.until)
+    epoch = time.time() if args.epoch is None else args.epoch
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="fleetlens-live-", dir=pipeline.scratch_dir()))
+    fleet = LiveFleet(scenario, workdir, epoch).start()
+    try:
+        write_file_sd(Path(args.file_sd), fleet.targets)
+        print(
+            f"fleetlens sim: {len(fleet.targets)} nodes of {scenario.name} on loopback, targets in "
+            f"{args.file_sd}, scenario time 0 at {datetime.fromtimestamp(epoch, UTC):%H:%M:%S} UTC",
+            flush=True,
+        )
+        if args.hub:
+            fleet.post_steps_until(stop, urlsplit(args.hub).netloc)
+        else:
+            stop.wait()
+    finally:
+        fleet.close()
+    return 0
+
+
 def _anomaly_json(anomaly: Anomaly) -> dict[str, Any]:
     """An anomaly with ISO 8601 UTC times and its evidence as an object."""
     row = asdict(anomaly)
@@ -368,6 +400,16 @@ def build_parser() -> argparse.ArgumentParser:
     sim_run.add_argument("--speed", type=float, default=1.0, help="simulated seconds per real second")
     sim_run.add_argument("--offline", action="store_true", help="write the rows straight into the store")
     sim_run.set_defaults(func=cmd_sim_run)
+    sim_serve = sim_sub.add_parser(
+        "serve", help="serve a scenario's nodes on loopback in real time for a hub to scrape"
+    )
+    sim_serve.add_argument("scenario", help="scenario YAML (format in the README)")
+    sim_serve.add_argument("--file-sd", required=True, help="write the nodes' targets here (file_sd JSON)")
+    sim_serve.add_argument("--hub", help="hub URL to send the simulated jobs' step records to")
+    sim_serve.add_argument("--epoch", type=pipeline.time_argument, help="scenario time 0 (default: now)")
+    sim_serve.add_argument("--until", type=float, help="leave out faults and confounders starting later (s)")
+    sim_serve.add_argument("--workdir", help="where the /sys trees go (default: a new directory on tmpfs)")
+    sim_serve.set_defaults(func=cmd_sim_serve)
 
     detect_cmd = sub.add_parser("detect", help="run the detectors once over a time range and print anomalies")
     _hub_flags(detect_cmd)
@@ -400,6 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_alert_commands(sub, _hub_flags)
     add_postmortem_commands(sub, _hub_flags)
     add_ui_commands(sub, _hub_flags)
+    add_demo_commands(sub)
     return parser
 
 

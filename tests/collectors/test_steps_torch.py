@@ -50,7 +50,7 @@ def launch_ranks(out_jsonl: str, otlp_endpoint: str) -> None:
         "OMP_NUM_THREADS": "1",
     }
     command = [
-        *(sys.executable, "-m", "tests.support.ddp_job"),
+        *(sys.executable, "-m", "fleetlens.demo.train"),
         *("--job", JOB, "--steps", str(STEPS), "--node-of-rank", ",".join(NODES)),
         *("--out-jsonl", out_jsonl, "--otlp-endpoint", otlp_endpoint),
         *(

@@ -10,20 +10,14 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
+from fleetlens.demo.peers import free_port, stop, wait_http
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+__all__ = ["free_port", "stop", "wait_http"]
 
 
 def require_binary(path: str) -> str:
@@ -44,21 +38,6 @@ def hung_listener() -> Iterator[str]:
         yield f"127.0.0.1:{sock.getsockname()[1]}"
 
 
-def wait_http(url: str, process: subprocess.Popen, timeout: float = 20.0) -> None:
-    """Wait until `url` answers 200, failing early with the peer's output if it exits."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            out = process.stdout.read() if process.stdout else ""
-            raise RuntimeError(f"{process.args[0]} exited with {process.returncode}:\n{out}")
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            time.sleep(0.1)
-    raise TimeoutError(f"{url} did not answer within {timeout}s")
-
-
 @contextlib.contextmanager
 def peer(args: Sequence[str], ready_url: str, cwd: Path | None = None) -> Iterator[subprocess.Popen]:
     """Run `args` until the block ends; `ready_url` answering 200 means it has started."""
@@ -70,16 +49,6 @@ def peer(args: Sequence[str], ready_url: str, cwd: Path | None = None) -> Iterat
         yield process
     finally:
         stop(process)
-
-
-def stop(process: subprocess.Popen) -> None:
-    """End a process we started, by its own PID: SIGTERM, then SIGKILL if it lingers past 10 s."""
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def fleetlens_exporter(*flags: str) -> tuple[list[str], str]:

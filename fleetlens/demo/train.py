@@ -13,13 +13,20 @@ buffer: the same communication without the overlap, so that each phase is timed 
 all-reduce waits for every rank, the healthy ranks' comm time includes waiting for a straggler.
 
 --slow-rank makes that rank run forward and backward --slow-factor times per step from --slow-from-step
-on (same batch, so the same gradients): real extra compute, as a throttled or degraded GPU would cause.
+on, and between --slow-from-s and --slow-until-s seconds after it started (same batch, so the same
+gradients): real extra compute, as a throttled or degraded GPU would cause.
+
+--pace-s gives each step at least that long: the data phase waits for its turn as a rank waits on an
+input pipeline, so that the job leaves CPU to the other processes of a demo on a small machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
 import socket
+import time
 from collections.abc import Sequence
 
 import torch
@@ -36,7 +43,7 @@ CLASSES = 10
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, help="steps to run (default: until the job is stopped)")
     parser.add_argument("--job", default="ddp-demo")
     parser.add_argument("--out-jsonl", help="step records file per rank; '{rank}' is replaced by the rank")
     parser.add_argument("--otlp-endpoint", help="OTLP/HTTP base URL; default: OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -44,6 +51,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slow-rank", type=int, help="the rank that computes --slow-factor times as much")
     parser.add_argument("--slow-from-step", type=int, default=0)
     parser.add_argument("--slow-factor", type=int, default=4)
+    parser.add_argument("--slow-from-s", type=float, default=0.0, help="slow only this long after the start")
+    parser.add_argument("--slow-until-s", type=float, default=math.inf, help="... and until this long after")
+    parser.add_argument("--pace-s", type=float, default=0.0, help="shortest step (waited in data)")
     args = parser.parse_args(argv)
     if args.out_jsonl and "{rank}" not in args.out_jsonl:
         parser.error("--out-jsonl must contain '{rank}': each rank writes its own file")
@@ -92,13 +102,21 @@ def train(args: argparse.Namespace) -> None:
         jsonl_path=args.out_jsonl.format(rank=rank) if args.out_jsonl else None,
         otlp_endpoint=args.otlp_endpoint,
     )
+    started = time.monotonic()
     with tracker:
-        for step in range(args.steps):
-            slow = rank == args.slow_rank and step >= args.slow_from_step
+        for step in range(args.steps) if args.steps is not None else itertools.count():
+            step_started = time.monotonic()
+            elapsed = step_started - started
+            slow = (
+                rank == args.slow_rank
+                and step >= args.slow_from_step
+                and args.slow_from_s <= elapsed < args.slow_until_s
+            )
             with tracker.step():
                 with tracker.phase("data"):
                     inputs = torch.randn(BATCH, WIDTH, generator=batches)
                     labels = torch.randint(CLASSES, (BATCH,), generator=batches)
+                    time.sleep(max(0.0, step_started + args.pace_s - time.monotonic()))
                 with tracker.phase("compute"):
                     for _ in range(args.slow_factor if slow else 1):
                         optimizer.zero_grad()
