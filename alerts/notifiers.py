@@ -224,6 +224,47 @@ class WebhookNotifier(_JsonPostNotifier):
         }
 
 
+class LogNotifier:
+    """The receiver of last resort: with no receiver configured, the hub logs its alerts. Each alert is
+    logged when it fires and when it resolves; the re-sends of a firing alert are not logged again."""
+
+    name = "log"
+
+    def __init__(self, logger: logging.Logger = log, clock: Clock = time.time) -> None:
+        self._logger = logger
+        self._clock = clock
+        self._firing: set[str] = set()  # fingerprints logged firing and not yet resolved
+
+    def send(self, alerts: Sequence[Alert]) -> Delivery:
+        told = [alert for alert in alerts if self._news(alert)]
+        for alert in told:
+            level = logging.WARNING if alert.state == "firing" else logging.INFO
+            summary = alert.annotations.get("summary", "")
+            self._logger.log(level, "alert %s %s: %s", alert.state, _format_labels(alert.labels), summary)
+        return Delivery(
+            receiver=self.name,
+            ok=True,
+            attempts=1 if told else 0,
+            status=None,
+            error="",
+            alerts=len(told),
+            fingerprints=tuple(alert.fingerprint for alert in told),
+            states=tuple(alert.state for alert in told),
+            at=self._clock(),
+        )
+
+    def _news(self, alert: Alert) -> bool:
+        if alert.state == "firing":
+            if alert.fingerprint in self._firing:
+                return False
+            self._firing.add(alert.fingerprint)
+            return True
+        if alert.state == "resolved":
+            self._firing.discard(alert.fingerprint)
+            return True
+        return False
+
+
 def _common(mappings: Iterable[Mapping[str, str]]) -> dict[str, str]:
     """The key-value pairs every mapping has (at least one mapping)."""
     first, *rest = mappings

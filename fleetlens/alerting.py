@@ -11,7 +11,7 @@ from alerts.backends.exec_hook import ExecBackend
 from alerts.backends.slurm import SlurmBackend
 from alerts.drain import DrainController
 from alerts.engine import AlertEngine
-from alerts.notifiers import AlertmanagerNotifier, Notifier, WebhookNotifier
+from alerts.notifiers import AlertmanagerNotifier, LogNotifier, Notifier, WebhookNotifier
 from alerts.service import AlertService
 from fleetlens.config import AlertsConfig, DrainConfig
 
@@ -35,6 +35,7 @@ def build_alert_service(store: Any, alerts: AlertsConfig, drain: DrainConfig) ->
     engine = AlertEngine(alerts.alert_rules(), resend_s=alerts.resend_s, generator_url=alerts.generator_url)
     notifiers: list[Notifier] = [AlertmanagerNotifier(url) for url in alerts.alertmanager_urls]
     notifiers += [WebhookNotifier(url) for url in alerts.webhook_urls]
+    notifiers = notifiers or [LogNotifier()]  # with no receiver, alerts go to the hub's log
     controller = DrainController(drain.policy(), drain_backends(drain), fleet_size=0)
     service = AlertService(store, engine, notifiers, controller)
     service.restore(time.time())

@@ -164,7 +164,8 @@ class AlertsConfig:
     """Alert rules and receivers (the hub's alerting runs after each detection window).
 
     `rules`: a list of {name, kinds, min_severity, for_s, labels, annotations}; None keeps the defaults
-    (alerts.rules.DEFAULT_RULES). Receivers get firing alerts again every `resend_s`."""
+    (alerts.rules.DEFAULT_RULES). Receivers get firing alerts again every `resend_s`. With no receiver,
+    alerts go to the hub's log (alerts.notifiers.LogNotifier)."""
 
     alertmanager_urls: tuple[str, ...] = ()
     webhook_urls: tuple[str, ...] = ()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import queue
 import threading
 import time
@@ -17,7 +18,9 @@ import httpx
 import pytest
 
 from alerts.model import Alert
-from alerts.notifiers import AlertmanagerNotifier, Delivery, DeliveryQueue, WebhookNotifier
+from alerts.notifiers import AlertmanagerNotifier, Delivery, DeliveryQueue, LogNotifier, WebhookNotifier
+from fleetlens.alerting import build_alert_service
+from fleetlens.config import AlertsConfig, DrainConfig
 from tests.support.alertmanager import alertmanager
 from tests.support.clock import FakeClock
 from tests.support.loopback import LoopbackPostServer
@@ -288,3 +291,30 @@ def test_webhook_payload_has_alertmanagers_webhook_shape(serve):
         "fingerprint",
     }
     assert resolved_only["status"] == "resolved"
+
+
+def test_with_no_receiver_the_hub_logs_each_alert_once_when_it_fires_and_once_when_it_resolves(
+    caplog: pytest.LogCaptureFixture,
+):
+    notifier = LogNotifier()
+    firing, pending = fault("vela-001"), fault("vela-002", state="pending")
+    with caplog.at_level(logging.INFO, logger="fleetlens.alerts.notifiers"):
+        first = notifier.send([firing, pending])
+        resent = notifier.send([firing])  # the engine re-sends firing alerts every resend_s
+        resolved = notifier.send([replace(firing, state="resolved", ends_at=STARTS_AT + 60)])
+
+    assert (first.ok, first.alerts, first.states) == (True, 1, ("firing",))
+    assert (resent.alerts, resolved.states) == (0, ("resolved",))
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 2
+    assert lines[0].startswith("alert firing {") and 'node="vela-001"' in lines[0]
+    assert lines[0].endswith("gpu_fault on vela-001") and lines[1].startswith("alert resolved")
+    assert caplog.records[0].levelno == logging.WARNING
+
+
+def test_a_hub_configured_with_no_receiver_sends_its_alerts_to_the_log(store):
+    service = build_alert_service(store, AlertsConfig(), DrainConfig())
+    try:
+        assert [queue.notifier.name for queue in service.queues] == ["log"]
+    finally:
+        service.close()
