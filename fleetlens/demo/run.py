@@ -169,9 +169,9 @@ def run_demo(options: DemoOptions, say: Say = print) -> int:
         _peers_after(alertmanager, slurm, say)
         say("stopping every process the demo started ...")
     store = f"chdb://{workdir / 'store'}"
-    when = datetime.fromtimestamp(plan.epoch, UTC).isoformat(timespec="seconds")
+    span = " ".join(f"{flag} {_iso(t)}" for flag, t in (("--from", plan.epoch), ("--to", time.time())))
     say(f"store kept at {store}; for example:")
-    say(f"  fleetlens postmortem --store {store} --node {plan.slow_node} --from {when} --to now")
+    say(f"  fleetlens postmortem --store {store} --node {plan.slow_node} {span}")
     return code
 
 
@@ -419,6 +419,10 @@ def _short(value: object) -> str:
     if isinstance(value, list | dict):
         return json.dumps(value, separators=(",", ":"))
     return str(value)
+
+
+def _iso(unix_s: float) -> str:
+    return datetime.fromtimestamp(unix_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _clock(unix_s: float) -> str:

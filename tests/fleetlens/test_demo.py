@@ -1,0 +1,194 @@
+"""`fleetlens demo` end to end, every part a real process: the live simulated fleet, the hub with its
+embedded store, a PyTorch DDP job with a slowed rank, Alertmanager and a private Slurm when installed
+(root), real veth links in network namespaces when root, and the UI."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from analytics.evaluation import evaluate
+from analytics.scenario import load_scenario
+from fleetlens.demo.run import SCENARIO, SETTLE_S, DemoError, make_plan, passed, verdict_lines
+from tests.support.peers import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+NOW = 1_800_000_000.0
+
+
+def demo(workdir: Path, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "fleetlens.cli", "demo", "--workdir", str(workdir), *flags]
+
+
+def can_make_links() -> bool:
+    return os.geteuid() == 0 and all(shutil.which(tool) for tool in ("ip", "nsenter", "mount"))
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """pid -> start time of every process under `pid` (its children in other sessions included)."""
+    parents: dict[int, list[int]] = {}
+    starts: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(entry.name))
+        starts[int(entry.name)] = fields[19]
+    found, todo = {}, list(parents.get(pid, []))
+    while todo:
+        child = todo.pop()
+        found[child] = starts[child]
+        todo += parents.get(child, [])
+    return found
+
+
+def still_running(processes: dict[int, str]) -> list[int]:
+    alive = []
+    for pid, start in processes.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[19] == start and fields[0] != "Z":
+            alive.append(pid)
+    return alive
+
+
+def test_the_plan_puts_the_job_on_free_nodes_and_leaves_out_what_a_short_run_could_not_detect():
+    scenario = load_scenario(SCENARIO)
+    plan = make_plan(scenario, 200, NOW)
+
+    busy = {node for job in scenario.jobs for node in job.nodes}
+    assert len(plan.job_nodes) == 4 and not busy & set(plan.job_nodes)
+    assert all(fault.start_s < 200 - SETTLE_S for fault in plan.scenario.faults)
+    assert len(plan.scenario.faults) < len(scenario.faults)
+    assert plan.slow_from_s + 60 < 200 and plan.flaps_at_s[-1] < 200 - SETTLE_S
+    with pytest.raises(DemoError, match="at least 180"):
+        make_plan(scenario, 60, NOW)
+    crowded = dataclasses.replace(scenario.jobs[0], nodes=tuple(scenario.fleet.names))
+    with pytest.raises(DemoError, match="leaves 0 node"):
+        make_plan(dataclasses.replace(scenario, jobs=(crowded,)), None, NOW)
+
+
+def test_a_run_that_detected_nothing_fails_naming_every_fault_it_missed():
+    plan = make_plan(load_scenario(SCENARIO), 300, NOW)
+    result = evaluate(plan.expected("fla0-1"), [], plan.epoch)
+
+    assert not passed(result)
+    lines = verdict_lines(result)
+    assert sum("MISSED" in line for line in lines) == len(plan.scenario.faults) + 2  # + slowed rank, flap
+    assert any("slow_node" in line and plan.slow_node in line for line in lines)
+    assert lines[-1].endswith("FAIL")
+
+
+@pytest.mark.integration
+@pytest.mark.torch
+def test_a_headless_timed_demo_detects_every_injected_fault_and_reports_no_confounder(tmp_path: Path):
+    real_links = can_make_links()
+    flags = ["--duration", "200", "--headless", *(["--real-links"] if real_links else [])]
+    process = subprocess.Popen(demo(tmp_path, *flags), cwd=REPO, stdout=subprocess.PIPE, text=True)
+    out, _ = process.communicate(timeout=600)
+
+    assert process.returncode == 0, out
+    assert re.search(r"^\d+ of \d+ faults detected, 0 confounder reports, .*: PASS$", out, re.M), out
+    # one line per anomaly as it opens, and per drain decision
+    assert re.search(r"anomaly +opened gpu_fault \(critical\) on demo-026 gpu:2", out), out
+    assert re.search(r"anomaly +opened slow_node \(\w+\) on demo-031", out), out  # the DDP job's slow rank
+    assert re.search(r"drain +drain demo-026: dry-run \(dry-run mode\)", out), out
+    if real_links:
+        assert re.search(r"injected +ip link set fla0-\d+ down", out), out
+        assert re.search(r"anomaly +opened link_flap \(warning\) on demo-links fla0-\d+", out), out
+        assert (
+            "fleetlens-a-"
+            not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        )
+    if shutil.which("prometheus-alertmanager"):
+        assert re.search(r"Alertmanager holds \d+ alert name\(s\): .*FleetlensGpuFault", out), out
+    if os.geteuid() == 0 and shutil.which("slurmctld"):
+        assert "Slurm nodes: 32 idle" in out, out  # dry-run: decisions recorded, no node drained
+
+    # the store stays readable: a postmortem of the slowed rank's node shows the slowdown
+    [hint] = [line.strip() for line in out.splitlines() if line.strip().startswith("fleetlens postmortem")]
+    report = subprocess.run(
+        [sys.executable, "-m", "fleetlens.cli", *hint.split()[1:], "--format", "json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert report.returncode == 0, report.stderr
+    assert '"slow_node"' in report.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.torch
+def test_ctrl_c_stops_every_process_the_demo_started_and_leaves_the_store_readable(tmp_path: Path):
+    ui_port = free_port()
+    process = subprocess.Popen(
+        demo(tmp_path, "--ui-port", str(ui_port)),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
+    seen = []
+    deadline = time.monotonic() + 240
+    try:
+        while not any("anomaly   opened" in line for line in seen):  # the platform is up and detecting
+            assert process.poll() is None, "".join(seen)
+            seen.append(lines.get(timeout=max(1.0, deadline - time.monotonic())))
+        hub = next(line.split()[1] for line in seen if line.strip().startswith("hub:"))
+        assert f"http://127.0.0.1:{ui_port}" in "".join(seen)
+        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/_stcore/health", timeout=10) as answer:
+            assert answer.status == 200
+        with urllib.request.urlopen(f"{hub}/healthz", timeout=10) as answer:
+            assert answer.status == 200
+        children = descendants(process.pid)
+        assert len(children) >= 8  # fleet, hub, torchrun and 4 ranks, the UI (and peers when installed)
+
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=120) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    while not lines.empty():
+        seen.append(lines.get())
+    assert still_running(children) == []
+    assert any(line.startswith("store kept at") for line in seen), "".join(seen)
+
+    sql = "SELECT (SELECT count() FROM anomalies) AS anomalies, (SELECT count() FROM steps) AS steps"
+    count = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fleetlens.cli",
+            "query",
+            "--store",
+            f"chdb://{tmp_path / 'store'}",
+            "--json",
+            sql,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert count.returncode == 0, count.stderr
+    assert re.search(r'"anomalies": [1-9]', count.stdout) and re.search(r'"steps": [1-9]', count.stdout)
