@@ -41,8 +41,9 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-demo: install
-	$(VENV)/bin/fleetlens exporter --gpu-backend sim --listen 127.0.0.1:9400 --node demo-node-01
+# The whole platform on this machine (fleetlens demo); DEMO_FLAGS="--duration 300 --headless" for a scored run.
+demo: $(VENV)/.torch
+	$(VENV)/bin/fleetlens demo $(DEMO_FLAGS)
 
 bench: install-test
 	$(PY) bench/exporter.py
