@@ -19,12 +19,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import json
 import math
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -96,7 +98,7 @@ class Plan:
 
     scenario: Scenario
     epoch: float
-    duration_s: float | None
+    duration_s: float | None  # None: until stopped
     job_nodes: tuple[str, ...]
     slow_from_s: float
     flaps_at_s: tuple[float, ...]
@@ -114,8 +116,22 @@ class Plan:
             end = self.flaps_at_s[-1] + FLAP_DOWN_S
             faults.append(Fault("link_flap", LINKS_NODE, self.flaps_at_s[0], end, params=params))
         return dataclasses.replace(
-            self.scenario, duration_s=self.duration_s, faults=(*self.scenario.faults, *faults)
+            self.scenario,
+            duration_s=self.duration_s or self.scenario.duration_s,
+            faults=(*self.scenario.faults, *faults),
         )
+
+    def timeline(self) -> list[tuple[float, str]]:
+        """(seconds from epoch, what starts) for every fault and confounder of the scenario."""
+        events = [
+            (fault.start_s, f"{fault.kind} on {fault.node} {fault.component}")
+            for fault in self.scenario.faults
+        ]
+        events += [
+            (item.start_s, f"confounder {item.kind} on {item.node or item.job}")
+            for item in self.scenario.confounders
+        ]
+        return sorted(events)
 
 
 def make_plan(scenario: Scenario, duration_s: float | None, now: float) -> Plan:
@@ -137,7 +153,7 @@ def make_plan(scenario: Scenario, duration_s: float | None, now: float) -> Plan:
     return Plan(
         scenario=scenario,
         epoch=math.floor(now),
-        duration_s=duration_s if duration_s is not None else scenario.duration_s,
+        duration_s=duration_s,
         job_nodes=tuple(free[-JOB_RANKS:]),
         slow_from_s=min(150.0, 0.35 * span),
         flaps_at_s=tuple(flap_start + k * FLAP_EVERY_S for k in range(REAL_FLAPS)),
@@ -221,7 +237,8 @@ def _start_platform(
         [
             *fleetlens,
             *("sim", "serve", str(options.scenario), "--file-sd", str(fleet_sd), "--hub", hub_url),
-            *("--epoch", str(plan.epoch), "--until", str(plan.duration_s - SETTLE_S)),
+            *("--epoch", str(plan.epoch)),
+            *(("--until", str(plan.duration_s - SETTLE_S)) if plan.duration_s is not None else ()),
             *("--workdir", str(workdir / "fleet")),
         ],
     )
@@ -348,23 +365,29 @@ def _watch(
 ) -> bool:
     """Print what the hub records until the run's end (True) or a signal (False)."""
     narrator = Narrator(client, plan.epoch)
-    flaps = (
-        sorted(
-            (plan.epoch + t + offset, up)
-            for t in plan.flaps_at_s
-            for offset, up in ((0.0, False), (FLAP_DOWN_S, True))
-        )
-        if links is not None
-        else []
-    )
+    events: list[tuple[float, str, Callable[[], None] | None]] = [
+        (plan.epoch + t, what.strip(), None) for t, what in plan.timeline()
+    ]
+    if links is not None:
+        for t in plan.flaps_at_s:
+            for offset, up in ((0.0, False), (FLAP_DOWN_S, True)):
+                action = functools.partial(links.set_link, up)
+                events.append(
+                    (
+                        plan.epoch + t + offset,
+                        f"ip link set {links.flap_port} {'up' if up else 'down'}",
+                        action,
+                    )
+                )
+    events.sort(key=lambda event: event[0])
     end = plan.epoch + plan.duration_s if plan.duration_s is not None else math.inf
     while not stop.wait(POLL_S):
         children.check()
-        while flaps and flaps[0][0] <= time.time():
-            _, up = flaps.pop(0)
-            assert links is not None
-            links.set_link(up)
-            say(f"{_clock(time.time())}  injected  ip link set {links.flap_port} {'up' if up else 'down'}")
+        while events and events[0][0] <= time.time():
+            _, what, action = events.pop(0)
+            if action is not None:
+                action()
+            say(f"{_clock(time.time())}  injected  {what}")
         for line in narrator.poll():
             say(line)
         if time.time() >= end:
@@ -432,12 +455,20 @@ def _clock(unix_s: float) -> str:
 def _peers_after(alertmanager: str | None, slurm: peers.SlurmCluster | None, say: Say) -> None:
     """What the peers hold at the end: Alertmanager's alerts, and Slurm's nodes (dry-run drained none)."""
     if alertmanager is not None:
-        with urllib.request.urlopen(f"{alertmanager}/api/v2/alerts", timeout=10) as answer:
-            names = sorted({alert["labels"]["alertname"] for alert in json.load(answer)})
-        say(f"Alertmanager holds {len(names)} alert name(s): {', '.join(names) or 'none'}")
+        try:
+            with urllib.request.urlopen(f"{alertmanager}/api/v2/alerts", timeout=10) as answer:
+                names = sorted({alert["labels"]["alertname"] for alert in json.load(answer)})
+        except (OSError, ValueError) as error:
+            say(f"Alertmanager did not say what it holds: {error}")
+        else:
+            say(f"Alertmanager holds {len(names)} alert name(s): {', '.join(names) or 'none'}")
     if slurm is not None:
-        states = collections.Counter(state for state, _ in slurm.sinfo().values())
-        say("Slurm nodes: " + ", ".join(f"{count} {state}" for state, count in sorted(states.items())))
+        try:
+            states = collections.Counter(state for state, _ in slurm.sinfo().values())
+        except (OSError, subprocess.SubprocessError) as error:
+            say(f"Slurm did not say how its nodes are: {error}")
+        else:
+            say("Slurm nodes: " + ", ".join(f"{count} {state}" for state, count in sorted(states.items())))
 
 
 def _score(client: HubClient, plan: Plan, links: RealLinks | None, say: Say) -> int:

@@ -78,6 +78,8 @@ def test_the_plan_puts_the_job_on_free_nodes_and_leaves_out_what_a_short_run_cou
     assert all(fault.start_s < 200 - SETTLE_S for fault in plan.scenario.faults)
     assert len(plan.scenario.faults) < len(scenario.faults)
     assert plan.slow_from_s + 60 < 200 and plan.flaps_at_s[-1] < 200 - SETTLE_S
+    until_stopped = make_plan(scenario, None, NOW)  # Ctrl-C ends it: everything is injected
+    assert until_stopped.duration_s is None and until_stopped.scenario.faults == scenario.faults
     with pytest.raises(DemoError, match="at least 180"):
         make_plan(scenario, 60, NOW)
     crowded = dataclasses.replace(scenario.jobs[0], nodes=tuple(scenario.fleet.names))
