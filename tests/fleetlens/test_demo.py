@@ -1,6 +1,7 @@
 """`fleetlens demo` end to end, every part a real process: the live simulated fleet, the hub with its
 embedded store, a PyTorch DDP job with a slowed rank, Alertmanager and a private Slurm when installed
-(root), real veth links in network namespaces when root, and the UI."""
+(root), real veth links in network namespaces when root, and the UI, whose Fleet page (seen by a
+headless Chromium) is the README's screenshot, docs/fleet.png."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ import pytest
 from analytics.evaluation import evaluate
 from analytics.scenario import load_scenario
 from fleetlens.demo.run import SCENARIO, SETTLE_S, DemoError, make_plan, passed, verdict_lines
+from tests.support.browser import chromium
 from tests.support.peers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
+SCREENSHOT = REPO / "docs" / "fleet.png"
 NOW = 1_800_000_000.0
 
 
@@ -151,9 +154,10 @@ def test_ctrl_c_stops_every_process_the_demo_started_and_leaves_the_store_readab
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()
     seen = []
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 300
     try:
-        while not any("anomaly   opened" in line for line in seen):  # the platform is up and detecting
+        # up and detecting: the flapping port of the scenario is seen, after a lost GPU, an XID, a slow node
+        while not re.search(r"anomaly +opened link_flap \(warning\) on demo-020", "".join(seen)):
             assert process.poll() is None, "".join(seen)
             seen.append(lines.get(timeout=max(1.0, deadline - time.monotonic())))
         hub = next(line.split()[1] for line in seen if line.strip().startswith("hub:"))
@@ -162,6 +166,10 @@ def test_ctrl_c_stops_every_process_the_demo_started_and_leaves_the_store_readab
             assert answer.status == 200
         with urllib.request.urlopen(f"{hub}/healthz", timeout=10) as answer:
             assert answer.status == 200
+        if shutil.which("chromium"):  # the README's screenshot: the demo's Fleet page
+            with chromium(shutil.which("chromium"), tmp_path / "profile") as browser:
+                browser.visible_text(f"http://127.0.0.1:{ui_port}/", ["demo-026", "anomalous", "gpu_fault"])
+                browser.screenshot(SCREENSHOT)
         children = descendants(process.pid)
         assert len(children) >= 8  # fleet, hub, torchrun and 4 ranks, the UI (and peers when installed)
 
