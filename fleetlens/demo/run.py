@@ -32,21 +32,21 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
 
-from alerts import commands
-from analytics.evaluation import CONFOUNDER, ScenarioResult, evaluate
+from analytics.errors import StoreUnavailable
+from analytics.evaluation import evaluate
 from analytics.hubclient import HubClient
-from analytics.records import ActionRow, Anomaly
 from analytics.scenario import Fault, Scenario, load_scenario
 from fleetlens.demo import peers
 from fleetlens.demo.children import Children
 from fleetlens.demo.links import RealLinks
+from fleetlens.demo.report import Narrator, clock, passed, read_anomalies, verdict_lines
 
 SCENARIO = Path(__file__).with_name("fleet.yaml")
 JOB = "ddp-demo"
@@ -65,15 +65,6 @@ WINDOW_S = 10.0  # the hub's detection window (its default)
 POLL_S = 1.0
 JOB_ENV = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}  # one thread per rank, gloo on loopback
 START_TIMEOUT_S = 120.0
-
-ANOMALIES_SQL = """
-SELECT id, toUnixTimestamp64Milli(start) / 1000 AS start,
-    if(end IS NULL, NULL, toUnixTimestamp64Milli(assumeNotNull(end)) / 1000) AS end,
-    kind, node, component, job, severity, score, evidence, detector, detector_version
-FROM anomalies FINAL
-WHERE start >= fromUnixTimestamp64Milli(toInt64({since:Float64} * 1000))
-ORDER BY start, node, kind
-"""
 
 Say = Callable[[str], None]
 
@@ -124,7 +115,7 @@ class Plan:
     def timeline(self) -> list[tuple[float, str]]:
         """(seconds from epoch, what starts) for every fault and confounder of the scenario."""
         events = [
-            (fault.start_s, f"{fault.kind} on {fault.node} {fault.component}")
+            (fault.start_s, f"{fault.kind} on {fault.node} {fault.component}".strip())
             for fault in self.scenario.faults
         ]
         events += [
@@ -355,6 +346,21 @@ def _banner(
     say(f"  {until}; the scenario injects {injected}")
 
 
+Injection = tuple[float, str, Callable[[], None] | None]  # (unix time, what, what the demo does then)
+
+
+def _injections(plan: Plan, links: RealLinks | None) -> list[Injection]:
+    """The scenario's faults and confounders as they start (the fleet plays them), and the real flaps
+    (the demo makes them), in time order."""
+    events: list[Injection] = [(plan.epoch + t, what, None) for t, what in plan.timeline()]
+    if links is not None:
+        for t in plan.flaps_at_s:
+            for offset, up in ((0.0, False), (FLAP_DOWN_S, True)):
+                what = f"ip link set {links.flap_port} {'up' if up else 'down'}"
+                events.append((plan.epoch + t + offset, what, functools.partial(links.set_link, up)))
+    return sorted(events, key=lambda event: event[0])
+
+
 def _watch(
     children: Children,
     client: HubClient,
@@ -363,93 +369,33 @@ def _watch(
     stop: threading.Event,
     say: Say,
 ) -> bool:
-    """Print what the hub records until the run's end (True) or a signal (False)."""
+    """Inject the real flaps and tell what happens until the run's end (True) or a signal (False)."""
     narrator = Narrator(client, plan.epoch)
-    events: list[tuple[float, str, Callable[[], None] | None]] = [
-        (plan.epoch + t, what.strip(), None) for t, what in plan.timeline()
-    ]
-    if links is not None:
-        for t in plan.flaps_at_s:
-            for offset, up in ((0.0, False), (FLAP_DOWN_S, True)):
-                action = functools.partial(links.set_link, up)
-                events.append(
-                    (
-                        plan.epoch + t + offset,
-                        f"ip link set {links.flap_port} {'up' if up else 'down'}",
-                        action,
-                    )
-                )
-    events.sort(key=lambda event: event[0])
+    events = _injections(plan, links)
     end = plan.epoch + plan.duration_s if plan.duration_s is not None else math.inf
+    hub_error = ""
     while not stop.wait(POLL_S):
         children.check()
         while events and events[0][0] <= time.time():
             _, what, action = events.pop(0)
             if action is not None:
                 action()
-            say(f"{_clock(time.time())}  injected  {what}")
-        for line in narrator.poll():
-            say(line)
+            say(f"{clock(time.time())}  injected  {what}")
+        try:
+            for line in narrator.poll():
+                say(line)
+            hub_error = ""
+        except StoreUnavailable as error:  # a hub busy or restarting: said once, tried again
+            if str(error) != hub_error:
+                say(f"{clock(time.time())}  (hub did not answer: {error})")
+            hub_error = str(error)
         if time.time() >= end:
             return True
     return False
 
 
-class Narrator:
-    """One line per anomaly as it opens and as it closes, and per drain decision, from the hub's store."""
-
-    def __init__(self, client: HubClient, since: float) -> None:
-        self._client = client
-        self._since = since
-        self._ended: dict[str, bool] = {}
-        self._actions_since = since
-        self._actions_told: set[ActionRow] = set()
-
-    def poll(self) -> Iterator[str]:
-        for anomaly in read_anomalies(self._client, self._since):
-            ended = anomaly.end is not None
-            if self._ended.get(anomaly.id) == ended:
-                continue
-            self._ended[anomaly.id] = ended
-            verb = "closed" if ended else "opened"
-            where = f"{anomaly.node} {anomaly.component}".strip()
-            at = anomaly.end if anomaly.end is not None else anomaly.start
-            what = f"{verb} {anomaly.kind} ({anomaly.severity}) on {where} at {_clock(at)}"
-            yield f"{_clock(time.time())}  anomaly   {what}: {_brief(anomaly.evidence)}"
-        for row in commands.actions(self._client, since=self._actions_since):
-            if row in self._actions_told:  # rows at the last poll's time come again
-                continue
-            self._actions_told.add(row)
-            self._actions_since = max(self._actions_since, row.ts)
-            decision = f"{row.action} {row.node}: {row.outcome} ({row.mode} mode)"
-            yield f"{_clock(time.time())}  drain     {decision}: {row.reason}"
-
-
-def read_anomalies(client: HubClient, since: float) -> list[Anomaly]:
-    result = client.query(ANOMALIES_SQL, parameters={"since": since}, max_rows=100_000)
-    return [Anomaly(**dict(zip(result.columns, row, strict=True))) for row in result.rows]
-
-
-def _brief(evidence: str, width: int = 100) -> str:
-    """The evidence as key=value pairs, numbers to 4 significant digits, cut at `width` characters."""
-    text = " ".join(f"{key}={_short(value)}" for key, value in json.loads(evidence).items())
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def _short(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, list | dict):
-        return json.dumps(value, separators=(",", ":"))
-    return str(value)
-
-
 def _iso(unix_s: float) -> str:
     return datetime.fromtimestamp(unix_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _clock(unix_s: float) -> str:
-    return datetime.fromtimestamp(unix_s, UTC).strftime("%H:%M:%S")
 
 
 def _peers_after(alertmanager: str | None, slurm: peers.SlurmCluster | None, say: Say) -> None:
@@ -479,30 +425,3 @@ def _score(client: HubClient, plan: Plan, links: RealLinks | None, say: Say) -> 
     for line in verdict_lines(result):
         say(line)
     return 0 if passed(result) else 1
-
-
-def passed(result: ScenarioResult) -> bool:
-    return all(outcome.detected for outcome in result.faults) and not any(
-        report.verdict == CONFOUNDER for report in result.reports
-    )
-
-
-def verdict_lines(result: ScenarioResult) -> list[str]:
-    lines = ["", "injected                                         detected"]
-    for outcome in result.faults:
-        fault = outcome.fault
-        where = f"{fault.node} {fault.component}".strip()
-        found = f"after {outcome.latency_s:g} s" if outcome.detected else "MISSED"
-        lines.append(f"  {fault.kind:17} {where:30} {found}")
-    confounders = [report for report in result.reports if report.verdict == CONFOUNDER]
-    for report in confounders:
-        anomaly = report.report.anomaly
-        why = "; ".join(report.explained_by)
-        lines.append(f"  CONFOUNDER REPORTED: {anomaly.kind} on {anomaly.node} ({why})")
-    detected = sum(outcome.detected for outcome in result.faults)
-    other = sum(report.verdict not in ("true", CONFOUNDER) for report in result.reports)
-    lines.append(
-        f"{detected} of {len(result.faults)} faults detected, {len(confounders)} confounder reports, "
-        f"{other} other reports: {'PASS' if passed(result) else 'FAIL'}"
-    )
-    return lines

@@ -22,7 +22,8 @@ import pytest
 
 from analytics.evaluation import evaluate
 from analytics.scenario import load_scenario
-from fleetlens.demo.run import SCENARIO, SETTLE_S, DemoError, make_plan, passed, verdict_lines
+from fleetlens.demo.report import passed, verdict_lines
+from fleetlens.demo.run import SCENARIO, SETTLE_S, DemoError, make_plan
 from tests.support.browser import chromium
 from tests.support.peers import free_port
 
