@@ -6,6 +6,7 @@ Flags override the environment, which overrides the config file (see fleetlens.c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -249,9 +250,12 @@ def cmd_sim_serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="fleetlens-live-", dir=pipeline.scratch_dir()))
-    fleet = LiveFleet(scenario, workdir, epoch).start()
-    try:
+    with contextlib.ExitStack() as stack:
+        if args.workdir is None:  # the /sys trees are rewritten at every scrape: tmpfs where there is one
+            scratch = tempfile.TemporaryDirectory(prefix="fleetlens-live-", dir=pipeline.scratch_dir())
+            args.workdir = stack.enter_context(scratch)
+        fleet = LiveFleet(scenario, Path(args.workdir), epoch).start()
+        stack.callback(fleet.close)
         write_file_sd(Path(args.file_sd), fleet.targets)
         print(
             f"fleetlens sim: {len(fleet.targets)} nodes of {scenario.name} on loopback, targets in "
@@ -262,8 +266,6 @@ def cmd_sim_serve(args: argparse.Namespace) -> int:
             fleet.post_steps_until(stop, urlsplit(args.hub).netloc)
         else:
             stop.wait()
-    finally:
-        fleet.close()
     return 0
 
 

@@ -230,7 +230,6 @@ def _start_platform(
             *("sim", "serve", str(options.scenario), "--file-sd", str(fleet_sd), "--hub", hub_url),
             *("--epoch", str(plan.epoch)),
             *(("--until", str(plan.duration_s - SETTLE_S)) if plan.duration_s is not None else ()),
-            *("--workdir", str(workdir / "fleet")),
         ],
     )
     _wait(children, "the simulated fleet", fleet_sd.exists)
