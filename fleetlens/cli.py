@@ -251,10 +251,11 @@ def cmd_sim_serve(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     with contextlib.ExitStack() as stack:
-        if args.workdir is None:  # the /sys trees are rewritten at every scrape: tmpfs where there is one
+        workdir = args.workdir
+        if workdir is None:  # the /sys trees are rewritten at every scrape: tmpfs where there is one
             scratch = tempfile.TemporaryDirectory(prefix="fleetlens-live-", dir=pipeline.scratch_dir())
-            args.workdir = stack.enter_context(scratch)
-        fleet = LiveFleet(scenario, Path(args.workdir), epoch).start()
+            workdir = stack.enter_context(scratch)
+        fleet = LiveFleet(scenario, Path(workdir), epoch).start()
         stack.callback(fleet.close)
         write_file_sd(Path(args.file_sd), fleet.targets)
         print(

@@ -51,12 +51,19 @@ def wait_http(url: str, process: subprocess.Popen, timeout: float = 20.0) -> Non
         if process.poll() is not None:
             out = process.stdout.read() if process.stdout else ""
             raise RuntimeError(f"{process.args[0]} exited with {process.returncode}:\n{out}")
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            time.sleep(0.1)
+        if answers(url):
+            return
+        time.sleep(0.1)
     raise TimeoutError(f"{url} did not answer within {timeout}s")
+
+
+def answers(url: str, timeout_s: float = 1.0) -> bool:
+    """Whether `url` answers a GET with a success status now."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s):
+            return True
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
 
 
 def stop(process: subprocess.Popen, timeout_s: float = 10.0) -> None:

@@ -62,7 +62,8 @@ FLAP_EVERY_S = 20.0
 REAL_FLAPS = 2
 LINKS_NODE = "demo-links"
 WINDOW_S = 10.0  # the hub's detection window (its default)
-POLL_S = 1.0
+POLL_S = 1.0  # the clock of the real flaps
+NARRATE_S = 5.0  # how often the hub is asked what it recorded (each ask is a query on its store)
 JOB_ENV = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}  # one thread per rank, gloo on loopback
 START_TIMEOUT_S = 120.0
 
@@ -244,19 +245,19 @@ def _start_platform(
                 *("--sysfs-root", str(links.sysfs_root)),
             ],
         )
-        _wait(children, "the real-links exporter", lambda: _answers(f"http://{listen}/metrics"))
+        _wait(children, "the real-links exporter", lambda: peers.answers(f"http://{listen}/metrics"))
         targets.append({"targets": [listen], "labels": {"node": LINKS_NODE}})
     (workdir / "targets.json").write_text(json.dumps(targets, indent=1) + "\n")
     config = workdir / "hub.yaml"
     config.write_text(yaml.safe_dump(_hub_config(options, plan, workdir, hub_port, alertmanager, slurm)))
     env = slurm.env if slurm is not None else {}
     children.start("hub", [*fleetlens, "hub", "--config", str(config)], env=env)
-    _wait(children, "the hub", lambda: _answers(f"{hub_url}/healthz"))
+    _wait(children, "the hub", lambda: peers.answers(f"{hub_url}/healthz"))
     children.start("job", _job_command(plan, hub_url), env=JOB_ENV)
     if not options.headless:
         ui = [*fleetlens, "ui", "--hub", hub_url, "--config", str(config), "--port", str(options.ui_port)]
         children.start("ui", ui)
-        _wait(children, "the UI", lambda: _answers(f"http://127.0.0.1:{options.ui_port}/_stcore/health"))
+        _wait(children, "the UI", lambda: peers.answers(f"http://127.0.0.1:{options.ui_port}/_stcore/health"))
     return hub_url
 
 
@@ -295,14 +296,6 @@ def _job_command(plan: Plan, hub_url: str) -> list[str]:
         *("--slow-rank", str(SLOW_RANK), "--slow-factor", str(SLOW_FACTOR)),
         *("--slow-from-s", str(plan.slow_from_s), "--slow-until-s", str(plan.slow_from_s + SLOW_FOR_S)),
     ]
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2):
-            return True
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return False
 
 
 def _wait(children: Children, what: str, ready: Callable[[], bool]) -> None:
@@ -372,7 +365,7 @@ def _watch(
     narrator = Narrator(client, plan.epoch)
     events = _injections(plan, links)
     end = plan.epoch + plan.duration_s if plan.duration_s is not None else math.inf
-    hub_error = ""
+    hub_error, next_narration = "", 0.0
     while not stop.wait(POLL_S):
         children.check()
         while events and events[0][0] <= time.time():
@@ -380,17 +373,26 @@ def _watch(
             if action is not None:
                 action()
             say(f"{clock(time.time())}  injected  {what}")
-        try:
-            for line in narrator.poll():
-                say(line)
-            hub_error = ""
-        except StoreUnavailable as error:  # a hub busy or restarting: said once, tried again
-            if str(error) != hub_error:
-                say(f"{clock(time.time())}  (hub did not answer: {error})")
-            hub_error = str(error)
-        if time.time() >= end:
+        finished = time.time() >= end
+        if finished or time.monotonic() >= next_narration:
+            next_narration = time.monotonic() + NARRATE_S
+            hub_error = _narrate(narrator, hub_error, say)
+        if finished:
             return True
     return False
+
+
+def _narrate(narrator: Narrator, hub_error: str, say: Say) -> str:
+    """Say what the hub recorded since the last time; a hub that does not answer (busy, restarting)
+    is said once per error. Returns the error, or "" when it answered."""
+    try:
+        for line in narrator.poll():
+            say(line)
+    except StoreUnavailable as error:
+        if str(error) != hub_error:
+            say(f"{clock(time.time())}  (hub did not answer: {error})")
+        return str(error)
+    return ""
 
 
 def _iso(unix_s: float) -> str:

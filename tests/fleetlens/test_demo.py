@@ -40,19 +40,23 @@ def can_make_links() -> bool:
     return os.geteuid() == 0 and all(shutil.which(tool) for tool in ("ip", "nsenter", "mount"))
 
 
+def stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def descendants(pid: int) -> dict[int, str]:
     """pid -> start time of every process under `pid` (its children in other sessions included)."""
     parents: dict[int, list[int]] = {}
     starts: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents.setdefault(int(fields[1]), []).append(int(entry.name))
-        starts[int(entry.name)] = fields[19]
+        fields = stat(entry.name) if entry.name.isdigit() else None
+        if fields is not None:
+            parents.setdefault(int(fields[1]), []).append(int(entry.name))
+            starts[int(entry.name)] = fields[19]
     found, todo = {}, list(parents.get(pid, []))
     while todo:
         child = todo.pop()
@@ -62,15 +66,12 @@ def descendants(pid: int) -> dict[int, str]:
 
 
 def still_running(processes: dict[int, str]) -> list[int]:
-    alive = []
-    for pid, start in processes.items():
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[19] == start and fields[0] != "Z":
-            alive.append(pid)
-    return alive
+    """The processes of `processes` that still run (the same start time, not a zombie)."""
+    return [
+        pid
+        for pid, start in processes.items()
+        if (fields := stat(pid)) is not None and fields[19] == start and fields[0] != "Z"
+    ]
 
 
 def test_the_plan_puts_the_job_on_free_nodes_and_leaves_out_what_a_short_run_could_not_detect():
