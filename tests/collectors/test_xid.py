@@ -20,7 +20,11 @@ from collectors.xid import KmsgReader, XidCollector, open_kernel_log, parse_xid_
 from tests.support.exposition import samples_of
 
 # What each gpud fixture holds, read off the files: (PCI address, Xid) per Xid line.
-GPUD_XIDS = {"dmesg-with-xid-119.log": [("00000000:9B:00.0", 119)] * 5}
+GPUD_XIDS = {
+    "dmesg-with-xid-119.log": [("00000000:9B:00.0", 119)] * 5,
+    # one GPU's hard fault: a double-bit ECC error, its row marked for remapping, nine contained errors
+    "dmesg.0.log": [("00000000:19:00.0", 48), ("00000000:19:00.0", 63)] + [("00000000:19:00.0", 94)] * 9,
+}
 
 
 def parse_file(path: Path) -> tuple[list[tuple[str, int]], int]:
