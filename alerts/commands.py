@@ -6,18 +6,26 @@ with `query` (a Store, or analytics.hubclient.HubClient through the hub's query 
 
 Approvals, denials and undrain requests are `actions` rows with outcome `requested`; the hub's
 controller picks them up on its next cycle and records what it did with them.
+
+A `silences` row that holds no valid silence (stored before the hub checked them, or written to a
+ClickHouse server directly) never fails a reader: `silences` skips it, logging it once per silence id,
+`stored_silences` shows it with the reason, and `expire_silence` can end it.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from alerts.errors import DecisionError, SilenceError
-from alerts.silences import Silence
-from analytics.records import ActionRow, QueryResult
+from alerts.silences import Silence, silence_from_row
+from analytics.records import ActionRow, QueryResult, SilenceRow
+
+log = logging.getLogger(__name__)
 
 REQUESTS = ("approve", "deny", "undrain")
 
@@ -41,17 +49,57 @@ def rows(result: QueryResult) -> list[dict[str, Any]]:
 
 SILENCES_SQL = """
 SELECT id, matchers, toUnixTimestamp64Milli(starts_at) / 1000 AS starts_at,
-    toUnixTimestamp64Milli(ends_at) / 1000 AS ends_at, created_by, comment
+    toUnixTimestamp64Milli(ends_at) / 1000 AS ends_at, created_by, comment,
+    toUnixTimestamp64Milli(updated_at) / 1000 AS updated_at
 FROM silences FINAL
-WHERE ends_at > fromUnixTimestamp64Milli(toInt64({since:Float64} * 1000))
+WHERE ends_at > fromUnixTimestamp64Milli(toInt64({since:Float64} * 1000)) AND ends_at > starts_at
 ORDER BY starts_at
 """
+_reported_invalid: set[str] = set()  # ids of the invalid silences logged already, so each is logged once
+
+
+@dataclass(frozen=True)
+class StoredSilence:
+    """A `silences` row as read back: the silence it holds, or None and the reason it holds none."""
+
+    row: SilenceRow
+    silence: Silence | None
+    problem: str = ""
+
+    @classmethod
+    def of(cls, row: SilenceRow) -> StoredSilence:
+        """`row` checked by alerts.silences.silence_from_row: a failure is kept as the reason, not raised."""
+        try:
+            return cls(row, silence_from_row(row))
+        except SilenceError as error:
+            return cls(row, None, str(error))
+
+
+def stored_silences(source: Reader, since: float | None = None) -> list[StoredSilence]:
+    """Every row of a silence that ends after `since` (default now), valid or not, by start time.
+
+    A row whose ends_at is not after its starts_at mutes nothing and is left out: an expired silence
+    that had not started yet is one."""
+    since = time.time() if since is None else since
+    result = source.query(SILENCES_SQL, parameters={"since": since})
+    return [StoredSilence.of(SilenceRow(**row)) for row in rows(result)]
 
 
 def silences(source: Reader, since: float | None = None) -> list[Silence]:
-    """Silences that end after `since` (default now): the ones in force or to come."""
-    since = time.time() if since is None else since
-    return [Silence.from_row(row) for row in rows(source.query(SILENCES_SQL, parameters={"since": since}))]
+    """The valid silences that end after `since` (default now): the ones in force or to come. An invalid
+    row is skipped, and logged the first time this process reads it."""
+    found = []
+    for stored in stored_silences(source, since):
+        if stored.silence is not None:
+            found.append(stored.silence)
+        elif stored.row.id not in _reported_invalid:
+            _reported_invalid.add(stored.row.id)
+            log.warning(
+                "silence %r is invalid and mutes nothing (%s); `fleetlens silence expire` ends it",
+                stored.row.id,
+                stored.problem,
+            )
+    return found
 
 
 def add_silence(store: Writer, silence: Silence) -> Silence:
@@ -60,17 +108,16 @@ def add_silence(store: Writer, silence: Silence) -> Silence:
     return silence
 
 
-def expire_silence(store: Writer, silence_id: str) -> Silence:
-    """End a silence now; SilenceError when no silence in force or to come has that id."""
+def expire_silence(store: Writer, silence_id: str) -> StoredSilence:
+    """End a silence now, valid or not; SilenceError when no silence in force or to come has that id."""
     now = time.time()
-    found = next((s for s in silences(store, now) if s.id == silence_id), None)
+    found = next((s for s in stored_silences(store, now) if s.row.id == silence_id), None)
     if found is None:
         raise SilenceError(f"no silence {silence_id} is in force or to come")
-    expired = Silence(
-        found.id, found.matchers, min(found.starts_at, now), now, found.created_by, found.comment
-    )
-    store.insert_silences([expired.row(now)], token=f"silence/{silence_id}/expire/{now}")
-    return expired
+    row = replace(found.row, starts_at=min(found.row.starts_at, now), ends_at=now, updated_at=now)
+    store.insert_silences([row], token=f"silence/{silence_id}/expire/{now}")
+    silence = replace(found.silence, starts_at=row.starts_at, ends_at=now) if found.silence else None
+    return StoredSilence(row, silence, found.problem)
 
 
 # -- alerts ----------------------------------------------------------------------------------------------

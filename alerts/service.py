@@ -6,9 +6,10 @@
                      requests (approve, deny, undrain) ─▶ DrainController ─▶ backends, actions table
 
 Silences and people's requests are read from the store each cycle, so that those made through the
-CLI, the UI or another hub reach this one. The drain controller's fleet-level alert (breaker open)
-goes through the engine on the next cycle, like any alert. A receiver that fails never stops a
-cycle: deliveries run on their own threads and are recorded when they end.
+CLI, the UI or another hub reach this one; a stored silence that is not valid is skipped (and logged
+once), never a failed cycle (alerts.commands.silences). The drain controller's fleet-level alert
+(breaker open) goes through the engine on the next cycle, like any alert. A receiver that fails never
+stops a cycle: deliveries run on their own threads and are recorded when they end.
 """
 
 from __future__ import annotations

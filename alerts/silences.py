@@ -5,13 +5,23 @@ anchored at both ends, as Alertmanager's); a silence mutes an alert that every o
 matches, from `starts_at` until `ends_at`. A muted alert keeps its state and history, is not sent to
 receivers, and holds the drain controller's hand: a node under a silence is not drained.
 
-Silences live in the store's `silences` table, so the hub, the CLI and the UI see the same ones.
+Silences live in the store's `silences` table, so the hub, the CLI and the UI see the same ones. What a
+row must hold to be a silence is checked in one place, `silence_from_row`: by new_silence, by the hub on
+the way in (through `validate_row`), and by every reader, which skips a row that fails it rather than
+fail on it (alerts.commands). The checks, each failure a SilenceError naming the field:
+
+    id, comment         non-empty strings of valid Unicode, at most MAX_TEXT_CHARS (created_by may be empty)
+    matchers            JSON: a list of 1 to MAX_MATCHERS [name, operator, value] string triples; a name
+                        is a label name, an operator one of OPERATORS, a value (a regular expression for
+                        =~ and !~, which must compile) at most MAX_VALUE_CHARS
+    starts_at, ends_at  unix seconds within TIME_RANGE_S, ends_at after starts_at (updated_at too, in range)
 """
 
 from __future__ import annotations
 
 import json
 import re
+import reprlib
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -22,7 +32,13 @@ from alerts.errors import SilenceError
 from analytics.records import SilenceRow
 
 OPERATORS = ("=~", "!~", "!=", "=")  # longest first, so that `=~` is not read as `=`
-_MATCHER = re.compile(r"^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*(.*?)\s*$")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_MATCHER = re.compile(rf"^\s*({_LABEL_NAME.pattern})\s*(=~|!~|!=|=)\s*(.*?)\s*$")
+MAX_MATCHERS = 64
+MAX_VALUE_CHARS = 1024  # of a matcher's label name and value: a regular expression is compiled every cycle
+MAX_TEXT_CHARS = 4096  # of id, created_by and comment
+TIME_RANGE_S = (0.0, 7_258_118_400.0)  # 1970-01-01 to 2200-01-01 UTC, inside the store's DateTime64(3)
+EXPIRY_CLOCK_SKEW_S = 60.0  # how far a client's clock may run ahead of the hub's when it expires a silence
 
 
 @dataclass(frozen=True)
@@ -34,12 +50,23 @@ class Matcher:
     value: str
 
     def __post_init__(self) -> None:
+        if len(self.name) > MAX_VALUE_CHARS or not _LABEL_NAME.fullmatch(self.name):
+            raise SilenceError(
+                f"matcher name {reprlib.repr(self.name)} is not a label name ({_LABEL_NAME.pattern})"
+            )
         if self.operator not in OPERATORS:
-            raise SilenceError(f"matcher {self}: operator must be one of {', '.join(OPERATORS)}")
+            raise SilenceError(
+                f"matcher {reprlib.repr(self.name)}: operator {reprlib.repr(self.operator)} is not one of "
+                f"{', '.join(OPERATORS)}"
+            )
+        if len(self.value) > MAX_VALUE_CHARS:
+            raise SilenceError(
+                f"matcher {self.name}: value of {len(self.value)} characters, more than {MAX_VALUE_CHARS}"
+            )
         if self.operator in ("=~", "!~"):
             try:
                 re.compile(self.value)
-            except re.error as error:
+            except (re.error, OverflowError, RecursionError) as error:  # a{10**10}, nesting too deep
                 raise SilenceError(f"matcher {self}: not a regular expression: {error}") from None
 
     @cached_property
@@ -69,7 +96,10 @@ def parse_matcher(text: str) -> Matcher:
         raise SilenceError(f"matcher {text!r}: expected NAME=VALUE, NAME!=VALUE, NAME=~REGEX or NAME!~REGEX")
     name, operator, value = found.groups()
     if len(value) >= 2 and value[0] == value[-1] == '"':
-        value = json.loads(value)
+        try:
+            value = json.loads(value)
+        except ValueError as error:
+            raise SilenceError(f"matcher {text!r}: the quoted value is not a JSON string: {error}") from None
     return Matcher(name, operator, value)
 
 
@@ -96,18 +126,96 @@ class Silence:
             self.id, matchers, self.starts_at, self.ends_at, self.created_by, self.comment, updated_at
         )
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, object]) -> Silence:
-        """A silence from a `silences` row (columns by name, times in unix seconds)."""
-        matchers = tuple(Matcher(*entry) for entry in json.loads(str(row["matchers"])))
-        return cls(
-            str(row["id"]),
-            matchers,
-            float(row["starts_at"]),  # type: ignore[arg-type]
-            float(row["ends_at"]),  # type: ignore[arg-type]
-            str(row["created_by"]),
-            str(row["comment"]),
+
+def silence_from_row(row: SilenceRow) -> Silence:
+    """The silence a `silences` row holds; SilenceError naming the field that keeps it from being one
+    (the checks are in the module docstring)."""
+    silence_id = _text("id", row.id, empty="must not be empty")
+    matchers = _matchers(row.matchers)
+    starts_at, ends_at = _time("starts_at", row.starts_at), _time("ends_at", row.ends_at)
+    _time("updated_at", row.updated_at)
+    if not ends_at > starts_at:
+        raise SilenceError(f"ends_at: {ends_at} is not after starts_at {starts_at}")
+    created_by = _text("created_by", row.created_by)
+    comment = _text("comment", row.comment, empty="a silence needs a comment saying why")
+    return Silence(silence_id, matchers, starts_at, ends_at, created_by, comment)
+
+
+def validate_row(row: SilenceRow, now: float | None = None) -> None:
+    """What the hub takes into `silences`: a row that holds a silence (silence_from_row), or one that
+    ends by `now` (give or take EXPIRY_CLOCK_SKEW_S), which mutes nothing and is how a silence is
+    expired; such a row need only be storable, so that a silence stored before these checks, and
+    invalid, can still be expired. SilenceError naming the field otherwise."""
+    now = time.time() if now is None else now
+    if isinstance(row.ends_at, int | float) and row.ends_at <= now + EXPIRY_CLOCK_SKEW_S:
+        _storable(row)
+    else:
+        silence_from_row(row)
+
+
+def _storable(row: SilenceRow) -> None:
+    """SilenceError naming the first column of `row` that the store cannot hold."""
+    _text("id", row.id, empty="must not be empty", limit=None)
+    for name in ("matchers", "created_by", "comment"):
+        _text(name, getattr(row, name), limit=None)
+    for name in ("starts_at", "ends_at", "updated_at"):
+        _time(name, getattr(row, name))
+
+
+def _text(name: str, value: object, empty: str = "", limit: int | None = MAX_TEXT_CHARS) -> str:
+    """`value` if it is a string the store can hold (valid Unicode, at most `limit` characters, and not
+    blank where `empty` says why it must not be); SilenceError naming `name` otherwise."""
+    if not isinstance(value, str):
+        raise SilenceError(f"{name}: must be a string, got {reprlib.repr(value)}")
+    if limit is not None and len(value) > limit:
+        raise SilenceError(f"{name}: {len(value)} characters, more than {limit}")
+    if empty and not value.strip():
+        raise SilenceError(f"{name}: {empty}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise SilenceError(f"{name}: not valid Unicode ({error.reason} at character {error.start})") from None
+    return value
+
+
+def _time(name: str, value: object) -> float:
+    """`value` as unix seconds within TIME_RANGE_S; SilenceError naming `name` otherwise."""
+    low, high = TIME_RANGE_S
+    if isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high:  # not NaN
+        return float(value)
+    raise SilenceError(
+        f"{name}: must be unix seconds from {low:.0f} (1970-01-01) to {high:.0f} (2200-01-01), "
+        f"got {reprlib.repr(value)}"
+    )
+
+
+def _matchers(text: object) -> tuple[Matcher, ...]:
+    """The matchers of a row's JSON text; SilenceError naming the matcher that is wrong."""
+    text = _text("matchers", text, limit=None)
+    try:
+        entries = json.loads(text)
+    except RecursionError:
+        raise SilenceError("matchers: JSON nested too deeply") from None
+    except ValueError as error:
+        raise SilenceError(f"matchers: not JSON ({error})") from None
+    if not isinstance(entries, list) or not entries:
+        raise SilenceError(
+            'matchers: a silence needs at least one matcher, a JSON list like [["node", "=", "vela-007"]]'
         )
+    if len(entries) > MAX_MATCHERS:
+        raise SilenceError(f"matchers: {len(entries)} matchers, more than {MAX_MATCHERS}")
+    return tuple(_matcher(index, entry) for index, entry in enumerate(entries))
+
+
+def _matcher(index: int, entry: object) -> Matcher:
+    if not (isinstance(entry, list) and len(entry) == 3 and all(isinstance(part, str) for part in entry)):
+        raise SilenceError(
+            f"matchers[{index}]: must be [name, operator, value], three strings; got {reprlib.repr(entry)}"
+        )
+    try:
+        return Matcher(*entry)
+    except SilenceError as error:
+        raise SilenceError(f"matchers[{index}]: {error}") from None
 
 
 def new_silence(
@@ -118,17 +226,15 @@ def new_silence(
     comment: str,
     now: float | None = None,
 ) -> Silence:
-    """A silence starting now for `duration_s` seconds; SilenceError for no matchers, a bad matcher, a
-    duration that is not positive, or no comment (a person reading the audit needs to know why)."""
-    if not matchers:
-        raise SilenceError("a silence needs at least one matcher, e.g. node=vela-007")
+    """A silence starting now for `duration_s` seconds; SilenceError for a bad matcher, a duration that
+    is not positive, or anything silence_from_row refuses (no matcher; no comment: a person reading the
+    audit needs to know why)."""
     if not duration_s > 0:
         raise SilenceError(f"a silence needs a positive duration, got {duration_s} s")
-    if not comment.strip():
-        raise SilenceError("a silence needs a comment saying why")
     start = time.time() if now is None else now
     parsed = tuple(parse_matcher(text) for text in matchers)
-    return Silence(str(uuid.uuid4()), parsed, start, start + duration_s, created_by, comment)
+    draft = Silence(str(uuid.uuid4()), parsed, start, start + duration_s, created_by, comment)
+    return silence_from_row(draft.row(start))
 
 
 def muted_by(silences: Sequence[Silence], labels: Mapping[str, str], now: float) -> str | None:

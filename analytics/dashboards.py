@@ -155,18 +155,11 @@ def frame(
     """The result of `sql` as a DataFrame, its `times` columns (unix seconds, NULL allowed) as UTC
     timestamps; attrs["truncated"] when the row limit cut it."""
     result = source.query(sql, parameters=dict(parameters), max_rows=max_rows)
-    columns = result.columns or _columns_of(source, sql, parameters)
-    data = pd.DataFrame.from_records(result.rows, columns=columns)
+    data = pd.DataFrame.from_records(result.rows, columns=result.columns)
     for column in times:
         data[column] = pd.to_datetime(data[column].astype(float), unit="s", utc=True)
     data.attrs["truncated"] = result.truncated
     return data
-
-
-def _columns_of(source: QuerySource, sql: str, parameters: Mapping[str, Any]) -> list[str]:
-    """The column names of `sql`, asked of ClickHouse: chDB leaves them out of an empty result."""
-    described = source.query(f"DESCRIBE ({sql})", parameters=dict(parameters), max_rows=MAX_ROWS)
-    return [row[0] for row in described.rows]
 
 
 def _window(start: float, end: float, **more: Any) -> dict[str, Any]:

@@ -6,6 +6,7 @@
     │   └── StoreRejected      the store refused the data or statement: retrying the same thing fails again
     ├── QueryError             a read-only query was refused (a write, a syntax error, a limit exceeded)
     └── SchemaError            migrations cannot be applied (a newer schema than this code knows, a bad DSN)
+        └── AddressError       a store DSN or hub URL that is not understood (a bad flag or setting)
 
 Messages name what was refused and why, in words an operator can act on.
 """
@@ -35,3 +36,7 @@ class QueryError(AnalyticsError):
 
 class SchemaError(AnalyticsError):
     """The schema cannot be brought to this code's version, or the DSN is not understood."""
+
+
+class AddressError(SchemaError):
+    """A store DSN or a hub URL that cannot be understood: a bad flag or setting, not a bad store."""

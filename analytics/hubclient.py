@@ -12,13 +12,14 @@ import contextlib
 import json
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from analytics.errors import QueryError, StoreRejected, StoreUnavailable
+from analytics.errors import AddressError, QueryError, StoreRejected, StoreUnavailable
 from analytics.records import ActionRow, QueryResult, SilenceRow
 
 Opener = Callable[..., Any]
@@ -34,7 +35,7 @@ class HubClient:
         timeout_s: float = 60.0,
         opener: Opener = urllib.request.urlopen,
     ) -> None:
-        self.url = url.rstrip("/")
+        self.url = _checked_url(url)
         self._token = token if token is not None else os.environ.get("FLEETLENS_API_TOKEN")
         self._timeout_s = timeout_s
         self._open = opener
@@ -94,6 +95,18 @@ class HubClient:
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise StoreUnavailable(f"hub {self.url} unreachable: {reason}") from None
+
+
+def _checked_url(url: str) -> str:
+    """`url` without a trailing slash if it is http(s)://host[:port][/path]; AddressError naming it if not."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
+    except ValueError as error:
+        raise AddressError(f"hub URL {url!r}: {error}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise AddressError(f"hub URL {url!r}: expected http(s)://host:port, e.g. http://127.0.0.1:9500")
+    return url.rstrip("/")
 
 
 def _wire_value(value: Any) -> Any:

@@ -834,8 +834,7 @@ def _explained(message: str, sql: str) -> str:
     if not found:
         return f"query refused: {message}"
     statement = sql.rstrip().removesuffix(";").rstrip()
-    # ClickHouse counts from 1 in the statement as sent, which starts at its first non-blank character
-    position = int(found.group(1)) - 1 + len(sql) - len(sql.lstrip())
+    position = int(found.group(1)) - 1  # ClickHouse counts from 1 in the text as written
     if position >= len(statement):
         return (
             f"syntax error: the statement ends too early, after `{' '.join(statement.split())[-40:]}`; "

@@ -426,6 +426,10 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "silences and notifications", (SILENCES, NOTIFICATIONS)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
+# What queries may read: every table and view, by the name readers use (not the materialized view).
+READABLE = frozenset(
+    item.name for migration in MIGRATIONS for item in migration.objects if isinstance(item, Table | View)
+) | {SCHEMA_MIGRATIONS.name}
 EXPIRING_TABLES = tuple(
     item for migration in MIGRATIONS for item in migration.objects if isinstance(item, Table) and item.ttl
 )

@@ -10,20 +10,22 @@ Every insert carries its token to ClickHouse as insert_deduplication_token, so a
 crash or a timeout is stored once. Failures are StoreUnavailable (retry later: the hub spools) or
 StoreRejected (the data itself is bad).
 
-query() is read-only twice over: ClickHouse's `readonly=2` setting, and, because chDB (like
-clickhouse-local) lets `INSERT INTO FUNCTION file(...)`, `INTO OUTFILE` and the file()/url() table
-functions through under readonly, a check here that accepts one SELECT/WITH/SHOW/DESCRIBE/EXPLAIN/EXISTS
-statement touching no files, URLs or remote servers, with no SETTINGS clause of its own (a server would
-let one lift the row and time limits).
+query() takes SQL from anyone (the hub's query API, the CLI, the UI's SQL box): analytics.readonly runs it
+on read-only sessions of its own, and only what analytics.sqlpolicy accepts, on the parse tree ClickHouse
+builds: one SELECT over the project's tables. Queries and inserts never share a session, and a long query
+never holds up an insert.
+
+A Store is thread-safe. `session()` opens another writing session on the same store, for a consumer that
+should not wait for the others' inserts (the hub's detection loop and its API beside its writer).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from itertools import repeat
 from pathlib import Path
@@ -32,10 +34,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
-from clickhouse_connect.driver.exceptions import ClickHouseError, OperationalError
+from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from analytics import schema
-from analytics.errors import QueryError, SchemaError, StoreRejected, StoreUnavailable
+from analytics.clickhouse_errors import short, store_error, unreachable
+from analytics.errors import AddressError, SchemaError, StoreRejected, StoreUnavailable
+from analytics.readonly import Connect, ReadSessions
 from analytics.records import (
     ActionRow,
     AlertChange,
@@ -49,17 +53,11 @@ from analytics.records import (
 )
 from analytics.schema import Layout, Retention
 
-__all__ = ["DEFAULT_DATABASE", "DEFAULT_DSN", "Retention", "Store", "series_id"]
+__all__ = ["DEFAULT_DATABASE", "DEFAULT_DSN", "Retention", "Store", "series_id", "shown_dsn"]
 
 DEFAULT_DSN = "chdb://./data"
 DEFAULT_DATABASE = "fleetlens"
 MAX_KNOWN_SERIES = 2_000_000  # past this the known-series memo starts over (see KnownSeries)
-
-# ClickHouse error codes that mean "not now" rather than "never": TIMEOUT_EXCEEDED, TOO_SLOW,
-# TOO_MANY_SIMULTANEOUS_QUERIES, NO_FREE_CONNECTION, SOCKET_TIMEOUT, NETWORK_ERROR, NO_ZOOKEEPER, ABORTED,
-# MEMORY_LIMIT_EXCEEDED, TABLE_IS_READ_ONLY, NOT_ENOUGH_SPACE, TOO_MANY_PARTS, ALL_CONNECTION_TRIES_FAILED,
-# TOO_FEW_LIVE_REPLICAS, UNKNOWN_STATUS_OF_INSERT, KEEPER_EXCEPTION.
-TRANSIENT_CODES = frozenset({159, 160, 202, 203, 209, 210, 225, 236, 241, 242, 243, 252, 279, 285, 319, 999})
 
 SERIES_COLUMNS = ("series_id", "metric", "node", "labels", "first_seen")
 # Samples as sent: metric and node go as plain String, which ClickHouse turns into the table's
@@ -71,16 +69,6 @@ SAMPLE_COLUMNS = {
     "ts": "DateTime64(3, 'UTC')",
     "value": "Float64",
 }
-
-READ_STATEMENTS = ("SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "EXISTS")
-# String literals, quoted identifiers and comments: blanked (same length) before a statement is checked.
-_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|`(?:[^`\\]|\\.)*`|--[^\n]*|/\*.*?\*/", re.S)
-_OUTSIDE_ACCESS = re.compile(
-    r"\bINTO\s+OUTFILE\b|\b(?:file|url|urlCluster|s3|s3Cluster|gcs|azureBlobStorage|hdfs|remote|remoteSecure"
-    r"|mysql|postgresql|mongodb|redis|sqlite|jdbc|odbc|executable|deltaLake|iceberg|hudi)\s*\(",
-    re.I,
-)
-_SETTINGS_CLAUSE = re.compile(r"\bSETTINGS\s+\w+\s*=", re.I)  # would override the limits (on a server)
 
 
 def series_id(metric: str, node: str, labels: Mapping[str, str]) -> int:
@@ -150,10 +138,14 @@ class KnownSeries:
 class Store:
     """A ClickHouse database holding fleetlens's schema; build it with Store.open()."""
 
-    def __init__(self, client: Client, layout: Layout) -> None:
-        self._client = client
+    def __init__(self, client: Client, layout: Layout, connect: Connect, reads: ReadSessions) -> None:
+        self._client = client  # this session's writes; queries run on `reads`
         self._layout = layout
+        self._connect = connect
+        self._reads = reads
+        self._sessions: list[Store] | None = []  # opened by session(); None for a session itself
         self._series = KnownSeries()
+        self._lock = threading.Lock()  # one insert at a time on this session, and KnownSeries with it
         self._insert_settings = {"insert_distributed_sync": 1} if layout.cluster else {}
 
     @classmethod
@@ -169,32 +161,58 @@ class Store:
 
         Raises SchemaError (bad DSN or names, a schema newer than this code, a failed migration) or
         StoreUnavailable (no server, or the chDB directory is held by another process)."""
-        client, dsn_database = _connect(dsn)
+        connector, dsn_database = _connector(dsn)
+        client = _open_session(connector, dsn, {})
         try:
             layout = Layout(database or dsn_database or DEFAULT_DATABASE, cluster, retention or Retention())
             _migrate(client, layout)
             client.database = layout.database
         except ClickHouseError as error:
             client.close()
-            failure = StoreUnavailable if _unreachable(error) else SchemaError
-            raise failure(f"opening {_shown(dsn)}: {_short(error)}") from error
+            failure = StoreUnavailable if unreachable(error) else SchemaError
+            raise failure(f"opening {shown_dsn(dsn)}: {short(error)}") from error
         except BaseException:
             client.close()
             raise
-        return cls(client, layout)
+
+        def connect(settings: Mapping[str, Any]) -> Client:
+            return connector({**settings}, layout.database)
+
+        return cls(client, layout, connect, ReadSessions(connect, layout.database, schema.READABLE))
+
+    @property
+    def database(self) -> str:
+        """The database holding the schema, which queries read."""
+        return self._layout.database
+
+    def session(self) -> Store:
+        """Another writing session on this store, whose inserts wait for no other session's; it shares
+        this store's read sessions and is closed with it. StoreUnavailable when it cannot be opened."""
+        if self._sessions is None:
+            raise TypeError("open sessions from the Store that Store.open() returned")
+        try:
+            client = self._connect({})
+        except ClickHouseError as error:
+            raise StoreUnavailable(f"opening a session: {short(error)}") from error
+        sibling = Store(client, self._layout, self._connect, self._reads)
+        sibling._sessions = None
+        with self._lock:
+            self._sessions.append(sibling)
+        return sibling
 
     def insert_samples(self, batches: Sequence[ScrapeBatch], *, token: str) -> int:
         """Store every sample of `batches` (and the series rows of series new to this process); returns the
         number of samples sent. The series and the samples inserts each carry a token derived from `token`."""
-        ids_per_batch, new_series = self._series.resolve(batches)
-        if new_series:
-            self._insert("series", SERIES_COLUMNS, new_series, f"{token}/series")
-        self._series.remember(batches, ids_per_batch, new_series)
-        columns = _sample_columns(batches, ids_per_batch)
-        if not columns[0]:
-            return 0
-        self._insert("samples", SAMPLE_COLUMNS, columns, f"{token}/samples", column_oriented=True)
-        return len(columns[0])
+        with self._lock:
+            ids_per_batch, new_series = self._series.resolve(batches)
+            if new_series:
+                self._insert("series", SERIES_COLUMNS, new_series, f"{token}/series")
+            self._series.remember(batches, ids_per_batch, new_series)
+            columns = _sample_columns(batches, ids_per_batch)
+            if not columns[0]:
+                return 0
+            self._insert("samples", SAMPLE_COLUMNS, columns, f"{token}/samples", column_oriented=True)
+            return len(columns[0])
 
     def insert_targets(self, statuses: Sequence[TargetStatus], *, token: str) -> int:
         """Store one row per scrape outcome; returns the number of rows sent."""
@@ -244,37 +262,20 @@ class Store:
         max_rows: int = 10_000,
         max_seconds: float = 10.0,
     ) -> QueryResult:
-        """Run one read-only statement; at most `max_rows` rows come back (`truncated` says when more
-        matched) and ClickHouse stops it after `max_seconds`. Raises QueryError, or StoreUnavailable."""
-        if max_rows < 1 or max_seconds <= 0:
-            raise QueryError(f"limits must be positive: max_rows={max_rows}, max_seconds={max_seconds}")
-        statement = read_only_statement(sql)
-        settings = {
-            "readonly": 2,
-            "max_result_rows": max_rows + 1,
-            "result_overflow_mode": "break",
-            "max_execution_time": max_seconds,
-            "timeout_overflow_mode": "throw",
-        }
-        started = time.perf_counter()
-        try:
-            result = self._client.query(statement, parameters=parameters, settings=settings)
-        except ClickHouseError as error:
-            if _unreachable(error):
-                raise StoreUnavailable(f"query: {_short(error)}") from error
-            raise QueryError(_short(error)) from error
-        rows = result.result_rows
-        return QueryResult(
-            columns=list(result.column_names),
-            types=[column_type.name for column_type in result.column_types],
-            rows=[tuple(row) for row in rows[:max_rows]],
-            truncated=len(rows) > max_rows,
-            elapsed_s=time.perf_counter() - started,
-        )
+        """Run one read-only statement on a read session: one SELECT over the project's tables (see
+        analytics.sqlpolicy); at most `max_rows` rows come back (`truncated` says when more matched) and
+        ClickHouse stops it after `max_seconds`. QueryError says why it was refused; StoreUnavailable."""
+        return self._reads.query(sql, parameters=parameters, max_rows=max_rows, max_seconds=max_seconds)
 
     def close(self) -> None:
-        """Release the connection (and, for chDB, the engine, so another directory can be opened)."""
-        self._client.close()
+        """Release the session; the store Store.open() returned also closes its sessions and the read
+        sessions (for chDB that ends the engine, so that another directory can be opened)."""
+        for session in self._sessions or ():
+            session.close()
+        with self._lock:
+            self._client.close()
+        if self._sessions is not None:
+            self._reads.close()
 
     def __enter__(self) -> Store:
         return self
@@ -304,7 +305,8 @@ class Store:
                 ]
             except (TypeError, ValueError, OverflowError) as error:
                 raise StoreRejected(f"{table}: a row has a bad {name}: {error}") from error
-        self._insert(table, names, list(columns.values()), token, column_oriented=True)
+        with self._lock:
+            self._insert(table, names, list(columns.values()), token, column_oriented=True)
         return len(records)
 
     def _insert(
@@ -330,7 +332,7 @@ class Store:
         except (TypeError, ValueError, OverflowError) as error:
             raise StoreRejected(f"{table}: rows do not fit the table's column types: {error}") from error
         except ClickHouseError as error:
-            raise _store_error(f"insert into {table}", error) from error
+            raise store_error(f"insert into {table}", error) from error
 
 
 def _sample_columns(batches: Sequence[ScrapeBatch], ids_per_batch: list[list[int]]) -> list[list]:
@@ -355,46 +357,52 @@ def _millis(ts: float) -> int:
     return round(ts * 1000)
 
 
-def read_only_statement(sql: str) -> str:
-    """`sql` without a trailing semicolon, if it is one read-only statement touching nothing outside the
-    database; else QueryError saying why."""
-    bare = _QUOTED.sub(lambda match: " " * len(match.group()), sql)
-    words = bare.replace("(", " ").split()
-    if not words:
-        raise QueryError("empty statement")
-    keyword = words[0].upper()
-    if keyword not in READ_STATEMENTS:
-        raise QueryError(f"only read statements ({', '.join(READ_STATEMENTS)}) are accepted, not {keyword}")
-    end = bare.rfind(";")
-    if end >= 0 and (bare[end + 1 :].strip() or ";" in bare[:end]):
-        raise QueryError("one statement per query")
-    if _SETTINGS_CLAUSE.search(bare):
-        raise QueryError("a SETTINGS clause is not accepted: the store sets the query's limits")
-    if found := _OUTSIDE_ACCESS.search(bare):
-        raise QueryError(
-            f"files, URLs and remote servers are out of reach of queries: {found.group().strip()}"
-        )
-    return sql[:end] if end >= 0 else sql
+# (settings, database) -> a new session on the store
+Connector = Callable[[Mapping[str, Any], str | None], Client]
 
 
-def _connect(dsn: str) -> tuple[Client, str | None]:
-    """A client for `dsn` and the database it names (None when it names none)."""
-    parts = urlsplit(dsn)
+def _connector(dsn: str) -> tuple[Connector, str | None]:
+    """How to open sessions on the store `dsn` names, and the database it names (None when it names none);
+    AddressError for a DSN that is not understood."""
     try:
-        if dsn.startswith("chdb://"):
-            location = dsn.removeprefix("chdb://")
-            if not location:
-                raise SchemaError(f"DSN {dsn!r}: expected chdb://<directory>, e.g. chdb://./data")
+        parts = urlsplit(dsn)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
+    except ValueError as error:
+        raise AddressError(f"DSN {shown_dsn(dsn)!r}: {error}") from None
+    if dsn.startswith("chdb://"):
+        location = dsn.removeprefix("chdb://")
+        if not location:
+            raise AddressError(f"DSN {dsn!r}: expected chdb://<directory>, e.g. chdb://./data")
+        try:
             Path(location).mkdir(parents=True, exist_ok=True)
-            return clickhouse_connect.get_client(interface="chdb", path=location), None
-        if parts.scheme in ("http", "https") and parts.hostname:
-            server = urlunsplit((parts.scheme, parts.netloc, "", parts.query, ""))
-            return clickhouse_connect.get_client(dsn=server), parts.path.strip("/") or None
+        except OSError as error:
+            raise StoreUnavailable(f"cannot create the chDB directory for {dsn}: {error.strerror}") from error
+
+        def embedded(settings: Mapping[str, Any], database: str | None) -> Client:
+            return clickhouse_connect.get_client(
+                interface="chdb", path=location, database=database, settings=dict(settings)
+            )
+
+        return embedded, None
+    if parts.scheme in ("http", "https") and parts.hostname:
+        server = urlunsplit((parts.scheme, parts.netloc, "", parts.query, ""))
+
+        def remote(settings: Mapping[str, Any], database: str | None) -> Client:
+            return clickhouse_connect.get_client(dsn=server, database=database or "", settings=dict(settings))
+
+        return remote, parts.path.strip("/") or None
+    raise SchemaError(
+        f"DSN {shown_dsn(dsn)!r}: expected chdb://<directory> or http(s)://host:8123/<database>"
+    )
+
+
+def _open_session(connector: Connector, dsn: str, settings: Mapping[str, Any]) -> Client:
+    try:
+        return connector(settings, None)
     except ClickHouseError as error:
-        raise StoreUnavailable(f"cannot reach the store at {_shown(dsn)}: {_short(error)}") from error
-    except OSError as error:
-        raise StoreUnavailable(f"cannot create the chDB directory for {_shown(dsn)}: {error}") from error
-    raise SchemaError(f"DSN {_shown(dsn)!r}: expected chdb://<directory> or http(s)://host:8123/<database>")
+        raise StoreUnavailable(f"cannot reach the store at {shown_dsn(dsn)}: {short(error)}") from error
+    except ValueError as error:  # clickhouse-connect's own reading of the DSN
+        raise AddressError(f"DSN {shown_dsn(dsn)!r}: {error}") from error
 
 
 def _migrate(client: Client, layout: Layout) -> None:
@@ -428,36 +436,17 @@ def _run(client: Client, statements: Sequence[str], what: str) -> None:
         try:
             client.command(statement)
         except ClickHouseError as error:
-            if _unreachable(error):
+            if unreachable(error):
                 raise
-            raise SchemaError(f"{what} failed at {statement.splitlines()[0]!r}: {_short(error)}") from error
+            raise SchemaError(f"{what} failed at {statement.splitlines()[0]!r}: {short(error)}") from error
 
 
-def _unreachable(error: ClickHouseError) -> bool:
-    """True when ClickHouse never answered (a transport failure carries no ClickHouse error code)."""
-    return isinstance(error, OperationalError) and getattr(error, "code", None) is None
-
-
-def _store_error(what: str, error: ClickHouseError) -> StoreUnavailable | StoreRejected:
-    """StoreUnavailable for transport failures and ClickHouse's transient codes, StoreRejected otherwise."""
-    transient = _unreachable(error) or getattr(error, "code", None) in TRANSIENT_CODES
-    return (StoreUnavailable if transient else StoreRejected)(f"{what}: {_short(error)}")
-
-
-def _short(error: Exception) -> str:
-    """ClickHouse's message cut to what an operator needs: the error name and its first sentence, without
-    the echoed statement, the list of expected tokens and the version trailer."""
-    name = getattr(error, "name", None)
-    text = str(error).split("DB::Exception: ")[-1]
-    text = re.split(r"\n|\. In scope |\. Expected one of|\s\(version ", text)[0].strip()
-    text = re.sub(r"(\(line \d+, col \d+\)):.*", r"\1", text)  # drop the echo of the statement's rest
-    text = re.sub(r"\s*\([A-Z_]+\)$", "", text)
-    return f"{name}: {text}" if name else text
-
-
-def _shown(dsn: str) -> str:
-    """The DSN with its password masked, fit for messages and logs."""
-    parts = urlsplit(dsn)
-    if parts.password is None:
+def shown_dsn(dsn: str) -> str:
+    """The DSN with its password masked, fit for messages and logs (the user name stays: it says who)."""
+    try:
+        password = urlsplit(dsn).password
+    except ValueError:
+        password = None
+    if password is None:
         return dsn
-    return dsn.replace(f":{parts.password}@", ":***@", 1)
+    return dsn.replace(f":{password}@", ":***@", 1)

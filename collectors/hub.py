@@ -3,21 +3,22 @@
     scraper ──(ScrapeBatch, TargetStatus every interval)──▶ writer ──▶ store
     POST /v1/metrics (OTLP) ─┐                               │ (store down: spool on disk, replay in order)
     POST /api/v1/steps ──────┴──(StepRow)──▶ writer          ▼
-    POST /api/v1/query ◀───────── read-only SQL ────────── store
+    POST /api/v1/query ◀───────── read-only SQL ────────── store (read sessions of its own)
     POST /api/v1/silences, /api/v1/actions ─(silences, drain requests)─▶ store
     GET /metrics (the hub's own), GET /healthz
 
-If FLEETLENS_API_TOKEN is set, every POST needs it as a bearer token; /metrics and /healthz stay open
-so that Prometheus and load balancers need no secret.
+Every POST needs a token with its scope (collectors.hub_auth: read, write, act); a hub with no token serves
+POSTs to loopback clients only. /metrics and /healthz stay open so that Prometheus and load balancers need
+no secret. Bad input gets a 4xx naming the field and nothing of it is stored; an unexpected failure is a
+500 with a short message, its traceback in the log only.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
+import math
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import fields
@@ -26,9 +27,12 @@ from typing import Any, ClassVar
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from alerts import silences
+from alerts.errors import SilenceError
 from analytics.errors import QueryError, StoreError, StoreRejected
 from analytics.records import REQUESTS, ActionRow, SilenceRow
 from collectors import textformat
+from collectors.hub_auth import Tokens
 from collectors.hub_detect import DetectionLoop
 from collectors.hub_writer import Writer
 from collectors.receivers import OtlpStepReceiver, PayloadError, otlp_error_response, parse_steps_jsonl
@@ -37,7 +41,9 @@ from collectors.scraper import Scraper
 log = logging.getLogger("fleetlens.hub")
 
 JSON = "application/json"
-PENDING_ROUNDS = 2  # scraped rounds that may wait for the insert thread before the scrape loop waits too
+PENDING_ROUNDS = 2  # scraped rounds that may wait for the insert thread; later ones go to the spool
+MAX_JSON_DEPTH = 32  # nesting of the API's JSON bodies, far more than any of them needs
+OTHER_PATH = "other"  # what unknown paths count as in fleetlens_hub_refused_requests
 
 
 class HttpError(Exception):
@@ -56,34 +62,21 @@ _REASONS = {
     200: "OK",
     400: "Bad Request",
     401: "Unauthorized",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
     413: "Payload Too Large",
     415: "Unsupported Media Type",
+    500: "Internal Server Error",
     503: "Service Unavailable",
 }
 
 
-class SerializedStore:
-    """A store whose calls run one at a time: the writer's thread and the API's request threads share one
-    clickhouse-connect client (and, embedded, the process's one chDB engine), which is not thread-safe."""
-
-    def __init__(self, store: Any) -> None:
-        self._store = store
-        self._lock = threading.Lock()
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._store, name)
-
-        def serialized(*args: Any, **kwargs: Any) -> Any:
-            with self._lock:
-                return method(*args, **kwargs)
-
-        return serialized
-
-
 class Hub:
-    """Wires scraper, receivers, writer and store, and answers the hub's HTTP API (`app`)."""
+    """Wires scraper, receivers, writer and store, and answers the hub's HTTP API (`app`).
+
+    `store` serves the API (queries on its read sessions, silences and requests on its writing session)
+    and is closed last; the writer and the detection loop should have sessions of their own."""
 
     def __init__(
         self,
@@ -94,7 +87,7 @@ class Hub:
         *,
         detection: DetectionLoop | None = None,
         closing: Sequence[Callable[[], None]] = (),
-        token: str | None = None,
+        tokens: Tokens | None = None,
         max_body_bytes: int = 16 << 20,
         query_max_rows: int = 100_000,
         query_max_seconds: float = 30.0,
@@ -105,7 +98,7 @@ class Hub:
         self.scraper = scraper
         self.detection = detection
         self._closing = list(closing)  # run once the loops stopped, before the store closes
-        self._token = token
+        self._tokens = tokens or Tokens()
         self._max_body_bytes = max_body_bytes
         self._query_max_rows = query_max_rows
         self._query_max_seconds = query_max_seconds
@@ -113,9 +106,12 @@ class Hub:
         self._threads: list[threading.Thread] = []
         self._inserter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetlens-insert")
         self._pending = threading.BoundedSemaphore(PENDING_ROUNDS)
+        self._counts_lock = threading.Lock()
         self.scrapes = 0
         self.samples = 0
+        self.deferred_rounds = 0
         self.refused: dict[tuple[str, int], int] = {}
+        self.errors = 0
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -126,7 +122,8 @@ class Hub:
 
         Rounds are written by one insert thread of their own, in order, so that the next round is
         scraped on time while the store takes the last one (chDB works outside the GIL). Past
-        PENDING_ROUNDS waiting rounds the scrape loop waits too, and skips the ticks it misses.
+        PENDING_ROUNDS waiting rounds, a round goes to the spool and is replayed when the store catches
+        up: the scrape loop never waits for the store, so no interval is lost to a slow one.
         """
         if self.scraper is not None:
             thread = threading.Thread(
@@ -140,7 +137,12 @@ class Hub:
             self._threads.append(thread)
 
     def _queue_round(self, batches: list, statuses: list) -> None:
-        self._pending.acquire()
+        if not self._pending.acquire(blocking=False):
+            self._count_round(batches, statuses)
+            self.deferred_rounds += 1
+            self.writer.defer("samples", batches)
+            self.writer.defer("targets", statuses)
+            return
         try:
             future = self._inserter.submit(self._on_scrape, batches, statuses)
         except BaseException:
@@ -154,12 +156,16 @@ class Hub:
             log.error("writing a scraped round failed; its batches are lost", exc_info=error)
 
     def _on_scrape(self, batches: list, statuses: list) -> None:
-        self.scrapes += len(statuses)
-        self.samples += sum(len(batch) for batch in batches)
+        self._count_round(batches, statuses)
         if batches:
             self.writer.write("samples", batches)
         if statuses:
             self.writer.write("targets", statuses)
+
+    def _count_round(self, batches: list, statuses: list) -> None:
+        with self._counts_lock:
+            self.scrapes += len(statuses)
+            self.samples += sum(len(batch) for batch in batches)
 
     def close(self) -> None:
         """Stop scraping, flush the writer (what cannot be stored stays in the spool), close the store."""
@@ -172,6 +178,10 @@ class Hub:
         self.writer.close()
         self.store.close()
 
+    def health(self) -> str | None:
+        """None when the hub is well; else what is wrong, for /healthz and operators."""
+        return self.writer.health()
+
     # -- the hub's own metrics ------------------------------------------------------------------------------
 
     def collect(self) -> Iterable:
@@ -179,14 +189,34 @@ class Hub:
         yield CounterMetricFamily(
             "fleetlens_hub_samples", "Samples scraped and handed to the writer.", value=self.samples
         )
+        yield CounterMetricFamily(
+            "fleetlens_hub_deferred_rounds",
+            "Scraped rounds spooled because the store was still taking earlier ones.",
+            value=self.deferred_rounds,
+        )
         refused = CounterMetricFamily(
             "fleetlens_hub_refused_requests",
-            "API requests refused, by endpoint and status.",
+            f"API requests refused, by endpoint ({OTHER_PATH} for unknown paths) and status.",
             labels=["endpoint", "status"],
         )
         for (endpoint, status), count in sorted(self.refused.items()):
             refused.add_metric([endpoint, str(status)], count)
         yield refused
+        yield CounterMetricFamily(
+            "fleetlens_hub_request_errors",
+            "API requests that failed unexpectedly (500); the hub's log has each traceback.",
+            value=self.errors,
+        )
+        yield CounterMetricFamily(
+            "fleetlens_hub_otlp_forgotten_series",
+            "Step series the OTLP receiver forgot to stay within its bound (least recently seen first).",
+            value=self.otlp.forgotten_series,
+        )
+        yield GaugeMetricFamily(
+            "fleetlens_hub_otlp_series",
+            "Step series whose last export the OTLP receiver keeps.",
+            value=self.otlp.series,
+        )
         yield from self.writer.collect()
         if self.detection is not None:
             yield from self.detection.collect()
@@ -200,37 +230,47 @@ class Hub:
     def app(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "/")
         try:
-            if path == "/metrics" and method == "GET":
-                body, content_type = textformat.render(self.registry.collect()), textformat.CONTENT_TYPE
-            elif path == "/healthz" and method == "GET":
-                body, content_type = b"ok\n", "text/plain"
-            elif path in self._posts:
-                if method != "POST":
-                    raise HttpError(405, f"{path} takes POST")
-                self._authorize(environ)
-                body, content_type = self._posts[path](self, self._read_body(environ), environ)
-            else:
-                raise HttpError(404, f"no endpoint {method} {path}")
-            status = 200
+            status, body, content_type = 200, *self._answer(method, path, environ)
         except HttpError as exc:
             status, body, content_type = exc.status, exc.body, exc.content_type
-            self.refused[(path, status)] = self.refused.get((path, status), 0) + 1
-            log.info("refused %s %s: %d %s", method, path, status, exc)
+            self._note_refused(method, path, status, str(exc))
+        except Exception:
+            self.errors += 1
+            log.exception("%s %s failed", method, printable(path))
+            status, body, content_type = 500, b'{"error": "internal error; the hub\'s log says more"}', JSON
         start_response(f"{status} {_REASONS.get(status, '')}", [("Content-Type", content_type)])
         return [body]
 
-    def _authorize(self, environ: dict) -> None:
-        if not self._token:
-            return
-        offered = environ.get("HTTP_AUTHORIZATION", "")
-        if not hmac.compare_digest(offered.encode(), f"Bearer {self._token}".encode()):
-            raise HttpError(401, "this hub needs its API token: Authorization: Bearer <FLEETLENS_API_TOKEN>")
+    def _answer(self, method: str, path: str, environ: dict) -> tuple[bytes, str]:
+        if path == "/metrics" and method == "GET":
+            return textformat.render(self.registry.collect()), textformat.CONTENT_TYPE
+        if path == "/healthz" and method == "GET":
+            problem = self.health()
+            if problem is not None:
+                raise HttpError(503, problem, f"not ok: {problem}\n".encode(), "text/plain")
+            return b"ok\n", "text/plain"
+        if path not in self._posts:
+            raise HttpError(404, f"no endpoint {method} {printable(path)}")
+        scope, handler = self._posts[path]
+        if method != "POST":
+            raise HttpError(405, f"{path} takes POST")
+        authorization, client = environ.get("HTTP_AUTHORIZATION", ""), environ.get("REMOTE_ADDR", "")
+        if (denied := self._tokens.check(scope, authorization, client)) is not None:
+            raise HttpError(denied.status, denied.reason)
+        return handler(self, self._read_body(environ), environ)
+
+    def _note_refused(self, method: str, path: str, status: int, reason: str) -> None:
+        """Count a refusal under its endpoint (unknown paths under one label) and log it, escaped."""
+        endpoint = path if path in self._posts or path in ("/metrics", "/healthz") else OTHER_PATH
+        with self._counts_lock:
+            self.refused[(endpoint, status)] = self.refused.get((endpoint, status), 0) + 1
+        log.info("refused %s %s: %d %s", printable(method), printable(path), status, printable(reason))
 
     def _read_body(self, environ: dict) -> bytes:
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            raise HttpError(400, "Content-Length is not a number") from None
+        text = environ.get("CONTENT_LENGTH") or "0"
+        if not text.isdigit():
+            raise HttpError(400, f"Content-Length {printable(text)!r} is not a non-negative number")
+        length = int(text)
         if length > self._max_body_bytes:
             raise HttpError(413, f"body of {length} bytes is over the limit of {self._max_body_bytes}")
         return environ["wsgi.input"].read(length)
@@ -260,37 +300,25 @@ class Hub:
             self.writer.write("steps", rows)
 
     def _silences(self, body: bytes, environ: dict) -> tuple[bytes, str]:
-        rows, token = self._rows(body, SilenceRow)
+        rows, token = _rows(body, SilenceRow)
+        for index, row in enumerate(rows):
+            try:
+                silences.validate_row(row)
+            except SilenceError as exc:
+                raise HttpError(400, f"rows[{index}]: {exc}") from None
         return self._insert(lambda: self.store.insert_silences(rows, token=token))
 
     def _actions(self, body: bytes, environ: dict) -> tuple[bytes, str]:
         """People's requests to the drain controller; only requests, never decisions, come this way."""
-        rows, token = self._rows(body, ActionRow)
-        for row in rows:
+        rows, token = _rows(body, ActionRow)
+        for index, row in enumerate(rows):
             if row.outcome != "requested" or row.action not in REQUESTS:
                 raise HttpError(
                     400,
-                    f"only requests ({', '.join(REQUESTS)} with outcome 'requested') are accepted, not {row}",
+                    f"rows[{index}]: only requests ({', '.join(REQUESTS)} with outcome 'requested') are "
+                    f"accepted, not action {row.action!r} with outcome {row.outcome!r}",
                 )
         return self._insert(lambda: self.store.insert_actions(rows, token=token))
-
-    @staticmethod
-    def _rows(body: bytes, record: type) -> tuple[list, str]:
-        """{"token": str, "rows": [{column: value}]} as records; 400 naming the row that does not fit."""
-        try:
-            request = json.loads(body)
-            token, entries = str(request["token"]), request["rows"]
-            if not isinstance(entries, list):
-                raise TypeError
-        except (ValueError, KeyError, TypeError):
-            raise HttpError(400, 'expected a JSON object {"token": "...", "rows": [{...}]}') from None
-        names = {f.name: f.type for f in fields(record)}
-        rows = []
-        for index, entry in enumerate(entries):
-            if not isinstance(entry, dict) or set(entry) != set(names):
-                raise HttpError(400, f"rows[{index}]: expected exactly the columns {', '.join(names)}")
-            rows.append(record(**entry))
-        return rows, token
 
     def _insert(self, insert: Callable[[], int]) -> tuple[bytes, str]:
         try:
@@ -302,21 +330,13 @@ class Hub:
         return json.dumps({"rows": count}).encode(), JSON
 
     def _query(self, body: bytes, environ: dict) -> tuple[bytes, str]:
-        try:
-            request = json.loads(body)
-            sql = request["sql"]
-            max_rows = min(int(request.get("max_rows", self._query_max_rows)), self._query_max_rows)
-            parameters = request.get("parameters") or {}
-            if not isinstance(parameters, dict):
-                raise TypeError
-        except (ValueError, KeyError, TypeError):
-            raise HttpError(
-                400, 'expected a JSON object {"sql": "...", "max_rows"?: int, "parameters"?: {name: value}}'
-            ) from None
-        start = time.monotonic()
+        sql, max_rows, parameters = _query_request(body, self._query_max_rows)
         try:
             result = self.store.query(
-                sql, parameters=parameters, max_rows=max_rows, max_seconds=self._query_max_seconds
+                sql,
+                parameters=parameters,
+                max_rows=max_rows,
+                max_seconds=self._query_max_seconds,
             )
         except QueryError as exc:
             raise HttpError(400, str(exc)) from None
@@ -327,14 +347,113 @@ class Hub:
             "types": result.types,
             "rows": result.rows,
             "truncated": result.truncated,
-            "elapsed_s": time.monotonic() - start,
+            "elapsed_s": result.elapsed_s,
         }
         return json.dumps(answer, default=str).encode(), JSON
 
-    _posts: ClassVar[dict[str, Callable[[Hub, bytes, dict], tuple[bytes, str]]]] = {
-        "/v1/metrics": _otlp,
-        "/api/v1/steps": _steps,
-        "/api/v1/query": _query,
-        "/api/v1/silences": _silences,
-        "/api/v1/actions": _actions,
+    # path -> (scope, handler)
+    _posts: ClassVar[dict[str, tuple[str, Callable[[Hub, bytes, dict], tuple[bytes, str]]]]] = {
+        "/v1/metrics": ("write", _otlp),
+        "/api/v1/steps": ("write", _steps),
+        "/api/v1/query": ("read", _query),
+        "/api/v1/silences": ("act", _silences),
+        "/api/v1/actions": ("act", _actions),
     }
+
+
+def printable(text: str) -> str:
+    """`text` with control characters escaped, fit for one log line whatever a client sent."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
+def _json_object(body: bytes, shape: str) -> dict:
+    """The body as a JSON object, at most MAX_JSON_DEPTH deep; 400 naming the expected `shape` if not."""
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        raise HttpError(400, f"expected a JSON object {shape}") from None
+    if not isinstance(value, dict):
+        raise HttpError(400, f"expected a JSON object {shape}, got {_json_type(value)}")
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise HttpError(400, f"JSON nested more than {MAX_JSON_DEPTH} deep")
+    return value
+
+
+def _depth(value: Any, limit: int = MAX_JSON_DEPTH + 1) -> int:
+    """How deep `value` nests, counted up to `limit`."""
+    if limit <= 0 or not isinstance(value, dict | list):
+        return 0
+    items = value.values() if isinstance(value, dict) else value
+    return 1 + max((_depth(item, limit - 1) for item in items), default=0)
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    return {dict: "an object", list: "an array", str: "a string", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+def _query_request(body: bytes, max_rows_limit: int) -> tuple[str, int, dict[str, Any]]:
+    """sql, max_rows (at most the limit) and parameters of a query request; 400 naming a bad field."""
+    request = _json_object(body, '{"sql": "...", "max_rows"?: int, "parameters"?: {name: value}}')
+    if unknown := sorted(set(request) - {"sql", "max_rows", "parameters"}):
+        raise HttpError(
+            400, f"unknown field(s) {printable(', '.join(unknown))[:200]}: send sql, max_rows, parameters"
+        )
+    sql = request.get("sql")
+    if not isinstance(sql, str):
+        raise HttpError(400, f"sql: expected a string, got {_json_type(sql)}")
+    max_rows = request.get("max_rows", max_rows_limit)
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+        raise HttpError(400, f"max_rows: expected a positive integer, got {_json_type(max_rows)}")
+    parameters = request.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise HttpError(
+            400, f"parameters: expected an object of names and values, got {_json_type(parameters)}"
+        )
+    for name, value in parameters.items():
+        if not _parameter_value(value):
+            shown = printable(name)[:64]
+            raise HttpError(400, f"parameters.{shown}: expected a string, number, boolean or a list of them")
+    return sql, min(max_rows, max_rows_limit), parameters
+
+
+def _parameter_value(value: Any) -> bool:
+    """A query parameter a {name:Type} placeholder can take: text, a finite number, a boolean, or a list."""
+    if isinstance(value, list):
+        return all(_parameter_value(item) for item in value)
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, str | int | bool)
+
+
+def _rows(body: bytes, record: type) -> tuple[list, str]:
+    """{"token": str, "rows": [{column: value}]} as records; 400 naming the row and field that do not fit."""
+    shape = '{"token": "...", "rows": [{...}]}'
+    request = _json_object(body, shape)
+    token, entries = request.get("token"), request.get("rows")
+    if not isinstance(token, str) or not token or not isinstance(entries, list):
+        raise HttpError(400, f"expected a JSON object {shape} with a non-empty token")
+    types = {f.name: f.type for f in fields(record)}
+    rows = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict) or set(entry) != set(types):
+            raise HttpError(400, f"rows[{index}]: expected exactly the columns {', '.join(types)}")
+        for name, kind in types.items():
+            if not _fits(entry[name], kind):
+                raise HttpError(400, f"rows[{index}].{name}: expected {kind}, got {_json_type(entry[name])}")
+        rows.append(record(**entry))
+    return rows, token
+
+
+def _fits(value: Any, kind: str) -> bool:
+    """Whether a JSON value fits a record field of annotated type `kind` (str, float, or bool)."""
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "float":
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return kind == "bool" and isinstance(value, bool)

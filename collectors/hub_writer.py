@@ -11,6 +11,10 @@ spools the batch and a background thread replays the spool, waiting longer after
 (Backoff). StoreRejected keeps it in the spool's rejected/ directory, never retried. While anything is
 spooled, new writes are spooled behind it, so the batches of one writing thread reach the store in the
 order they were written.
+
+Operators hear of it: the first failure after a good insert logs that the store refuses writes and why,
+and the first good insert after failures logs that it takes them again (one line per change of state,
+not per batch); `health()` says why while it lasts, for the hub's /healthz.
 """
 
 from __future__ import annotations
@@ -112,6 +116,7 @@ class Writer:
         self._inserted_rows: Counter[str] = Counter()
         self._failures: Counter[tuple[str, str]] = Counter()
         self._latency = {kind: _Histogram(INSERT_BUCKETS_S) for kind in ROW_TYPES}
+        self._refusing: tuple[float, str] | None = None  # since when (wall clock) and why the store refuses
         if spool.pending_entries:
             self._spooled.set()  # left by an earlier run
         self._replayer = threading.Thread(
@@ -133,6 +138,24 @@ class Writer:
             self._spool(kind, token, rows)
         except StoreRejected as error:
             self.spool.reject(kind, token, rows, str(error))
+
+    def defer(self, kind: Kind, rows: Sequence[Row]) -> None:
+        """Spool `rows` without trying the store: for a caller that must not wait for it (a scrape loop
+        whose earlier rounds the store is still taking); they are replayed in order behind the rest."""
+        if rows:
+            self._spool(kind, uuid.uuid4().hex, rows)
+
+    def health(self) -> str | None:
+        """None while the store takes writes; else since when and why it refuses them, and what waits."""
+        with self._lock:
+            refusing = self._refusing
+        if refusing is None:
+            return None
+        since, reason = refusing
+        return (
+            f"the store refuses writes since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(since))} "
+            f"({reason}); {self.spool.pending_entries} batches spooled"
+        )
 
     def close(self) -> None:
         """Stop the replay thread, then replay once more here; what the store cannot take stays spooled."""
@@ -182,11 +205,25 @@ class Writer:
         try:
             written = insert(rows, token=token)
         except StoreError as error:
-            self._record(
-                kind, started, failure="unavailable" if isinstance(error, StoreUnavailable) else "rejected"
-            )
+            unavailable = isinstance(error, StoreUnavailable)
+            self._record(kind, started, failure="unavailable" if unavailable else "rejected")
+            if unavailable:
+                self._note_refusing(str(error))
             raise
         self._record(kind, started, written=written)
+        self._note_refusing(None)
+
+    def _note_refusing(self, reason: str | None) -> None:
+        """Remember whether the store refuses writes, logging each change of that state once."""
+        with self._lock:
+            was = self._refusing
+            if (was is None) == (reason is None):
+                return
+            self._refusing = None if reason is None else (time.time(), reason)
+        if reason is not None:
+            log.error("the store refuses writes: %s; spooling until it takes them again", reason)
+        else:
+            log.warning("the store takes writes again after %.0f s of refusing them", time.time() - was[0])
 
     def _record(self, kind: Kind, started: float, *, written: int = 0, failure: str = "") -> None:
         elapsed = self._clock() - started

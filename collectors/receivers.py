@@ -10,7 +10,12 @@ answer (400 bad data, 413 too large, 415 unsupported Content-Type or Content-Enc
 the problem and where: a line number, or a field path such as resource_metrics[0].scope_metrics[0].
 metrics[2]. A refused request returns no row and leaves the receiver's state as it was. Bodies may be
 gzip-compressed; ReceiverLimits.max_body_bytes bounds them before and after decompression, as the OTLP
-specification asks (a small gzip bomb must not inflate into gigabytes).
+specification asks (a small gzip bomb must not inflate into gigabytes), and MAX_GZIP_MEMBERS bounds the
+members of one body.
+
+Every row must fit the store's `steps` columns (collectors.steps: UINT32_MAX, UINT64_MAX, TS_RANGE_S):
+a value that cannot be stored is a 400 naming it, never a 200 for rows the store then refuses. A step
+JSON-lines body holds each (job, rank, step) once.
 
 Unknown fields: OTLP/JSON receivers must ignore them (OTLP specification), and this one does. The step
 JSON-lines contract is ours and versioned with the step SDK, so there an unknown key is refused: a
@@ -43,7 +48,17 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, H
 
 from analytics.records import StepRow
 from collectors.errors import CollectorError
-from collectors.steps import PHASE_DURATION, PHASES, STEP_DURATION, StepRecord, parse_step_record
+from collectors.steps import (
+    PHASE_DURATION,
+    PHASES,
+    STEP_DURATION,
+    TS_RANGE_S,
+    TS_RANGE_TEXT,
+    UINT32_MAX,
+    SeenSteps,
+    StepRecord,
+    parse_step_record,
+)
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -65,7 +80,12 @@ _ATTRIBUTE_KINDS = {
 _CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 _DELTA = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
 _INT64_LIMIT = 1 << 63  # counts at or above it are negative int64 values sent as unsigned
+_TS_RANGE_NS = tuple(int(bound) * 10**9 for bound in TS_RANGE_S)
 _PROBLEMS_SHOWN = 5
+MAX_GZIP_MEMBERS = 64
+"""Members one gzip body may have. Real senders send one; each further member costs a new inflater, so
+a body of many tiny members is refused rather than inflated member by member."""
+_GZIP_CHUNK = 1 << 16  # bytes fed to an inflater at a time: what it copies at a member's end is this much
 
 
 class PayloadError(CollectorError):
@@ -122,8 +142,9 @@ SeriesKey = tuple[str, int, str, str | None]  # job, rank, node, phase (None: th
 
 @dataclass(frozen=True, slots=True)
 class _StepPoint:
-    """One validated histogram point of the step SDK's metrics."""
+    """One validated histogram point of the step SDK's metrics, and its field path in the request."""
 
+    path: str
     key: SeriesKey
     topology: dict[str, int]
     cumulative: bool
@@ -183,7 +204,14 @@ class OtlpStepReceiver:
     (the hub restarted under a running job) only sets the baseline: a hub restart loses one export
     interval of every rank (this assumes the ranks' clocks and the hub's agree, as NTP keeps them).
     Series silent for `forget_after_s` (finished jobs) are forgotten, and the same rule then covers one
-    that comes back. One receiver serves all of the hub's request threads.
+    that comes back. At most `max_series` series are kept (a rank has up to four: its steps and three
+    phases, so the default holds 25,000 ranks): past it the least recently seen are forgotten first, by
+    the same rule, and counted in `forgotten_series`; a fleet that keeps it climbing needs a larger
+    bound, as each of its ranks then loses an export interval whenever it comes back. One receiver
+    serves all of the hub's request threads.
+
+    Counters for the hub to export: `forgotten_series` (series dropped to stay within max_series, a
+    counter) and `series` (series held now, a gauge).
     """
 
     def __init__(
@@ -191,14 +219,24 @@ class OtlpStepReceiver:
         limits: ReceiverLimits = DEFAULT_LIMITS,
         *,
         forget_after_s: float = 3600.0,
+        max_series: int = 100_000,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        if max_series < 1:
+            raise ValueError(f"max_series must be at least 1, got {max_series}")
         self.limits = limits
+        self.forgotten_series = 0
         self._forget_after_s = forget_after_s
+        self._max_series = max_series
         self._wall_clock = wall_clock
         self._complete_since_ns = int(wall_clock() * 1e9)  # every export since then has been seen
         self._series: collections.OrderedDict[SeriesKey, _Cumulative] = collections.OrderedDict()
         self._lock = threading.Lock()
+
+    @property
+    def series(self) -> int:
+        """Series (job, rank, node, phase) held now."""
+        return len(self._series)
 
     def receive(
         self, body: bytes, content_type: str | None, content_encoding: str | None = None
@@ -217,41 +255,48 @@ class OtlpStepReceiver:
                 f"{self.limits.max_rows}; export more often or from fewer ranks per exporter",
             )
         with self._lock:
-            deltas = self._advance(triage.points)
-        return OtlpResult(_rows(deltas), _success_response(triage, media), triage.ignored, triage.rejected)
+            rows = self._advance(triage.points)
+        return OtlpResult(rows, _success_response(triage, media), triage.ignored, triage.rejected)
 
-    def _advance(self, points: Iterable[_StepPoint]) -> dict[SeriesKey, _Delta]:
-        """Move every series to its new point; what each added, summed over the request."""
+    def _advance(self, points: Iterable[_StepPoint]) -> list[StepRow]:
+        """The rows of `points`; their series move to them only once every row fits the store."""
         now = self._wall_clock()
+        moved: dict[SeriesKey, _Cumulative] = {}
         deltas: dict[SeriesKey, _Delta] = {}
         for point in points:
-            steps, seconds, total = self._step_forward(point, now)
+            last = moved[point.key] if point.key in moved else self._series.get(point.key)
+            steps, seconds, moved[point.key] = self._step_forward(last, point, now)
             if earlier := deltas.get(point.key):
                 steps, seconds = steps + earlier.steps, seconds + earlier.seconds
-            deltas[point.key] = _Delta(steps, seconds, total, point)
-        self._forget_silent(now)
-        return deltas
+            deltas[point.key] = _Delta(steps, seconds, moved[point.key].count, point)
+        rows = _rows(deltas)
+        for key, state in moved.items():
+            self._series.pop(key, None)
+            self._series[key] = state  # to the end: the dict stays ordered by when each was last seen
+        self._forget(now)
+        return rows
 
-    def _step_forward(self, point: _StepPoint, now: float) -> tuple[int, float, int]:
-        """(steps, seconds, cumulative count) that `point` adds to its series, which it then becomes."""
-        last = self._series.pop(point.key, None)
+    def _step_forward(
+        self, last: _Cumulative | None, point: _StepPoint, now: float
+    ) -> tuple[int, float, _Cumulative]:
+        """(steps, seconds) that `point` adds to its series, whose state was `last`, and its new state."""
         if not point.cumulative:
-            steps, seconds = point.count, point.sum
             count, total_seconds = (last.count, last.sum) if last else (0, 0.0)
-            self._series[point.key] = _Cumulative(point.start_ns, count + steps, total_seconds + seconds, now)
-            return steps, seconds, count + steps
-        self._series[point.key] = _Cumulative(point.start_ns, point.count, point.sum, now)
+            state = _Cumulative(point.start_ns, count + point.count, total_seconds + point.sum, now)
+            return point.count, point.sum, state
+        state = _Cumulative(point.start_ns, point.count, point.sum, now)
         if last is None and point.start_ns < self._complete_since_ns:
-            return 0, 0.0, point.count  # earlier exports of it may have been stored: a baseline only
+            return 0, 0.0, state  # earlier exports of it may have been stored: a baseline only
         restarted = last is None or (
             point.start_ns != last.start_ns or point.count < last.count or point.sum < last.sum
         )
         if restarted:
-            return point.count, point.sum, point.count
-        return point.count - last.count, point.sum - last.sum, point.count
+            return point.count, point.sum, state
+        return point.count - last.count, point.sum - last.sum, state
 
-    def _forget_silent(self, now: float) -> None:
-        """Drop the series not heard from in forget_after_s; the oldest are first in the ordered dict.
+    def _forget(self, now: float) -> None:
+        """Drop the series not heard from in forget_after_s, then the least recently seen ones past
+        max_series; the least recently seen are first in the ordered dict.
 
         Whatever began before a forgotten series was last seen might be that series coming back, so
         only what began later counts as wholly new.
@@ -259,9 +304,12 @@ class OtlpStepReceiver:
         horizon = now - self._forget_after_s
         while self._series:
             key, oldest = next(iter(self._series.items()))
-            if oldest.seen_at >= horizon:
+            silent = oldest.seen_at < horizon
+            if not silent and len(self._series) <= self._max_series:
                 return
             del self._series[key]
+            if not silent:
+                self.forgotten_series += 1
             self._complete_since_ns = max(self._complete_since_ns, int(oldest.seen_at * 1e9))
 
 
@@ -273,14 +321,15 @@ def parse_steps_jsonl(
 ) -> list[StepRow]:
     """The rows of a `POST /api/v1/steps` body, step JSON lines (collectors.steps), one row per line.
 
-    PayloadError names the line of the first bad one. Accepted Content-Types: application/x-ndjson,
-    application/jsonl, and application/json (what curl users tend to send). Unknown keys are refused,
-    see the module docstring.
+    PayloadError names the line of the first bad one (and, for a step recorded twice, the line of the
+    first record). Accepted Content-Types: application/x-ndjson, application/jsonl, and application/json
+    (what curl users tend to send). Unknown keys are refused, see the module docstring.
     """
     if _media_type(content_type) not in STEP_LINES_MEDIA_TYPES:
         raise _unsupported_media(content_type, STEP_LINES_MEDIA_TYPES)
     text = _text(_decompressed(body, content_encoding, limits.max_body_bytes))
     rows = []
+    seen = SeenSteps()
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
@@ -292,7 +341,8 @@ def parse_steps_jsonl(
             )
         try:
             record = parse_step_record(line)
-        except (ValueError, RecursionError) as error:
+            seen.check(record, number)
+        except ValueError as error:
             raise PayloadError(HTTPStatus.BAD_REQUEST, f"line {number}: {error}") from None
         for name in ("job", "node"):
             if len(label := getattr(record, name)) > limits.max_label_length:
@@ -336,27 +386,48 @@ def _decompressed(body: bytes, content_encoding: str | None, limit: int) -> byte
 
 
 def _gunzip(body: bytes, limit: int) -> bytes:
-    """Inflate every gzip member of `body`, stopping as soon as the output passes `limit` bytes."""
+    """Inflate every gzip member of `body` (at most MAX_GZIP_MEMBERS), stopping as soon as the output
+    passes `limit` bytes."""
     inflated = bytearray()
-    rest = body
-    while rest:
-        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-        try:
-            inflated += inflater.decompress(rest, limit + 1 - len(inflated))
-        except zlib.error as error:
-            offset = len(body) - len(rest)
+    view = memoryview(body)
+    start = members = 0
+    while start < len(body):
+        if members == MAX_GZIP_MEMBERS:
             raise PayloadError(
-                HTTPStatus.BAD_REQUEST, f"gzip body is corrupt (member at byte {offset}): {error}"
+                HTTPStatus.BAD_REQUEST,
+                f"gzip body has more than {MAX_GZIP_MEMBERS} members (the next at byte {start}); "
+                "send one gzip stream",
+            )
+        start = _inflate_member(view, start, inflated, limit)
+        members += 1
+    return bytes(inflated)
+
+
+def _inflate_member(view: memoryview, start: int, inflated: bytearray, limit: int) -> int:
+    """Append the gzip member at byte `start` of `view` to `inflated`; the offset of the byte after it.
+
+    The input goes in in chunks: an inflater copies whatever follows its member's end (unused_data), and
+    a whole body's rest per member would make many members cost quadratic time.
+    """
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    offset = start
+    while not inflater.eof:
+        if offset == len(view):
+            raise PayloadError(HTTPStatus.BAD_REQUEST, "gzip body is truncated")
+        chunk = view[offset : offset + _GZIP_CHUNK]
+        offset += len(chunk)
+        try:  # output capped at limit + 1 bytes: reaching the cap is refused below, so no input waits
+            inflated += inflater.decompress(chunk, limit + 1 - len(inflated))
+        except zlib.error as error:
+            raise PayloadError(
+                HTTPStatus.BAD_REQUEST, f"gzip body is corrupt (member at byte {start}): {error}"
             ) from None
         if len(inflated) > limit:
             raise PayloadError(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                f"gzip body of {len(body)} bytes inflates past the limit of {limit} bytes",
+                f"gzip body of {len(view)} bytes inflates past the limit of {limit} bytes",
             )
-        if not inflater.eof:
-            raise PayloadError(HTTPStatus.BAD_REQUEST, "gzip body is truncated")
-        rest = inflater.unused_data
-    return bytes(inflated)
+    return offset - len(inflater.unused_data)
 
 
 def _text(body: bytes) -> str:
@@ -437,7 +508,7 @@ def _json_to_message(value: Any, message: Message, path: str) -> None:
             _json_to_message(item, child, field_path)
     try:
         json_format.ParseDict(scalars, message)
-    except json_format.ParseError as error:
+    except (json_format.ParseError, OverflowError) as error:  # overflow: an integer past a double's range
         raise PayloadError(HTTPStatus.BAD_REQUEST, f"{where}: {error}") from None
 
 
@@ -502,12 +573,14 @@ def _step_attributes(
         value = getattr(attribute.value, kind) if kind else None
         too_long = isinstance(value, str | bytes) and len(value) > limits.max_label_length
         expected = _ATTRIBUTE_KINDS.get(attribute.key)
-        mistyped = expected is not None and (kind != expected or (kind == "int_value" and value < 0))
+        mistyped = expected is not None and (
+            kind != expected or (kind == "int_value" and not 0 <= value <= UINT32_MAX)
+        )
         if too_long or mistyped:  # the message is only built for the rare bad attribute
             where = f"{path}.attributes[{index}] ({reprlib.repr(attribute.key)})"
             if too_long:
                 raise _label_too_long(where, len(value), limits)
-            wanted = "a non-negative int_value" if expected == "int_value" else "a string_value"
+            wanted = f"an int_value from 0 to {UINT32_MAX}" if expected == "int_value" else "a string_value"
             raise PayloadError(
                 HTTPStatus.BAD_REQUEST,
                 f"{where}: must be {wanted}, got {kind or 'no value'} {reprlib.repr(value)}",
@@ -536,7 +609,14 @@ def _step_point(
         )
     if not point.time_unix_nano:
         raise PayloadError(HTTPStatus.BAD_REQUEST, f"{path}.time_unix_nano: missing")
+    if not _TS_RANGE_NS[0] <= point.time_unix_nano <= _TS_RANGE_NS[1]:
+        raise PayloadError(
+            HTTPStatus.BAD_REQUEST,
+            f"{path}.time_unix_nano: {point.time_unix_nano} is not a time the store holds: "
+            f"unix seconds from {TS_RANGE_TEXT}",
+        )
     return _StepPoint(
+        path=path,
         key=(attributes["job"], attributes["rank"], attributes["node"], phase),
         topology={name: attributes[name] for name in _TOPOLOGY if name in attributes},
         cumulative=cumulative,
@@ -553,11 +633,22 @@ def _per_step(phase: _Delta | None, steps: int) -> float | None:
 
 
 def _rows(deltas: dict[SeriesKey, _Delta]) -> list[StepRow]:
-    """One row per step series that advanced, with the means of its phases over the same export."""
+    """One row per step series that advanced, with the means of its phases over the same export;
+    PayloadError naming the point whose row the store's `steps` columns could not hold."""
+    for delta in deltas.values():
+        if not math.isfinite(delta.seconds):
+            raise _unstorable(
+                delta, "sum", "the seconds of its series in this request exceed a float's range"
+            )
     rows = []
     for (job, rank, node, phase), delta in deltas.items():
         if phase is not None or not delta.steps:
             continue
+        # step (UInt64) needs no check: a count is below 2**63, and each request adds at most UINT32_MAX
+        if delta.steps > UINT32_MAX:
+            raise _unstorable(
+                delta, "count", f"{delta.steps} steps in one export, more than the {UINT32_MAX} a row holds"
+            )
         phase_means = {
             f"{name}_s": _per_step(deltas.get((job, rank, node, name)), delta.steps) for name in PHASES
         }
@@ -576,6 +667,10 @@ def _rows(deltas: dict[SeriesKey, _Delta]) -> list[StepRow]:
             )
         )
     return rows
+
+
+def _unstorable(delta: _Delta, field_name: str, problem: str) -> PayloadError:
+    return PayloadError(HTTPStatus.BAD_REQUEST, f"{delta.point.path}.{field_name}: {problem}")
 
 
 def _success_response(triage: _Triage, media: str) -> OtlpResponse:

@@ -49,7 +49,7 @@ from collectors.expfmt import ExpositionParser
 from collectors.exporter import Exporter, make_app, make_registry
 from collectors.gpu import GpuCollector
 from collectors.gpu_sim import ManualClock, SimBackend
-from collectors.hub import Hub, SerializedStore
+from collectors.hub import Hub
 from collectors.hub_writer import Writer
 from collectors.loopserver import LoopServer
 from collectors.receivers import OtlpStepReceiver
@@ -516,11 +516,10 @@ def simulate_online(
         addresses = {node.name: f"{LOOPBACK}:{server.serve(node.wsgi, LOOPBACK)}" for node in nodes}
         targets = [Target(address, {"node": name}) for name, address in addresses.items()]
         names = {addresses[node.name]: node.target for node in nodes}  # loopback address -> target name
-        shared_store = SerializedStore(store)  # the writer's thread and the hub's request threads share it
         spool = Spool(tempfile.mkdtemp(prefix="spool-", dir=workdir), SPOOL_BYTES)
-        writer = Writer(shared_store, spool)
+        writer = Writer(store, spool)  # a Store is thread-safe: the hub's request threads share it
         stack.callback(writer.close)
-        hub = Hub(shared_store, writer, OtlpStepReceiver())
+        hub = Hub(store, writer, OtlpStepReceiver())
         poster = stack.enter_context(StepPoster(f"{LOOPBACK}:{server.serve(hub.app, LOOPBACK)}"))
         scraper = stack.enter_context(
             Scraper(lambda: targets, interval_s=min(scenario.interval_s, 60.0), clock=fleet_clock)

@@ -89,7 +89,8 @@ class ExporterConfig:
 class HubConfig:
     """The hub: what it scrapes, where it stores, what it accepts.
 
-    The API token is deliberately not here: it comes from FLEETLENS_API_TOKEN only, never from a file.
+    Tokens are deliberately not here: FLEETLENS_API_TOKEN holds one with every scope, and `token_file`
+    names a file of scoped tokens (collectors.hub_auth), never the config file itself.
     """
 
     store: str = "chdb://./data"
@@ -111,6 +112,7 @@ class HubConfig:
     query_max_seconds: float = 30.0
     detectors: str = "all"  # comma-separated detector names, "all", or "none" (no detection in the hub)
     detect_window_s: float = 10.0
+    token_file: Path | None = None  # scoped API tokens: lines of "<read|write|act|all,...> <token>"
 
     def __post_init__(self) -> None:
         split_listen(self.listen, "hub.listen")
@@ -304,11 +306,15 @@ def load_config(
     file_values: Mapping[str, Any] = {}
     if path is not None:
         try:
-            loaded = yaml.safe_load(Path(path).read_text())
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigError(f"config file {path}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"config file {path}: not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x})"
+            ) from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path}: not valid YAML: {exc}") from None
+            raise ConfigError(f"config file {path}: not valid YAML: {' '.join(str(exc).split())}") from None
         file_values = loaded or {}
         if not isinstance(file_values, Mapping):
             kind = type(loaded).__name__

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -43,25 +42,6 @@ class Source(Protocol):
     def insert_actions(self, rows: Sequence[ActionRow], *, token: str) -> int: ...
 
 
-class SharedStore:
-    """A Store that every session of the server shares, used by one caller at a time: a chDB engine or
-    a server session is not meant to run two statements at once."""
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self._lock = threading.Lock()
-
-    def query(
-        self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int = 10_000
-    ) -> QueryResult:
-        with self._lock:
-            return self._store.query(sql, parameters=parameters, max_rows=max_rows)
-
-    def insert_actions(self, rows: Sequence[ActionRow], *, token: str) -> int:
-        with self._lock:
-            return self._store.insert_actions(rows, token=token)
-
-
 def current() -> Source:
     """This session's source: the one a test placed in session state, else the one the environment
     names (opened once per server process)."""
@@ -76,7 +56,7 @@ def _opened(hub: str, store: str) -> Source:
     if hub:
         return HubClient(hub)
     if store:
-        return SharedStore(Store.open(store))
+        return Store.open(store)  # thread-safe: every session of the server shares it
     raise SourceError(
         f"no source: set {environment.HUB} (a hub's URL) or {environment.STORE} (a store DSN); "
         "`fleetlens ui --hub URL | --store DSN` sets them"

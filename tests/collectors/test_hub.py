@@ -21,7 +21,8 @@ from analytics.hubclient import HubClient
 from analytics.records import ActionRow
 from collectors.exporter import make_registry, serve
 from collectors.httpserver import serve_app
-from collectors.hub import Hub, SerializedStore
+from collectors.hub import Hub
+from collectors.hub_auth import Tokens
 from collectors.hub_writer import Writer
 from collectors.receivers import OtlpStepReceiver
 from collectors.scraper import Scraper, Shard, TargetsFile
@@ -77,8 +78,8 @@ def make_hub(
         targets = tmp_path / "targets.json"
         targets.write_text(json.dumps(groups))
         scraper = Scraper(TargetsFile(targets).current, interval_s=1, timeout_s=0.5, shard=Shard(0, 1))
-    writer = Writer(SerializedStore(store), Spool(tmp_path / "spool", 64 << 20))
-    return Hub(store, writer, OtlpStepReceiver(), scraper, token=token)
+    writer = Writer(store, Spool(tmp_path / "spool", 64 << 20))
+    return Hub(store, writer, OtlpStepReceiver(), scraper, tokens=Tokens.load(token))
 
 
 @pytest.fixture
@@ -155,7 +156,7 @@ def test_query_api_fills_parameters_as_the_store_does(served):
 @pytest.mark.parametrize(
     ("sql", "message"),
     [
-        ("INSERT INTO steps (job) VALUES ('x')", "only read statements .* not INSERT"),
+        ("INSERT INTO steps (job) VALUES ('x')", "only SELECT statements"),
         ("SELECT count( FROM steps", "Syntax error"),
     ],
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import itertools
 import json
 import math
 import time
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 from google.protobuf import json_format
 from google.rpc.status_pb2 import Status
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
@@ -33,6 +36,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
 from analytics.records import StepRow
 from collectors.receivers import (
     JSON,
+    MAX_GZIP_MEMBERS,
     PROTOBUF,
     OtlpStepReceiver,
     PayloadError,
@@ -40,7 +44,17 @@ from collectors.receivers import (
     otlp_error_response,
     parse_steps_jsonl,
 )
-from collectors.steps import PHASE_DURATION, PHASES, STEP_DURATION, StepTracker, read_step_records
+from collectors.steps import (
+    PHASE_DURATION,
+    PHASES,
+    STEP_DURATION,
+    TS_RANGE_S,
+    UINT32_MAX,
+    UINT64_MAX,
+    StepTracker,
+    read_step_records,
+)
+from tests.collectors.test_steps import JSON_VALUES
 from tests.support.clock import FakeClock
 from tests.support.loopback import LoopbackPostServer
 
@@ -394,6 +408,11 @@ def huge_label() -> bytes:
     return export(histogram(step_point(20, 40.0)), histogram(bad)).SerializeToString()
 
 
+def gzip_members(parts: list[bytes], level: int = 9) -> bytes:
+    """Each part as a gzip member of its own, one after the other: a multi-member gzip body."""
+    return b"".join(gzip.compress(part, compresslevel=level) for part in parts)
+
+
 @functools.cache
 def gzip_bomb() -> bytes:
     """16 MiB of zeros in 16 KiB: under the body limit as sent, eight times over it inflated."""
@@ -401,6 +420,7 @@ def gzip_bomb() -> bytes:
 
 
 POINT = r"resource_metrics\[0\]\.scope_metrics\[0\]\.metrics\[1\]\.histogram\.data_points\[0\]"
+BAD_RANK = rf"{POINT}\.attributes\[0\] \('rank'\): must be an int_value from 0 to 4294967295, got"
 LIMITS = ReceiverLimits(max_body_bytes=2 * MIB, max_label_length=4096, max_rows=3)
 
 
@@ -434,7 +454,7 @@ BAD_OTLP = {
     "wrong-type-scalar": Bad(lambda: with_bad_point(count="many"), f"^{POINT}: Failed to parse count field"),
     "wrong-type-attribute": Bad(
         lambda: with_bad_point(attributes=[{"key": "rank", "value": {"stringValue": "9"}}]),
-        rf"{POINT}\.attributes\[0\] \('rank'\): must be a non-negative int_value, got string_value '9'",
+        f"{BAD_RANK} string_value '9'",
     ),
     "two-values-in-a-oneof": Bad(
         lambda: with_bad_point(attributes=[{"key": "rank", "value": {"intValue": "9", "arrayValue": {}}}]),
@@ -442,7 +462,7 @@ BAD_OTLP = {
     ),
     "negative-rank": Bad(
         lambda: with_bad_point(attributes=[{"key": "rank", "value": {"intValue": "-1"}}]),
-        rf"{POINT}\.attributes\[0\] \('rank'\): must be a non-negative int_value, got int_value -1",
+        f"{BAD_RANK} int_value -1",
     ),
     "missing-attribute": Bad(
         lambda: with_bad_point(attributes=[{"key": "job", "value": {"stringValue": "j"}}]),
@@ -470,6 +490,32 @@ BAD_OTLP = {
         rf"{POINT}\.attributes\[0\] \('job'\): value of 1048576 characters is longer than the limit of 4096",
         content_type=PROTOBUF,
     ),
+    "rank-past-uint32": Bad(
+        lambda: with_bad_point(attributes=[{"key": "rank", "value": {"intValue": str(2**32)}}]),
+        f"{BAD_RANK} int_value 4294967296",
+    ),
+    "time-past-2200": Bad(
+        lambda: with_bad_point(timeUnixNano=str(8 * 10**18)),
+        rf"{POINT}\.time_unix_nano: 8000000000000000000 is not a time the store holds: unix seconds from 0 "
+        r"\(1970-01-01 UTC\) to 7258118400 \(2200-01-01 UTC\)",
+    ),
+    "integer-past-double-range": Bad(
+        lambda: with_bad_point(sum=10**400), f"^{POINT}: int too large to convert to float"
+    ),
+    "steps-past-uint32": Bad(
+        lambda: with_bad_protobuf_point(count=2**32),
+        rf"{POINT}\.count: 4294967296 steps in one export, more than the 4294967295 a row holds",
+        content_type=PROTOBUF,
+    ),
+    "seconds-past-double-range": Bad(
+        lambda: export(
+            histogram(step_point(20, 40.0)),
+            histogram(step_point(1, 1.5e308, rank=9), step_point(1, 1.5e308, rank=9), temporality=DELTA),
+        ).SerializeToString(),
+        POINT.replace(r"data_points\[0\]", r"data_points\[1\]")
+        + r"\.sum: the seconds of its series in this request exceed a float's range",
+        content_type=PROTOBUF,
+    ),
     "too-many-rows": Bad(
         lambda: export(
             *(histogram(step_point(1, 1.0, rank=rank)) for rank in range(LIMITS.max_rows + 1))
@@ -489,6 +535,12 @@ BAD_OTLP = {
     "truncated-gzip": Bad(
         lambda: gzip.compress(steps(20, 40.0))[:-9],
         "gzip body is truncated",
+        encoding="gzip",
+        content_type=PROTOBUF,
+    ),
+    "gzip-members-past-the-bound": Bad(
+        lambda: gzip_members([steps(20, 40.0)] + [b""] * MAX_GZIP_MEMBERS),
+        f"gzip body has more than {MAX_GZIP_MEMBERS} members",
         encoding="gzip",
         content_type=PROTOBUF,
     ),
@@ -547,12 +599,22 @@ def test_step_lines_from_the_sdk_become_rows(tmp_path: Path) -> None:
     assert [row.ts for row in rows] == [record.ts for record in read_step_records(path)]
 
 
-GOOD_LINE = json.dumps({"ts": 1.5, "job": "j", "rank": 0, "node": "n", "step": 1, "duration_s": 0.5})
+def good_line(step: int = 3) -> str:
+    return json.dumps({"ts": 1.5, "job": "j", "rank": 0, "node": "n", "step": step, "duration_s": 0.5})
+
+
+GOOD_LINE = good_line()
+
+
+def test_a_step_run_again_after_a_checkpoint_restore_is_no_duplicate() -> None:
+    again = json.dumps({"ts": 9.5, "job": "j", "rank": 0, "node": "n", "step": 1, "duration_s": 0.5})
+    rows = parse_steps_jsonl(lines(again), "application/x-ndjson")
+    assert [(row.step, row.ts) for row in rows] == [(1, 1.5), (2, 1.5), (1, 9.5)]
 
 
 def lines(*extra: str) -> bytes:
-    """Two good lines and a blank one, then `extra`: a bad line is line 4."""
-    return "\n".join([GOOD_LINE, GOOD_LINE, "", *extra]).encode()
+    """The good lines of steps 1 and 2 and a blank one, then `extra`: a bad line is line 4."""
+    return "\n".join([good_line(1), good_line(2), "", *extra]).encode()
 
 
 BAD_LINES = {
@@ -574,7 +636,7 @@ BAD_LINES = {
     ),
     "not-utf8": Bad(lambda: lines() + b"\n\xff\n", r"^line 4: byte \d+ of the body is not UTF-8"),
     "too-many-rows": Bad(
-        lambda: lines(GOOD_LINE, GOOD_LINE),
+        lambda: lines(GOOD_LINE, good_line(4)),
         f"^line 5: more than {LIMITS.max_rows} step records",
         HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
     ),
@@ -587,6 +649,43 @@ BAD_LINES = {
     "wrong-content-type": Bad(
         lambda: lines(), "'text/csv' is not accepted", HTTPStatus.UNSUPPORTED_MEDIA_TYPE, "text/csv"
     ),
+    "duplicate-step": Bad(
+        lambda: lines(good_line(1)), "^line 4: duplicate of line 1: job 'j' rank 0 step 1 at ts 1.5 again"
+    ),
+    "rank-past-uint32": Bad(
+        lambda: lines(GOOD_LINE.replace('"rank": 0', f'"rank": {2**32}')),
+        "^line 4: 'rank' must be a non-negative integer up to 4294967295, got 4294967296",
+    ),
+    "step-past-uint64": Bad(
+        lambda: lines(GOOD_LINE.replace('"step": 3', f'"step": {2**64}')),
+        "^line 4: 'step' must be a non-negative integer up to 18446744073709551615, got 18446744073709551616",
+    ),
+    "ts-past-2200": Bad(
+        lambda: lines(GOOD_LINE.replace('"ts": 1.5', '"ts": 1e10')),
+        r"^line 4: 'ts' must be unix seconds from 0 \(1970-01-01 UTC\) to 7258118400 \(2200-01-01 UTC\), "
+        "got 10000000000.0",
+    ),
+    "ts-before-1970": Bad(
+        lambda: lines(GOOD_LINE.replace('"ts": 1.5', '"ts": -1')), "^line 4: 'ts' must be unix seconds from 0"
+    ),
+    "integer-past-float-range": Bad(
+        lambda: lines(GOOD_LINE.replace('"duration_s": 0.5', f'"duration_s": {10**400}')),
+        "^line 4: 'duration_s' must be a finite non-negative number",
+    ),
+    "infinity-literal": Bad(
+        lambda: lines(GOOD_LINE.replace('"duration_s": 0.5', '"duration_s": Infinity')),
+        "^line 4: 'duration_s' must be a finite non-negative number, got inf",
+    ),
+    "lone-surrogate": Bad(
+        lambda: lines(GOOD_LINE.replace('"j"', '"\\ud800"')),
+        r"^line 4: 'job' must be a string of valid Unicode, got '\\ud800'",
+    ),
+    "deeply-nested-json": Bad(lambda: lines("[" * 100_000), "^line 4: JSON nested too deeply"),
+    "gzip-members-past-the-bound": Bad(
+        lambda: gzip_members([lines()] + [b""] * MAX_GZIP_MEMBERS),
+        f"gzip body has more than {MAX_GZIP_MEMBERS} members",
+        encoding="gzip",
+    ),
 }
 
 
@@ -595,3 +694,186 @@ def test_bad_step_lines_are_refused_whole_naming_the_line(bad: Bad) -> None:
     with pytest.raises(PayloadError, match=bad.problem) as caught:
         parse_steps_jsonl(bad.body(), bad.content_type, bad.encoding, LIMITS)
     assert caught.value.status == bad.status
+
+
+def test_a_body_of_200k_gzip_members_is_refused_at_once() -> None:
+    """Each member used to copy the rest of the body: 200,000 tiny members took half a minute."""
+    body = gzip_members([b""]) * 200_000
+    for parse in (
+        lambda: parse_steps_jsonl(body, "application/x-ndjson", "gzip"),
+        lambda: OtlpStepReceiver().receive(body, PROTOBUF, "gzip"),
+    ):
+        start = time.monotonic()
+        with pytest.raises(PayloadError, match=f"more than {MAX_GZIP_MEMBERS} members") as caught:
+            parse()
+        assert caught.value.status == HTTPStatus.BAD_REQUEST
+        assert time.monotonic() - start < 2.0
+
+
+def test_exactly_max_gzip_members_are_read_and_an_empty_gzip_body_is_empty() -> None:
+    body = gzip_members([f"{good_line(step)}\n".encode() for step in range(MAX_GZIP_MEMBERS)])
+    assert len(parse_steps_jsonl(body, "application/x-ndjson", "gzip")) == MAX_GZIP_MEMBERS
+    assert parse_steps_jsonl(b"", "application/x-ndjson", "gzip") == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    cuts=st.lists(st.integers(min_value=0, max_value=200_000), max_size=MAX_GZIP_MEMBERS - 1),
+    level=st.sampled_from([0, 1, 9]),
+)
+def test_gzip_members_up_to_the_bound_read_as_one_body(cuts: list[int], level: int) -> None:
+    """Members cut anywhere, stored (level 0: members span several reads of the inflater) or
+    compressed, read whole."""
+    body = "\n".join(good_line(step).replace('"n"', f'"{step:x}' + "n" * 4000 + '"') for step in range(40))
+    body = body.encode()
+    bounds = [0, *sorted(cut % (len(body) + 1) for cut in cuts), len(body)]
+    members = gzip_members([body[start:end] for start, end in itertools.pairwise(bounds)], level)
+    assert parse_steps_jsonl(members, "application/x-ndjson", "gzip") == parse_steps_jsonl(
+        body, "application/x-ndjson"
+    )
+
+
+def test_series_past_max_series_are_forgotten_least_recently_seen_first_and_counted() -> None:
+    clock = FakeClock(START_NS / 1e9 - 1)
+    receiver = OtlpStepReceiver(max_series=2, wall_clock=clock)
+    for rank, count in ((1, 10), (2, 10), (1, 12)):  # rank 2 is now the least recently seen
+        clock.advance(1)
+        assert len(receive(receiver, steps(count, float(count), rank=rank))) == 1
+    clock.advance(1)
+    (new,) = receive(receiver, steps(1, 1.0, rank=4, start_ns=START_NS + 10**12))
+    assert new.steps == 1, "a series that began after the forgotten one was last seen is new"
+    assert (receiver.series, receiver.forgotten_series) == (2, 1)
+    assert receive(receiver, steps(14, 14.0, rank=2)) == [], (
+        "a forgotten series that comes back is a baseline"
+    )
+    (row,) = receive(receiver, steps(16, 18.0, rank=2))
+    assert (row.rank, row.steps, row.duration_s) == (2, 2, 2.0)
+    assert (receiver.series, receiver.forgotten_series) == (2, 2), "rank 1 made way for rank 2"
+
+
+def test_state_stays_within_max_series_however_many_ranks_export() -> None:
+    receiver = OtlpStepReceiver(max_series=100, wall_clock=since_epoch())
+    for rank in range(1000):
+        receive(receiver, steps(1, 1.0, rank=rank))
+    assert (receiver.series, receiver.forgotten_series) == (100, 900)
+
+
+def test_a_refused_request_leaves_no_series_behind() -> None:
+    receiver = OtlpStepReceiver(wall_clock=since_epoch())
+    with pytest.raises(PayloadError):
+        receiver.receive(with_bad_protobuf_point(count=2**32), PROTOBUF)
+    assert receiver.series == 0
+
+
+# -- arbitrary input: every outcome is rows that fit the store, or a PayloadError -------------------------
+
+POINT_FIELDS = [
+    "attributes",
+    "startTimeUnixNano",
+    "timeUnixNano",
+    "count",
+    "sum",
+    "bucketCounts",
+    "explicitBounds",
+    "exemplars",
+    "flags",
+    "min",
+    "max",
+]
+STEP_KEYS = ["ts", "job", "rank", "node", "step", "duration_s", "compute_s", "dp_rank", "extra"]
+
+
+def assert_storable(rows: list[StepRow]) -> None:
+    """Every value within what the store's `steps` columns hold."""
+    for row in rows:
+        assert TS_RANGE_S[0] <= row.ts <= TS_RANGE_S[1]
+        assert 0 <= row.step <= UINT64_MAX and 1 <= row.steps <= UINT32_MAX
+        for value in (row.rank, row.dp_rank, row.pp_stage, row.tp_rank):
+            assert value is None or 0 <= value <= UINT32_MAX
+        for seconds in (row.duration_s, row.compute_s, row.comm_s, row.data_s):
+            assert seconds is None or (math.isfinite(seconds) and seconds >= 0)
+        row.job.encode()
+        row.node.encode()
+
+
+def receive_anything(body: bytes, content_type: str, encoding: str | None = None) -> None:
+    try:
+        result = OtlpStepReceiver(wall_clock=since_epoch()).receive(body, content_type, encoding)
+    except PayloadError as error:
+        assert str(error) and error.status in (400, 413, 415)
+    else:
+        assert_storable(result.rows)
+
+
+def parse_anything(body: bytes, encoding: str | None = None) -> None:
+    try:
+        rows = parse_steps_jsonl(body, "application/x-ndjson", encoding)
+    except PayloadError as error:
+        assert str(error) and error.status in (400, 413, 415)
+    else:
+        assert_storable(rows)
+
+
+FUZZ = settings(max_examples=200, deadline=None)
+
+
+@FUZZ
+@given(body=st.binary(max_size=2000), encoding=st.sampled_from([None, "gzip"]))
+def test_arbitrary_bytes_are_rows_or_a_payload_error(body: bytes, encoding: str | None) -> None:
+    for content_type in (PROTOBUF, JSON):
+        receive_anything(body, content_type, encoding)
+    parse_anything(body, encoding)
+
+
+@FUZZ
+@given(data=st.data())
+def test_a_protobuf_export_with_bytes_changed_is_rows_or_a_payload_error(data: st.DataObject) -> None:
+    body = bytearray(export(histogram(step_point(20, 40.0), step_point(5, 1.0, rank=9))).SerializeToString())
+    for _ in range(data.draw(st.integers(min_value=1, max_value=4))):
+        body[data.draw(st.integers(min_value=0, max_value=len(body) - 1))] = data.draw(st.integers(0, 255))
+    receive_anything(bytes(body), PROTOBUF)
+
+
+@FUZZ
+@given(
+    fields=st.dictionaries(st.sampled_from(POINT_FIELDS), JSON_VALUES, max_size=3),
+    attribute=JSON_VALUES,
+    temporality=JSON_VALUES,
+)
+def test_an_otlp_json_export_with_arbitrary_values_is_rows_or_a_payload_error(
+    fields: dict, attribute: object, temporality: object
+) -> None:
+    point = json_format.MessageToDict(step_point(5, 1.0, rank=9))
+    for replaced in (
+        {**point, **fields},
+        {**point, "attributes": [*point["attributes"][:2], {"key": "node", "value": attribute}]},
+    ):
+        metric = {"name": STEP_DURATION, "histogram": {"aggregationTemporality": 2, "dataPoints": [replaced]}}
+        receive_anything(with_bad_metric(metric), JSON)
+    metric = {
+        "name": STEP_DURATION,
+        "histogram": {"aggregationTemporality": temporality, "dataPoints": [point]},
+    }
+    receive_anything(with_bad_metric(metric), JSON)
+    receive_anything(json.dumps(attribute).encode(), JSON)
+
+
+@FUZZ
+@given(fields=st.dictionaries(st.sampled_from(STEP_KEYS), JSON_VALUES, max_size=4))
+def test_step_lines_with_arbitrary_values_are_rows_or_a_payload_error(fields: dict) -> None:
+    record = {**json.loads(good_line()), **fields}
+    parse_anything(lines(json.dumps(record)))
+
+
+@pytest.mark.parametrize("depth", [100, 1000, 100_000])
+def test_deeply_nested_json_anywhere_is_rows_or_a_payload_error(depth: int) -> None:
+    """JSON text nested `depth` deep in an attribute value, a number field and a step line."""
+    kvlists = '{"kvlistValue": {"values": [{"key": "k", "value": ' * depth + "{}" + "}]}}" * depth
+    arrays = "[" * depth + "]" * depth
+    hole = '"HOLE"'
+    attribute = with_bad_point(attributes=[{"key": "extra", "value": "HOLE"}]).replace(
+        hole.encode(), kvlists.encode()
+    )
+    receive_anything(attribute, JSON)
+    receive_anything(with_bad_point(sum="HOLE").replace(hole.encode(), arrays.encode()), JSON)
+    parse_anything(lines(GOOD_LINE.replace('"j"', arrays)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -15,9 +16,22 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from collectors.errors import LogParseError
-from collectors.steps import PHASE_DURATION, STEP_DURATION, StepTracker, otlp_metrics_url, read_step_records
+from collectors.steps import (
+    PHASE_DURATION,
+    STEP_DURATION,
+    TS_RANGE_S,
+    UINT32_MAX,
+    UINT64_MAX,
+    StepRecord,
+    StepTracker,
+    otlp_metrics_url,
+    parse_step_record,
+    read_step_records,
+)
 from tests.conftest import REPO
 from tests.support.clock import FakeClock
 from tests.support.otlp import OtlpReceiver
@@ -172,6 +186,10 @@ def test_misuse_is_refused_at_once(clock: FakeClock) -> None:
             pass
         with pytest.raises(ValueError, match="negative"):
             tracker.step(-1)
+        with pytest.raises(
+            ValueError, match="'step' must be a non-negative integer up to 18446744073709551615"
+        ):
+            tracker.step(2**64)
 
 
 @pytest.mark.parametrize(
@@ -179,6 +197,8 @@ def test_misuse_is_refused_at_once(clock: FakeClock) -> None:
     [
         ({"rank": -1}, {}, "'rank' must be a non-negative integer"),
         ({"dp_rank": "0"}, {}, "'dp_rank' must be a non-negative integer"),
+        ({"tp_rank": 2**32}, {}, "'tp_rank' must be a non-negative integer up to 4294967295"),
+        ({"node": "\udc80"}, {}, "'node' must be a string of valid Unicode"),
         ({}, {"RANK": "zero"}, "RANK='zero' is not an integer"),
     ],
 )
@@ -208,6 +228,24 @@ GOOD = {"ts": 1.5, "job": "j", "rank": 0, "node": "n", "step": 1, "duration_s": 
         (json.dumps({**GOOD, "duration_s": -0.1}), "'duration_s' must be a finite non-negative number"),
         (json.dumps({**GOOD, "comm_s": float("nan")}), "'comm_s' must be a finite non-negative number"),
         (json.dumps({**GOOD, "node": 7}), "'node' must be a string"),
+        (json.dumps({**GOOD, "rank": 2**32}), "'rank' must be a non-negative integer up to 4294967295"),
+        (
+            json.dumps({**GOOD, "step": 2**64}),
+            "'step' must be a non-negative integer up to 18446744073709551615",
+        ),
+        (
+            json.dumps({**GOOD, "ts": 1e10}),
+            re.escape("'ts' must be unix seconds from 0 (1970-01-01 UTC) to 72"),
+        ),
+        (json.dumps({**GOOD, "ts": -0.5}), "'ts' must be unix seconds from 0"),
+        (json.dumps({**GOOD, "data_s": 10**400}), "'data_s' must be a finite non-negative number"),
+        (
+            json.dumps({**GOOD, "duration_s": float("inf")}),
+            "'duration_s' must be a finite non-negative number",
+        ),
+        (json.dumps({**GOOD, "job": "\ud800"}), "'job' must be a string of valid Unicode"),
+        ("[" * 100_000, "JSON nested too deeply"),
+        (json.dumps({**GOOD, "step": 1}), "duplicate of line 1: job 'j' rank 0 step 1 at ts 1.5 again"),
     ],
 )
 def test_malformed_line_is_named_after_the_good_ones_are_read(
@@ -221,8 +259,21 @@ def test_malformed_line_is_named_after_the_good_ones_are_read(
     assert [record.step for record in read] == [1, 2]
 
 
+def test_bytes_that_are_not_utf8_are_refused_naming_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "steps.jsonl"
+    path.write_bytes(
+        json.dumps(GOOD).encode()
+        + b"\n"
+        + json.dumps({**GOOD, "step": 2}).encode().replace(b'"j"', b'"\xff"')
+    )
+    with pytest.raises(
+        LogParseError, match=f"^{re.escape(str(path))}:2: 'job' must be a string of valid Unicode"
+    ):
+        list(read_step_records(path))
+
+
 def test_reader_accepts_lines_and_names_them(tmp_path: Path) -> None:
-    lines = [json.dumps(GOOD), json.dumps({**GOOD, "compute_s": 1, "tp_rank": 2}), "{}"]
+    lines = [json.dumps(GOOD), json.dumps({**GOOD, "step": 2, "compute_s": 1, "tp_rank": 2}), "{}"]
     read = []
     with pytest.raises(LogParseError, match=r"^<lines>:3: missing key"):
         read.extend(read_step_records(lines))
@@ -388,3 +439,42 @@ def test_forked_child_does_not_export_for_the_rank(otlp_receiver: OtlpReceiver, 
     assert otlp_receiver.requests == []
     tracker.close()
     assert [point.count for point in otlp_receiver.latest(STEP_DURATION)] == [1]
+
+
+JSON_VALUES = st.recursive(  # any JSON value, and integers at the edges of the store's columns and past them
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.sampled_from([-1, 2**32, 2**63, 2**64, 10**400])
+    | st.floats()
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=10,
+)
+
+
+def parse_or_refuse(line: str) -> StepRecord | None:
+    """The record of `line`, or None where it is refused with a ValueError that says why."""
+    try:
+        return parse_step_record(line)
+    except ValueError as error:
+        assert str(error)
+        return None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    fields=st.dictionaries(st.sampled_from([*GOOD, "compute_s", "tp_rank", "other"]), JSON_VALUES, max_size=4)
+)
+def test_any_json_value_in_any_field_is_a_record_or_a_value_error(fields: dict) -> None:
+    record = parse_or_refuse(json.dumps({**GOOD, **fields}))
+    if record is not None:  # everything the store's steps columns hold, nothing else
+        assert TS_RANGE_S[0] <= record.ts <= TS_RANGE_S[1] and 0 <= record.step <= UINT64_MAX
+        assert all(rank is None or 0 <= rank <= UINT32_MAX for rank in (record.rank, record.tp_rank))
+        assert all(s is None or (math.isfinite(s) and s >= 0) for s in (record.duration_s, record.compute_s))
+
+
+@settings(max_examples=200, deadline=None)
+@given(line=st.text() | JSON_VALUES.map(json.dumps))
+def test_any_line_is_a_record_or_a_value_error(line: str) -> None:
+    parse_or_refuse(line)

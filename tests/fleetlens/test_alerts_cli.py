@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,14 @@ def test_a_silence_is_added_listed_and_expired_and_a_drain_is_requested(tmp_path
         ),
         (["silence", "add", "-m", "node=a", "--duration", "1h", "--comment", " "], "needs a comment"),
         (["silence", "expire", "no-such-id"], "no silence no-such-id"),
+        (
+            ["silence", "add", "-m", 'node="vela"7"', "--duration", "1h", "--comment", "x"],
+            "the quoted value is not a JSON string",
+        ),
+        (
+            ["silence", "add", "-m", "node=~" + "a" * 1025, "--duration", "1h", "--comment", "x"],
+            "value of 1025 characters, more than 1024",
+        ),
     ],
 )
 def test_bad_silences_are_refused_naming_what_is_wrong(tmp_path: Path, args: list[str], message: str):
@@ -77,3 +86,39 @@ def test_a_duration_that_is_not_one_is_refused_by_the_parser(tmp_path: Path):
         tmp_path / "store", "silence", "add", "-m", "a=b", "--duration", "soon", "--comment", "x"
     )
     assert result.returncode == 2 and "not a duration like 90s" in result.stderr
+
+
+STORE_ROW = """
+import json, sys
+from analytics.records import SilenceRow
+from analytics.store import Store
+with Store.open("chdb://" + sys.argv[1]) as store:
+    store.insert_silences([SilenceRow(**json.loads(sys.argv[2]))], token="test/bad-row")
+"""
+
+
+def test_an_invalid_stored_silence_is_listed_with_the_reason_and_can_be_expired(tmp_path: Path):
+    """A row stored before the checks existed: `silence list` says what is wrong, `expire` ends it."""
+    store = tmp_path / "store"
+    now = time.time()
+    bad = {
+        "id": "bad-regex",
+        "matchers": '[["node", "=~", "("]]',
+        "starts_at": now - 60,
+        "ends_at": now + 3600,
+        "created_by": "mallory",
+        "comment": "",
+        "updated_at": now - 60,
+    }
+    stored = subprocess.run([sys.executable, "-c", STORE_ROW, str(store), json.dumps(bad)], timeout=120)
+    assert stored.returncode == 0
+
+    [listed] = json.loads(fleetlens(store, "silence", "list", "--json").stdout)
+    assert listed["id"] == "bad-regex" and listed["matchers"] == bad["matchers"]
+    assert listed["invalid"].startswith('matchers[0]: matcher node=~"(": not a regular expression')
+    table = fleetlens(store, "silence", "list").stdout.splitlines()
+    assert table[0].endswith("\tinvalid") and "not a regular expression" in table[1]
+
+    expired = fleetlens(store, "silence", "expire", "bad-regex")
+    assert expired.returncode == 0, expired.stderr
+    assert json.loads(fleetlens(store, "silence", "list", "--json").stdout) == []

@@ -266,7 +266,7 @@ def test_postmortem_page_reports_the_node_and_answers_a_saved_query(store: Store
 @pytest.mark.parametrize(
     ("sql", "message"),
     [
-        ("DROP TABLE samples", "only read statements"),
+        ("DROP TABLE samples", "only SELECT statements"),
         ("SELECT count( FROM samples", "syntax error at line 1"),
     ],
 )
