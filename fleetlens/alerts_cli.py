@@ -18,7 +18,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from alerts import commands
-from alerts.silences import Silence, new_silence
+from alerts.commands import StoredSilence
+from alerts.silences import new_silence
 from analytics.hubclient import HubClient
 from analytics.records import ActionRow
 from fleetlens.access import hub_config, open_store
@@ -83,39 +84,43 @@ def cmd_alerts_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _silence_row(silence: Silence) -> dict[str, Any]:
+def _silence_row(stored: StoredSilence) -> dict[str, Any]:
+    """One silence for people; a stored row that is no valid silence shows its matchers as stored and,
+    under `invalid`, why it mutes nothing (`silence expire` ends it)."""
+    row, silence = stored.row, stored.silence
     return {
-        "id": silence.id,
-        "matchers": ",".join(map(str, silence.matchers)),
-        "starts_at": _when(silence.starts_at),
-        "ends_at": _when(silence.ends_at),
-        "created_by": silence.created_by,
-        "comment": silence.comment,
+        "id": row.id,
+        "matchers": ",".join(map(str, silence.matchers)) if silence else row.matchers,
+        "starts_at": _when(row.starts_at),
+        "ends_at": _when(row.ends_at),
+        "created_by": row.created_by,
+        "comment": row.comment,
+        "invalid": stored.problem,
     }
 
 
-SILENCE_COLUMNS = ["id", "matchers", "starts_at", "ends_at", "created_by", "comment"]
+SILENCE_COLUMNS = ["id", "matchers", "starts_at", "ends_at", "created_by", "comment", "invalid"]
 
 
 def cmd_silence_add(args: argparse.Namespace) -> int:
     with connected(args) as store:
         silence = new_silence(args.matcher, args.duration, created_by=args.by, comment=args.comment)
         commands.add_silence(store, silence)
-    _print([_silence_row(silence)], SILENCE_COLUMNS, args.json)
+    _print([_silence_row(StoredSilence(silence.row(silence.starts_at), silence))], SILENCE_COLUMNS, args.json)
     return 0
 
 
 def cmd_silence_list(args: argparse.Namespace) -> int:
     with connected(args) as source:
-        found = commands.silences(source)
-    _print([_silence_row(silence) for silence in found], SILENCE_COLUMNS, args.json)
+        found = commands.stored_silences(source)
+    _print([_silence_row(stored) for stored in found], SILENCE_COLUMNS, args.json)
     return 0
 
 
 def cmd_silence_expire(args: argparse.Namespace) -> int:
     with connected(args) as store:
-        silence = commands.expire_silence(store, args.id)
-    _print([_silence_row(silence)], SILENCE_COLUMNS, args.json)
+        expired = commands.expire_silence(store, args.id)
+    _print([_silence_row(expired)], SILENCE_COLUMNS, args.json)
     return 0
 
 
@@ -184,7 +189,7 @@ def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.Arg
     add.add_argument("--duration", type=duration, required=True, help="how long: 90s, 15m, 2h, 1d")
     add.add_argument("--comment", required=True, help="why (kept in the audit)")
     add.add_argument("--by", default=getpass.getuser(), help="who (default: this user)")
-    leaf(silence, "list", "silences in force or to come", cmd_silence_list)
+    leaf(silence, "list", "silences in force or to come (an invalid one says why)", cmd_silence_list)
     expire = leaf(silence, "expire", "end a silence now", cmd_silence_expire)
     expire.add_argument("id", help="the silence's id (from silence list)")
 

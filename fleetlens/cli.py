@@ -26,17 +26,19 @@ from urllib.parse import urlsplit
 from alerts.errors import AlertsError
 from analytics.detectors import build as build_detectors
 from analytics.detectors.runner import DetectionRunner, detect
-from analytics.errors import AnalyticsError
+from analytics.errors import AddressError, AnalyticsError
 from analytics.evaluation import combine, to_json, to_markdown
 from analytics.hubclient import HubClient
 from analytics.records import Anomaly
 from analytics.scenario import load_scenario
+from analytics.store import shown_dsn
 from collectors import nccl_log, registry
 from collectors.base import CollectorOptions
 from collectors.errors import CollectorError
 from collectors.exporter import Exporter, make_registry, scrape_body, serve
 from collectors.httpserver import serve_app
-from collectors.hub import Hub, SerializedStore
+from collectors.hub import Hub
+from collectors.hub_auth import TokenFileError, Tokens
 from collectors.hub_detect import DetectionLoop
 from collectors.hub_writer import Writer
 from collectors.receivers import OtlpStepReceiver, ReceiverLimits, step_row
@@ -92,7 +94,13 @@ def _exporter_config(args: argparse.Namespace, **extra: Any) -> ExporterConfig:
 
 
 def build_exporter(config: ExporterConfig) -> Exporter:
-    """Wire the enabled collectors with the roots the config names (CollectorOptions keys are config keys)."""
+    """Wire the enabled collectors with the roots the config names (CollectorOptions keys are config keys).
+
+    A sysfs root that is no directory is refused: the collectors would read nothing and say nothing.
+    """
+    if not config.sysfs_root.is_dir():
+        problem = "is not a directory" if config.sysfs_root.exists() else "does not exist"
+        raise ConfigError(f"exporter.sysfs_root (--sysfs-root): {str(config.sysfs_root)!r} {problem}")
     options = CollectorOptions(**{f.name: getattr(config, f.name) for f in fields(CollectorOptions)})
     try:
         names = registry.resolve(config.enable_collectors, config.disable_collectors)
@@ -134,12 +142,14 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_hub(settings: Config, token: str | None) -> Hub:
+def build_hub(settings: Config, tokens: Tokens) -> Hub:
     """Wire store, spool, writer, receivers, (with a targets file) the scraper of this hub's shard, and
-    detection with alerting and draining after each window."""
+    detection with alerting and draining after each window. The writer, the detection loop and the API
+    each have a session of their own on the store, and queries run on read sessions apart from all
+    three, so none waits for another's statements."""
     config = settings.hub
-    store = SerializedStore(open_store(config))
-    writer = Writer(store, Spool(config.spool_dir, config.spool_max_bytes))
+    store = open_store(config)
+    writer = Writer(store.session(), Spool(config.spool_dir, config.spool_max_bytes))
     limits = ReceiverLimits(config.max_body_bytes, config.max_label_length, config.max_rows_per_request)
     scraper = None
     if config.targets is not None:
@@ -152,11 +162,12 @@ def build_hub(settings: Config, token: str | None) -> Hub:
         )
     detection, closing = None, []
     if config.detector_names != []:
-        alerting = build_alert_service(store, settings.alerts, settings.drain)
+        detection_store = store.session()
+        alerting = build_alert_service(detection_store, settings.alerts, settings.drain)
         closing.append(alerting.close)
         detection = DetectionLoop(
             DetectionRunner(build_detectors(config.detector_names), config.detect_window_s),
-            store,
+            detection_store,
             window_s=config.detect_window_s,
             lag_s=config.interval_s + config.timeout_s,
             then=alerting.cycle,
@@ -168,7 +179,7 @@ def build_hub(settings: Config, token: str | None) -> Hub:
         scraper,
         detection=detection,
         closing=closing,
-        token=token,
+        tokens=tokens,
         max_body_bytes=config.max_body_bytes,
         query_max_rows=config.query_max_rows,
         query_max_seconds=config.query_max_seconds,
@@ -178,11 +189,22 @@ def build_hub(settings: Config, token: str | None) -> Hub:
 def cmd_hub(args: argparse.Namespace) -> int:
     settings = load(args)
     config = settings.hub
-    hub = build_hub(settings, os.environ.get("FLEETLENS_API_TOKEN"))
+    try:
+        tokens = Tokens.load(os.environ.get("FLEETLENS_API_TOKEN"), config.token_file)
+    except TokenFileError as exc:
+        raise ConfigError(f"hub.token_file: {exc}") from None
+    hub = build_hub(settings, tokens)
     host, port = config.host_port
     server = serve_app(hub.app, host, port)
     hub.start()
-    print(f"fleetlens hub: API at http://{host}:{server.server_port} (store {config.store})", flush=True)
+    print(
+        f"fleetlens hub: API at http://{host}:{server.server_port} (store {shown_dsn(config.store)})",
+        flush=True,
+    )
+    if not tokens.configured:
+        log.warning(
+            "no API token (FLEETLENS_API_TOKEN or hub.token_file): the API answers loopback clients only"
+        )
     _serve_until_signal(server, hub.close)
     return 0
 
@@ -375,6 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
     hub.add_argument("--interval-s", type=float, dest="interval_s", help="scrape interval, 1 to 60 s")
     hub.add_argument("--detectors", help='detectors to run on each window: "all" (default), "none" or names')
     hub.add_argument("--detect-window-s", type=float, dest="detect_window_s", help="detection window (10 s)")
+    hub.add_argument(
+        "--token-file", dest="token_file", help='scoped API tokens, lines of "read,write,act <token>"'
+    )
     hub.set_defaults(func=cmd_hub)
 
     query = sub.add_parser("query", help="read-only SQL on the store, through a hub or directly")
@@ -455,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format=log_format, stream=sys.stderr)
     try:
         return args.func(args)
-    except ConfigError as exc:
+    except (ConfigError, AddressError) as exc:
         print(f"fleetlens: configuration error: {exc}", file=sys.stderr)
         return 2
     except (AnalyticsError, AlertsError, CollectorError, OSError) as exc:
