@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -40,8 +41,10 @@ _CATALOG = "SELECT name, categories, is_aggregate, alias_to, case_insensitive FR
 
 
 def session_settings(max_rows: int, max_seconds: float) -> dict[str, Any]:
-    """A read session's settings, `readonly` last: once it is set, no setting can change."""
+    """A read session's settings, `readonly` last: once it is set, no setting can change. A query gets at
+    most half of the machine's cores, so that scraping and inserting keep theirs while it runs."""
     return {
+        "max_threads": max(1, (os.cpu_count() or 2) // 2),
         "max_result_rows": max_rows + 1,
         "result_overflow_mode": "break",
         "max_execution_time": max_seconds,

@@ -12,7 +12,11 @@ from typing import Protocol
 
 from prometheus_client.metrics_core import Metric
 
+from collectors.logtext import printable
+
 log = logging.getLogger("fleetlens.collectors")
+
+MAX_DISTINCT_PROBLEMS = 10_000  # past this, new problems go to DEBUG too: memory bounded on hostile input
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class ReadErrors:
 
     A broken file is read on every scrape; logging it every second would drown the log, so repeats of
     the same (where, problem) go to DEBUG. The count is exported as fleetlens_exporter_read_errors_total.
+    Paths and problems are logged with control characters escaped (a hostile file name cannot forge lines).
     """
 
     def __init__(self, collector: str) -> None:
@@ -53,7 +58,8 @@ class ReadErrors:
         """Record that the sample at `where` (a path, device or log line) was skipped because of `problem`."""
         with self._lock:
             self.count += 1
-            first = (where, problem) not in self._seen
-            self._seen.add((where, problem))
+            first = (where, problem) not in self._seen and len(self._seen) < MAX_DISTINCT_PROBLEMS
+            if first:
+                self._seen.add((where, problem))
         level = logging.WARNING if first else logging.DEBUG
-        log.log(level, "collector %s skipped %s: %s", self.collector, where, problem)
+        log.log(level, "collector %s skipped %s: %s", self.collector, printable(where), printable(problem))

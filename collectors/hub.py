@@ -35,6 +35,7 @@ from collectors import textformat
 from collectors.hub_auth import Tokens
 from collectors.hub_detect import DetectionLoop
 from collectors.hub_writer import Writer
+from collectors.logtext import printable
 from collectors.receivers import OtlpStepReceiver, PayloadError, otlp_error_response, parse_steps_jsonl
 from collectors.scraper import Scraper
 
@@ -65,6 +66,7 @@ _REASONS = {
     403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
+    408: "Request Timeout",
     413: "Payload Too Large",
     415: "Unsupported Media Type",
     500: "Internal Server Error",
@@ -273,7 +275,10 @@ class Hub:
         length = int(text)
         if length > self._max_body_bytes:
             raise HttpError(413, f"body of {length} bytes is over the limit of {self._max_body_bytes}")
-        return environ["wsgi.input"].read(length)
+        try:
+            return environ["wsgi.input"].read(length)
+        except TimeoutError:
+            raise HttpError(408, "the body did not arrive in time") from None
 
     def _otlp(self, body: bytes, environ: dict) -> tuple[bytes, str]:
         content_type = environ.get("CONTENT_TYPE", "")
@@ -359,13 +364,6 @@ class Hub:
         "/api/v1/silences": ("act", _silences),
         "/api/v1/actions": ("act", _actions),
     }
-
-
-def printable(text: str) -> str:
-    """`text` with control characters escaped, fit for one log line whatever a client sent."""
-    if text.isprintable():
-        return text
-    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
 def _json_object(body: bytes, shape: str) -> dict:

@@ -355,23 +355,25 @@ class InfiniBandCollector:
         present = self._list(device_dir, f"every sample of InfiniBand device {device}")
         if not present:
             return
+        label = sysfs.label_value(device)
         try:  # node_exporter leaves a missing file's label empty: hfi1 has no hca_type
-            info = sysfs.read_texts(device_dir, DEVICE_INFO_FILES, present)
+            info = sysfs.read_labels(device_dir, DEVICE_INFO_FILES, present)
         except SysfsError as exc:
-            self._errors.report(f'{DEVICE_INFO.name}{{device="{device}"}}', str(exc))
+            self._errors.report(f'{DEVICE_INFO.name}{{device="{label}"}}', str(exc))
         else:
-            families.add(DEVICE_INFO, (device, *info), 1)
+            families.add(DEVICE_INFO, (label, *info), 1)
 
         @cache
         def pci_netdevs() -> dict[str, str]:
             return self._pci_netdevs(device_dir) if "device" in present else {}
 
         for port in self._list(f"{device_dir}/ports", f"every port of InfiniBand device {device}"):
-            self._collect_port(families, device, f"{device_dir}/ports/{port}", pci_netdevs)
+            self._collect_port(families, label, f"{device_dir}/ports/{port}", pci_netdevs)
 
     def _collect_port(
         self, families: _Families, device: str, port_dir: str, pci_netdevs: Callable[[], dict[str, str]]
     ) -> None:
+        """The samples of one port; `device` is the device's label value."""
         name = os.path.basename(port_dir)
         if not name.isdecimal():
             self._errors.report(f"InfiniBand port {device}/{name}", f"{port_dir}: port name is not a number")
@@ -417,16 +419,17 @@ class InfiniBandCollector:
     ) -> None:
         """Link layer and netdev: GID 0's netdev for RoCE, else the netdev of the same PCI function."""
         try:
-            (link_layer,) = sysfs.read_texts(port_dir, ("link_layer",), present)
+            (link_layer,) = sysfs.read_labels(port_dir, ("link_layer",), present)
             gid_netdev = f"{port_dir}/gid_attrs/ndevs/0"
             netdev = sysfs.read_text(gid_netdev, missing_ok=True) if "gid_attrs" in present else None
         except SysfsError as exc:
             self._errors.report(_where(PORT_INFO, labels), str(exc))
             return
-        families.add(PORT_INFO, (*labels, link_layer, netdev or pci_netdevs().get(labels[1], "")), 1)
+        netdev = sysfs.label_value(netdev) if netdev else pci_netdevs().get(labels[1], "")
+        families.add(PORT_INFO, (*labels, link_layer, netdev), 1)
 
     def _pci_netdevs(self, device_dir: str) -> dict[str, str]:
-        """Port label -> netdev for the netdevs of the device's PCI function (IPoIB, older kernels).
+        """Port label -> netdev label for the netdevs of the device's PCI function (IPoIB, older kernels).
 
         A netdev's port is max(dev_id, dev_port) + 1, as ibdev2netdev computes it: mlx4 numbers ports in
         dev_id, later drivers in dev_port. The first name wins, so ib0 beats its child ib0.8001.
@@ -439,7 +442,7 @@ class InfiniBandCollector:
                 sysfs.read_sample(f"{net_dir}/{netdev}/{file}", sysfs.parse_int, self._errors, where) or 0
                 for file in ("dev_id", "dev_port")
             ]
-            by_port.setdefault(str(max(numbers) + 1), netdev)
+            by_port.setdefault(str(max(numbers) + 1), sysfs.label_value(netdev))
         return by_port
 
 

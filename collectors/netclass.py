@@ -115,20 +115,23 @@ class NetClassCollector:
         except SysfsError as exc:
             self._errors.report(f"every sample of network device {device}", str(exc))
             return
-        values = self._read_properties(device_dir, device, present)
+        label = sysfs.label_value(device)
+        values = self._read_properties(device_dir, label, present)
         if self._ignore_invalid_speed and values.get("speed", 0) < 0:
             del values["speed"]
         for prop, family in properties.items():
             if prop.file in values:
-                family.add_metric([device], values[prop.file] * prop.scale)
+                family.add_metric([label], values[prop.file] * prop.scale)
         try:
-            address, broadcast, duplex, operstate, ifalias = sysfs.read_texts(device_dir, INFO_FILES, present)
+            address, broadcast, duplex, operstate, ifalias = sysfs.read_labels(
+                device_dir, INFO_FILES, present
+            )
         except SysfsError as exc:
-            self._errors.report(f'node_network_up and node_network_info{{device="{device}"}}', str(exc))
+            self._errors.report(f'node_network_up and node_network_info{{device="{label}"}}', str(exc))
             return
-        up.add_metric([device], 1 if operstate == "up" else 0)
+        up.add_metric([label], 1 if operstate == "up" else 0)
         admin_state = _admin_state(values.get("flags"))
-        info.add_metric([device, address, broadcast, duplex, operstate, ifalias, admin_state], 1)
+        info.add_metric([label, address, broadcast, duplex, operstate, ifalias, admin_state], 1)
 
     def _read_properties(self, device_dir: str, device: str, present: set[str]) -> dict[str, int]:
         """File name -> value of the numeric attributes the interface has and that read well."""

@@ -2,12 +2,17 @@
 
 Paths are plain strings and files are read with os.open/os.read: a scrape reads hundreds of these tiny
 files, and pathlib and buffered text IO would cost more than the reads themselves.
+
+The tree may be hostile (`--sysfs-root` names any directory): a FIFO, socket or device node where an
+attribute should be is refused without blocking, and text that becomes a label value goes through
+`label_value` first.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Callable, Collection, Iterable
 from typing import TypeVar
 
@@ -21,16 +26,46 @@ Parser = Callable[[str, str], T | None]  # (text, path) -> value; raises SysfsEr
 # that is down, the netdev of an InfiniBand GID): no sample, but no bad input either.
 _NO_VALUE_ERRNOS = frozenset({errno.EINVAL, errno.EOPNOTSUPP, errno.ENODATA})
 _PAGE = 4096  # a sysfs attribute is at most one page
+# O_NONBLOCK: opening a FIFO would otherwise wait for a writer, and the scrape with it, forever
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
+_FILE_KINDS = {
+    stat.S_IFIFO: "fifo",
+    stat.S_IFSOCK: "socket",
+    stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+    stat.S_IFDIR: "directory",
+}
+
+LABEL_VALUE_MAX_CHARS = 256
+"""The longest label value taken from sysfs; the rest is cut off.
+
+The longest real one is an interface alias (ifalias: at most 255 bytes, IFALIASZ); device names, board
+ids and firmware versions are far shorter. A longer value is bad input, and a label of kilobytes would
+make the hub refuse the whole scrape (its parser's max_label_length).
+"""
+# C0, DEL and C1 controls, and the two separators that str.splitlines also breaks lines at: dropped
+_NOT_IN_LABELS = dict.fromkeys((*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029))
+
+
+def label_value(text: str) -> str:
+    """`text` (file contents or an entry name) fit to be a label value: no control characters, and at
+    most LABEL_VALUE_MAX_CHARS. Real values pass unchanged; NUL, CR or ESC in a file must not reach
+    the exposition, where they would make the hub (or a terminal reading it) choke."""
+    if not text.isprintable():  # cheap test first: nearly every value is printable
+        text = text.translate(_NOT_IN_LABELS)
+    return text[:LABEL_VALUE_MAX_CHARS]
 
 
 def read_text(path: str, *, missing_ok: bool = False) -> str | None:
     """The file's text without surrounding whitespace; None when the kernel has no value for it.
 
-    A missing file is an error (callers read what they listed, so it vanished) unless `missing_ok`.
+    A missing file is an error (callers read what they listed, so it vanished) unless `missing_ok`, and
+    so is anything but a regular file: sysfs attributes are regular files, a FIFO or device is planted.
     """
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, _OPEN_FLAGS)
         try:
+            _require_regular(fd, path)
             data = os.read(fd, _PAGE)
         finally:
             os.close(fd)
@@ -42,6 +77,14 @@ def read_text(path: str, *, missing_ok: bool = False) -> str | None:
             return None
         raise SysfsError(f"{path}: cannot read: {exc.strerror}") from exc
     return data.decode(errors="replace").strip()
+
+
+def _require_regular(fd: int, path: str) -> None:
+    """Refuse an open file that is not a regular file, before reading it could block or mislead."""
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        kind = _FILE_KINDS.get(stat.S_IFMT(mode), "special file")
+        raise SysfsError(f"{path}: not a regular file ({kind})")
 
 
 def list_dir(path: str, *, missing_ok: bool = False, skip_files: bool = False) -> list[str] | None:
@@ -92,9 +135,10 @@ def _parse_int(text: str, path: str) -> int:
         raise SysfsError(f"{path}: {text!r} is not an integer") from None
 
 
-def read_texts(directory: str, files: Iterable[str], present: Collection[str]) -> list[str]:
-    """The texts of `files` in `directory`, "" for those not `present` (listed) or without a value."""
-    return [(read_text(f"{directory}/{file}") or "") if file in present else "" for file in files]
+def read_labels(directory: str, files: Iterable[str], present: Collection[str]) -> list[str]:
+    """The texts of `files` in `directory` as label values, "" for those not `present` (listed) or
+    without a value."""
+    return [label_value(read_text(f"{directory}/{file}") or "") if file in present else "" for file in files]
 
 
 def read_sample(path: str, parse: Parser[T], errors: ReadErrors, sample: str) -> T | None:

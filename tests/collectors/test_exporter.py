@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gzip
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -125,3 +127,30 @@ def test_values_render_as_prometheus_parses_them(value, text):
     assert textformat.format_value(value) == text
     assert float(text) == value
     assert textformat.format_value(float("nan")) == "NaN"
+
+
+@pytest.mark.parametrize("command", ["collect", "exporter"])
+@pytest.mark.parametrize("make_root", ["missing", "file"])
+def test_sysfs_root_that_is_no_directory_is_a_config_error(tmp_path, command, make_root):
+    root = tmp_path / "nonexistent"
+    if make_root == "file":
+        root.write_text("not a sysfs tree\n")
+    argv = [
+        sys.executable,
+        "-m",
+        "fleetlens.cli",
+        command,
+        "--sysfs-root",
+        str(root),
+        "--gpu-backend",
+        "none",
+    ]
+    if command == "exporter":
+        argv += ["--listen", "127.0.0.1:0"]
+    # a subprocess with a timeout: an exporter that accepted the root would serve until killed
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    [line] = done.stderr.splitlines()
+    assert "--sysfs-root" in line and str(root) in line
+    assert ("does not exist" if make_root == "missing" else "is not a directory") in line
+    assert "Traceback" not in done.stderr
