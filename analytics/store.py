@@ -391,7 +391,7 @@ def _connector(dsn: str) -> tuple[Connector, str | None]:
             return clickhouse_connect.get_client(dsn=server, database=database or "", settings=dict(settings))
 
         return remote, parts.path.strip("/") or None
-    raise SchemaError(
+    raise AddressError(
         f"DSN {shown_dsn(dsn)!r}: expected chdb://<directory> or http(s)://host:8123/<database>"
     )
 

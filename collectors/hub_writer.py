@@ -196,14 +196,9 @@ class Writer:
 
     def _insert(self, kind: Kind, rows: Sequence[Row], token: str) -> None:
         """One insert into the store, timed and counted; raises its StoreError."""
-        insert = {
-            "samples": self.store.insert_samples,
-            "targets": self.store.insert_targets,
-            "steps": self.store.insert_steps,
-        }[kind]
         started = self._clock()
         try:
-            written = insert(rows, token=token)
+            written = getattr(self.store, f"insert_{kind}")(rows, token=token)
         except StoreError as error:
             unavailable = isinstance(error, StoreUnavailable)
             self._record(kind, started, failure="unavailable" if unavailable else "rejected")

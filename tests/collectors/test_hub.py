@@ -3,7 +3,13 @@ and JSON lines, the query API, the token, and a store outage survived through th
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -18,7 +24,7 @@ from alerts import commands
 from alerts.silences import new_silence
 from analytics.errors import QueryError, StoreRejected, StoreUnavailable
 from analytics.hubclient import HubClient
-from analytics.records import ActionRow
+from analytics.records import ActionRow, SilenceRow
 from collectors.exporter import make_registry, serve
 from collectors.httpserver import serve_app
 from collectors.hub import Hub
@@ -31,8 +37,11 @@ from collectors.steps import StepTracker
 from fleetlens.cli import build_exporter
 from fleetlens.config import ExporterConfig
 from tests.support.clock import FakeClock
+from tests.support.peers import free_port, stop, wait_http
 
 TOKEN = "s3cret"
+JSON = "application/json"
+LONG_QUERY = "SELECT count() FROM numbers(1e13) WHERE sipHash64(number) % 7 = 3"  # runs until stopped
 
 
 @pytest.fixture
@@ -232,3 +241,151 @@ def test_store_outage_during_scraping_loses_and_duplicates_nothing_across_a_rest
     assert {count for _, count in per_scrape} == {8}  # and exactly once
     statuses = store.query("SELECT count() FROM targets").rows
     assert statuses == [(15,)]
+
+
+def post_raw(url: str, path: str, body: bytes) -> tuple[int, str]:
+    request = urllib.request.Request(url + path, data=body, headers={"Content-Type": JSON}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def nested(depth: int) -> list:
+    value: list = [1]
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_a_silence_that_cannot_work_is_refused_at_the_door(served):
+    _, url = served
+    now = time.time()
+    bad = SilenceRow("s-1", json.dumps([["node", "=~", "("]]), now, now + 3600, "sre", "cable swap", now)
+    with pytest.raises(StoreRejected, match=r'rows\[0\]: matchers\[0\]: matcher node=~"\(": not a regular'):
+        HubClient(url).insert_silences([bad], token="t")
+    assert commands.stored_silences(HubClient(url)) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"sql": 5}, "sql: expected a string, got a number"),
+        ({"sql": ["SELECT 1"]}, "sql: expected a string, got an array"),
+        ({"sql": "SELECT 1", "max_rows": 1e400}, "max_rows: expected a positive integer, got a number"),
+        ({"sql": "SELECT 1", "max_rows": True}, "max_rows: expected a positive integer, got a boolean"),
+        ({"sql": "SELECT 1", "max_rows": 0}, "max_rows: expected a positive integer"),
+        ({"sql": "SELECT 1", "parameters": [1]}, "parameters: expected an object"),
+        ({"sql": "SELECT {x:String}", "parameters": {"x": {"y": 1}}}, "parameters.x: expected a string"),
+        ({"sql": "SELECT 1", "limit": 1}, "unknown field(s) limit"),
+        ({"sql": "SELECT 1", "parameters": {"x": nested(40)}}, "nested more than 32"),
+        ([1, 2], "expected a JSON object"),
+    ],
+)
+def test_bad_query_requests_are_400s_naming_the_field(served, body, message):
+    _, url = served
+    status, answer = post_raw(url, "/api/v1/query", json.dumps(body).encode())
+    assert status == 400 and message in json.loads(answer)["error"], answer
+
+
+def test_very_deep_json_and_a_negative_length_are_400s(served):
+    _, url = served
+    assert post_raw(url, "/api/v1/query", b"[" * 100_000)[0] == 400
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /api/v1/query HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.0 400")
+
+
+def test_unknown_paths_count_under_one_label_and_cannot_forge_log_lines(served, caplog):
+    _, url = served
+    caplog.set_level(logging.INFO, logger="fleetlens.hub")
+    for index in range(30):
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(f"{url}/probe-{index}", timeout=5)
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(f"{url}/x%0A2026-12-01%20INFO%20fleetlens.hub:%20all%20is%20well", timeout=5)
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+        exposition = response.read().decode().splitlines()
+    refused = [line for line in exposition if "refused_requests_total{" in line]
+    assert refused == ['fleetlens_hub_refused_requests_total{endpoint="other",status="404"} 31']
+    assert not any("\n" in record.getMessage() for record in caplog.records)
+    assert any("/x\\x0a2026-12-01" in record.getMessage() for record in caplog.records)
+
+
+def test_healthz_says_when_the_store_refuses_writes_and_logs_each_change_once(store, tmp_path, fleet, caplog):
+    outage = Outage(store)
+    hub = make_hub(outage, tmp_path, fleet)
+    server = serve_app(hub.app, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        scrape(hub)
+        assert urllib.request.urlopen(url + "/healthz", timeout=5).read() == b"ok\n"
+        outage.down = True
+        for _ in range(3):
+            scrape(hub)
+        with pytest.raises(urllib.error.HTTPError) as unhealthy:
+            urllib.request.urlopen(url + "/healthz", timeout=5)
+        assert unhealthy.value.code == 503
+        assert "the store refuses writes since" in (said := unhealthy.value.read().decode())
+        assert "store down for the test" in said and "batches spooled" in said
+        outage.down = False
+        deadline = time.monotonic() + 20
+        while hub.health() is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert urllib.request.urlopen(url + "/healthz", timeout=5).read() == b"ok\n"
+    finally:
+        server.shutdown()
+        server.server_close()
+        hub.writer.close()
+    said = [r.getMessage() for r in caplog.records if r.name == "fleetlens.hub.writer"]
+    assert sum("the store refuses writes" in message for message in said) == 1, said
+    assert sum("takes writes again" in message for message in said) == 1, said
+
+
+def test_two_long_queries_cost_ingest_no_interval(fleet, tmp_path):
+    """Queries run on read sessions of their own: a scrape round never waits for them."""
+    (tmp_path / "targets.json").write_text(json.dumps(fleet[:2]))  # the two exporters that answer
+    port = free_port()
+    args = [
+        *(sys.executable, "-m", "fleetlens.cli", "hub", "--store", f"chdb://{tmp_path}/store"),
+        *("--targets", str(tmp_path / "targets.json"), "--listen", f"127.0.0.1:{port}"),
+        *("--interval-s", "1", "--detectors", "none"),
+    ]
+    env = {**os.environ, "FLEETLENS_HUB_QUERY_MAX_SECONDS": "8"}
+    with (tmp_path / "hub.log").open("w") as log:
+        process = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log, stderr=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/healthz", process, timeout=60)
+        time.sleep(3)
+        start = time.time()
+        queries = [
+            threading.Thread(
+                target=post_raw,
+                args=(url, "/api/v1/query", json.dumps({"sql": LONG_QUERY}).encode()),
+            )
+            for _ in range(2)
+        ]
+        for query in queries:
+            query.start()
+        for query in queries:
+            query.join()
+        took = time.time() - start
+        time.sleep(3)
+        end = time.time() - 2  # the last round may be on its way in
+        rows = (
+            HubClient(url)
+            .query("SELECT node, toUnixTimestamp64Milli(ts) / 1000 FROM targets WHERE up ORDER BY node, ts")
+            .rows
+        )
+    finally:
+        stop(process)
+    assert 7 < took < 14  # both ran, side by side, until the hub's limit stopped them
+    for node in ("vela-001", "vela-002"):
+        stamps = [start, *(ts for name, ts in rows if name == node and start <= ts < end), end]
+        ticks = {int(ts) for ts in stamps[1:-1]}
+        assert len(ticks) >= int(end - start) - 1, (node, sorted(ticks))
+        assert max(b - a for a, b in itertools.pairwise(stamps)) < 2.5, (node, stamps)

@@ -24,12 +24,9 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import (
     AggregationTemporality,
     Gauge,
-    Histogram,
-    HistogramDataPoint,
     Metric,
 )
 
@@ -54,14 +51,12 @@ from collectors.steps import (
     StepTracker,
     read_step_records,
 )
-from tests.collectors.test_steps import JSON_VALUES
 from tests.support.clock import FakeClock
 from tests.support.loopback import LoopbackPostServer
+from tests.support.otlp import IDENTITY, START_NS, export, histogram, step_point
+from tests.support.strategies import JSON_VALUES
 
-CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 DELTA = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
-IDENTITY = {"job": "job-a", "rank": 3, "node": "node-7"}
-START_NS = 1_700_000_000 * 10**9
 MIB = 1 << 20
 
 
@@ -236,38 +231,6 @@ def test_restarted_trainer_starts_its_series_over(hub: LoopbackHub) -> None:
     assert (first.steps, first.step, first.duration_s) == (3, 2, 2.0)
     assert (second.steps, second.step, second.duration_s) == (2, 1, 6.0)
     assert second.compute_s is None, "no phase was entered"
-
-
-def step_point(
-    count: int, seconds: float, *, start_ns: int = START_NS, **attributes: str | int
-) -> HistogramDataPoint:
-    return HistogramDataPoint(
-        attributes=[
-            KeyValue(
-                key=key,
-                value=AnyValue(string_value=value) if isinstance(value, str) else AnyValue(int_value=value),
-            )
-            for key, value in {**IDENTITY, **attributes}.items()
-        ],
-        start_time_unix_nano=start_ns,
-        time_unix_nano=start_ns + 10**9 * (count + 1),
-        count=count,
-        sum=seconds,
-    )
-
-
-def histogram(
-    *points: HistogramDataPoint, name: str = STEP_DURATION, temporality: int = CUMULATIVE
-) -> Metric:
-    return Metric(
-        name=name, unit="s", histogram=Histogram(data_points=points, aggregation_temporality=temporality)
-    )
-
-
-def export(*metrics: Metric) -> ExportMetricsServiceRequest:
-    request = ExportMetricsServiceRequest()
-    request.resource_metrics.add().scope_metrics.add().metrics.extend(metrics)
-    return request
 
 
 def steps(count: int, seconds: float, **options: object) -> bytes:

@@ -36,6 +36,7 @@ from tests.conftest import REPO
 from tests.support.clock import FakeClock
 from tests.support.otlp import OtlpReceiver
 from tests.support.peers import free_port, hung_listener
+from tests.support.strategies import JSON_VALUES
 
 IDENTITY = {"job": "job-a", "rank": 3, "node": "node-7"}
 
@@ -439,18 +440,6 @@ def test_forked_child_does_not_export_for_the_rank(otlp_receiver: OtlpReceiver, 
     assert otlp_receiver.requests == []
     tracker.close()
     assert [point.count for point in otlp_receiver.latest(STEP_DURATION)] == [1]
-
-
-JSON_VALUES = st.recursive(  # any JSON value, and integers at the edges of the store's columns and past them
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.sampled_from([-1, 2**32, 2**63, 2**64, 10**400])
-    | st.floats()
-    | st.text(),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=10,
-)
 
 
 def parse_or_refuse(line: str) -> StepRecord | None:

@@ -6,7 +6,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.peers import free_port
 
 
 def fleetlens(*args: str) -> subprocess.CompletedProcess:
@@ -89,3 +92,43 @@ def test_environment_selects_backend(procfs_sys):
         for s in f.samples
     }
     assert gpus == {"0", "1"}
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("hub", "--config", "{binary}", "--detectors", "none"), "not UTF-8 text"),
+        (
+            ("hub", "--store", "http://db:notaport/fleet", "--detectors", "none"),
+            "DSN 'http://db:notaport/fleet'",
+        ),
+        (("hub", "--store", "postgres://db/fleet", "--detectors", "none"), "DSN 'postgres://db/fleet'"),
+        (("query", "SELECT 1", "--hub", "notaurl"), "hub URL 'notaurl'"),
+        (("query", "SELECT 1", "--hub", "http://[::1"), "hub URL 'http://[::1'"),
+        (("hub", "--token-file", "{tokens}", "--detectors", "none"), "{tokens}:2: unknown scope(s) admin"),
+    ],
+)
+def test_bad_config_and_flags_are_one_line_and_exit_2(tmp_path, args, named):
+    binary, tokens = tmp_path / "fleetlens.yaml", tmp_path / "tokens"
+    binary.write_bytes(b"hub:\n  store: \xff\xfe\x00\x00chdb")
+    tokens.write_text("read r-token\nadmin a-token\n")
+    tokens.chmod(0o600)
+    filled = [arg.format(binary=binary, tokens=tokens) for arg in args]
+    result = subprocess.run(
+        [sys.executable, "-m", "fleetlens.cli", *filled],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2, result.stderr
+    assert named.format(tokens=tokens) in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "a-token" not in result.stderr  # a token file's error never shows a token
+
+
+def test_a_store_password_is_never_printed(tmp_path):
+    port = free_port()  # nothing listens there: the hub cannot reach its store and says so
+    result = fleetlens("hub", "--store", f"http://fleet:hunter2@127.0.0.1:{port}/db", "--detectors", "none")
+    assert result.returncode == 1
+    assert "fleet:***@127.0.0.1" in result.stderr and "hunter2" not in result.stderr + result.stdout

@@ -6,8 +6,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import (
+    AggregationTemporality,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+)
 
+from collectors.steps import STEP_DURATION
 from tests.support.loopback import LoopbackPostServer
+
+CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+IDENTITY = {"job": "job-a", "rank": 3, "node": "node-7"}  # the rank whose points the builders below make
+START_NS = 1_700_000_000 * 10**9
 
 
 @dataclass(frozen=True)
@@ -73,3 +85,38 @@ class OtlpReceiver:
 
     def __exit__(self, *exc_info: object) -> None:
         self._server.__exit__(*exc_info)
+
+
+# -- building exports as the step SDK sends them ------------------------------------------------------
+
+
+def step_point(
+    count: int, seconds: float, *, start_ns: int = START_NS, **attributes: str | int
+) -> HistogramDataPoint:
+    return HistogramDataPoint(
+        attributes=[
+            KeyValue(
+                key=key,
+                value=AnyValue(string_value=value) if isinstance(value, str) else AnyValue(int_value=value),
+            )
+            for key, value in {**IDENTITY, **attributes}.items()
+        ],
+        start_time_unix_nano=start_ns,
+        time_unix_nano=start_ns + 10**9 * (count + 1),
+        count=count,
+        sum=seconds,
+    )
+
+
+def histogram(
+    *points: HistogramDataPoint, name: str = STEP_DURATION, temporality: int = CUMULATIVE
+) -> Metric:
+    return Metric(
+        name=name, unit="s", histogram=Histogram(data_points=points, aggregation_temporality=temporality)
+    )
+
+
+def export(*metrics: Metric) -> ExportMetricsServiceRequest:
+    request = ExportMetricsServiceRequest()
+    request.resource_metrics.add().scope_metrics.add().metrics.extend(metrics)
+    return request
