@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import httpx
 
 from alerts.model import Alert
+from analytics.redact import redacted
 
 log = logging.getLogger("fleetlens.alerts.notifiers")
 
@@ -105,12 +106,15 @@ class _JsonPostNotifier(abc.ABC):
             response = self._client.post(self.url, json=self.payload(sendable, self._clock()))
         except httpx.HTTPError as exc:
             return self._delivery(
-                sendable, attempts=1, status=None, error=f"POST {self.url}: {type(exc).__name__}: {exc}"
+                sendable,
+                attempts=1,
+                status=None,
+                error=f"POST {redacted(self.url)}: {type(exc).__name__}: {exc}",
             )
         error = ""
         if response.is_error:
             answer = response.text[:_ERROR_BODY_CHARS]
-            error = f"POST {self.url}: HTTP {response.status_code}: {answer}"
+            error = f"POST {redacted(self.url)}: HTTP {response.status_code}: {answer}"
         return self._delivery(sendable, attempts=1, status=response.status_code, error=error)
 
     def close(self) -> None:

@@ -51,9 +51,10 @@ from analytics.records import (
     StepRow,
     TargetStatus,
 )
+from analytics.redact import redacted
 from analytics.schema import Layout, Retention
 
-__all__ = ["DEFAULT_DATABASE", "DEFAULT_DSN", "Retention", "Store", "series_id", "shown_dsn"]
+__all__ = ["DEFAULT_DATABASE", "DEFAULT_DSN", "Retention", "Store", "series_id"]
 
 DEFAULT_DSN = "chdb://./data"
 DEFAULT_DATABASE = "fleetlens"
@@ -170,7 +171,7 @@ class Store:
         except ClickHouseError as error:
             client.close()
             failure = StoreUnavailable if unreachable(error) else SchemaError
-            raise failure(f"opening {shown_dsn(dsn)}: {short(error)}") from error
+            raise failure(f"opening {redacted(dsn)}: {short(error)}") from error
         except BaseException:
             client.close()
             raise
@@ -368,7 +369,7 @@ def _connector(dsn: str) -> tuple[Connector, str | None]:
         parts = urlsplit(dsn)
         parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
     except ValueError as error:
-        raise AddressError(f"DSN {shown_dsn(dsn)!r}: {error}") from None
+        raise AddressError(f"DSN {redacted(dsn)!r}: {error}") from None
     if dsn.startswith("chdb://"):
         location = dsn.removeprefix("chdb://")
         if not location:
@@ -392,7 +393,7 @@ def _connector(dsn: str) -> tuple[Connector, str | None]:
 
         return remote, parts.path.strip("/") or None
     raise AddressError(
-        f"DSN {shown_dsn(dsn)!r}: expected chdb://<directory> or http(s)://host:8123/<database>"
+        f"DSN {redacted(dsn)!r}: expected chdb://<directory> or http(s)://host:8123/<database>"
     )
 
 
@@ -400,9 +401,9 @@ def _open_session(connector: Connector, dsn: str, settings: Mapping[str, Any]) -
     try:
         return connector(settings, None)
     except ClickHouseError as error:
-        raise StoreUnavailable(f"cannot reach the store at {shown_dsn(dsn)}: {short(error)}") from error
+        raise StoreUnavailable(f"cannot reach the store at {redacted(dsn)}: {short(error)}") from error
     except ValueError as error:  # clickhouse-connect's own reading of the DSN
-        raise AddressError(f"DSN {shown_dsn(dsn)!r}: {error}") from error
+        raise AddressError(f"DSN {redacted(dsn)!r}: {error}") from error
 
 
 def _migrate(client: Client, layout: Layout) -> None:
@@ -439,14 +440,3 @@ def _run(client: Client, statements: Sequence[str], what: str) -> None:
             if unreachable(error):
                 raise
             raise SchemaError(f"{what} failed at {statement.splitlines()[0]!r}: {short(error)}") from error
-
-
-def shown_dsn(dsn: str) -> str:
-    """The DSN with its password masked, fit for messages and logs (the user name stays: it says who)."""
-    try:
-        password = urlsplit(dsn).password
-    except ValueError:
-        password = None
-    if password is None:
-        return dsn
-    return dsn.replace(f":{password}@", ":***@", 1)

@@ -30,8 +30,8 @@ from analytics.errors import AddressError, AnalyticsError
 from analytics.evaluation import combine, to_json, to_markdown
 from analytics.hubclient import HubClient
 from analytics.records import Anomaly
+from analytics.redact import redacted
 from analytics.scenario import load_scenario
-from analytics.store import shown_dsn
 from collectors import nccl_log, registry
 from collectors.base import CollectorOptions
 from collectors.errors import CollectorError
@@ -198,7 +198,7 @@ def cmd_hub(args: argparse.Namespace) -> int:
     server = serve_app(hub.app, host, port)
     hub.start()
     print(
-        f"fleetlens hub: API at http://{host}:{server.server_port} (store {shown_dsn(config.store)})",
+        f"fleetlens hub: API at http://{host}:{server.server_port} (store {redacted(config.store)})",
         flush=True,
     )
     if not tokens.configured:

@@ -154,6 +154,11 @@ def test_receiver_errors_come_back_as_failed_deliveries_naming_the_url(serve):
     assert refused_url in refused.error
     assert "ConnectError" in refused.error
 
+    with_secrets = f"http://fleet:hunter2@127.0.0.1:{free_port()}/hook?token=abc123"
+    failed = WebhookNotifier(with_secrets).send([fault()])
+    assert "fleet:***@127.0.0.1" in failed.error and "token=***" in failed.error
+    assert "hunter2" not in failed.error and "abc123" not in failed.error
+
 
 @pytest.mark.parametrize(
     ("answers", "ok", "attempts", "waits"),
