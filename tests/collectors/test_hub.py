@@ -389,3 +389,35 @@ def test_two_long_queries_cost_ingest_no_interval(fleet, tmp_path):
         ticks = {int(ts) for ts in stamps[1:-1]}
         assert len(ticks) >= int(end - start) - 1, (node, sorted(ticks))
         assert max(b - a for a, b in itertools.pairwise(stamps)) < 2.5, (node, stamps)
+
+
+class SlowStore:
+    """The real store, taking `delay_s` longer over every batch of samples: a store falling behind."""
+
+    def __init__(self, store: object, delay_s: float) -> None:
+        self.store = store
+        self.delay_s = delay_s
+
+    def insert_samples(self, batches, *, token: str) -> int:
+        time.sleep(self.delay_s)
+        return self.store.insert_samples(batches, token=token)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+
+def test_a_store_that_falls_behind_never_holds_up_the_scrape_loop(store, tmp_path, fleet):
+    (tmp_path / "targets.json").write_text(json.dumps(fleet[:1]))
+    scraper = Scraper(TargetsFile(tmp_path / "targets.json").current, interval_s=1, timeout_s=0.5)
+    writer = Writer(SlowStore(store, delay_s=1.5), Spool(tmp_path / "spool", 64 << 20))
+    hub = Hub(store.session(), writer, OtlpStepReceiver(), scraper)
+    hub.start()
+    time.sleep(7)
+    hub.close()  # the spooled rounds are replayed before it returns
+    assert hub.deferred_rounds > 0  # rounds went to the spool instead of waiting for the store
+    stamps = [
+        ts for (ts,) in store.query("SELECT toUnixTimestamp64Milli(ts) / 1000 FROM targets ORDER BY ts").rows
+    ]
+    assert len(stamps) >= 6 and max(b - a for a, b in itertools.pairwise(stamps)) < 1.5, stamps
+    per_scrape = store.query("SELECT ts, count() FROM samples GROUP BY ts").rows
+    assert len(per_scrape) == len(stamps) and len({count for _, count in per_scrape}) == 1  # each whole
