@@ -25,7 +25,9 @@ from collectors.hub import Hub
 from collectors.hub_writer import Writer
 from collectors.receivers import OtlpStepReceiver
 from collectors.spool import Spool
+from collectors.steps import StepTracker
 from tests.support import escapes
+from tests.support.clock import FakeClock
 from tests.support.peers import fleetlens_exporter, free_port, peer, stop, wait_http
 
 ADMIN, READER, WRITER, ACTOR = "admin-token", "read-token", "write-token", "act-token"
@@ -248,3 +250,17 @@ def test_a_hub_without_a_token_says_so_when_it_starts(tmp_path):
         stop(process)
     output = process.stdout.read()  # a few lines: the pipe cannot fill
     assert "the API answers loopback clients only" in output, output
+
+
+def test_the_step_sdk_sends_its_write_token_from_the_standard_otlp_headers(hub, monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"Authorization=Bearer%20{WRITER}")
+    clock = FakeClock()
+    tracker = StepTracker(
+        job="tokened", rank=1, node="vela-001", clock=clock, environ={}, otlp_endpoint=hub["url"]
+    )
+    for _ in range(3):
+        with tracker.step():
+            clock.advance(1.0)
+    tracker.close()
+    assert tracker.otlp_failures == 0
+    assert query(hub["url"], "SELECT sum(steps) FROM steps WHERE job = 'tokened'") == [[3]]
