@@ -15,8 +15,9 @@ on read-only sessions of its own, and only what analytics.sqlpolicy accepts, on 
 builds: one SELECT over the project's tables. Queries and inserts never share a session, and a long query
 never holds up an insert.
 
-A Store is thread-safe. `session()` opens another writing session on the same store, for a consumer that
-should not wait for the others' inserts (the hub's detection loop and its API beside its writer).
+A Store is thread-safe. `session()` opens another one on the same store, with sessions of its own for
+writing and reading, for a consumer that should not wait for the others' statements (the hub's writer
+and detection loop beside its API).
 """
 
 from __future__ import annotations
@@ -139,11 +140,11 @@ class KnownSeries:
 class Store:
     """A ClickHouse database holding fleetlens's schema; build it with Store.open()."""
 
-    def __init__(self, client: Client, layout: Layout, connect: Connect, reads: ReadSessions) -> None:
-        self._client = client  # this session's writes; queries run on `reads`
+    def __init__(self, client: Client, layout: Layout, connect: Connect) -> None:
+        self._client = client  # this session's writes; its queries run on read sessions of its own
         self._layout = layout
         self._connect = connect
-        self._reads = reads
+        self._reads = ReadSessions(connect, layout.database, schema.READABLE)
         self._sessions: list[Store] | None = []  # opened by session(); None for a session itself
         self._series = KnownSeries()
         self._lock = threading.Lock()  # one insert at a time on this session, and KnownSeries with it
@@ -179,7 +180,7 @@ class Store:
         def connect(settings: Mapping[str, Any]) -> Client:
             return connector({**settings}, layout.database)
 
-        return cls(client, layout, connect, ReadSessions(connect, layout.database, schema.READABLE))
+        return cls(client, layout, connect)
 
     @property
     def database(self) -> str:
@@ -187,15 +188,16 @@ class Store:
         return self._layout.database
 
     def session(self) -> Store:
-        """Another writing session on this store, whose inserts wait for no other session's; it shares
-        this store's read sessions and is closed with it. StoreUnavailable when it cannot be opened."""
+        """Another session on this store, for a consumer that should wait for no other's statements: its
+        inserts and its queries (on read sessions of its own) share nothing with this store's. It is
+        closed with this store. StoreUnavailable when it cannot be opened."""
         if self._sessions is None:
             raise TypeError("open sessions from the Store that Store.open() returned")
         try:
             client = self._connect({})
         except ClickHouseError as error:
             raise StoreUnavailable(f"opening a session: {short(error)}") from error
-        sibling = Store(client, self._layout, self._connect, self._reads)
+        sibling = Store(client, self._layout, self._connect)
         sibling._sessions = None
         with self._lock:
             self._sessions.append(sibling)
@@ -269,14 +271,13 @@ class Store:
         return self._reads.query(sql, parameters=parameters, max_rows=max_rows, max_seconds=max_seconds)
 
     def close(self) -> None:
-        """Release the session; the store Store.open() returned also closes its sessions and the read
-        sessions (for chDB that ends the engine, so that another directory can be opened)."""
+        """Release the session and its read sessions; the store Store.open() returned closes the sessions
+        it opened too (for chDB that ends the engine, so that another directory can be opened)."""
         for session in self._sessions or ():
             session.close()
+        self._reads.close()
         with self._lock:
             self._client.close()
-        if self._sessions is not None:
-            self._reads.close()
 
     def __enter__(self) -> Store:
         return self
