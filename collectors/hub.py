@@ -226,6 +226,16 @@ class Hub:
             yield GaugeMetricFamily(
                 "fleetlens_hub_targets", "Targets this hub's shard scrapes.", value=len(self.scraper.targets)
             )
+            yield CounterMetricFamily(
+                "fleetlens_hub_scrape_duplicate_samples",
+                "Samples dropped because their series came earlier in the same body (the first is kept).",
+                value=self.scraper.duplicates_dropped,
+            )
+            yield CounterMetricFamily(
+                "fleetlens_hub_scrape_ticks_skipped",
+                "Scrape ticks skipped because the round before held the loop past their deadline.",
+                value=self.scraper.ticks_skipped,
+            )
 
     # -- HTTP ----------------------------------------------------------------------------------------------
 

@@ -101,7 +101,9 @@ class LoopServer:
                     await _send(writer, _error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "head too large"))
                     return
                 try:
-                    environ, keep_alive = _environ(head, writer.get_extra_info("sockname"))
+                    environ, keep_alive = _environ(
+                        head, writer.get_extra_info("sockname"), writer.get_extra_info("peername")
+                    )
                     environ["wsgi.input"] = io.BytesIO(await _read_body(reader, environ))
                 except BadRequest as exc:
                     await _send(writer, _error(exc.status, str(exc)))
@@ -119,7 +121,7 @@ class LoopServer:
             writer.close()
 
 
-def _environ(head: bytes, sockname: tuple) -> tuple[dict, bool]:
+def _environ(head: bytes, sockname: tuple, peername: tuple) -> tuple[dict, bool]:
     """The WSGI environ of one request head, and whether the connection stays open after it."""
     try:
         lines = head.decode("latin-1").split("\r\n")
@@ -136,6 +138,7 @@ def _environ(head: bytes, sockname: tuple) -> tuple[dict, bool]:
         "SERVER_NAME": sockname[0],
         "SERVER_PORT": str(sockname[1]),
         "SERVER_PROTOCOL": version,
+        "REMOTE_ADDR": peername[0],  # who asks: the hub serves its API to loopback clients without a token
         "wsgi.version": (1, 0),
         "wsgi.url_scheme": "http",
         "wsgi.errors": io.StringIO(),

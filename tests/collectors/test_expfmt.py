@@ -1,5 +1,6 @@
 """The exposition parser reads real bodies sample for sample as prometheus_client does, names broken lines,
-enforces its limits, and stays right when its series cache answers instead of the full parse."""
+enforces its limits and deadline while parsing, keeps the first of a series sent twice, and stays right
+when its series cache answers instead of the full parse."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collectors.expfmt import ExpositionError, ExpositionParser, counter_increase
+from collectors import expfmt
+from collectors.expfmt import DeadlineExceeded, ExpositionError, ExpositionParser, counter_increase
 
 Sample = tuple[str, dict[str, str], float, float | None]
 
@@ -180,8 +182,85 @@ def test_a_cached_series_with_a_broken_value_is_still_an_error() -> None:
 def test_sample_limit_names_the_limit() -> None:
     body = "".join(f'm{{i="{i}"}} {i}\n' for i in range(11))
     assert len(ExpositionParser(max_samples=11).parse(body)) == 11
-    with pytest.raises(ExpositionError, match=r"11 samples, over max_samples=10"):
+    with pytest.raises(ExpositionError, match=r"^line 11: sample 11 is over max_samples=10; parsing stopped"):
         ExpositionParser(max_samples=10).parse(body)
+
+
+def numbered_body(samples: int, comment_every: int = 10) -> list[str]:
+    """The lines of a body of `samples` distinct series, with a HELP line before every `comment_every`th."""
+    lines = []
+    for i in range(samples):
+        if i % comment_every == 0:
+            lines.append(f"# HELP m_{i // comment_every} A family of {comment_every}.")
+        lines.append(f'm_{i // comment_every}{{i="{i}",pad="{"x" * 20}"}} {i}')
+    return lines
+
+
+def test_the_sample_limit_stops_the_parse_at_the_first_sample_over_it() -> None:
+    """A body of a million series costs what its first max_samples do: nothing after the limit is read."""
+    lines = numbered_body(30_000)
+    over = next(n for n, line in enumerate(lines, 1) if line.startswith('m_2000{i="20000"'))
+    body = "\n".join([*lines, "this line is broken", ""])  # 1 MB: the limit falls in a later chunk
+    parser = ExpositionParser(max_samples=20_000)
+    with pytest.raises(ExpositionError) as caught:
+        parser.parse(body)
+    assert str(caught.value) == f"line {over}: sample 20001 is over max_samples=20000; parsing stopped there"
+    assert len(parser._series) <= 20_001, "no series past the limit was parsed"
+    assert len(ExpositionParser(max_samples=30_000).parse("\n".join(lines))) == 30_000
+
+
+class StepClock:
+    """A clock that reads 0, 1, 2, ... on successive calls, counting them."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        return self.calls - 1
+
+
+def test_a_deadline_stops_the_parse_between_chunks_naming_the_line_reached() -> None:
+    text = "\n".join(numbered_body(40_000)) + "\n"  # about 1.5 MB
+    reached = []
+    for deadline in (0, 1, 2):
+        with pytest.raises(
+            DeadlineExceeded, match=r"^deadline exceeded while parsing \(line \d+\)$"
+        ) as caught:
+            ExpositionParser(clock=StepClock()).parse(text, deadline)
+        reached.append(caught.value.lineno)
+    assert reached[0] == 1 and reached[0] < reached[1] < reached[2] < 44_000, reached
+    clock = StepClock()
+    assert len(ExpositionParser(max_samples=40_000, clock=clock).parse(text, deadline=1e9)) == 40_000
+    assert 2 <= clock.calls <= len(text) // 50_000, "checked now and then, not on every line"
+
+
+def test_without_a_deadline_the_clock_is_never_read() -> None:
+    def no_clock() -> float:
+        raise AssertionError("read the clock")
+
+    assert len(ExpositionParser(clock=no_clock).parse("\n".join(numbered_body(10_000)))) == 10_000
+
+
+def test_a_series_sent_twice_keeps_its_first_sample_and_the_rest_are_counted() -> None:
+    body = (
+        "# TYPE a gauge\n"
+        'a{x="1",y="2"} 1\n'
+        "b 5\n"
+        'a{y="2",x="1"} 2\n'  # the same series written otherwise
+        'a{x="1",y="2"} 3 1700000000000\n'
+        "b 6\n"
+        "c 7 1700000000123\n"
+    )
+    parser = ExpositionParser(target_labels={"cluster": "vela"})
+    for _ in range(2):  # the second time, from the cache
+        parsed = parser.parse(body)
+        assert (parsed.names, parsed.values, parsed.duplicates) == (["a", "b", "c"], [1.0, 5.0, 7.0], 3)
+        assert parsed.labels[0] == {"x": "1", "y": "2", "cluster": "vela"}
+        assert parsed.timestamps == {2: 1700000000.123}
+    clean = '# TYPE a gauge\na{x="1",y="2"} 1\nb 5\nc 7 1700000000123\n'
+    assert parser.parse(clean).duplicates == 0
+    assert parser.parse(clean + 'a{x="1",y="2"} 9\n').duplicates == 1, "a steady body that starts repeating"
 
 
 @pytest.mark.parametrize(
@@ -216,3 +295,9 @@ def test_counter_increase_never_goes_negative_across_an_exporter_restart() -> No
     increases = [counter_increase(a, b) for a, b in itertools.pairwise(readings)]
     assert increases == [5.0, 0.0, 3.0, 5.0]  # a reset counts the new value, as Prometheus's increase()
     assert sum(increases) == 13.0
+
+
+def test_series_whose_hashes_collide_stay_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(expfmt, "hash", lambda _: 0, raising=False)  # every series the same hash
+    parsed = ExpositionParser().parse('a{x="1"} 1\na{x="2"} 2\nb 3\na{x="1"} 4\n')
+    assert (parsed.labels, parsed.values, parsed.duplicates) == ([{"x": "1"}, {"x": "2"}, {}], [1, 2, 3], 1)

@@ -1,14 +1,18 @@
 """The scraper against real HTTP servers on loopback: our exporter, fixed bodies, a hung one, a 500, a closed
-port; the file_sd targets file as it changes and breaks; shards that split a fleet exactly."""
+port, and hostile ones (silent, slow-loris, a million series, slow to parse, a series sent three times) that
+must cost only themselves; the file_sd targets file as it changes and breaks; shards that split a fleet
+exactly."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import itertools
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -22,6 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from analytics.records import ScrapeBatch, TargetStatus
+from bench.hostile_targets import body_server, series_body, serving, silent, slow_body, slow_loris
 from collectors import registry
 from collectors.base import CollectorOptions
 from collectors.expfmt import ExpositionParser
@@ -116,7 +121,8 @@ def test_failed_targets_are_recorded_and_hold_up_no_one(fixtures: Path) -> None:
                 assert status[address(failing)].error == "HTTP 500 Internal Server Error"
                 assert status[closed].error == "connection refused"
                 for hung in (hung1, hung2, hung3):
-                    assert status[hung].error == "timed out after 0.5s" and status[hung].samples == 0
+                    assert status[hung].error == "deadline of 0.5 s exceeded while waiting for the response"
+                    assert status[hung].samples == 0
                     assert 0.4 < status[hung].duration_s < 1.0
 
 
@@ -188,7 +194,7 @@ def test_a_broken_or_oversized_body_fails_only_its_target() -> None:
     assert status[address(bomb)].error == "body over max_body_bytes=4096 once decompressed"
     assert status[address(bad)].error.startswith("line 4: ")
     assert 'fleetlens_test_value{gpu="2" 3' in status[address(bad)].error
-    assert status[address(too_many)].error == "body has 3 samples, over max_samples=2"
+    assert status[address(too_many)].error == "line 4: sample 3 is over max_samples=2; parsing stopped there"
     assert status[address(too_big)].error == "body over max_body_bytes=4096"
 
 
@@ -336,3 +342,119 @@ def test_run_scrapes_on_aligned_ticks_until_stopped() -> None:
     assert all(ts % 1 < 0.3 for ts in times), f"scrapes start just after whole seconds: {times}"
     assert [round(b - a) for a, b in itertools.pairwise(times)] == [1, 1]
     assert all(len(batches) == 1 and len(batches[0]) == 2 for batches, _ in rounds)
+
+
+def run_rounds(scraper: Scraper, rounds: int, sink_delay_s: float = 0.0) -> list[dict[str, TargetStatus]]:
+    """Scraper.run until the sink has had `rounds` rounds (the sink taking `sink_delay_s` on the first)."""
+    seen: list[dict[str, TargetStatus]] = []
+    stop = threading.Event()
+
+    def sink(batches: list[ScrapeBatch], statuses: list[TargetStatus]) -> None:
+        seen.append(by_target(statuses))
+        time.sleep(sink_delay_s if len(seen) == 1 else 0)
+        if len(seen) == rounds:
+            stop.set()
+
+    runner = threading.Thread(target=scraper.run, args=(stop, sink))
+    runner.start()
+    runner.join(timeout=rounds * scraper.interval_s + 15)
+    assert not runner.is_alive() and len(seen) == rounds
+    return seen
+
+
+def test_hostile_targets_cost_only_themselves_on_every_tick(our_exporter: str) -> None:
+    """At a 1 s interval with a 1 s timeout, next to a silent target, a slow-loris, a million series and a
+    body that takes seconds to parse, our exporter is scraped at every tick; each hostile target is down,
+    every round, for its own reason."""
+    deadline, limit = "deadline of 1 s exceeded while ", "max_samples=10000"
+    with (
+        serving(silent) as quiet,
+        serving(slow_loris()) as loris,
+        serving(body_server(series_body(1_000_000))) as huge,
+        serving(body_server(functools.partial(slow_body, 24))) as slow,
+    ):
+        targets = [Target(our_exporter), *(Target(server.address) for server in (quiet, loris, huge, slow))]
+        limits = ScrapeLimits(max_samples=10_000)
+        with Scraper(lambda: targets, interval_s=1, timeout_s=1, limits=limits) as scraper:
+            rounds = run_rounds(scraper, 6)
+    ours = [statuses[our_exporter] for statuses in rounds]
+    assert all(status.up and status.samples > 400 for status in ours), [s.error for s in ours]
+    gaps = [b.ts - a.ts for a, b in itertools.pairwise(ours)]
+    assert all(0.5 < gap < 1.5 for gap in gaps), f"scraped at every tick, none missed: {gaps}"
+    assert scraper.ticks_skipped == 0
+    for statuses in rounds:
+        assert statuses[quiet.address].error == deadline + "waiting for the response"
+        assert statuses[loris.address].error == deadline + "waiting for the response"
+        assert (
+            statuses[huge.address].error == f"line 10002: sample 10001 is over {limit}; parsing stopped there"
+        )
+        parsing = re.fullmatch(re.escape(deadline) + r"parsing \(line (\d+)\)", statuses[slow.address].error)
+        assert parsing and 1 < int(parsing[1]) < 12_000, statuses[slow.address].error
+        assert not any(status.up for address, status in statuses.items() if address != our_exporter)
+    assert min(statuses[huge.address].duration_s for statuses in rounds) < 0.75, "stopped at the limit, early"
+
+
+DUPLICATED = b'# TYPE t gauge\nt{gpu="0"} 1\nt{gpu="1"} 2\nt{gpu="0"} 3\nt{ gpu = "0" } 4\n'
+
+
+def test_a_series_sent_three_times_is_stored_once_with_its_first_value(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with (
+        fixed_target(DUPLICATED) as server,
+        Scraper(lambda: [Target(address(server))]) as scraper,
+        caplog.at_level(logging.WARNING, logger="fleetlens.scraper"),
+    ):
+        for round_ in (1, 2):
+            (batch,), (status,) = scraper.scrape_once()
+            assert status.up and status.samples == len(batch) == 2
+            assert batch.labels == [{"gpu": "0"}, {"gpu": "1"}] and batch.values == [1, 2]
+            assert scraper.duplicates_dropped == 2 * round_
+    assert [record.getMessage() for record in caplog.records] == [
+        f"target {address(server)} (127.0.0.1) sends series more than once per body: 2 samples dropped, "
+        "the first of each series kept"
+    ], "logged once, when the target starts"
+
+
+def test_a_scrape_still_running_past_its_deadline_is_never_doubled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scrape stuck where the deadline cannot reach (here a parse that does not check it) is reported down
+    in its round, and the target is reported busy, not scraped again, until that scrape has ended."""
+    release = threading.Event()
+    with fixed_target(BODY) as server, Scraper(lambda: [Target(address(server))], timeout_s=0.3) as scraper:
+        scraper.scrape_once()
+        session = scraper._sessions[address(server)]
+        parse = session.parser.parse
+        parses = []
+
+        def stuck(text: str, deadline: float | None = None) -> object:
+            parses.append(text)
+            release.wait(10)
+            return parse(text)
+
+        monkeypatch.setattr(session.parser, "parse", stuck)
+        _, (running,) = scraper.scrape_once()
+        _, (busy,) = scraper.scrape_once()
+        release.set()
+        while session.busy:
+            time.sleep(0.01)
+        batches, (again,) = scraper.scrape_once()
+    assert running.error == "deadline of 0.3 s exceeded while parsing; still running"
+    assert busy.error == "previous scrape still running, past its deadline" and not busy.up
+    assert len(parses) == 2 and again.up and len(batches) == 1, "the busy round started no second scrape"
+
+
+def test_a_scrape_that_found_no_free_worker_by_its_deadline_is_down() -> None:
+    with serving(silent) as quiet, fixed_target(BODY) as good:
+        targets = [Target(quiet.address), Target(address(good))]
+        with Scraper(lambda: targets, timeout_s=0.5, workers=1) as scraper:
+            _, statuses = scraper.scrape_once()
+    status = by_target(statuses)
+    assert status[quiet.address].error == "deadline of 0.5 s exceeded while waiting for the response"
+    assert status[address(good)].error == "deadline of 0.5 s exceeded while waiting for a free scrape worker"
+
+
+def test_a_sink_that_holds_the_loop_past_a_tick_skips_it_and_counts_it() -> None:
+    with fixed_target(BODY) as server, Scraper(lambda: [Target(address(server))], timeout_s=0.5) as scraper:
+        rounds = run_rounds(scraper, 2, sink_delay_s=1.7)  # past the next tick's deadline (0.5 s after it)
+    first, second = (statuses[address(server)] for statuses in rounds)
+    assert round(second.ts - first.ts) == 2 and scraper.ticks_skipped == 1
