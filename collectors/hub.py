@@ -187,14 +187,42 @@ class Hub:
     # -- the hub's own metrics ------------------------------------------------------------------------------
 
     def collect(self) -> Iterable:
-        yield CounterMetricFamily("fleetlens_hub_scrapes", "Target scrapes attempted.", value=self.scrapes)
-        yield CounterMetricFamily(
-            "fleetlens_hub_samples", "Samples scraped and handed to the writer.", value=self.samples
+        counters = [
+            ("scrapes", "Target scrapes attempted.", self.scrapes),
+            ("samples", "Samples scraped and handed to the writer.", self.samples),
+            (
+                "deferred_rounds",
+                "Scraped rounds spooled as the store still took earlier ones.",
+                self.deferred_rounds,
+            ),
+            ("request_errors", "API requests that failed unexpectedly (500; the log has why).", self.errors),
+            (
+                "otlp_forgotten_series",
+                "Step series the OTLP receiver forgot to stay bounded.",
+                self.otlp.forgotten_series,
+            ),
+        ]
+        gauges = [("otlp_series", "Step series whose last export the OTLP receiver keeps.", self.otlp.series)]
+        if self.scraper is not None:
+            scraper = self.scraper
+            gauges.append(("targets", "Targets this hub's shard scrapes.", len(scraper.targets)))
+            counters += [
+                (
+                    "scrape_duplicate_samples",
+                    "Samples whose series came earlier in the body.",
+                    scraper.duplicates_dropped,
+                ),
+                (
+                    "scrape_ticks_skipped",
+                    "Ticks skipped as the round before held the loop.",
+                    scraper.ticks_skipped,
+                ),
+            ]
+        yield from (
+            CounterMetricFamily(f"fleetlens_hub_{name}", text, value=value) for name, text, value in counters
         )
-        yield CounterMetricFamily(
-            "fleetlens_hub_deferred_rounds",
-            "Scraped rounds spooled because the store was still taking earlier ones.",
-            value=self.deferred_rounds,
+        yield from (
+            GaugeMetricFamily(f"fleetlens_hub_{name}", text, value=value) for name, text, value in gauges
         )
         refused = CounterMetricFamily(
             "fleetlens_hub_refused_requests",
@@ -204,38 +232,9 @@ class Hub:
         for (endpoint, status), count in sorted(self.refused.items()):
             refused.add_metric([endpoint, str(status)], count)
         yield refused
-        yield CounterMetricFamily(
-            "fleetlens_hub_request_errors",
-            "API requests that failed unexpectedly (500); the hub's log has each traceback.",
-            value=self.errors,
-        )
-        yield CounterMetricFamily(
-            "fleetlens_hub_otlp_forgotten_series",
-            "Step series the OTLP receiver forgot to stay within its bound (least recently seen first).",
-            value=self.otlp.forgotten_series,
-        )
-        yield GaugeMetricFamily(
-            "fleetlens_hub_otlp_series",
-            "Step series whose last export the OTLP receiver keeps.",
-            value=self.otlp.series,
-        )
         yield from self.writer.collect()
         if self.detection is not None:
             yield from self.detection.collect()
-        if self.scraper is not None:
-            yield GaugeMetricFamily(
-                "fleetlens_hub_targets", "Targets this hub's shard scrapes.", value=len(self.scraper.targets)
-            )
-            yield CounterMetricFamily(
-                "fleetlens_hub_scrape_duplicate_samples",
-                "Samples dropped because their series came earlier in the same body (the first is kept).",
-                value=self.scraper.duplicates_dropped,
-            )
-            yield CounterMetricFamily(
-                "fleetlens_hub_scrape_ticks_skipped",
-                "Scrape ticks skipped because the round before held the loop past their deadline.",
-                value=self.scraper.ticks_skipped,
-            )
 
     # -- HTTP ----------------------------------------------------------------------------------------------
 
