@@ -52,6 +52,9 @@ bench: install-test
 	$(PY) bench/storage_layout.py
 	$(PY) bench/ingest.py --nodes 192
 	$(PY) bench/detect.py --nodes 192
+	$(PY) bench/query_vs_ingest.py
+	$(PY) bench/hostile_targets.py
+	$(PY) bench/escape_corpus.py
 
 # The detection evaluation: the CI subset (also run by `make test`) and the whole scenario suite.
 eval-ci: install
