@@ -7,10 +7,10 @@ ClickHouse parses each statement (`parseQueryToJSON`), ReadPolicy checks the tre
 the tree back to SQL (`formatQueryFromJSON`): that text, and only it, runs. It runs on a session whose
 row and time limits and `readonly=1` were set before any statement, so ClickHouse itself refuses a write
 or a change of setting whatever the statement says, and a session's state is never shared with a writer
-(whose inserts would fail if a query could make its session read-only). Sessions are kept per pair of
-limits and reused; at most `max_concurrent` queries run at once (the rest wait), none on a writer's session,
-so a long query never delays an insert. Checked statements are remembered by their text, so the UI's and
-the detectors' repeated queries are parsed once.
+(whose inserts would fail if a query could make its session read-only). A few sessions are kept between
+queries and reused; at most `max_concurrent` queries run at once (the rest wait), none on a writer's
+session, so a long query never delays an insert. Checked statements are remembered by their text, so the
+UI's and the detectors' repeated queries are parsed once.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ Connect = Callable[[Mapping[str, Any]], Client]  # a new session on the store, w
 
 MAX_SQL_CHARS = 256 * 1024  # ClickHouse's default max_query_size
 CHECKED_STATEMENTS = 1024  # statements whose check is remembered
+MAX_IDLE = 8  # read sessions kept open between queries
 _PARSE = "SELECT parseQueryToJSON({sql:String}) AS tree, formatQueryFromJSON(tree)"
 _CATALOG = "SELECT name, categories, is_aggregate, alias_to, case_insensitive FROM system.functions"
 
@@ -62,7 +63,6 @@ class ReadSessions:
         self._connect = connect
         self._database = database
         self._tables = frozenset(tables)
-        self._max_concurrent = max_concurrent
         self._slots = threading.BoundedSemaphore(max_concurrent)
         self._lock = threading.Lock()
         self._idle: dict[tuple[int, float], list[Client]] = {}
@@ -117,8 +117,11 @@ class ReadSessions:
 
     @contextlib.contextmanager
     def _session(self, max_rows: int, max_seconds: float) -> Iterator[Client]:
-        """A read session with these limits, for one query; one of at most `max_concurrent` at a time."""
-        key = (max_rows, max_seconds)
+        """A read session for one query, with a row limit of at least `max_rows` + 1 (a power of two, so
+        that callers asking for every row count share a few sessions; rows past `max_rows` are cut here)
+        and this time limit; one of at most `max_concurrent` at a time. At most MAX_IDLE sessions are
+        kept between queries, the least recently used closed first."""
+        key = (1 << max_rows.bit_length(), max_seconds)
         with self._slots:
             with self._lock:
                 if self._closed:
@@ -126,16 +129,29 @@ class ReadSessions:
                 idle = self._idle.setdefault(key, [])
                 session = idle.pop() if idle else None
             if session is None:
-                session = self._open(session_settings(max_rows, max_seconds))
+                session = self._open(session_settings(key[0] - 1, max_seconds))
             try:
                 yield session
             finally:
-                with self._lock:
-                    keep = not self._closed and len(self._idle.get(key, ())) < self._max_concurrent
-                    if keep:
-                        self._idle.setdefault(key, []).append(session)
-                if not keep:
-                    session.close()
+                self._put_back(key, session)
+
+    def _put_back(self, key: tuple[int, float], session: Client) -> None:
+        """Keep `session` for the next query with its limits, closing the least recently used past
+        MAX_IDLE (or this one, once the store is closed)."""
+        closing = []
+        with self._lock:
+            if self._closed:
+                closing.append(session)
+            else:
+                self._idle.setdefault(key, []).append(session)
+                self._idle[key] = self._idle.pop(key)  # most recently used last
+                while sum(map(len, self._idle.values())) > MAX_IDLE:
+                    oldest = next(iter(self._idle))
+                    closing.append(self._idle[oldest].pop(0))
+                    if not self._idle[oldest]:
+                        del self._idle[oldest]
+        for stale in closing:
+            stale.close()
 
     def _open(self, settings: Mapping[str, Any]) -> Client:
         try:

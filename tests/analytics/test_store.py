@@ -18,7 +18,7 @@ import pytest
 
 from analytics import schema
 from analytics.errors import QueryError, SchemaError, StoreRejected, StoreUnavailable
-from analytics.readonly import session_settings
+from analytics.readonly import MAX_IDLE, session_settings
 from analytics.records import Anomaly, ScrapeBatch, StepRow, TargetStatus
 from analytics.store import Retention, Store
 from fleetlens.cli import build_exporter
@@ -335,6 +335,13 @@ def test_a_query_stops_at_max_rows_and_says_so(store: Store) -> None:
     whole = store.query("SELECT number FROM numbers(10)", max_rows=10)
     assert len(whole.rows) == 10 and not whole.truncated
     assert (whole.columns, whole.types) == (["number"], ["UInt64"])
+
+
+def test_any_number_of_row_limits_keeps_a_bounded_number_of_sessions(store: Store) -> None:
+    for max_rows in range(1, 300, 7):  # as a client choosing max_rows freely would
+        assert len(store.query("SELECT number FROM numbers(500)", max_rows=max_rows).rows) == max_rows
+    idle = sum(map(len, store._reads._idle.values()))  # the read sessions open between queries
+    assert 1 <= idle <= MAX_IDLE
 
 
 def test_a_query_stops_at_max_seconds(store: Store) -> None:
