@@ -24,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
@@ -38,6 +39,9 @@ MAX_SQL_CHARS = 256 * 1024  # ClickHouse's default max_query_size
 CHECKED_STATEMENTS = 1024  # statements whose check is remembered
 MAX_IDLE = 8  # read sessions kept open between queries
 _PARSE = "SELECT parseQueryToJSON({sql:String}) AS tree, formatQueryFromJSON(tree)"
+PARSER_FUNCTIONS = (
+    "SELECT count() FROM system.functions WHERE name IN ('parseQueryToJSON', 'formatQueryFromJSON')"
+)
 _CATALOG = "SELECT name, categories, is_aggregate, alias_to, case_insensitive FROM system.functions"
 
 
@@ -58,9 +62,18 @@ class ReadSessions:
     """Read-only sessions on one store, for statements that ReadPolicy accepts."""
 
     def __init__(
-        self, connect: Connect, database: str, tables: Iterable[str], *, max_concurrent: int = 4
+        self,
+        connect: Connect,
+        database: str,
+        tables: Iterable[str],
+        *,
+        max_concurrent: int = 4,
+        local_parser: Callable[[], Client] = lambda: clickhouse_connect.get_client(
+            interface="chdb", settings=session_settings(1, 10.0)
+        ),
     ) -> None:
         self._connect = connect
+        self._local_parser = local_parser
         self._database = database
         self._tables = frozenset(tables)
         self._slots = threading.BoundedSemaphore(max_concurrent)
@@ -68,6 +81,7 @@ class ReadSessions:
         self._idle: dict[tuple[int, float], list[Client]] = {}
         self._checked: OrderedDict[str, tuple[str, bool]] = OrderedDict()
         self._policy: ReadPolicy | None = None
+        self._parser: Client | None = None  # where statements are parsed when the store's engine cannot
         self._closed = False
 
     def query(
@@ -111,6 +125,7 @@ class ReadSessions:
         with self._lock:
             self._closed = True
             sessions = [session for idle in self._idle.values() for session in idle]
+            sessions += [self._parser] if self._parser is not None else []
             self._idle.clear()
         for session in sessions:
             session.close()
@@ -168,7 +183,7 @@ class ReadSessions:
                 return known
         policy = self._policy or self._load_policy(session)
         try:
-            text, formatted = _run(session, _PARSE, {"sql": sql}).result_rows[0]
+            text, formatted = _run(self._parser or session, _PARSE, {"sql": sql}).result_rows[0]
         except QueryError as error:
             if "parseQueryToJSON" not in str(error):
                 raise
@@ -187,11 +202,20 @@ class ReadSessions:
         return checked
 
     def _load_policy(self, session: Client) -> ReadPolicy:
-        """The policy, with the functions of this engine's system.functions."""
-        catalog = FunctionCatalog.from_rows(_run(session, _CATALOG, None).result_rows)
+        """The policy, with the functions of the parsing engine's system.functions: the store's own, or,
+        for a ClickHouse server older than 26.8 (no parseQueryToJSON), this process's embedded chDB."""
+        parser = None
+        if _run(session, PARSER_FUNCTIONS, None).result_rows[0][0] < 2:
+            try:
+                parser = self._local_parser()
+            except ClickHouseError as error:
+                raise QueryError(
+                    f"this ClickHouse cannot parse queries for checking: {short(error)}"
+                ) from error
+        catalog = FunctionCatalog.from_rows(_run(parser or session, _CATALOG, None).result_rows)
         policy = ReadPolicy(self._database, self._tables, catalog)
         with self._lock:
-            self._policy = policy
+            self._parser, self._policy = parser, policy
         return policy
 
 

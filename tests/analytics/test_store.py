@@ -18,7 +18,7 @@ import pytest
 
 from analytics import schema
 from analytics.errors import QueryError, SchemaError, StoreRejected, StoreUnavailable
-from analytics.readonly import MAX_IDLE, session_settings
+from analytics.readonly import MAX_IDLE, PARSER_FUNCTIONS, ReadSessions, session_settings
 from analytics.records import Anomaly, ScrapeBatch, StepRow, TargetStatus
 from analytics.store import Retention, Store
 from fleetlens.cli import build_exporter
@@ -342,6 +342,48 @@ def test_any_number_of_row_limits_keeps_a_bounded_number_of_sessions(store: Stor
         assert len(store.query("SELECT number FROM numbers(500)", max_rows=max_rows).rows) == max_rows
     idle = sum(map(len, store._reads._idle.values()))  # the read sessions open between queries
     assert 1 <= idle <= MAX_IDLE
+
+
+class OlderServer:
+    """A real session that answers as a ClickHouse server older than 26.8 would: it has no
+    parseQueryToJSON. Everything else is the real engine's answer."""
+
+    def __init__(self, client: clickhouse_connect.driver.Client) -> None:
+        self.client = client
+
+    def query(self, sql: str, parameters: dict | None = None):
+        if sql == PARSER_FUNCTIONS:
+            return self.client.query("SELECT 0")
+        if "parseQueryToJSON" in sql:
+            raise AssertionError("a server without the function was asked to parse")
+        return self.client.query(sql, parameters=parameters)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def test_a_server_that_cannot_parse_for_checking_has_statements_parsed_here(store: Store, chdb_dir: Path):
+    def connect(settings: dict) -> OlderServer:
+        return OlderServer(
+            clickhouse_connect.get_client(
+                interface="chdb", path=str(chdb_dir), database=store.database, settings=settings
+            )
+        )
+
+    parsers = []
+
+    def local_parser() -> clickhouse_connect.driver.Client:
+        parsers.append(clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir)))
+        return parsers[-1]
+
+    reads = ReadSessions(connect, store.database, schema.READABLE, local_parser=local_parser)
+    try:
+        assert reads.query("SELECT count() FROM steps").rows == [(0,)]
+        with pytest.raises(QueryError, match="function file\\(\\) is not accepted"):
+            reads.query("SELECT file('/etc/passwd')")
+        assert len(parsers) == 1  # opened once, on the first query
+    finally:
+        reads.close()
 
 
 def test_a_query_stops_at_max_seconds(store: Store) -> None:
