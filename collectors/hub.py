@@ -27,8 +27,8 @@ from typing import Any, ClassVar
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from alerts import silences
 from alerts.errors import SilenceError
+from alerts.silences import validate_row
 from analytics.errors import QueryError, StoreError, StoreRejected
 from analytics.records import REQUESTS, ActionRow, SilenceRow
 from collectors import textformat
@@ -317,7 +317,7 @@ class Hub:
         rows, token = _rows(body, SilenceRow)
         for index, row in enumerate(rows):
             try:
-                silences.validate_row(row)
+                validate_row(row)
             except SilenceError as exc:
                 raise HttpError(400, f"rows[{index}]: {exc}") from None
         return self._insert(lambda: self.store.insert_silences(rows, token=token))
