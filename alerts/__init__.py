@@ -1,1 +1,1 @@
-"""fleetlens alerts (filled in by later issues)."""
+"""From anomalies to people and actions: alert rules and lifecycle, receivers, silences, drains."""

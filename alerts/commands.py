@@ -2,7 +2,7 @@
 through here, so a silence or an approval made anywhere reaches the hub's controller the same way.
 
 Writes need a Store (the hub's, behind its API, or a ClickHouse server directly); reads need anything
-with `query` (a Store, or analytics.hubclient.HubClient through the hub's query API).
+with `query` (a Store, or analytics.store.hubclient.HubClient through the hub's query API).
 
 Approvals, denials and undrain requests are `actions` rows with outcome `requested`; the hub's
 controller picks them up on its next cycle and records what it did with them.
@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from alerts.errors import DecisionError, SilenceError
 from alerts.silences import Silence, silence_from_row
-from analytics.records import ActionRow, QueryResult, SilenceRow
+from analytics.store.records import ActionRow, QueryResult, SilenceRow
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from alerts.errors import BackendError, DecisionError
 from alerts.model import Alert, DrainRequest
 from alerts.policy import DrainPolicy
 from alerts.rules import fingerprint
-from analytics.records import ActionRow
+from analytics.store.records import ActionRow
 
 log = logging.getLogger(__name__)
 

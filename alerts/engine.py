@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from alerts.model import Alert
 from alerts.rules import DEFAULT_RULES, AlertRule, fingerprint
 from alerts.silences import Silence, muted_by
-from analytics.records import AlertChange, Anomaly
+from analytics.store.records import AlertChange, Anomaly
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import httpx
 
 from alerts.model import Alert
-from analytics.redact import redacted
+from analytics.store.redact import redacted
 
 log = logging.getLogger("fleetlens.alerts.notifiers")
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alerts.errors import AlertConfigError
-from analytics.records import Anomaly
+from analytics.store.records import Anomaly
 
 SEVERITIES = ("info", "warning", "critical")
 TEMPLATE_FIELDS = ("kind", "node", "component", "job", "severity", "score", "evidence", "detector", "where")

@@ -25,7 +25,7 @@ from alerts.drain import DrainController
 from alerts.engine import AlertEngine, change_rows
 from alerts.errors import DecisionError
 from alerts.notifiers import Delivery, DeliveryQueue, Notifier
-from analytics.records import ActionRow, Anomaly, NotificationRow
+from analytics.store.records import ActionRow, Anomaly, NotificationRow
 
 log = logging.getLogger(__name__)
 

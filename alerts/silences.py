@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from alerts.errors import SilenceError
-from analytics.records import SilenceRow
+from analytics.store.records import SilenceRow
 
 OPERATORS = ("=~", "!~", "!=", "=")  # longest first, so that `=~` is not read as `=`
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")

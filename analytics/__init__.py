@@ -1,1 +1,1 @@
-"""fleetlens analytics (filled in by later issues)."""
+"""What fleetlens knows of the fleet: the store, the detectors and the reports people read."""

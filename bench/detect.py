@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from analytics.detectors import build
 from analytics.detectors.base import Window, frame
 from analytics.detectors.runner import DetectionRunner
-from analytics.scenario import parse_scenario
 from analytics.store import Store
-from collectors.simulator import SCENARIO_EPOCH, simulate_offline
-from fleetlens.pipeline import EVAL_RETENTION, scratch_dir
+from sim.pipeline import EVAL_RETENTION, scratch_dir
+from sim.scenario import parse_scenario
+from sim.simulator import SCENARIO_EPOCH, simulate_offline
 
 
 def scenario_document(nodes: int, minutes: int) -> dict:

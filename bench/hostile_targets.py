@@ -1,7 +1,7 @@
 """Healthy targets' scrape interval next to hostile ones: silent, slow-loris and 1M-series targets.
 
 Serves healthy targets (a fixed body of 480 DCGM-style samples) and hostile ones from this process, drives
-`collectors.scraper.Scraper(...).run(stop, sink)` for --duration seconds, and prints how often each healthy
+`hub.scraper.Scraper(...).run(stop, sink)` for --duration seconds, and prints how often each healthy
 target was scraped (p50 and max of the gaps between its consecutive requests, as its server saw them),
 what the scraper said of each hostile one, and how much the process's peak RSS grew while scraping (the
 servers' own share is small unless a slow-to-parse target builds its body anew). Only that interface is
@@ -10,7 +10,7 @@ used, so the same command measures an older scraper: put its tree first on the p
     .venv/bin/python bench/hostile_targets.py [--duration 60] [--interval 5] [--silent 1] [--huge 1] ...
     git archive HEAD | tar -x -C /tmp/old && PYTHONPATH=/tmp/old .venv/bin/python bench/hostile_targets.py
 
-The target servers are also the hostile targets of tests/collectors/test_scraper.py.
+The target servers are also the hostile targets of tests/hub/test_scraper.py.
 """
 
 from __future__ import annotations
@@ -207,8 +207,8 @@ def main() -> int:
     logging.basicConfig(level=logging.ERROR)  # targets going down is what this run is about
 
     sys.path.append(str(Path(__file__).resolve().parent.parent))  # after PYTHONPATH: an old tree wins
-    from collectors import scraper as scraper_module
-    from collectors.scraper import Scraper, Target
+    from hub import scraper as scraper_module
+    from hub.scraper import Scraper, Target
 
     kinds: dict[str, tuple[int, Callable[[], Handler]]] = {
         "healthy": (args.healthy, lambda: body_server(healthy_body())),

@@ -24,10 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from analytics.hubclient import HubClient
+from analytics.store.hubclient import HubClient
 from bench.exporter import cpu_seconds
 from bench.parser import prometheus_client_parse, samples_per_second, warm_parse
-from collectors.simfleet import SimFleet
+from sim.fleet import SimFleet
 from tests.support.peers import free_port, peer
 
 WARMUP_S = 15
@@ -50,9 +50,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=192)
     parser.add_argument("--seconds", type=float, default=60)
-    parser.add_argument(
-        "--cache-s", type=float, default=30.0, help="fleet response cache (see collectors.simfleet)"
-    )
+    parser.add_argument("--cache-s", type=float, default=30.0, help="fleet response cache (see sim.fleet)")
     args = parser.parse_args()
     prometheus = shutil.which("prometheus")
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None

@@ -1,4 +1,4 @@
-"""Exposition parsing: collectors.expfmt next to prometheus_client's text parser, same bodies, same run.
+"""Exposition parsing: hub.expfmt next to prometheus_client's text parser, same bodies, same run.
 
 Bodies: our exporter's (`fleetlens collect`, 8 simulated GPUs on procfs's /sys tree: mlx4, mlx5 and
 hfi1 ports) and node_exporter's e2e-output.txt fixture. Ours is measured cold (a fresh parser: the
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from collectors.expfmt import ExpositionParser
+from hub.expfmt import ExpositionParser
 from tests.conftest import fixtures_dir
 from tests.support import ttar
 

@@ -1,6 +1,6 @@
 """Bytes per stored sample for candidate sample layouts and codecs, all holding the same data, same run.
 
-The data is what a fleet's exporters serve: per node, 8 simulated busy GPUs (collectors.gpu_sim driven by
+The data is what a fleet's exporters serve: per node, 8 simulated busy GPUs (collectors.gpu.sim driven by
 a manual clock, 1 s apart) and the procfs fixture's InfiniBand/RoCE and netclass families, whose
 traffic counters are made to grow as a busy NIC's would; scrape times carry a few ms of jitter. The
 samples go in through Store.insert_samples (the chosen layout); the peers are filled from it with
@@ -11,7 +11,7 @@ INSERT ... SELECT; every table is merged (OPTIMIZE FINAL), then system.parts and
     signoz    series table + samples (metric, series_id, ts, value) ordered by (metric, series_id, ts),
               with SigNoz samples_v4's codecs: ts DoubleDelta, value Gorilla
     ids       series table + samples (series_id, ts, value) ordered by (series_id, ts); the chosen codecs
-    chosen    series table + samples (metric, node, series_id, ts, value), as analytics.schema builds it:
+    chosen    series table + samples (metric, node, series_id, ts, value), as analytics/store/schema.py does:
               ordered by (metric, node, series_id, ts), ts Delta, value FPC
 
     .venv/bin/python bench/storage_layout.py [--nodes 8] [--scrapes 900]
@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import clickhouse_connect
 
-from analytics.records import ScrapeBatch
 from analytics.store import Store
+from analytics.store.records import ScrapeBatch
 from collectors.base import ReadErrors
-from collectors.gpu import GpuCollector
-from collectors.gpu_sim import ManualClock, SimBackend
+from collectors.gpu.collector import GpuCollector
+from collectors.gpu.sim import ManualClock, SimBackend
 from fleetlens.cli import build_exporter
 from fleetlens.config import ExporterConfig
 from tests.conftest import fixtures_dir

@@ -36,9 +36,9 @@ import clickhouse_connect
 from streamlit.testing.v1 import AppTest
 
 from analytics.detectors.base import frame
-from analytics.records import ActionRow, AlertChange, Anomaly
 from analytics.store import Store
-from fleetlens.pipeline import scratch_dir
+from analytics.store.records import ActionRow, AlertChange, Anomaly
+from sim.pipeline import scratch_dir
 from ui import source, window
 from ui.environment import APP
 

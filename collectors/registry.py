@@ -15,7 +15,7 @@ from collectors.base import Collector, CollectorOptions, ReadErrors
 Factory = Callable[[CollectorOptions, ReadErrors], Collector]
 
 BUILTIN_MODULES = (
-    "collectors.gpu",
+    "collectors.gpu.collector",
     "collectors.xid",
     "collectors.infiniband",
     "collectors.netclass",

@@ -7,9 +7,9 @@ import argparse
 from dataclasses import fields
 from typing import Any
 
-from analytics.hubclient import HubClient
-from analytics.schema import Retention
 from analytics.store import Store
+from analytics.store.hubclient import HubClient
+from analytics.store.schema import Retention
 from fleetlens.config import Config, HubConfig, load_config
 
 

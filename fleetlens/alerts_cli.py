@@ -20,8 +20,8 @@ from typing import Any
 from alerts import commands
 from alerts.commands import StoredSilence
 from alerts.silences import new_silence
-from analytics.hubclient import HubClient
-from analytics.records import ActionRow
+from analytics.store.hubclient import HubClient
+from analytics.store.records import ActionRow
 from fleetlens.access import hub_config, open_store
 
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")

@@ -27,27 +27,15 @@ from alerts.errors import AlertsError
 from analytics.detectors import build as build_detectors
 from analytics.detectors.runner import DetectionRunner, detect
 from analytics.errors import AddressError, AnalyticsError
-from analytics.evaluation import combine, to_json, to_markdown
-from analytics.hubclient import HubClient
-from analytics.records import Anomaly
-from analytics.redact import redacted
-from analytics.scenario import load_scenario
+from analytics.store.hubclient import HubClient
+from analytics.store.records import Anomaly
+from analytics.store.redact import redacted
 from collectors import nccl_log, registry
 from collectors.base import CollectorOptions
 from collectors.errors import CollectorError
 from collectors.exporter import Exporter, make_registry, scrape_body, serve
 from collectors.httpserver import serve_app
-from collectors.hub import Hub
-from collectors.hub_auth import TokenFileError, Tokens
-from collectors.hub_detect import DetectionLoop
-from collectors.hub_writer import Writer
-from collectors.receivers import OtlpStepReceiver, ReceiverLimits, step_row
-from collectors.scraper import ScrapeLimits, Scraper, Shard, TargetsFile
-from collectors.sim_live import LiveFleet
-from collectors.simfleet import write_file_sd
-from collectors.spool import Spool
 from collectors.steps import read_step_records
-from fleetlens import pipeline
 from fleetlens.access import hub_config, load, open_store, reader
 from fleetlens.alerting import build_alert_service
 from fleetlens.alerts_cli import add_commands as add_alert_commands
@@ -55,6 +43,18 @@ from fleetlens.config import Config, ConfigError, ExporterConfig, load_config
 from fleetlens.demo_cli import add_commands as add_demo_commands
 from fleetlens.postmortem_cli import add_commands as add_postmortem_commands
 from fleetlens.ui_cli import add_commands as add_ui_commands
+from hub.app import Hub
+from hub.auth import TokenFileError, Tokens
+from hub.detect import DetectionLoop
+from hub.receivers import OtlpStepReceiver, ReceiverLimits, step_row
+from hub.scraper import ScrapeLimits, Scraper, Shard, TargetsFile
+from hub.spool import Spool
+from hub.writer import Writer
+from sim import pipeline
+from sim.evaluation import combine, to_json, to_markdown
+from sim.fleet import write_file_sd
+from sim.live import LiveFleet
+from sim.scenario import load_scenario
 
 log = logging.getLogger("fleetlens")
 

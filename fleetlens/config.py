@@ -90,7 +90,7 @@ class HubConfig:
     """The hub: what it scrapes, where it stores, what it accepts.
 
     Tokens are deliberately not here: FLEETLENS_API_TOKEN holds one with every scope, and `token_file`
-    names a file of scoped tokens (collectors.hub_auth), never the config file itself.
+    names a file of scoped tokens (hub.auth), never the config file itself.
     """
 
     store: str = "chdb://./data"

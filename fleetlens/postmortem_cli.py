@@ -13,9 +13,9 @@ import argparse
 import json
 from collections.abc import Callable
 
-from analytics.postmortem import Report, build_report, to_csv, to_json, to_markdown
-from fleetlens import pipeline
+from analytics.reports.postmortem import Report, build_report, to_csv, to_json, to_markdown
 from fleetlens.alerts_cli import connected
+from sim import pipeline
 
 RENDERERS: dict[str, Callable[[Report], str]] = {
     "md": to_markdown,

@@ -3,7 +3,7 @@
 `fleetlens ui` names the source in the environment (ui.environment): a hub's URL (HubClient, through its
 query API: the way to an embedded store while its hub runs) or a store DSN (a ClickHouse server, or a
 chDB directory no hub holds). Both answer `query` and `insert_actions`, so the pages read with
-analytics.dashboards and send approvals with alerts.commands alike on either.
+analytics.reports.dashboards and send approvals with alerts.commands alike on either.
 
 Tests put a Store of their own in st.session_state[SESSION_KEY] before the first run (AppTest runs the
 app in the test's process).
@@ -21,9 +21,9 @@ import streamlit as st
 
 from alerts.errors import AlertsError
 from analytics.errors import AnalyticsError
-from analytics.hubclient import HubClient
-from analytics.records import ActionRow, QueryResult
 from analytics.store import Store
+from analytics.store.hubclient import HubClient
+from analytics.store.records import ActionRow, QueryResult
 from ui import environment
 
 SESSION_KEY = "fleetlens.source"

@@ -27,14 +27,14 @@ from typing import Any, ClassVar, Protocol
 import numpy as np
 import pandas as pd
 
-from analytics.records import QueryResult
+from analytics.store.records import QueryResult
 
 SEVERITIES = ("info", "warning", "critical")
 KEY_COLUMNS = ("node", "component", "job")
 
 
 class QuerySource(Protocol):
-    """What detectors read from: analytics.store.Store, or analytics.hubclient.HubClient for a hub."""
+    """What detectors read from: a Store, or a HubClient through a hub."""
 
     def query(
         self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int = ...

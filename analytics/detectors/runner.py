@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from analytics.detectors import DetectorError, build
 from analytics.detectors.base import SEVERITIES, Detector, Finding, QuerySource, Window
 from analytics.errors import StoreUnavailable
-from analytics.records import Anomaly, QueryResult
+from analytics.store.records import Anomaly, QueryResult
 
 if TYPE_CHECKING:
     from analytics.store import Store

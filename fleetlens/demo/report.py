@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 from alerts import commands
-from analytics.evaluation import CONFOUNDER, TRUE, ScenarioResult
-from analytics.hubclient import HubClient
-from analytics.records import ActionRow, Anomaly
+from analytics.store.hubclient import HubClient
+from analytics.store.records import ActionRow, Anomaly
+from sim.evaluation import CONFOUNDER, TRUE, ScenarioResult
 
 ANOMALIES_SQL = """
 SELECT id, toUnixTimestamp64Milli(start) / 1000 AS start,

@@ -9,7 +9,7 @@ The scenario (default fleet.yaml beside this module) injects faults and confound
 job's third rank computes SLOW_FACTOR times per step part-way through; with --real-links a veth is
 taken down and up with `ip link`. The demo prints each anomaly and drain decision as the hub records
 them. With a duration it leaves out what would start too late to be detected (SETTLE_S) and, at the
-end, scores the detections against everything it injected (analytics.evaluation): it succeeds only if
+end, scores the detections against everything it injected (sim.evaluation): it succeeds only if
 every fault was detected and no confounder was reported. Ctrl-C (or the duration) stops every process
 it started; the store stays in the work directory for `fleetlens postmortem`.
 """
@@ -40,13 +40,13 @@ from pathlib import Path
 import yaml
 
 from analytics.errors import StoreUnavailable
-from analytics.evaluation import evaluate
-from analytics.hubclient import HubClient
-from analytics.scenario import Fault, Scenario, load_scenario
+from analytics.store.hubclient import HubClient
 from fleetlens.demo import peers
 from fleetlens.demo.children import Children
 from fleetlens.demo.links import RealLinks
 from fleetlens.demo.report import Narrator, clock, passed, read_anomalies, verdict_lines
+from sim.evaluation import evaluate
+from sim.scenario import Fault, Scenario, load_scenario
 
 SCENARIO = Path(__file__).with_name("fleet.yaml")
 JOB = "ddp-demo"

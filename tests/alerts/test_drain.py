@@ -15,7 +15,7 @@ from alerts.engine import AlertEngine
 from alerts.errors import AlertConfigError, BackendError, DecisionError
 from alerts.model import Alert, DrainRequest
 from alerts.policy import DrainLimits, DrainPolicy, DrainRule, parse_policy
-from analytics.records import Anomaly
+from analytics.store.records import Anomaly
 
 
 @dataclass

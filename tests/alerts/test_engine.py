@@ -9,7 +9,7 @@ from alerts.engine import AlertEngine, change_rows
 from alerts.errors import AlertConfigError
 from alerts.rules import AlertRule, fingerprint, parse_rules
 from alerts.silences import new_silence
-from analytics.records import Anomaly
+from analytics.store.records import Anomaly
 
 
 def anomaly(

@@ -23,11 +23,11 @@ from alerts.errors import SilenceError
 from alerts.policy import DrainPolicy
 from alerts.service import AlertService
 from alerts.silences import MAX_MATCHERS, Silence, new_silence, silence_from_row, validate_row
-from analytics.records import SilenceRow
 from analytics.store import Store
+from analytics.store.records import SilenceRow
 from fleetlens import alerts_cli
 from tests.alerts.test_drain import RecordingBackend, anomaly
-from tests.collectors.test_steps import JSON_VALUES
+from tests.support.strategies import JSON_VALUES
 
 NOW = 1_750_000_000.0
 

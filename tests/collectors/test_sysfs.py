@@ -19,9 +19,9 @@ import pytest
 
 from collectors import registry, sysfs
 from collectors.base import CollectorOptions
-from collectors.expfmt import Exposition, ExpositionParser
 from collectors.exporter import Exporter, make_registry, serve
 from collectors.infiniband import hw_counter_metric
+from hub.expfmt import Exposition, ExpositionParser
 from tests.support.exposition import SampleKey, key, parse_samples
 
 IB_COUNTER = "class/infiniband/mlx5_0/ports/1/counters/port_xmit_data"

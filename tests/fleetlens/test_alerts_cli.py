@@ -90,7 +90,7 @@ def test_a_duration_that_is_not_one_is_refused_by_the_parser(tmp_path: Path):
 
 STORE_ROW = """
 import json, sys
-from analytics.records import SilenceRow
+from analytics.store.records import SilenceRow
 from analytics.store import Store
 with Store.open("chdb://" + sys.argv[1]) as store:
     store.insert_silences([SilenceRow(**json.loads(sys.argv[2]))], token="test/bad-row")

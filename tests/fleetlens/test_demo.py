@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from analytics.evaluation import evaluate
-from analytics.scenario import load_scenario
 from fleetlens.demo.report import passed, verdict_lines
 from fleetlens.demo.run import SCENARIO, SETTLE_S, DemoError, make_plan
+from sim.evaluation import evaluate
+from sim.scenario import load_scenario
 from tests.support.browser import chromium
 from tests.support.peers import free_port
 

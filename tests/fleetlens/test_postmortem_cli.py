@@ -31,7 +31,7 @@ print(json.dumps({"start": incident.start, "end": incident.end}))
 
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    """A store holding the incident of tests.analytics.test_postmortem, and its window."""
+    """A store holding the incident of tests.analytics.reports.test_postmortem, and its window."""
     root = tmp_path_factory.mktemp("postmortem")
     done = subprocess.run(
         [sys.executable, "-c", SEED, str(root)], cwd=REPO, capture_output=True, text=True, timeout=120

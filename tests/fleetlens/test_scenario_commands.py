@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from analytics.scenario import load_scenario
+from sim.scenario import load_scenario
 from tests.conftest import REPO
 
 SCENARIOS = REPO / "tests" / "scenarios"

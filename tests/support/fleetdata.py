@@ -1,8 +1,8 @@
 """Realistic store rows for detector tests, made by the real collectors rather than written by hand.
 
-Each node is a simulated VM: a generated /sys tree (collectors.sim_sysfs), simulated GPUs on a manual
-clock (collectors.gpu_sim) and an exporter over the gpu, xid, infiniband, netclass and nccl_log
-collectors, as collectors.simfleet builds one. Each tick advances simulated time by one interval,
+Each node is a simulated VM: a generated /sys tree (sim.sysfs), simulated GPUs on a manual
+clock (collectors.gpu.sim) and an exporter over the gpu, xid, infiniband, netclass and nccl_log
+collectors, as sim.fleet builds one. Each tick advances simulated time by one interval,
 renders every node's exposition, parses it as the hub does and stores it (samples, a targets row per
 node, and a step row per node that runs a job). Faults go in between ticks, through each node's
 `sysfs` and `gpus`, its `load` and `job`, or an NCCL log dropped into its `nccl_dir`.
@@ -23,18 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analytics.detectors.base import Window
-from analytics.records import ScrapeBatch, StepRow, TargetStatus
 from analytics.store import Store
+from analytics.store.records import ScrapeBatch, StepRow, TargetStatus
 from collectors import registry
 from collectors.base import CollectorOptions, ReadErrors
-from collectors.expfmt import ExpositionParser
 from collectors.exporter import Exporter
-from collectors.gpu import GpuCollector
-from collectors.gpu_sim import ManualClock, SimBackend
-from collectors.sim_sysfs import SimSysfs
-from collectors.simfleet import node_name
+from collectors.gpu.collector import GpuCollector
+from collectors.gpu.sim import ManualClock, SimBackend
 from collectors.textformat import render
 from collectors.xid import XidCollector
+from hub.expfmt import ExpositionParser
+from sim.fleet import node_name
+from sim.sysfs import SimSysfs
 
 SYSFS_COLLECTORS = ("infiniband", "netclass", "nccl_log")
 HOUR_S = 3600.0

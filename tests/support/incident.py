@@ -8,8 +8,8 @@ from pathlib import Path
 
 from analytics.detectors.gpu import GpuThrottle
 from analytics.detectors.runner import DetectionRunner, store_anomalies
-from analytics.records import ActionRow, AlertChange, Anomaly
 from analytics.store import Store
+from analytics.store.records import ActionRow, AlertChange, Anomaly
 from tests.support.fleetdata import SimulatedFleet
 
 NODE = "vela-002"

@@ -15,8 +15,8 @@ from streamlit.testing.v1 import AppTest
 from alerts import commands
 from analytics.detectors import build
 from analytics.detectors.runner import DetectionRunner, store_anomalies
-from analytics.records import ActionRow, AlertChange, StepRow
 from analytics.store import Store
+from analytics.store.records import ActionRow, AlertChange, StepRow
 from tests.support.fleetdata import SimulatedFleet
 from ui import environment, source, window
 

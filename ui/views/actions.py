@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from alerts import commands
-from analytics import dashboards
+from analytics.reports import dashboards
 from ui import source, window
 
 BY_KEY = "actions.by"

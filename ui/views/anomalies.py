@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import streamlit as st
 
-from analytics import dashboards
+from analytics.reports import dashboards
 from ui import plots, source, window
 
 SEVERITIES = ["critical", "warning", "info"]

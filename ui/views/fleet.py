@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from analytics import dashboards
+from analytics.reports import dashboards
 from ui import plots, source, window
 
 REFRESH_S = {"off": None, "10 s": 10, "30 s": 30, "1 min": 60}

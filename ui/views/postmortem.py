@@ -1,4 +1,4 @@
-"""Postmortem: a node's or a job's incident in the chosen range (analytics.postmortem): its timeline of
+"""Postmortem: a node's or a job's incident in the chosen range (analytics.reports): its timeline of
 anomalies, alerts, drain decisions, target gaps and the metric excursions that mattered, with plots and
 exports to Markdown and CSV; and a read-only SQL box with saved queries for the usual questions."""
 
@@ -10,8 +10,8 @@ from dataclasses import asdict
 import pandas as pd
 import streamlit as st
 
-from analytics import dashboards, postmortem
 from analytics.errors import QueryError
+from analytics.reports import dashboards, postmortem
 from ui import plots, source, window
 
 SQL_KEY, SAVED_KEY = "postmortem.sql", "postmortem.saved"

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from analytics.detectors.base import Window
-from analytics.records import StepRow
-from collectors.simfleet import node_name
+from analytics.store.records import StepRow
+from sim.fleet import node_name
 
 WINDOW_S = 10.0
 # a whole hour, recent enough that no TTL drops the rows: window i is [T0 + 10 i, T0 + 10 (i + 1))

@@ -10,13 +10,13 @@ from analytics.detectors.base import Detector, Window
 from analytics.detectors.counters import LOOKBACK_S
 from analytics.detectors.links import IGNORED_INTERFACES, LinkDown, LinkFlap, links
 from analytics.detectors.runner import DetectionRunner
-from analytics.records import ScrapeBatch
 from analytics.store import Store
+from analytics.store.records import ScrapeBatch
 from collectors import registry
 from collectors.base import CollectorOptions
-from collectors.expfmt import ExpositionParser
 from collectors.exporter import Exporter
 from collectors.textformat import render
+from hub.expfmt import ExpositionParser
 from tests.support.fleetdata import HOUR_S, SimulatedFleet
 
 

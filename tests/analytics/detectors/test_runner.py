@@ -13,8 +13,8 @@ from analytics.detectors import DetectorError
 from analytics.detectors.base import Detector, QuerySource, Window, frame
 from analytics.detectors.runner import DetectionRunner, detect, store_anomalies, windows
 from analytics.detectors.slow_node import SlowNode
-from analytics.records import Anomaly
 from analytics.store import Store
+from analytics.store.records import Anomaly
 from tests.analytics.detectors import T0, SyncJob, window
 
 

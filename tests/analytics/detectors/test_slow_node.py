@@ -10,8 +10,8 @@ import pytest
 
 from analytics.detectors.runner import DetectionRunner, detect
 from analytics.detectors.slow_node import SlowNode
-from analytics.records import Anomaly
 from analytics.store import Store
+from analytics.store.records import Anomaly
 from tests.analytics.detectors import T0, SyncJob, window
 from tests.support.fleetdata import SimulatedFleet
 

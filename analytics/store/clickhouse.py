@@ -1,0 +1,443 @@
+"""The store: the only module that talks to ClickHouse, through clickhouse-connect.
+
+    store = Store.open("chdb://./data")              # embedded chDB in ./data, database "fleetlens"
+    store = Store.open("http://ch1:8123/fleet", cluster="fleet")   # a server or cluster, same SQL
+    store.insert_samples(batches, token="scrape-42")  # idempotent on token
+    store.query("SELECT node, max(value) FROM metrics WHERE metric = 'DCGM_FI_DEV_GPU_TEMP' GROUP BY node")
+
+Opening applies the schema's migrations (analytics.store.schema) and brings the TTLs in line with `retention`.
+Every insert carries its token to ClickHouse as insert_deduplication_token, so a batch replayed after a
+crash or a timeout is stored once. Failures are StoreUnavailable (retry later: the hub spools) or
+StoreRejected (the data itself is bad).
+
+query() takes SQL from anyone (the hub's query API, the CLI, the UI's SQL box): readonly.py runs it on
+read-only sessions of its own, and only what sqlpolicy.py accepts, on the parse tree ClickHouse
+builds: one SELECT over the project's tables. Queries and inserts never share a session, and a long query
+never holds up an insert.
+
+A Store is thread-safe. `session()` opens another one on the same store, with sessions of its own for
+writing and reading, for a consumer that should not wait for the others' statements (the hub's writer
+and detection loop beside its API).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
+from itertools import repeat
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import clickhouse_connect
+from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import ClickHouseError
+
+from analytics.errors import AddressError, SchemaError, StoreRejected, StoreUnavailable
+from analytics.store import schema
+from analytics.store.clickhouse_errors import short, store_error, unreachable
+from analytics.store.readonly import Connect, ReadSessions
+from analytics.store.records import (
+    ActionRow,
+    AlertChange,
+    Anomaly,
+    NotificationRow,
+    QueryResult,
+    ScrapeBatch,
+    SilenceRow,
+    StepRow,
+    TargetStatus,
+)
+from analytics.store.redact import redacted
+from analytics.store.schema import Layout, Retention
+
+__all__ = ["DEFAULT_DATABASE", "DEFAULT_DSN", "Retention", "Store", "series_id"]
+
+DEFAULT_DSN = "chdb://./data"
+DEFAULT_DATABASE = "fleetlens"
+MAX_KNOWN_SERIES = 2_000_000  # past this the known-series memo starts over (see KnownSeries)
+
+SERIES_COLUMNS = ("series_id", "metric", "node", "labels", "first_seen")
+# Samples as sent: metric and node go as plain String, which ClickHouse turns into the table's
+# LowCardinality on arrival (clickhouse-connect's LowCardinality encoder is a Python loop per row).
+SAMPLE_COLUMNS = {
+    "metric": "String",
+    "node": "String",
+    "series_id": "UInt64",
+    "ts": "DateTime64(3, 'UTC')",
+    "value": "Float64",
+}
+
+
+def series_id(metric: str, node: str, labels: Mapping[str, str]) -> int:
+    """The UInt64 identity of a series: 8 bytes of BLAKE2b over metric, node and the sorted labels.
+
+    Stable across processes and hubs (unlike hash()), so every hub of a sharded fleet agrees."""
+    canonical = json.dumps([metric, node, sorted(labels.items())], ensure_ascii=False, separators=(",", ":"))
+    return int.from_bytes(hashlib.blake2b(canonical.encode(), digest_size=8).digest(), "big")
+
+
+SeriesRow = tuple[int, str, str, Mapping[str, str], int]  # series_id, metric, node, labels, first_seen (ms)
+
+
+class KnownSeries:
+    """The series whose row this process has stored, so each is inserted once, and each target's last
+    batch with its ids.
+
+    An exporter serves the same series in the same order scrape after scrape, so a batch whose node,
+    names and labels equal its target's previous batch (in this call or an earlier one) reuses its ids:
+    one list comparison instead of a lookup per sample. Past `limit` series (label churn) the memo starts
+    over; registering a series again is harmless (the series table merges duplicates).
+    """
+
+    def __init__(self, limit: int = MAX_KNOWN_SERIES) -> None:
+        self._limit = limit
+        self._ids: dict[tuple[str, str, tuple[tuple[str, str], ...]], int] = {}
+        self._last: dict[str, tuple[ScrapeBatch, list[int]]] = {}
+
+    def resolve(self, batches: Sequence[ScrapeBatch]) -> tuple[list[list[int]], list[SeriesRow]]:
+        """The series ids of every batch's samples, and the rows of the series not stored yet."""
+        ids_per_batch = []
+        new: dict[int, SeriesRow] = {}
+        latest = dict(self._last)  # a call may hold several scrapes of one target (a spool replay, a sim)
+        for batch in batches:
+            last = latest.get(batch.target)
+            if last and (last[0].node, last[0].names, last[0].labels) == (
+                batch.node,
+                batch.names,
+                batch.labels,
+            ):
+                ids_per_batch.append(last[1])
+                continue
+            ids = []
+            for metric, labels in zip(batch.names, batch.labels, strict=True):
+                sid = self._ids.get((batch.node, metric, tuple(labels.items())))
+                if sid is None:
+                    sid = series_id(metric, batch.node, labels)
+                    new.setdefault(sid, (sid, metric, batch.node, labels, _millis(batch.ts)))
+                ids.append(sid)
+            ids_per_batch.append(ids)
+            latest[batch.target] = (batch, ids)
+        return ids_per_batch, list(new.values())
+
+    def remember(
+        self, batches: Sequence[ScrapeBatch], ids_per_batch: list[list[int]], stored: list[SeriesRow]
+    ) -> None:
+        """Note that the `stored` series rows are in the store, and each batch as its target's last."""
+        if len(self._ids) + len(stored) > self._limit:
+            self._ids.clear()
+            self._last.clear()
+        for sid, metric, node, labels, _first_seen in stored:
+            self._ids[(node, metric, tuple(labels.items()))] = sid
+        for batch, ids in zip(batches, ids_per_batch, strict=True):
+            self._last[batch.target] = (batch, ids)
+
+
+class Store:
+    """A ClickHouse database holding fleetlens's schema; build it with Store.open()."""
+
+    def __init__(self, client: Client, layout: Layout, connect: Connect) -> None:
+        self._client = client  # this session's writes; its queries run on read sessions of its own
+        self._layout = layout
+        self._connect = connect
+        self._reads = ReadSessions(connect, layout.database, schema.READABLE)
+        self._sessions: list[Store] | None = []  # opened by session(); None for a session itself
+        self._series = KnownSeries()
+        self._lock = threading.Lock()  # one insert at a time on this session, and KnownSeries with it
+        self._insert_settings = {"insert_distributed_sync": 1} if layout.cluster else {}
+
+    @classmethod
+    def open(
+        cls,
+        dsn: str = DEFAULT_DSN,
+        *,
+        database: str | None = None,
+        cluster: str | None = None,
+        retention: Retention | None = None,
+    ) -> Store:
+        """Connect, apply the migrations this database lacks and bring its TTLs in line with `retention`.
+
+        Raises SchemaError (bad DSN or names, a schema newer than this code, a failed migration) or
+        StoreUnavailable (no server, or the chDB directory is held by another process)."""
+        connector, dsn_database = _connector(dsn)
+        client = _open_session(connector, dsn, {})
+        try:
+            layout = Layout(database or dsn_database or DEFAULT_DATABASE, cluster, retention or Retention())
+            _migrate(client, layout)
+            client.database = layout.database
+        except ClickHouseError as error:
+            client.close()
+            failure = StoreUnavailable if unreachable(error) else SchemaError
+            raise failure(f"opening {redacted(dsn)}: {short(error)}") from error
+        except BaseException:
+            client.close()
+            raise
+
+        def connect(settings: Mapping[str, Any]) -> Client:
+            return connector({**settings}, layout.database)
+
+        return cls(client, layout, connect)
+
+    @property
+    def database(self) -> str:
+        """The database holding the schema, which queries read."""
+        return self._layout.database
+
+    def session(self) -> Store:
+        """Another session on this store, for a consumer that should wait for no other's statements: its
+        inserts and its queries (on read sessions of its own) share nothing with this store's. It is
+        closed with this store. StoreUnavailable when it cannot be opened."""
+        if self._sessions is None:
+            raise TypeError("open sessions from the Store that Store.open() returned")
+        try:
+            client = self._connect({})
+        except ClickHouseError as error:
+            raise StoreUnavailable(f"opening a session: {short(error)}") from error
+        sibling = Store(client, self._layout, self._connect)
+        sibling._sessions = None
+        with self._lock:
+            self._sessions.append(sibling)
+        return sibling
+
+    def insert_samples(self, batches: Sequence[ScrapeBatch], *, token: str) -> int:
+        """Store every sample of `batches` (and the series rows of series new to this process); returns the
+        number of samples sent. The series and the samples inserts each carry a token derived from `token`."""
+        with self._lock:
+            ids_per_batch, new_series = self._series.resolve(batches)
+            if new_series:
+                self._insert("series", SERIES_COLUMNS, new_series, f"{token}/series")
+            self._series.remember(batches, ids_per_batch, new_series)
+            columns = _sample_columns(batches, ids_per_batch)
+            if not columns[0]:
+                return 0
+            self._insert("samples", SAMPLE_COLUMNS, columns, f"{token}/samples", column_oriented=True)
+            return len(columns[0])
+
+    def insert_targets(self, statuses: Sequence[TargetStatus], *, token: str) -> int:
+        """Store one row per scrape outcome; returns the number of rows sent."""
+        return self._insert_records("targets", TargetStatus, statuses, token)
+
+    def insert_steps(self, rows: Sequence[StepRow], *, token: str) -> int:
+        """Store training step rows; returns the number of rows sent."""
+        return self._insert_records("steps", StepRow, rows, token)
+
+    def insert_anomalies(self, rows: Sequence[Anomaly], *, token: str) -> int:
+        """Store anomaly rows; an anomaly written again under its id (when it ends) replaces the earlier
+        row on merge (read with FINAL). Returns the number of rows sent."""
+        return self._insert_records(
+            "anomalies", Anomaly, rows, token, times=("start", "end"), nullable_times=("end",)
+        )
+
+    def insert_alert_changes(self, rows: Sequence[AlertChange], *, token: str) -> int:
+        """Store alert state changes; returns the number of rows sent."""
+        return self._insert_records(
+            "alerts",
+            AlertChange,
+            rows,
+            token,
+            times=("ts", "starts_at", "ends_at"),
+            nullable_times=("ends_at",),
+        )
+
+    def insert_actions(self, rows: Sequence[ActionRow], *, token: str) -> int:
+        """Store drain controller decisions; returns the number of rows sent."""
+        return self._insert_records("actions", ActionRow, rows, token)
+
+    def insert_silences(self, rows: Sequence[SilenceRow], *, token: str) -> int:
+        """Store silences (a row under an existing id replaces it, read with FINAL)."""
+        return self._insert_records(
+            "silences", SilenceRow, rows, token, times=("starts_at", "ends_at", "updated_at")
+        )
+
+    def insert_notifications(self, rows: Sequence[NotificationRow], *, token: str) -> int:
+        """Store delivery outcomes; returns the number of rows sent."""
+        return self._insert_records("notifications", NotificationRow, rows, token)
+
+    def query(
+        self,
+        sql: str,
+        *,
+        parameters: Mapping[str, Any] | None = None,
+        max_rows: int = 10_000,
+        max_seconds: float = 10.0,
+    ) -> QueryResult:
+        """Run one read-only statement on a read session: one SELECT over the project's tables (see
+        analytics.store.sqlpolicy); at most `max_rows` rows come back (`truncated` says when more matched) and
+        ClickHouse stops it after `max_seconds`. QueryError says why it was refused; StoreUnavailable."""
+        return self._reads.query(sql, parameters=parameters, max_rows=max_rows, max_seconds=max_seconds)
+
+    def close(self) -> None:
+        """Release the session and its read sessions; the store Store.open() returned closes the sessions
+        it opened too (for chDB that ends the engine, so that another directory can be opened)."""
+        for session in self._sessions or ():
+            session.close()
+        self._reads.close()
+        with self._lock:
+            self._client.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _insert_records(
+        self,
+        table: str,
+        record: type,
+        records: Sequence[Any],
+        token: str,
+        times: Sequence[str] = ("ts",),
+        nullable_times: Sequence[str] = (),
+    ) -> int:
+        """Insert dataclass records whose fields are the table's columns; the `times` columns (unix
+        seconds) go in as milliseconds, and None in a `nullable_times` column as NULL."""
+        if not records:
+            return 0
+        names = [f.name for f in fields(record)]
+        columns = {name: [getattr(r, name) for r in records] for name in names}
+        for name in times:
+            try:
+                columns[name] = [
+                    None if ts is None and name in nullable_times else _millis(ts) for ts in columns[name]
+                ]
+            except (TypeError, ValueError, OverflowError) as error:
+                raise StoreRejected(f"{table}: a row has a bad {name}: {error}") from error
+        with self._lock:
+            self._insert(table, names, list(columns.values()), token, column_oriented=True)
+        return len(records)
+
+    def _insert(
+        self,
+        table: str,
+        columns: Sequence[str] | Mapping[str, str],
+        data: Sequence,
+        token: str,
+        column_oriented: bool = False,
+    ) -> None:
+        """Insert `data` into `columns` (names, or names -> wire types); `token` makes a replay a no-op."""
+        settings = {"insert_deduplication_token": token, **self._insert_settings}
+        types = list(columns.values()) if isinstance(columns, Mapping) else None
+        try:
+            self._client.insert(
+                table,
+                data,
+                column_names=list(columns),
+                column_type_names=types,
+                settings=settings,
+                column_oriented=column_oriented,
+            )
+        except (TypeError, ValueError, OverflowError) as error:
+            raise StoreRejected(f"{table}: rows do not fit the table's column types: {error}") from error
+        except ClickHouseError as error:
+            raise store_error(f"insert into {table}", error) from error
+
+
+def _sample_columns(batches: Sequence[ScrapeBatch], ids_per_batch: list[list[int]]) -> list[list]:
+    """The samples of `batches` as the columns of SAMPLE_COLUMNS."""
+    metrics: list[str] = []
+    nodes: list[str] = []
+    ids: list[int] = []
+    stamps: list[int] = []
+    values: list[float] = []
+    for batch, batch_ids in zip(batches, ids_per_batch, strict=True):
+        count = len(batch.values)
+        metrics.extend(batch.names)
+        nodes.extend(repeat(batch.node, count))
+        ids.extend(batch_ids)
+        stamps.extend(repeat(_millis(batch.ts), count))
+        values.extend(batch.values)
+    return [metrics, nodes, ids, stamps, values]
+
+
+def _millis(ts: float) -> int:
+    """Unix seconds as the integer milliseconds that DateTime64(3) columns take."""
+    return round(ts * 1000)
+
+
+# (settings, database) -> a new session on the store
+Connector = Callable[[Mapping[str, Any], str | None], Client]
+
+
+def _connector(dsn: str) -> tuple[Connector, str | None]:
+    """How to open sessions on the store `dsn` names, and the database it names (None when it names none);
+    AddressError for a DSN that is not understood."""
+    try:
+        parts = urlsplit(dsn)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
+    except ValueError as error:
+        raise AddressError(f"DSN {redacted(dsn)!r}: {error}") from None
+    if dsn.startswith("chdb://"):
+        location = dsn.removeprefix("chdb://")
+        if not location:
+            raise AddressError(f"DSN {dsn!r}: expected chdb://<directory>, e.g. chdb://./data")
+        try:
+            Path(location).mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise StoreUnavailable(f"cannot create the chDB directory for {dsn}: {error.strerror}") from error
+
+        def embedded(settings: Mapping[str, Any], database: str | None) -> Client:
+            return clickhouse_connect.get_client(
+                interface="chdb", path=location, database=database, settings=dict(settings)
+            )
+
+        return embedded, None
+    if parts.scheme in ("http", "https") and parts.hostname:
+        server = urlunsplit((parts.scheme, parts.netloc, "", parts.query, ""))
+
+        def remote(settings: Mapping[str, Any], database: str | None) -> Client:
+            return clickhouse_connect.get_client(dsn=server, database=database or "", settings=dict(settings))
+
+        return remote, parts.path.strip("/") or None
+    raise AddressError(
+        f"DSN {redacted(dsn)!r}: expected chdb://<directory> or http(s)://host:8123/<database>"
+    )
+
+
+def _open_session(connector: Connector, dsn: str, settings: Mapping[str, Any]) -> Client:
+    try:
+        return connector(settings, None)
+    except ClickHouseError as error:
+        raise StoreUnavailable(f"cannot reach the store at {redacted(dsn)}: {short(error)}") from error
+    except ValueError as error:  # clickhouse-connect's own reading of the DSN
+        raise AddressError(f"DSN {redacted(dsn)!r}: {error}") from error
+
+
+def _migrate(client: Client, layout: Layout) -> None:
+    """Apply the migrations `layout.database` lacks, in order, recording each; then align the TTLs."""
+    _run(client, schema.bootstrap(layout), "create the database")
+    applied = client.query(f"SELECT max(version) FROM {layout.name('schema_migrations')}").result_rows[0][0]
+    if applied > schema.LATEST_VERSION:
+        raise SchemaError(
+            f"database {layout.database} has schema version {applied}, newer than this fleetlens "
+            f"(version {schema.LATEST_VERSION}); upgrade fleetlens or open another database"
+        )
+    for migration in schema.MIGRATIONS:
+        if migration.version <= applied:
+            continue
+        _run(client, migration.statements(layout), f"migration {migration.version} ({migration.description})")
+        client.insert(
+            layout.name("schema_migrations"),
+            [[migration.version, migration.description, _millis(time.time())]],
+            column_names=["version", "description", "applied_at"],
+        )
+    engines = client.query(
+        "SELECT name, engine_full FROM system.tables WHERE database = {db:String}",
+        parameters={"db": layout.database},
+    ).result_rows
+    _run(client, schema.retention_changes(layout, dict(engines)), "apply the retention")
+
+
+def _run(client: Client, statements: Sequence[str], what: str) -> None:
+    """Run DDL statements in order; a failing one becomes a SchemaError naming it and `what` it was for."""
+    for statement in statements:
+        try:
+            client.command(statement)
+        except ClickHouseError as error:
+            if unreachable(error):
+                raise
+            raise SchemaError(f"{what} failed at {statement.splitlines()[0]!r}: {short(error)}") from error

@@ -1,0 +1,115 @@
+"""Read, import steps, and send silences and drain requests through a hub's HTTP API: how the UI and
+the CLI reach an embedded store, which only the hub process may open.
+
+`HubClient.query`, `insert_silences` and `insert_actions` answer like the Store's, so callers take
+either. The transport is a seam
+(`opener`), so tests can answer without a network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+from analytics.errors import AddressError, QueryError, StoreRejected, StoreUnavailable
+from analytics.store.records import ActionRow, QueryResult, SilenceRow
+
+Opener = Callable[..., Any]
+
+
+class HubClient:
+    """A hub's query and step-import endpoints. `token` defaults to FLEETLENS_API_TOKEN."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout_s: float = 60.0,
+        opener: Opener = urllib.request.urlopen,
+    ) -> None:
+        self.url = _checked_url(url)
+        self._token = token if token is not None else os.environ.get("FLEETLENS_API_TOKEN")
+        self._timeout_s = timeout_s
+        self._open = opener
+
+    def query(
+        self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int | None = None
+    ) -> QueryResult:
+        """Run read-only SQL on the hub's store; QueryError carries the hub's explanation.
+
+        `parameters` fill `{name:Type}` placeholders as with Store.query; datetimes travel as
+        ClickHouse's "YYYY-MM-DD hh:mm:ss.fff" text (UTC), which every DateTime parameter accepts."""
+        body: dict[str, Any] = {"sql": sql}
+        if parameters:
+            body["parameters"] = {name: _wire_value(value) for name, value in parameters.items()}
+        if max_rows is not None:
+            body["max_rows"] = max_rows
+        answer = self._post("/api/v1/query", json.dumps(body).encode(), "application/json", QueryError)
+        return QueryResult(
+            columns=answer["columns"],
+            types=answer["types"],
+            rows=[tuple(row) for row in answer["rows"]],
+            truncated=answer["truncated"],
+            elapsed_s=answer["elapsed_s"],
+        )
+
+    def import_steps(self, jsonl: bytes) -> int:
+        """Send step JSON lines to the hub; returns the rows it accepted (all or nothing)."""
+        return self._post("/api/v1/steps", jsonl, "application/x-ndjson", StoreRejected)["rows"]
+
+    def insert_silences(self, rows: Sequence[SilenceRow], *, token: str) -> int:
+        """Store silences through the hub (as Store.insert_silences); returns the rows it accepted."""
+        return self._post_rows("/api/v1/silences", rows, token)
+
+    def insert_actions(self, rows: Sequence[ActionRow], *, token: str) -> int:
+        """Send requests to the hub's drain controller (approve, deny, undrain; outcome `requested`)."""
+        return self._post_rows("/api/v1/actions", rows, token)
+
+    def _post_rows(self, path: str, rows: Sequence[Any], token: str) -> int:
+        body = json.dumps({"token": token, "rows": [asdict(row) for row in rows]}).encode()
+        return self._post(path, body, "application/json", StoreRejected)["rows"]
+
+    def _post(self, path: str, body: bytes, content_type: str, refused: type[Exception]) -> dict:
+        headers = {"Content-Type": content_type}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        request = urllib.request.Request(self.url + path, data=body, headers=headers, method="POST")
+        try:
+            with self._open(request, timeout=self._timeout_s) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                detail = json.loads(detail)["error"]
+            if exc.code >= 500:
+                raise StoreUnavailable(f"hub {self.url}{path}: {exc.code}: {detail}") from None
+            raise refused(f"hub {self.url}{path}: {exc.code}: {detail}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise StoreUnavailable(f"hub {self.url} unreachable: {reason}") from None
+
+
+def _checked_url(url: str) -> str:
+    """`url` without a trailing slash if it is http(s)://host[:port][/path]; AddressError naming it if not."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
+    except ValueError as error:
+        raise AddressError(f"hub URL {url!r}: {error}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise AddressError(f"hub URL {url!r}: expected http(s)://host:port, e.g. http://127.0.0.1:9500")
+    return url.rstrip("/")
+
+
+def _wire_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return value

@@ -1,0 +1,151 @@
+"""What the hub hands to the store: plain rows, independent of ClickHouse and of the collectors.
+
+These are the contract between hub.app (scraper, receivers, spool) and analytics.store.clickhouse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeBatch:
+    """Every sample of one scrape of one target, columnar: sample i is (names[i], labels[i], values[i]).
+
+    `node` is the fleet node the target belongs to (its file_sd `node` label); it is stored as a column,
+    never inside `labels`. Times are unix seconds.
+    """
+
+    target: str
+    node: str
+    ts: float
+    names: list[str]
+    labels: list[dict[str, str]]
+    values: list[float]
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetStatus:
+    """The outcome of one scrape of one target; error is "" when it succeeded."""
+
+    ts: float
+    target: str
+    node: str
+    up: bool
+    duration_s: float
+    samples: int
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    """One training step of one rank (from step JSON lines), or a run of `steps` steps of one rank whose
+    durations were only seen in aggregate (from OTLP histograms: duration_s is then their mean, and
+    `step` the number of the last one)."""
+
+    ts: float
+    job: str
+    rank: int
+    node: str
+    step: int
+    duration_s: float
+    compute_s: float | None = None
+    comm_s: float | None = None
+    data_s: float | None = None
+    dp_rank: int | None = None
+    pp_stage: int | None = None
+    tp_rank: int | None = None
+    steps: int = 1
+    source: str = "jsonl"  # jsonl | otlp
+
+
+@dataclass(frozen=True, slots=True)
+class Anomaly:
+    """A detector's finding that persisted: one row of `anomalies`, written when it opens and written
+    again with the same id when it ends (the table keeps the latest). Times are unix seconds."""
+
+    id: str
+    start: float
+    end: float | None  # None while it lasts
+    kind: str
+    node: str
+    component: str  # "gpu:3", "mlx5_2:1", or "" for the whole node
+    job: str
+    severity: str  # info | warning | critical
+    score: float
+    evidence: str  # JSON object: the numbers that triggered it
+    detector: str
+    detector_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueryResult:
+    """Rows of a read-only query, with column names and types; `truncated` when the row limit cut it."""
+
+    columns: list[str]
+    types: list[str]
+    rows: list[tuple]
+    truncated: bool = False
+    elapsed_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class AlertChange:
+    """One state change of one alert: a row of `alerts`. Times are unix seconds."""
+
+    ts: float
+    fingerprint: str
+    alertname: str
+    state: str  # pending | firing | resolved
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    starts_at: float
+    ends_at: float | None
+
+
+REQUESTS = ("approve", "deny", "undrain")  # what people may ask of the drain controller (outcome `requested`)
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRow:
+    """One decision of the drain controller, refusals included: a row of `actions`."""
+
+    ts: float
+    action: str  # drain | undrain | approve | deny | breaker
+    node: str
+    job: str
+    reason: str
+    mode: str  # dry-run | approve | auto
+    outcome: str  # done | dry-run | pending | refused | failed | approved | denied
+    decision_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SilenceRow:
+    """A silence as stored: `matchers` is a JSON list of [name, operator, value]; a silence expired
+    early is written again with the same id and the new ends_at."""
+
+    id: str
+    matchers: str
+    starts_at: float
+    ends_at: float
+    created_by: str
+    comment: str
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class NotificationRow:
+    """One final delivery outcome to one receiver: a row of `notifications`."""
+
+    ts: float
+    receiver: str
+    ok: bool
+    attempts: int
+    status: int | None
+    error: str
+    fingerprints: list[str]
+    states: list[str]

@@ -1,0 +1,435 @@
+"""GPU metrics under dcgm-exporter's names, types and labels, read from a pluggable backend.
+
+A backend (collectors.gpu.nvml for real GPUs, collectors.gpu.sim for simulated ones) returns plain readings
+already in dcgm-exporter's units; this module only names them. One backend per CollectorOptions is
+shared by the gpu and xid collectors, and by a fleet simulator that drives the simulated one, through
+`acquire_backend` / `release_backend`.
+
+dcgm-exporter's counters carry no `_total` suffix. CounterMetricFamily would append one and rename the
+series, so each family is a plain `Metric` typed counter whose samples keep dcgm-exporter's name, and
+collectors.textformat writes its HELP/TYPE lines under that same name, as dcgm-exporter does. Prometheus
+ingests them as counters from either format. The OpenMetrics parser of prometheus_client rejects such
+counters, so a Python scraper of this exporter should ask for the Prometheus text format.
+
+NVML init failure (no driver, no GPU) is reported once, when the collector is built; the collector then
+yields nothing: a node without GPUs is worth one log line, not an error per scrape. Install the driver,
+then restart the exporter.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from collectors.base import CollectorOptions, ReadErrors
+from collectors.errors import GpuBackendError
+from collectors.registry import register
+
+LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+
+# NVML's nvmlClocksEventReason* bits (nvml.h; the older nvmlClocksThrottleReason* share them).
+THROTTLE_REASONS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+
+_PCI_BUS_ID = re.compile(
+    r"(?P<domain>[0-9a-fA-F]{4,8}):(?P<bus>[0-9a-fA-F]{2}):(?P<device>[0-9a-fA-F]{2})"
+    r"(?:\.(?P<function>[0-7]))?"
+)
+
+
+def normalize_pci_bus_id(text: str) -> str:
+    """NVML's spelling `00000000:9B:00.0` of a PCI address written `0000:9b:00` (kernel log) or alike."""
+    match = _PCI_BUS_ID.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"not a PCI bus id: {text!r}")
+    return "{:08X}:{:02X}:{:02X}.{:X}".format(
+        int(match["domain"], 16), int(match["bus"], 16), int(match["device"], 16), int(match["function"] or 0)
+    )
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """What names a GPU in labels; fields a failing device could not tell stay empty."""
+
+    index: int | None
+    uuid: str = ""
+    pci_bus_id: str = ""
+    minor_number: int | None = None
+    model_name: str = ""
+
+    def labels(self, hostname: str) -> dict[str, str]:
+        """dcgm-exporter's label set for this GPU on `hostname`."""
+        values = (
+            "" if self.index is None else str(self.index),
+            self.uuid,
+            self.pci_bus_id,
+            "" if self.minor_number is None else f"nvidia{self.minor_number}",
+            self.model_name,
+            hostname,
+        )
+        return dict(zip(LABELS, values, strict=True))
+
+    @property
+    def where(self) -> str:
+        """How error reports name this GPU."""
+        return f"gpu {'?' if self.index is None else self.index} ({self.pci_bus_id or 'unknown PCI address'})"
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One device's readings in dcgm-exporter's units; None: the device does not support that field."""
+
+    sm_clock_mhz: float | None = None
+    memory_clock_mhz: float | None = None
+    gpu_temp_c: float | None = None
+    memory_temp_c: float | None = None
+    power_w: float | None = None
+    energy_mj: float | None = None
+    gpu_util_percent: float | None = None
+    mem_copy_util_percent: float | None = None
+    fb_free_mib: float | None = None
+    fb_used_mib: float | None = None
+    fb_reserved_mib: float | None = None
+    pcie_replays: float | None = None
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
+    pcie_link_gen: float | None = None
+    pcie_link_width: float | None = None
+    pcie_max_link_gen: float | None = None
+    pcie_max_link_width: float | None = None
+    clock_throttle_reasons: int | None = None
+    ecc_sbe_volatile: float | None = None
+    ecc_dbe_volatile: float | None = None
+    ecc_sbe_aggregate: float | None = None
+    ecc_dbe_aggregate: float | None = None
+    remapped_rows_correctable: float | None = None
+    remapped_rows_uncorrectable: float | None = None
+    row_remap_pending: float | None = None
+    row_remap_failure: float | None = None
+    nvlink_crc_flit_errors: float | None = None
+    nvlink_crc_data_errors: float | None = None
+    nvlink_replay_errors: float | None = None
+    nvlink_recovery_errors: float | None = None
+    nvlink_bandwidth_bytes: float | None = None
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One scrape of one device: its sample, or None when the device is down, plus what went wrong."""
+
+    identity: GpuIdentity
+    sample: GpuSample | None
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One Xid error of the GPU at `pci_bus_id` (NVML spelling), seen by `source` (nvml or kernel_log)."""
+
+    pci_bus_id: str
+    xid: int
+    source: str
+
+
+class XidWatch(Protocol):
+    """A running subscription to a backend's Xid events."""
+
+    def stop(self) -> None: ...
+
+
+class GpuBackend(Protocol):
+    """What the gpu and xid collectors need from NVML or the simulator."""
+
+    def identities(self) -> list[GpuIdentity]: ...
+
+    def read(self) -> list[GpuReading]: ...
+
+    def watch_xids(
+        self, on_xid: Callable[[XidEvent], None], report: Callable[[str, str], None]
+    ) -> XidWatch: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One exported metric and the GpuSample field it shows."""
+
+    name: str
+    kind: str
+    help: str
+    field: str
+
+
+# Help texts of DCGM_FI_* metrics are dcgm-exporter's (etc/default-counters.csv).
+METRICS = (
+    MetricSpec("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).", "sm_clock_mhz"),
+    MetricSpec("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).", "memory_clock_mhz"),
+    MetricSpec("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C).", "memory_temp_c"),
+    MetricSpec("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).", "gpu_temp_c"),
+    MetricSpec("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", "power_w"),
+    MetricSpec(
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "counter",
+        "Total energy consumption since boot (in mJ).",
+        "energy_mj",
+    ),
+    MetricSpec("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries.", "pcie_replays"),
+    MetricSpec(
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "gauge",
+        "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads"
+        " - in bytes per second.",
+        "pcie_tx_bytes_per_second",
+    ),
+    MetricSpec(
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "gauge",
+        "The rate of data received over the PCIe bus - including both protocol headers and data payloads"
+        " - in bytes per second.",
+        "pcie_rx_bytes_per_second",
+    ),
+    MetricSpec("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", "gpu_util_percent"),
+    MetricSpec("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %).", "mem_copy_util_percent"),
+    MetricSpec("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).", "fb_free_mib"),
+    MetricSpec("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).", "fb_used_mib"),
+    MetricSpec(
+        "DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB).", "fb_reserved_mib"
+    ),
+    MetricSpec(
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "counter",
+        "Total number of single-bit volatile ECC errors.",
+        "ecc_sbe_volatile",
+    ),
+    MetricSpec(
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "counter",
+        "Total number of double-bit volatile ECC errors.",
+        "ecc_dbe_volatile",
+    ),
+    MetricSpec(
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+        "counter",
+        "Total number of single-bit persistent ECC errors.",
+        "ecc_sbe_aggregate",
+    ),
+    MetricSpec(
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        "counter",
+        "Total number of double-bit persistent ECC errors.",
+        "ecc_dbe_aggregate",
+    ),
+    MetricSpec(
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Number of remapped rows for correctable errors",
+        "remapped_rows_correctable",
+    ),
+    MetricSpec(
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "Number of remapped rows for uncorrectable errors",
+        "remapped_rows_uncorrectable",
+    ),
+    MetricSpec(
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed", "row_remap_failure"
+    ),
+    MetricSpec(
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        "counter",
+        "Total number of NVLink flow-control CRC errors.",
+        "nvlink_crc_flit_errors",
+    ),
+    MetricSpec(
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+        "counter",
+        "Total number of NVLink data CRC errors.",
+        "nvlink_crc_data_errors",
+    ),
+    MetricSpec(
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+        "counter",
+        "Total number of NVLink retries.",
+        "nvlink_replay_errors",
+    ),
+    MetricSpec(
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+        "counter",
+        "Total number of NVLink recovery errors.",
+        "nvlink_recovery_errors",
+    ),
+    MetricSpec(
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "counter",
+        "Total number of NVLink bandwidth counters for all lanes.",
+        "nvlink_bandwidth_bytes",
+    ),
+    # dcgm-exporter lists no field for these.
+    MetricSpec(
+        "fleetlens_gpu_pcie_link_generation", "gauge", "Current PCIe link generation.", "pcie_link_gen"
+    ),
+    MetricSpec(
+        "fleetlens_gpu_pcie_link_width", "gauge", "Current PCIe link width (lanes).", "pcie_link_width"
+    ),
+    MetricSpec(
+        "fleetlens_gpu_pcie_max_link_generation",
+        "gauge",
+        "Highest PCIe link generation the GPU and its slot support.",
+        "pcie_max_link_gen",
+    ),
+    MetricSpec(
+        "fleetlens_gpu_pcie_max_link_width",
+        "gauge",
+        "Widest PCIe link (lanes) the GPU and its slot support.",
+        "pcie_max_link_width",
+    ),
+    MetricSpec(
+        "fleetlens_gpu_row_remap_pending",
+        "gauge",
+        "1 if remapped rows wait for a GPU reset to take effect.",
+        "row_remap_pending",
+    ),
+)
+
+
+def open_backend(options: CollectorOptions) -> GpuBackend | None:
+    """A new backend of the kind `options.gpu_backend` names; None for "none". Imported on demand, so
+    the simulator never loads pynvml."""
+    if options.gpu_backend == "none":
+        return None
+    if options.gpu_backend == "nvml":
+        return importlib.import_module("collectors.gpu.nvml").NvmlBackend()
+    if options.gpu_backend == "sim":
+        sim = importlib.import_module("collectors.gpu.sim")
+        return sim.SimBackend(count=options.gpu_sim_count, seed=options.gpu_sim_seed)
+    raise GpuBackendError(f"unknown gpu backend {options.gpu_backend!r}; expected nvml, sim or none")
+
+
+_shared: dict[CollectorOptions, tuple[GpuBackend, int]] = {}
+_shared_lock = threading.Lock()
+
+
+def acquire_backend(options: CollectorOptions) -> GpuBackend | None:
+    """The backend shared by everyone built from `options`, opened by its first user.
+
+    Shared so that the xid collector hears the events of the very devices the gpu collector reads, and a
+    fleet simulator's faults reach both. Raises GpuBackendError when the backend cannot open.
+    """
+    with _shared_lock:
+        if options in _shared:
+            backend, users = _shared[options]
+        else:
+            backend, users = open_backend(options), 0
+            if backend is None:
+                return None
+        _shared[options] = (backend, users + 1)
+        return backend
+
+
+def release_backend(options: CollectorOptions) -> None:
+    """End one use of the shared backend; the last one closes it."""
+    with _shared_lock:
+        backend, users = _shared.pop(options)
+        if users > 1:
+            _shared[options] = (backend, users - 1)
+        else:
+            backend.close()
+
+
+def lease_backend(
+    options: CollectorOptions, errors: ReadErrors
+) -> tuple[GpuBackend | None, Callable[[], None]]:
+    """The shared backend and the call that gives it back; a backend that fails to open is reported
+    once here and leaves the collector without one."""
+    try:
+        backend = acquire_backend(options)
+    except GpuBackendError as error:
+        errors.report(f"gpu backend {options.gpu_backend}", str(error))
+        backend = None
+    if backend is None:
+        return None, lambda: None
+    return backend, lambda: release_backend(options)
+
+
+class GpuCollector:
+    """Turns one backend's readings into dcgm-exporter's families, plus fleetlens_gpu_up per device."""
+
+    def __init__(
+        self,
+        backend: GpuBackend | None,
+        node: str,
+        errors: ReadErrors,
+        release: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._backend = backend
+        self._node = node
+        self._errors = errors
+        self._release = release
+
+    def collect(self) -> Iterator[Metric]:
+        if self._backend is None:
+            return
+        try:
+            readings = self._backend.read()
+        except GpuBackendError as error:
+            self._errors.report("gpu backend", str(error))
+            return
+        up = GaugeMetricFamily(
+            "fleetlens_gpu_up",
+            "1 if the GPU answered this scrape, 0 if it errored or is lost.",
+            labels=LABELS,
+        )
+        throttle = GaugeMetricFamily(
+            "fleetlens_gpu_clock_throttle_reason",
+            "1 if NVML reports this clock throttle (clocks event) reason as active, else 0.",
+            labels=(*LABELS, "reason"),
+        )
+        families = [Metric(spec.name, spec.help, spec.kind) for spec in METRICS]
+        for reading in readings:
+            for problem in reading.problems:
+                self._errors.report(reading.identity.where, problem)
+            labels = reading.identity.labels(self._node)
+            up.add_metric(list(labels.values()), 0 if reading.sample is None else 1)
+            if reading.sample is None:
+                continue
+            for spec, family in zip(METRICS, families, strict=True):
+                value = getattr(reading.sample, spec.field)
+                if value is not None:
+                    family.add_sample(spec.name, labels, value)
+            reasons = reading.sample.clock_throttle_reasons
+            if reasons is not None:
+                for reason, bit in THROTTLE_REASONS.items():
+                    throttle.add_metric([*labels.values(), reason], 1 if reasons & bit else 0)
+        yield up
+        yield from (family for family in families if family.samples)
+        if throttle.samples:
+            yield throttle
+
+    def close(self) -> None:
+        """Give the shared backend back (the last user closes NVML); safe to call twice."""
+        release, self._release = self._release, lambda: None
+        self._backend = None
+        release()
+
+
+@register("gpu")
+def build_gpu_collector(options: CollectorOptions, errors: ReadErrors) -> GpuCollector:
+    backend, release = lease_backend(options, errors)
+    return GpuCollector(backend, options.node, errors, release)

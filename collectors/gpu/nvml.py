@@ -1,0 +1,291 @@
+"""The real GPU backend: NVML through pynvml (nvidia-ml-py 13.x names and argument order).
+
+The pynvml module is a constructor argument so that tests can pass a fake: the machines that run the
+test suite have no GPU. Units are converted here to dcgm-exporter's (W, MiB, bytes), so the gpu
+collector only names values.
+
+Per device and field: NVML_ERROR_NOT_SUPPORTED (or a function this driver lacks) omits the field
+silently; GPU_IS_LOST or RESET_REQUIRED marks the whole device down; any other error drops that field
+and is reported. Devices are enumerated once, when the backend opens, so that a GPU which later falls
+off the bus keeps its labels in `fleetlens_gpu_up 0`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from collectors.errors import GpuBackendError
+from collectors.gpu.collector import GpuIdentity, GpuReading, GpuSample, XidEvent, normalize_pci_bus_id
+
+ALL_NVLINKS = 0xFFFFFFFF  # field-value scopeId asking NVML for the sum over every NVLink
+KIB = 1024
+MIB = 1024 * 1024
+
+Reader = Callable[[Any, Any], dict[str, float]]
+
+
+def field_value(nv: Any, handle: Any, field_id: int, scope_id: int = 0) -> float:
+    """One nvmlDeviceGetFieldValues entry, raising its per-field NVML return code like any other call."""
+    (entry,) = nv.nvmlDeviceGetFieldValues(handle, [(field_id, scope_id)])
+    if entry.nvmlReturn != nv.NVML_SUCCESS:
+        raise nv.NVMLError(entry.nvmlReturn)
+    member = {
+        nv.NVML_VALUE_TYPE_DOUBLE: "dVal",
+        nv.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+        nv.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+        nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+        nv.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+        nv.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+        nv.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+    }[entry.valueType]
+    return getattr(entry.value, member)
+
+
+def _utilization(nv: Any, handle: Any) -> dict[str, float]:
+    rates = nv.nvmlDeviceGetUtilizationRates(handle)
+    return {"gpu_util_percent": rates.gpu, "mem_copy_util_percent": rates.memory}
+
+
+def _framebuffer(nv: Any, handle: Any) -> dict[str, float]:
+    memory = nv.nvmlDeviceGetMemoryInfo(handle, version=nv.nvmlMemory_v2)
+    return {
+        "fb_free_mib": memory.free // MIB,
+        "fb_used_mib": memory.used // MIB,
+        "fb_reserved_mib": memory.reserved // MIB,
+    }
+
+
+def _remapped_rows(nv: Any, handle: Any) -> dict[str, float]:
+    correctable, uncorrectable, pending, failure = nv.nvmlDeviceGetRemappedRows(handle)
+    return {
+        "remapped_rows_correctable": correctable,
+        "remapped_rows_uncorrectable": uncorrectable,
+        "row_remap_pending": pending,
+        "row_remap_failure": failure,
+    }
+
+
+def _throttle_reasons(nv: Any, handle: Any) -> dict[str, float]:
+    try:
+        reasons = nv.nvmlDeviceGetCurrentClocksEventReasons(handle)
+    except nv.NVMLError as error:
+        if error.value != nv.NVML_ERROR_FUNCTION_NOT_FOUND:
+            raise
+        reasons = nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle)  # drivers before R535
+    return {"clock_throttle_reasons": reasons}
+
+
+def _nvlink_bandwidth(nv: Any, handle: Any) -> dict[str, float]:
+    kib = field_value(nv, handle, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX, ALL_NVLINKS) + field_value(
+        nv, handle, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX, ALL_NVLINKS
+    )
+    return {"nvlink_bandwidth_bytes": kib * KIB}
+
+
+def _ecc(field: str, error_type: str, counter_type: str) -> Reader:
+    def read(nv: Any, handle: Any) -> dict[str, float]:
+        count = nv.nvmlDeviceGetTotalEccErrors(handle, getattr(nv, error_type), getattr(nv, counter_type))
+        return {field: count}
+
+    return read
+
+
+def _field(field: str, nvml_field: str) -> Reader:
+    return lambda nv, handle: {field: field_value(nv, handle, getattr(nv, nvml_field))}
+
+
+# (what a report names, reader); each reader makes the NVML calls of the fields it returns.
+READERS: tuple[tuple[str, Reader], ...] = (
+    ("SM clock", lambda nv, h: {"sm_clock_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)}),
+    ("memory clock", lambda nv, h: {"memory_clock_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)}),
+    (
+        "GPU temperature",
+        lambda nv, h: {"gpu_temp_c": nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)},
+    ),
+    ("memory temperature", _field("memory_temp_c", "NVML_FI_DEV_MEMORY_TEMP")),
+    ("power usage", lambda nv, h: {"power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000}),
+    ("total energy", lambda nv, h: {"energy_mj": nv.nvmlDeviceGetTotalEnergyConsumption(h)}),
+    ("utilization", _utilization),
+    ("framebuffer", _framebuffer),
+    ("PCIe replays", lambda nv, h: {"pcie_replays": nv.nvmlDeviceGetPcieReplayCounter(h)}),
+    (
+        "PCIe TX throughput",
+        lambda nv, h: {
+            "pcie_tx_bytes_per_second": nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES) * KIB
+        },
+    ),
+    (
+        "PCIe RX throughput",
+        lambda nv, h: {
+            "pcie_rx_bytes_per_second": nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES) * KIB
+        },
+    ),
+    ("PCIe link generation", lambda nv, h: {"pcie_link_gen": nv.nvmlDeviceGetCurrPcieLinkGeneration(h)}),
+    ("PCIe link width", lambda nv, h: {"pcie_link_width": nv.nvmlDeviceGetCurrPcieLinkWidth(h)}),
+    (
+        "PCIe max link generation",
+        lambda nv, h: {"pcie_max_link_gen": nv.nvmlDeviceGetMaxPcieLinkGeneration(h)},
+    ),
+    ("PCIe max link width", lambda nv, h: {"pcie_max_link_width": nv.nvmlDeviceGetMaxPcieLinkWidth(h)}),
+    ("clock throttle reasons", _throttle_reasons),
+    ("volatile SBE", _ecc("ecc_sbe_volatile", "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC")),
+    ("volatile DBE", _ecc("ecc_dbe_volatile", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC")),
+    ("aggregate SBE", _ecc("ecc_sbe_aggregate", "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_AGGREGATE_ECC")),
+    ("aggregate DBE", _ecc("ecc_dbe_aggregate", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_AGGREGATE_ECC")),
+    ("remapped rows", _remapped_rows),
+    (
+        "NVLink CRC flit errors",
+        _field("nvlink_crc_flit_errors", "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"),
+    ),
+    (
+        "NVLink CRC data errors",
+        _field("nvlink_crc_data_errors", "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"),
+    ),
+    ("NVLink replay errors", _field("nvlink_replay_errors", "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL")),
+    (
+        "NVLink recovery errors",
+        _field("nvlink_recovery_errors", "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"),
+    ),
+    ("NVLink bandwidth", _nvlink_bandwidth),
+)
+
+
+def handle_address(handle: Any) -> int | None:
+    """What identifies an NVML device handle: the pointer's value (two handle objects may share it)."""
+    return ctypes.cast(handle, ctypes.c_void_p).value
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True)
+class _Device:
+    identity: GpuIdentity
+    handle: Any  # None: the device failed when it was opened
+    problem: str = ""
+
+
+class NvmlBackend:
+    """Readings and Xid events of this host's GPUs through NVML."""
+
+    def __init__(self, nvml: ModuleType | None = None, event_wait_ms: int = 500) -> None:
+        self._nv: Any = nvml if nvml is not None else importlib.import_module("pynvml")
+        self._event_wait_ms = event_wait_ms
+        nv = self._nv
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as error:
+            raise GpuBackendError(f"NVML: nvmlInit failed: {error}") from error
+        try:
+            count = nv.nvmlDeviceGetCount()
+        except nv.NVMLError as error:
+            nv.nvmlShutdown()
+            raise GpuBackendError(f"NVML: nvmlDeviceGetCount failed: {error}") from error
+        self._lost_codes = {nv.NVML_ERROR_GPU_IS_LOST, nv.NVML_ERROR_RESET_REQUIRED}
+        self._absent_codes = {nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_FUNCTION_NOT_FOUND}
+        self._devices = [self._open(index) for index in range(count)]
+
+    def _open(self, index: int) -> _Device:
+        nv = self._nv
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+            identity = GpuIdentity(
+                index=index,
+                uuid=_text(nv.nvmlDeviceGetUUID(handle)),
+                pci_bus_id=normalize_pci_bus_id(_text(nv.nvmlDeviceGetPciInfo(handle).busId)),
+                minor_number=nv.nvmlDeviceGetMinorNumber(handle),
+                model_name=_text(nv.nvmlDeviceGetName(handle)),
+            )
+        except nv.NVMLError as error:
+            return _Device(GpuIdentity(index=index), None, f"opening the device: {error}")
+        return _Device(identity, handle)
+
+    def identities(self) -> list[GpuIdentity]:
+        return [device.identity for device in self._devices]
+
+    def read(self) -> list[GpuReading]:
+        return [self._read(device) for device in self._devices]
+
+    def _read(self, device: _Device) -> GpuReading:
+        if device.handle is None:
+            return GpuReading(device.identity, None, (device.problem,))
+        values: dict[str, float] = {}
+        problems = []
+        for what, reader in READERS:
+            try:
+                values.update(reader(self._nv, device.handle))
+            except self._nv.NVMLError as error:
+                if error.value in self._lost_codes:
+                    return GpuReading(device.identity, None, (f"{what}: {error}",))
+                if error.value not in self._absent_codes:
+                    problems.append(f"{what}: {error}")
+        return GpuReading(device.identity, GpuSample(**values), tuple(problems))
+
+    def watch_xids(
+        self, on_xid: Callable[[XidEvent], None], report: Callable[[str, str], None]
+    ) -> XidListener:
+        """Start a daemon thread handing each NVML critical-Xid event to `on_xid`; stop() ends it."""
+        return XidListener(self._nv, self._devices, on_xid, report, self._event_wait_ms)
+
+    def close(self) -> None:
+        self._nv.nvmlShutdown()
+
+
+class XidListener:
+    """Waits on an NVML event set for critical Xids; a daemon thread, so it never keeps the process alive."""
+
+    def __init__(
+        self,
+        nv: Any,
+        devices: list[_Device],
+        on_xid: Callable[[XidEvent], None],
+        report: Callable[[str, str], None],
+        wait_ms: int,
+    ) -> None:
+        self._nv = nv
+        self._on_xid = on_xid
+        self._report = report
+        self._wait_ms = wait_ms
+        self._bus_ids: dict[int | None, str] = {}
+        self._event_set = nv.nvmlEventSetCreate()
+        for device in devices:
+            if device.handle is None:
+                continue
+            try:
+                nv.nvmlDeviceRegisterEvents(device.handle, nv.nvmlEventTypeXidCriticalError, self._event_set)
+            except nv.NVMLError as error:
+                if error.value != nv.NVML_ERROR_NOT_SUPPORTED:
+                    report(device.identity.where, f"registering for Xid events: {error}")
+                continue
+            self._bus_ids[handle_address(device.handle)] = device.identity.pci_bus_id
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="nvml-xid-listener", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        nv = self._nv
+        while not self._stopping.is_set():
+            try:
+                data = nv.nvmlEventSetWait(self._event_set, self._wait_ms)
+            except nv.NVMLError as error:
+                if error.value != nv.NVML_ERROR_TIMEOUT:
+                    self._report("NVML event set", f"nvmlEventSetWait: {error}")
+                    self._stopping.wait(self._wait_ms / 1000)  # do not spin on a persistent error
+                continue
+            bus_id = self._bus_ids.get(handle_address(data.device), "")
+            self._on_xid(XidEvent(pci_bus_id=bus_id, xid=int(data.eventData), source="nvml"))
+
+    def stop(self) -> None:
+        """End the thread, then free the event set it waits on; safe to call twice."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._thread.join()
+        self._nv.nvmlEventSetFree(self._event_set)

@@ -1,0 +1,466 @@
+"""The hub: scrapes the fleet's exporters, receives step times, and is the only writer of the store.
+
+    scraper ──(ScrapeBatch, TargetStatus every interval)──▶ writer ──▶ store
+    POST /v1/metrics (OTLP) ─┐                               │ (store down: spool on disk, replay in order)
+    POST /api/v1/steps ──────┴──(StepRow)──▶ writer          ▼
+    POST /api/v1/query ◀───────── read-only SQL ────────── store (read sessions of its own)
+    POST /api/v1/silences, /api/v1/actions ─(silences, drain requests)─▶ store
+    GET /metrics (the hub's own), GET /healthz
+
+Every POST needs a token with its scope (hub.auth: read, write, act); a hub with no token serves
+POSTs to loopback clients only. /metrics and /healthz stay open so that Prometheus and load balancers need
+no secret. Bad input gets a 4xx naming the field and nothing of it is stored; an unexpected failure is a
+500 with a short message, its traceback in the log only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import fields
+from typing import Any, ClassVar
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from alerts.errors import SilenceError
+from alerts.silences import validate_row
+from analytics.errors import QueryError, StoreError, StoreRejected
+from analytics.store.records import REQUESTS, ActionRow, SilenceRow
+from collectors import textformat
+from collectors.logtext import printable
+from hub.auth import Tokens
+from hub.detect import DetectionLoop
+from hub.receivers import OtlpStepReceiver, PayloadError, otlp_error_response, parse_steps_jsonl
+from hub.scraper import Scraper
+from hub.writer import Writer
+
+log = logging.getLogger("fleetlens.hub")
+
+JSON = "application/json"
+PENDING_ROUNDS = 2  # scraped rounds that may wait for the insert thread; later ones go to the spool
+MAX_JSON_DEPTH = 32  # nesting of the API's JSON bodies, far more than any of them needs
+OTHER_PATH = "other"  # what unknown paths count as in fleetlens_hub_refused_requests
+
+
+class HttpError(Exception):
+    """An answer other than 200: by default a JSON {"error": message}, or the given body."""
+
+    def __init__(
+        self, status: int, message: str, body: bytes | None = None, content_type: str = JSON
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = json.dumps({"error": message}).encode() if body is None else body
+        self.content_type = content_type
+
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    413: "Payload Too Large",
+    415: "Unsupported Media Type",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+class Hub:
+    """Wires scraper, receivers, writer and store, and answers the hub's HTTP API (`app`).
+
+    `store` serves the API (queries on its read sessions, silences and requests on its writing session)
+    and is closed last; the writer and the detection loop should have sessions of their own."""
+
+    def __init__(
+        self,
+        store: Any,
+        writer: Writer,
+        otlp: OtlpStepReceiver,
+        scraper: Scraper | None = None,
+        *,
+        detection: DetectionLoop | None = None,
+        closing: Sequence[Callable[[], None]] = (),
+        tokens: Tokens | None = None,
+        max_body_bytes: int = 16 << 20,
+        query_max_rows: int = 100_000,
+        query_max_seconds: float = 30.0,
+    ) -> None:
+        self.store = store
+        self.writer = writer
+        self.otlp = otlp
+        self.scraper = scraper
+        self.detection = detection
+        self._closing = list(closing)  # run once the loops stopped, before the store closes
+        self._tokens = tokens or Tokens()
+        self._max_body_bytes = max_body_bytes
+        self._query_max_rows = query_max_rows
+        self._query_max_seconds = query_max_seconds
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._inserter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetlens-insert")
+        self._pending = threading.BoundedSemaphore(PENDING_ROUNDS)
+        self._counts_lock = threading.Lock()
+        self.scrapes = 0
+        self.samples = 0
+        self.deferred_rounds = 0
+        self.refused: dict[tuple[str, int], int] = {}
+        self.errors = 0
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self)
+
+    # -- ingestion ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the scrape loop (if there are targets) and the detection loop, each in a thread.
+
+        Rounds are written by one insert thread of their own, in order, so that the next round is
+        scraped on time while the store takes the last one (chDB works outside the GIL). Past
+        PENDING_ROUNDS waiting rounds, a round goes to the spool and is replayed when the store catches
+        up: the scrape loop never waits for the store, so no interval is lost to a slow one.
+        """
+        if self.scraper is not None:
+            thread = threading.Thread(
+                target=self.scraper.run, args=(self._stop, self._queue_round), daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+        if self.detection is not None:
+            thread = threading.Thread(target=self.detection.run, args=(self._stop,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _queue_round(self, batches: list, statuses: list) -> None:
+        if not self._pending.acquire(blocking=False):
+            self._count_round(batches, statuses)
+            self.deferred_rounds += 1
+            self.writer.defer("samples", batches)
+            self.writer.defer("targets", statuses)
+            return
+        try:
+            future = self._inserter.submit(self._on_scrape, batches, statuses)
+        except BaseException:
+            self._pending.release()
+            raise
+        future.add_done_callback(self._round_written)
+
+    def _round_written(self, future: Future) -> None:
+        self._pending.release()
+        if (error := future.exception()) is not None:
+            log.error("writing a scraped round failed; its batches are lost", exc_info=error)
+
+    def _on_scrape(self, batches: list, statuses: list) -> None:
+        self._count_round(batches, statuses)
+        if batches:
+            self.writer.write("samples", batches)
+        if statuses:
+            self.writer.write("targets", statuses)
+
+    def _count_round(self, batches: list, statuses: list) -> None:
+        with self._counts_lock:
+            self.scrapes += len(statuses)
+            self.samples += sum(len(batch) for batch in batches)
+
+    def close(self) -> None:
+        """Stop scraping, flush the writer (what cannot be stored stays in the spool), close the store."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=30)
+        self._inserter.shutdown(wait=True)
+        for close in self._closing:
+            close()
+        self.writer.close()
+        self.store.close()
+
+    def health(self) -> str | None:
+        """None when the hub is well; else what is wrong, for /healthz and operators."""
+        return self.writer.health()
+
+    # -- the hub's own metrics ------------------------------------------------------------------------------
+
+    def collect(self) -> Iterable:
+        counters = [
+            ("scrapes", "Target scrapes attempted.", self.scrapes),
+            ("samples", "Samples scraped and handed to the writer.", self.samples),
+            (
+                "deferred_rounds",
+                "Scraped rounds spooled as the store still took earlier ones.",
+                self.deferred_rounds,
+            ),
+            ("request_errors", "API requests that failed unexpectedly (500; the log has why).", self.errors),
+            (
+                "otlp_forgotten_series",
+                "Step series the OTLP receiver forgot to stay bounded.",
+                self.otlp.forgotten_series,
+            ),
+        ]
+        gauges = [("otlp_series", "Step series whose last export the OTLP receiver keeps.", self.otlp.series)]
+        if self.scraper is not None:
+            scraper = self.scraper
+            gauges.append(("targets", "Targets this hub's shard scrapes.", len(scraper.targets)))
+            counters += [
+                (
+                    "scrape_duplicate_samples",
+                    "Samples whose series came earlier in the body.",
+                    scraper.duplicates_dropped,
+                ),
+                (
+                    "scrape_ticks_skipped",
+                    "Ticks skipped as the round before held the loop.",
+                    scraper.ticks_skipped,
+                ),
+            ]
+        yield from (
+            CounterMetricFamily(f"fleetlens_hub_{name}", text, value=value) for name, text, value in counters
+        )
+        yield from (
+            GaugeMetricFamily(f"fleetlens_hub_{name}", text, value=value) for name, text, value in gauges
+        )
+        refused = CounterMetricFamily(
+            "fleetlens_hub_refused_requests",
+            f"API requests refused, by endpoint ({OTHER_PATH} for unknown paths) and status.",
+            labels=["endpoint", "status"],
+        )
+        for (endpoint, status), count in sorted(self.refused.items()):
+            refused.add_metric([endpoint, str(status)], count)
+        yield refused
+        yield from self.writer.collect()
+        if self.detection is not None:
+            yield from self.detection.collect()
+
+    # -- HTTP ----------------------------------------------------------------------------------------------
+
+    def app(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "/")
+        try:
+            status, body, content_type = 200, *self._answer(method, path, environ)
+        except HttpError as exc:
+            status, body, content_type = exc.status, exc.body, exc.content_type
+            self._note_refused(method, path, status, str(exc))
+        except Exception:
+            self.errors += 1
+            log.exception("%s %s failed", method, printable(path))
+            status, body, content_type = 500, b'{"error": "internal error; the hub\'s log says more"}', JSON
+        start_response(f"{status} {_REASONS.get(status, '')}", [("Content-Type", content_type)])
+        return [body]
+
+    def _answer(self, method: str, path: str, environ: dict) -> tuple[bytes, str]:
+        if path == "/metrics" and method == "GET":
+            return textformat.render(self.registry.collect()), textformat.CONTENT_TYPE
+        if path == "/healthz" and method == "GET":
+            problem = self.health()
+            if problem is not None:
+                raise HttpError(503, problem, f"not ok: {problem}\n".encode(), "text/plain")
+            return b"ok\n", "text/plain"
+        if path not in self._posts:
+            raise HttpError(404, f"no endpoint {method} {printable(path)}")
+        scope, handler = self._posts[path]
+        if method != "POST":
+            raise HttpError(405, f"{path} takes POST")
+        authorization, client = environ.get("HTTP_AUTHORIZATION", ""), environ.get("REMOTE_ADDR", "")
+        if (denied := self._tokens.check(scope, authorization, client)) is not None:
+            raise HttpError(denied.status, denied.reason)
+        return handler(self, self._read_body(environ), environ)
+
+    def _note_refused(self, method: str, path: str, status: int, reason: str) -> None:
+        """Count a refusal under its endpoint (unknown paths under one label) and log it, escaped."""
+        endpoint = path if path in self._posts or path in ("/metrics", "/healthz") else OTHER_PATH
+        with self._counts_lock:
+            self.refused[(endpoint, status)] = self.refused.get((endpoint, status), 0) + 1
+        log.info("refused %s %s: %d %s", printable(method), printable(path), status, printable(reason))
+
+    def _read_body(self, environ: dict) -> bytes:
+        text = environ.get("CONTENT_LENGTH") or "0"
+        if not text.isdigit():
+            raise HttpError(400, f"Content-Length {printable(text)!r} is not a non-negative number")
+        length = int(text)
+        if length > self._max_body_bytes:
+            raise HttpError(413, f"body of {length} bytes is over the limit of {self._max_body_bytes}")
+        try:
+            return environ["wsgi.input"].read(length)
+        except TimeoutError:
+            raise HttpError(408, "the body did not arrive in time") from None
+
+    def _otlp(self, body: bytes, environ: dict) -> tuple[bytes, str]:
+        content_type = environ.get("CONTENT_TYPE", "")
+        try:
+            result = self.otlp.receive(body, content_type, environ.get("HTTP_CONTENT_ENCODING"))
+        except PayloadError as exc:
+            response = otlp_error_response(exc, content_type)  # the OTLP spec wants a Status body
+            raise HttpError(exc.status, str(exc), response.body, response.content_type) from None
+        self._store_rows(result.rows)
+        return result.response.body, result.response.content_type
+
+    def _steps(self, body: bytes, environ: dict) -> tuple[bytes, str]:
+        try:
+            rows = parse_steps_jsonl(
+                body, environ.get("CONTENT_TYPE"), environ.get("HTTP_CONTENT_ENCODING"), self.otlp.limits
+            )
+        except PayloadError as exc:
+            raise HttpError(exc.status, str(exc)) from None
+        self._store_rows(rows)
+        return json.dumps({"rows": len(rows)}).encode(), JSON
+
+    def _store_rows(self, rows: list) -> None:
+        if rows:
+            self.writer.write("steps", rows)
+
+    def _silences(self, body: bytes, environ: dict) -> tuple[bytes, str]:
+        rows, token = _rows(body, SilenceRow)
+        for index, row in enumerate(rows):
+            try:
+                validate_row(row)
+            except SilenceError as exc:
+                raise HttpError(400, f"rows[{index}]: {exc}") from None
+        return self._insert(lambda: self.store.insert_silences(rows, token=token))
+
+    def _actions(self, body: bytes, environ: dict) -> tuple[bytes, str]:
+        """People's requests to the drain controller; only requests, never decisions, come this way."""
+        rows, token = _rows(body, ActionRow)
+        for index, row in enumerate(rows):
+            if row.outcome != "requested" or row.action not in REQUESTS:
+                raise HttpError(
+                    400,
+                    f"rows[{index}]: only requests ({', '.join(REQUESTS)} with outcome 'requested') are "
+                    f"accepted, not action {row.action!r} with outcome {row.outcome!r}",
+                )
+        return self._insert(lambda: self.store.insert_actions(rows, token=token))
+
+    def _insert(self, insert: Callable[[], int]) -> tuple[bytes, str]:
+        try:
+            count = insert()
+        except StoreRejected as exc:
+            raise HttpError(400, str(exc)) from None
+        except StoreError as exc:
+            raise HttpError(503, str(exc)) from None
+        return json.dumps({"rows": count}).encode(), JSON
+
+    def _query(self, body: bytes, environ: dict) -> tuple[bytes, str]:
+        sql, max_rows, parameters = _query_request(body, self._query_max_rows)
+        try:
+            result = self.store.query(
+                sql,
+                parameters=parameters,
+                max_rows=max_rows,
+                max_seconds=self._query_max_seconds,
+            )
+        except QueryError as exc:
+            raise HttpError(400, str(exc)) from None
+        except StoreError as exc:
+            raise HttpError(503, str(exc)) from None
+        answer = {
+            "columns": result.columns,
+            "types": result.types,
+            "rows": result.rows,
+            "truncated": result.truncated,
+            "elapsed_s": result.elapsed_s,
+        }
+        return json.dumps(answer, default=str).encode(), JSON
+
+    # path -> (scope, handler)
+    _posts: ClassVar[dict[str, tuple[str, Callable[[Hub, bytes, dict], tuple[bytes, str]]]]] = {
+        "/v1/metrics": ("write", _otlp),
+        "/api/v1/steps": ("write", _steps),
+        "/api/v1/query": ("read", _query),
+        "/api/v1/silences": ("act", _silences),
+        "/api/v1/actions": ("act", _actions),
+    }
+
+
+def _json_object(body: bytes, shape: str) -> dict:
+    """The body as a JSON object, at most MAX_JSON_DEPTH deep; 400 naming the expected `shape` if not."""
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        raise HttpError(400, f"expected a JSON object {shape}") from None
+    if not isinstance(value, dict):
+        raise HttpError(400, f"expected a JSON object {shape}, got {_json_type(value)}")
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise HttpError(400, f"JSON nested more than {MAX_JSON_DEPTH} deep")
+    return value
+
+
+def _depth(value: Any, limit: int = MAX_JSON_DEPTH + 1) -> int:
+    """How deep `value` nests, counted up to `limit`."""
+    if limit <= 0 or not isinstance(value, dict | list):
+        return 0
+    items = value.values() if isinstance(value, dict) else value
+    return 1 + max((_depth(item, limit - 1) for item in items), default=0)
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    return {dict: "an object", list: "an array", str: "a string", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+def _query_request(body: bytes, max_rows_limit: int) -> tuple[str, int, dict[str, Any]]:
+    """sql, max_rows (at most the limit) and parameters of a query request; 400 naming a bad field."""
+    request = _json_object(body, '{"sql": "...", "max_rows"?: int, "parameters"?: {name: value}}')
+    if unknown := sorted(set(request) - {"sql", "max_rows", "parameters"}):
+        raise HttpError(
+            400, f"unknown field(s) {printable(', '.join(unknown))[:200]}: send sql, max_rows, parameters"
+        )
+    sql = request.get("sql")
+    if not isinstance(sql, str):
+        raise HttpError(400, f"sql: expected a string, got {_json_type(sql)}")
+    max_rows = request.get("max_rows", max_rows_limit)
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+        raise HttpError(400, f"max_rows: expected a positive integer, got {_json_type(max_rows)}")
+    parameters = request.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise HttpError(
+            400, f"parameters: expected an object of names and values, got {_json_type(parameters)}"
+        )
+    for name, value in parameters.items():
+        if not _parameter_value(value):
+            shown = printable(name)[:64]
+            raise HttpError(400, f"parameters.{shown}: expected a string, number, boolean or a list of them")
+    return sql, min(max_rows, max_rows_limit), parameters
+
+
+def _parameter_value(value: Any) -> bool:
+    """A query parameter a {name:Type} placeholder can take: text, a finite number, a boolean, or a list."""
+    if isinstance(value, list):
+        return all(_parameter_value(item) for item in value)
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, str | int | bool)
+
+
+def _rows(body: bytes, record: type) -> tuple[list, str]:
+    """{"token": str, "rows": [{column: value}]} as records; 400 naming the row and field that do not fit."""
+    shape = '{"token": "...", "rows": [{...}]}'
+    request = _json_object(body, shape)
+    token, entries = request.get("token"), request.get("rows")
+    if not isinstance(token, str) or not token or not isinstance(entries, list):
+        raise HttpError(400, f"expected a JSON object {shape} with a non-empty token")
+    types = {f.name: f.type for f in fields(record)}
+    rows = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict) or set(entry) != set(types):
+            raise HttpError(400, f"rows[{index}]: expected exactly the columns {', '.join(types)}")
+        for name, kind in types.items():
+            if not _fits(entry[name], kind):
+                raise HttpError(400, f"rows[{index}].{name}: expected {kind}, got {_json_type(entry[name])}")
+        rows.append(record(**entry))
+    return rows, token
+
+
+def _fits(value: Any, kind: str) -> bool:
+    """Whether a JSON value fits a record field of annotated type `kind` (str, float, or bool)."""
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "float":
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return kind == "bool" and isinstance(value, bool)

@@ -1,0 +1,245 @@
+"""The hub's one path to the store: straight in while the store takes batches, through the spool while not.
+
+    writer = Writer(store, Spool("/var/lib/fleetlens/spool", max_bytes=1 << 30))
+    writer.write("samples", batches)      # from the scrape loop and the receivers; never raises a StoreError
+    registry.register(writer)             # its metrics and the spool's, on the hub's /metrics
+    writer.close()                        # stops replaying, tries once more; what is left stays on disk
+
+Each write gets a fresh uuid4 token that travels with its batch into the spool, so the store can drop a
+batch it already took (a crash between an insert and the deletion of its spool file). StoreUnavailable
+spools the batch and a background thread replays the spool, waiting longer after each failed try
+(Backoff). StoreRejected keeps it in the spool's rejected/ directory, never retried. While anything is
+spooled, new writes are spooled behind it, so the batches of one writing thread reach the store in the
+order they were written.
+
+Operators hear of it: the first failure after a good insert logs that the store refuses writes and why,
+and the first good insert after failures logs that it takes them again (one line per change of state,
+not per batch); `health()` says why while it lasts, for the hub's /healthz.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.utils import floatToGoString
+
+from analytics.errors import StoreError, StoreRejected, StoreUnavailable
+from analytics.store.records import ScrapeBatch, StepRow, TargetStatus
+from hub.spool import ROW_TYPES, Kind, Row, Spool
+
+log = logging.getLogger("fleetlens.hub.writer")
+
+INSERT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class RowStore(Protocol):
+    """The part of analytics.store.Store that the writer uses."""
+
+    def insert_samples(self, batches: Sequence[ScrapeBatch], *, token: str) -> int: ...
+
+    def insert_targets(self, statuses: Sequence[TargetStatus], *, token: str) -> int: ...
+
+    def insert_steps(self, rows: Sequence[StepRow], *, token: str) -> int: ...
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Waits between replays while the store stays down: `initial_s`, doubling up to `maximum_s`.
+
+    A store that is back is found within `maximum_s`, and a down one is not hammered every scrape.
+    """
+
+    initial_s: float = 0.5
+    maximum_s: float = 30.0
+
+    def delays(self) -> Iterator[float]:
+        delay = self.initial_s
+        while True:
+            yield delay
+            delay = min(delay * 2, self.maximum_s)
+
+
+class _Histogram:
+    """Bucket counts and sum of observations, exported as a Prometheus histogram."""
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last bucket is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        bounds = (*self.bounds, float("inf"))
+        return [
+            (floatToGoString(b), n) for b, n in zip(bounds, itertools.accumulate(self.counts), strict=True)
+        ]
+
+
+class Writer:
+    """Writes batches to `store`, spooling what it cannot take now and replaying it in the background.
+
+    `clock` times inserts; `sleep(seconds)` is the wait between failed replays, by default one that
+    close() interrupts. Thread-safe: any number of threads may write.
+    """
+
+    def __init__(
+        self,
+        store: RowStore,
+        spool: Spool,
+        *,
+        backoff: Backoff = Backoff(),
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], object] | None = None,
+    ) -> None:
+        self.store = store
+        self.spool = spool
+        self.backoff = backoff
+        self._clock = clock
+        self._closed = threading.Event()
+        self._spooled = threading.Event()  # set when the spool may hold something to replay
+        self._sleep = sleep or self._closed.wait
+        self._lock = threading.Lock()
+        self._inserted_rows: Counter[str] = Counter()
+        self._failures: Counter[tuple[str, str]] = Counter()
+        self._latency = {kind: _Histogram(INSERT_BUCKETS_S) for kind in ROW_TYPES}
+        self._refusing: tuple[float, str] | None = None  # since when (wall clock) and why the store refuses
+        if spool.pending_entries:
+            self._spooled.set()  # left by an earlier run
+        self._replayer = threading.Thread(
+            target=self._replay_until_closed, name="fleetlens-spool-replay", daemon=True
+        )
+        self._replayer.start()
+
+    def write(self, kind: Kind, rows: Sequence[Row]) -> None:
+        """Store `rows` now, or spool them behind what is already spooled; never raises a StoreError."""
+        if not rows:
+            return
+        token = uuid.uuid4().hex
+        if self.spool.pending_entries:
+            self._spool(kind, token, rows)
+            return
+        try:
+            self._insert(kind, rows, token)
+        except StoreUnavailable:
+            self._spool(kind, token, rows)
+        except StoreRejected as error:
+            self.spool.reject(kind, token, rows, str(error))
+
+    def defer(self, kind: Kind, rows: Sequence[Row]) -> None:
+        """Spool `rows` without trying the store: for a caller that must not wait for it (a scrape loop
+        whose earlier rounds the store is still taking); they are replayed in order behind the rest."""
+        if rows:
+            self._spool(kind, uuid.uuid4().hex, rows)
+
+    def health(self) -> str | None:
+        """None while the store takes writes; else since when and why it refuses them, and what waits."""
+        with self._lock:
+            refusing = self._refusing
+        if refusing is None:
+            return None
+        since, reason = refusing
+        return (
+            f"the store refuses writes since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(since))} "
+            f"({reason}); {self.spool.pending_entries} batches spooled"
+        )
+
+    def close(self) -> None:
+        """Stop the replay thread, then replay once more here; what the store cannot take stays spooled."""
+        self._closed.set()
+        self._spooled.set()
+        self._replayer.join()
+        self.spool.replay(self._insert)
+
+    def collect(self) -> Iterator[Metric]:
+        """The writer's metrics and its spool's, fresh on each call."""
+        inserted = CounterMetricFamily(
+            "fleetlens_hub_store_inserted_rows",
+            "Rows sent in inserts the store took, by kind.",
+            labels=["kind"],
+        )
+        failures = CounterMetricFamily(
+            "fleetlens_hub_store_insert_failures",
+            "Inserts that failed, by kind and reason: unavailable (spooled) or rejected (set aside).",
+            labels=["kind", "reason"],
+        )
+        latency = HistogramMetricFamily(
+            "fleetlens_hub_store_insert_duration_seconds",
+            "How long each insert into the store took, failed ones included.",
+            labels=["kind"],
+        )
+        with self._lock:
+            for kind, histogram in self._latency.items():
+                inserted.add_metric([kind], self._inserted_rows[kind])
+                latency.add_metric([kind], histogram.buckets(), histogram.sum)
+            for (kind, reason), count in sorted(self._failures.items()):
+                failures.add_metric([kind, reason], count)
+        yield from (inserted, failures, latency)
+        yield from self.spool.collect()
+
+    def _spool(self, kind: Kind, token: str, rows: Sequence[Row]) -> None:
+        self.spool.put(kind, token, rows)
+        self._spooled.set()
+
+    def _insert(self, kind: Kind, rows: Sequence[Row], token: str) -> None:
+        """One insert into the store, timed and counted; raises its StoreError."""
+        started = self._clock()
+        try:
+            written = getattr(self.store, f"insert_{kind}")(rows, token=token)
+        except StoreError as error:
+            unavailable = isinstance(error, StoreUnavailable)
+            self._record(kind, started, failure="unavailable" if unavailable else "rejected")
+            if unavailable:
+                self._note_refusing(str(error))
+            raise
+        self._record(kind, started, written=written)
+        self._note_refusing(None)
+
+    def _note_refusing(self, reason: str | None) -> None:
+        """Remember whether the store refuses writes, logging each change of that state once."""
+        with self._lock:
+            was = self._refusing
+            if (was is None) == (reason is None):
+                return
+            self._refusing = None if reason is None else (time.time(), reason)
+        if reason is not None:
+            log.error("the store refuses writes: %s; spooling until it takes them again", reason)
+        else:
+            log.warning("the store takes writes again after %.0f s of refusing them", time.time() - was[0])
+
+    def _record(self, kind: Kind, started: float, *, written: int = 0, failure: str = "") -> None:
+        elapsed = self._clock() - started
+        with self._lock:
+            self._latency[kind].observe(elapsed)
+            self._inserted_rows[kind] += written
+            if failure:
+                self._failures[kind, failure] += 1
+
+    def _replay_until_closed(self) -> None:
+        delays = self.backoff.delays()
+        while True:
+            self._spooled.wait()
+            if self._closed.is_set():
+                return
+            self._spooled.clear()
+            try:
+                if self.spool.replay(self._insert):
+                    delays = self.backoff.delays()
+            except Exception:
+                log.exception("spool replay failed; retrying later")
+            if self.spool.pending_entries:
+                self._sleep(next(delays))
+                self._spooled.set()

@@ -1,0 +1,554 @@
+"""Scores detectors against the faults a scenario injected, as `fleetlens eval` reports them.
+
+Event level, without point adjustment: an operator acts on reports, not on windows, so one report that
+covers a fault is a detection however short, and a report that covers no fault is a false alarm however
+long. A report matches a fault when it names the same node, the same component where the fault has one
+(Fault.component; a node-level fault takes any), and its span [start, end, or the scenario end while open]
+meets [fault start, fault end + GRACE_INTERVALS scrape intervals] (the report needs a scrape or two to
+close). Each fault kind is detected by exactly one anomaly kind (DETECTED_BY), strictly: a link_flap report
+on a port that went down does not detect the link_down.
+
+Reports that detect nothing are told apart, in this order, so that a person knows where to look:
+`other_fault` (during a fault of its node that it does not detect, by kind or by component: real
+trouble, wrongly named; a confounder at the same time is not what caused it), `confounder` (during a
+confounder's span on its node or job, with no fault on its node: a job-wide stall, a restart, an
+exporter restart, a scrape gap, a node of an imbalanced pipeline stage) and `false` (fault-free time).
+All three lower precision; the goals want zero `confounder` reports, and false reports per node-day
+count only `false`.
+
+Latency runs from a fault's onset: its start, except for a link flap, whose first flap ends when the
+link is back up half a period after it went down (before that nobody can tell a flap from a link going
+down); the goal "link_flap within one interval of the first flap" is measured from there.
+
+Anomaly kinds that detect no fault kind (peer_outlier, the catch-all Isolation Forest) are shown in the
+table but kept out of the goals; their reports count as true when they overlap any fault of their node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from analytics.store.records import Anomaly
+from sim.scenario import Confounder, Fault, JobSpec, Scenario
+
+DETECTED_BY: Mapping[str, str] = MappingProxyType(
+    {
+        "slow_node": "slow_node",
+        "thermal_throttle": "gpu_throttle",
+        "link_flap": "link_flap",
+        "link_down": "link_down",
+        "dma_degraded": "dma_degraded",
+        "gpu_lost": "gpu_fault",
+        "xid": "gpu_fault",
+        "congestion": "congestion",
+    }
+)
+GRACE_INTERVALS = 2
+NODE_DAY_S = 86_400.0
+
+# the issue's goals over the whole suite
+PRECISION_GOAL = 0.95
+RECALL_GOAL = 0.95
+SLOW_NODE_GOAL_SEVERITY = 0.10
+SLOW_NODE_GOAL_WINDOWS = 3
+
+TRUE, CONFOUNDER, OTHER_FAULT, FALSE = "true", "confounder", "other_fault", "false"
+
+
+@dataclass(frozen=True)
+class Report:
+    """An anomaly on the scenario's clock: seconds from its start; `end_s` is the scenario end while open."""
+
+    anomaly: Anomaly
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class FaultOutcome:
+    """Whether an injected fault was detected, how fast, and by which reports (anomaly ids)."""
+
+    fault: Fault
+    latency_s: float | None  # None: missed
+    window_s: float
+    interval_s: float
+    report_ids: tuple[str, ...] = ()
+
+    @property
+    def detected(self) -> bool:
+        return self.latency_s is not None
+
+    @property
+    def latency_windows(self) -> float | None:
+        return None if self.latency_s is None else self.latency_s / self.window_s
+
+
+@dataclass(frozen=True)
+class ReportOutcome:
+    """A report's verdict (TRUE, CONFOUNDER, OTHER_FAULT or FALSE), the fault kinds it detected and what
+    explains it, in words."""
+
+    report: Report
+    verdict: str
+    detected_kinds: frozenset[str] = frozenset()
+    explained_by: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class KindStats:
+    """One row of the table: a fault kind and the reports of the anomaly kind that detects it, or a
+    catch-all anomaly kind (no faults, reports true when they overlap any fault of their node)."""
+
+    kind: str
+    catch_all: bool = False
+    faults: int = 0
+    detected: int = 0
+    reports: int = 0
+    true_reports: int = 0
+    confounder_reports: int = 0
+    other_fault_reports: int = 0
+    false_reports: int = 0
+    latencies_s: tuple[float, ...] = ()
+    latencies_windows: tuple[float, ...] = ()
+
+    def __add__(self, other: KindStats) -> KindStats:
+        """The same row summed over two runs; latencies are pooled."""
+        summed = {
+            f.name: getattr(self, f.name) + getattr(other, f.name)
+            for f in fields(self)
+            if f.name not in ("kind", "catch_all")
+        }
+        return KindStats(self.kind, self.catch_all, **summed)
+
+    @property
+    def recall(self) -> float | None:
+        return self.detected / self.faults if self.faults else None
+
+    @property
+    def precision(self) -> float | None:
+        return self.true_reports / self.reports if self.reports else None
+
+    def latency_s(self, percentile: float) -> float | None:
+        """Detection latency at `percentile` (0-100, linear interpolation) over the detected faults."""
+        return _percentile(self.latencies_s, percentile)
+
+    def latency_windows(self, percentile: float) -> float | None:
+        return _percentile(self.latencies_windows, percentile)
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One of the issue's goals; `met` is None when the run has no fault to judge it on."""
+
+    name: str
+    met: bool | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    name: str
+    nodes: int
+    duration_s: float
+    interval_s: float
+    window_s: float
+    faults: tuple[FaultOutcome, ...]
+    reports: tuple[ReportOutcome, ...]
+    kinds: Mapping[str, KindStats]
+
+    @property
+    def node_days(self) -> float:
+        return self.nodes * self.duration_s / NODE_DAY_S
+
+
+@dataclass(frozen=True)
+class SuiteResult:
+    scenarios: tuple[ScenarioResult, ...]
+    kinds: Mapping[str, KindStats]
+    goals: tuple[Goal, ...]
+
+    @property
+    def node_days(self) -> float:
+        return sum(result.node_days for result in self.scenarios)
+
+
+def evaluate(
+    scenario: Scenario, anomalies: Sequence[Anomaly], epoch: float, window_s: float = 10.0
+) -> ScenarioResult:
+    """Match the detectors' anomalies (unix times; `epoch` is the scenario's time 0) to its faults."""
+    reports = [_on_scenario_clock(anomaly, epoch, scenario.duration_s) for anomaly in _latest(anomalies)]
+    faults = tuple(_fault_outcome(fault, reports, scenario, window_s) for fault in scenario.faults)
+    judged = tuple(_judge(report, scenario) for report in reports)
+    return ScenarioResult(
+        name=scenario.name,
+        nodes=scenario.fleet.nodes,
+        duration_s=scenario.duration_s,
+        interval_s=scenario.interval_s,
+        window_s=window_s,
+        faults=faults,
+        reports=judged,
+        kinds=_kind_rows(faults, judged),
+    )
+
+
+def combine(results: Iterable[ScenarioResult]) -> SuiteResult:
+    """Per-kind sums over scenarios (latency percentiles over every detected fault) and the goals."""
+    results = tuple(results)
+    kinds: dict[str, KindStats] = {}
+    for result in results:
+        for kind, stats in result.kinds.items():
+            kinds[kind] = kinds[kind] + stats if kind in kinds else stats
+    ordered = {kind: kinds[kind] for kind in sorted(kinds, key=_row_order)}
+    return SuiteResult(results, ordered, _goals(results, ordered))
+
+
+def to_markdown(suite: SuiteResult) -> str:
+    """The per-kind table and a line saying which of the issue's goals are met."""
+    header = (
+        "| kind | faults | recall | reports | precision | latency p50/p90 s | false/node-day "
+        "| confounder reports |"
+    )
+    lines = [header, "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for stats in suite.kinds.values():
+        latency = f"{_number(stats.latency_s(50), 0)} / {_number(stats.latency_s(90), 0)}"
+        lines.append(
+            f"| {stats.kind}{' (catch-all)' if stats.catch_all else ''} | {stats.faults} "
+            f"| {_ratio(stats.recall, stats.detected, stats.faults)} | {stats.reports} "
+            f"| {_ratio(stats.precision, stats.true_reports, stats.reports)} | {latency} "
+            f"| {_number(_per_node_day(stats.false_reports, suite.node_days), 2)} "
+            f"| {stats.confounder_reports} |"
+        )
+    scenarios = f"{len(suite.scenarios)} scenario(s), {suite.node_days:.2f} node-days"
+    goals = "; ".join(f"{goal.name}: {_verdict(goal)}" for goal in suite.goals)
+    return "\n".join([*lines, "", f"{scenarios}. Goals: {goals}."]) + "\n"
+
+
+def to_json(suite: SuiteResult) -> dict[str, Any]:
+    """Everything, per kind and per scenario, with every fault's outcome and every report that detected
+    nothing, so that a person can see why a figure is what it is."""
+    return {
+        "node_days": suite.node_days,
+        "kinds": {kind: _stats_json(stats, suite.node_days) for kind, stats in suite.kinds.items()},
+        "goals": [{"name": goal.name, "met": goal.met, "detail": goal.detail} for goal in suite.goals],
+        "scenarios": [_scenario_json(result) for result in suite.scenarios],
+    }
+
+
+# -- matching ---------------------------------------------------------------------------------------------
+
+
+def _latest(anomalies: Sequence[Anomaly]) -> list[Anomaly]:
+    """One row per anomaly id: until the store merges them, an anomaly that ended has two rows, the open
+    one and the closed one, which is the later."""
+    by_id: dict[str, Anomaly] = {}
+    for anomaly in anomalies:
+        if anomaly.id not in by_id or by_id[anomaly.id].end is None:
+            by_id[anomaly.id] = anomaly
+    return list(by_id.values())
+
+
+def _on_scenario_clock(anomaly: Anomaly, epoch: float, duration_s: float) -> Report:
+    start = round(anomaly.start - epoch, 3)  # DateTime64(3): milliseconds are all there is
+    end = duration_s if anomaly.end is None else round(anomaly.end - epoch, 3)
+    return Report(anomaly, start, max(start, end))
+
+
+def _grace_s(scenario: Scenario) -> float:
+    return GRACE_INTERVALS * scenario.interval_s
+
+
+def _meets(report: Report, start_s: float, end_s: float) -> bool:
+    return report.start_s <= end_s and report.end_s >= start_s
+
+
+def _overlaps_fault(report: Report, fault: Fault, scenario: Scenario) -> bool:
+    """Same node, and the spans meet; any component."""
+    end = (scenario.duration_s if fault.end_s is None else fault.end_s) + _grace_s(scenario)
+    return report.anomaly.node == fault.node and _meets(report, fault.start_s, end)
+
+
+def _detects(report: Report, fault: Fault, scenario: Scenario) -> bool:
+    return (
+        report.anomaly.kind == DETECTED_BY[fault.kind]
+        and (not fault.component or report.anomaly.component == fault.component)
+        and _overlaps_fault(report, fault, scenario)
+    )
+
+
+def _onset(fault: Fault) -> float:
+    """When a fault can first be told apart: its start, except for a link flap, which is one only once
+    the link is back up (half a period after it went down); until then it is a link going down."""
+    if fault.kind == "link_flap":
+        return fault.start_s + fault.params["period_s"] / 2
+    return fault.start_s
+
+
+def _fault_outcome(fault: Fault, reports: list[Report], scenario: Scenario, window_s: float) -> FaultOutcome:
+    found = sorted((r for r in reports if _detects(r, fault, scenario)), key=lambda report: report.start_s)
+    latency = max(0.0, round(found[0].start_s - _onset(fault), 3)) if found else None
+    ids = tuple(report.anomaly.id for report in found)
+    return FaultOutcome(fault, latency, window_s, scenario.interval_s, ids)
+
+
+def _judge(report: Report, scenario: Scenario) -> ReportOutcome:
+    if report.anomaly.kind in DETECTED_BY.values():
+        detected = [fault for fault in scenario.faults if _detects(report, fault, scenario)]
+    else:  # a catch-all is right about any fault of its node
+        detected = [fault for fault in scenario.faults if _overlaps_fault(report, fault, scenario)]
+    if detected:
+        kinds = frozenset(fault.kind for fault in detected)
+        return ReportOutcome(report, TRUE, kinds, tuple(map(_describe_fault, detected)))
+    during = [fault for fault in scenario.faults if _overlaps_fault(report, fault, scenario)]
+    if during:
+        return ReportOutcome(report, OTHER_FAULT, explained_by=tuple(map(_describe_fault, during)))
+    confounders = [c for c in scenario.confounders if _during_confounder(report, c, scenario)]
+    if confounders:
+        return ReportOutcome(report, CONFOUNDER, explained_by=tuple(map(_describe_confounder, confounders)))
+    return ReportOutcome(report, FALSE)
+
+
+def _during_confounder(report: Report, confounder: Confounder, scenario: Scenario) -> bool:
+    """The report meets the confounder's span (plus the grace) on a node it touches: its node, its job's
+    nodes, or for stage_imbalance the nodes of that stage."""
+    if not _meets(report, confounder.start_s, confounder.end_s + _grace_s(scenario)):
+        return False
+    node = report.anomaly.node
+    if confounder.node is not None:
+        return node == confounder.node
+    job = next(job for job in scenario.jobs if job.name == confounder.job)
+    if node not in job.nodes:
+        return False
+    if confounder.kind == "stage_imbalance":
+        return confounder.params["stage"] in _stages(job, node, scenario.fleet.gpus_per_node)
+    return True
+
+
+def _stages(job: JobSpec, node: str, gpus_per_node: int) -> set[int]:
+    """Every pipeline stage with a rank on `node` (a node holds several when tp x dp < gpus_per_node)."""
+    first = job.nodes.index(node) * gpus_per_node
+    return {rank // (job.tp * job.dp) for rank in range(first, first + gpus_per_node)}
+
+
+# -- per-kind rows and goals -------------------------------------------------------------------------------
+
+
+def _kind_rows(faults: Sequence[FaultOutcome], reports: Sequence[ReportOutcome]) -> dict[str, KindStats]:
+    """A row per fault kind that had faults or reports, then one per catch-all kind that had reports.
+
+    A fault kind's row holds the reports of its anomaly kind, except those that detected only faults of
+    another kind sharing that anomaly kind (gpu_fault detects both xid and gpu_lost)."""
+    rows: dict[str, KindStats] = {}
+    for fault_kind, anomaly_kind in DETECTED_BY.items():
+        outcomes = [o for o in faults if o.fault.kind == fault_kind]
+        mine = [
+            o
+            for o in reports
+            if o.report.anomaly.kind == anomaly_kind
+            and (not o.detected_kinds or fault_kind in o.detected_kinds)
+        ]
+        if outcomes or mine:
+            rows[fault_kind] = _stats(fault_kind, False, outcomes, mine)
+    catch_all = sorted({o.report.anomaly.kind for o in reports} - set(DETECTED_BY.values()))
+    for kind in catch_all:
+        rows[kind] = _stats(kind, True, [], [o for o in reports if o.report.anomaly.kind == kind])
+    return rows
+
+
+def _stats(
+    kind: str, catch_all: bool, faults: Sequence[FaultOutcome], reports: Sequence[ReportOutcome]
+) -> KindStats:
+    detected = [outcome for outcome in faults if outcome.detected]
+    verdicts = [outcome.verdict for outcome in reports]
+    return KindStats(
+        kind=kind,
+        catch_all=catch_all,
+        faults=len(faults),
+        detected=len(detected),
+        reports=len(reports),
+        true_reports=verdicts.count(TRUE),
+        confounder_reports=verdicts.count(CONFOUNDER),
+        other_fault_reports=verdicts.count(OTHER_FAULT),
+        false_reports=verdicts.count(FALSE),
+        latencies_s=tuple(outcome.latency_s for outcome in detected),
+        latencies_windows=tuple(outcome.latency_windows for outcome in detected),
+    )
+
+
+def _row_order(kind: str) -> tuple[int, str]:
+    kinds = list(DETECTED_BY)
+    return (kinds.index(kind), "") if kind in kinds else (len(kinds), kind)
+
+
+def _goals(results: Sequence[ScenarioResult], kinds: Mapping[str, KindStats]) -> tuple[Goal, ...]:
+    return (
+        _precision_recall_goal(kinds),
+        _latency_goal(
+            f"slow_node (severity >= {SLOW_NODE_GOAL_SEVERITY:.0%}) within {SLOW_NODE_GOAL_WINDOWS} windows",
+            [
+                (result.name, outcome)
+                for result in results
+                for outcome in result.faults
+                if outcome.fault.kind == "slow_node"
+                and outcome.fault.params.get("severity", 0) >= SLOW_NODE_GOAL_SEVERITY
+            ],
+            lambda outcome: outcome.latency_windows <= SLOW_NODE_GOAL_WINDOWS,
+        ),
+        _latency_goal(
+            "link_flap within one interval of the first flap",
+            [(r.name, outcome) for r in results for outcome in r.faults if outcome.fault.kind == "link_flap"],
+            lambda outcome: outcome.latency_s <= outcome.interval_s,
+        ),
+        _confounder_goal(results),
+    )
+
+
+def _precision_recall_goal(kinds: Mapping[str, KindStats]) -> Goal:
+    name = f"precision >= {PRECISION_GOAL:g} and recall >= {RECALL_GOAL:g} per fault kind"
+    judged = [stats for stats in kinds.values() if not stats.catch_all]
+    if not judged:
+        return Goal(name, None, "no fault kind had faults or reports")
+    short = [
+        f"{stats.kind} {what} {value:.2f}"
+        for stats in judged
+        for what, value, goal in (
+            ("recall", stats.recall, RECALL_GOAL),
+            ("precision", stats.precision, PRECISION_GOAL),
+        )
+        if value is not None and value < goal
+    ]
+    return Goal(name, not short, ", ".join(short) or f"{len(judged)} kinds")
+
+
+def _latency_goal(
+    name: str, outcomes: Sequence[tuple[str, FaultOutcome]], in_time: Callable[[FaultOutcome], bool]
+) -> Goal:
+    """Met when every fault in `outcomes` (scenario name, outcome) was detected and `in_time` holds."""
+    if not outcomes:
+        return Goal(name, None, "no such fault in this run")
+    late = [
+        f"{scenario}: {_describe_fault(outcome.fault)} "
+        + (f"after {outcome.latency_s:g} s" if outcome.detected else "missed")
+        for scenario, outcome in outcomes
+        if not outcome.detected or not in_time(outcome)
+    ]
+    return Goal(name, not late, "; ".join(late) or f"{len(outcomes)} of {len(outcomes)} in time")
+
+
+def _confounder_goal(results: Sequence[ScenarioResult]) -> Goal:
+    caused = [
+        f"{result.name}: {_describe_report(outcome.report)} during {', '.join(outcome.explained_by)}"
+        for result in results
+        for outcome in result.reports
+        if outcome.verdict == CONFOUNDER and outcome.report.anomaly.kind in DETECTED_BY.values()
+    ]
+    return Goal("zero reports caused by confounders", not caused, "; ".join(caused) or "none")
+
+
+# -- words and numbers -------------------------------------------------------------------------------------
+
+
+def _percentile(values: Sequence[float], percentile: float) -> float | None:
+    return float(np.percentile(values, percentile)) if values else None
+
+
+def _describe_fault(fault: Fault) -> str:
+    where = f"{fault.node} {fault.component}".rstrip()
+    end = "end" if fault.end_s is None else f"{fault.end_s:g}"
+    return f"{fault.kind} on {where} {fault.start_s:g}-{end} s"
+
+
+def _describe_confounder(confounder: Confounder) -> str:
+    span = f"{confounder.start_s:g}-{confounder.end_s:g} s"
+    return f"{confounder.kind} of {confounder.node or confounder.job} {span}"
+
+
+def _describe_report(report: Report) -> str:
+    anomaly = report.anomaly
+    where = f"{anomaly.node} {anomaly.component}".rstrip()
+    return f"{anomaly.kind} on {where} {report.start_s:g}-{report.end_s:g} s"
+
+
+def _ratio(value: float | None, part: int, whole: int) -> str:
+    return "–" if value is None else f"{value:.2f} ({part}/{whole})"
+
+
+def _number(value: float | None, digits: int) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _per_node_day(count: int, node_days: float) -> float | None:
+    return count / node_days if node_days else None
+
+
+def _verdict(goal: Goal) -> str:
+    if goal.met is None:
+        return "not judged (no such fault)"
+    return "met" if goal.met else f"NOT met ({goal.detail})"
+
+
+def _stats_json(stats: KindStats, node_days: float) -> dict[str, Any]:
+    return {
+        "catch_all": stats.catch_all,
+        "faults": stats.faults,
+        "detected": stats.detected,
+        "recall": stats.recall,
+        "reports": stats.reports,
+        "true_reports": stats.true_reports,
+        "precision": stats.precision,
+        "confounder_reports": stats.confounder_reports,
+        "other_fault_reports": stats.other_fault_reports,
+        "false_reports": stats.false_reports,
+        "false_per_node_day": _per_node_day(stats.false_reports, node_days),
+        "latency_s": {"p50": stats.latency_s(50), "p90": stats.latency_s(90)},
+        "latency_windows": {"p50": stats.latency_windows(50), "p90": stats.latency_windows(90)},
+    }
+
+
+def _scenario_json(result: ScenarioResult) -> dict[str, Any]:
+    return {
+        "name": result.name,
+        "nodes": result.nodes,
+        "duration_s": result.duration_s,
+        "interval_s": result.interval_s,
+        "window_s": result.window_s,
+        "node_days": result.node_days,
+        "kinds": {kind: _stats_json(stats, result.node_days) for kind, stats in result.kinds.items()},
+        "faults": [_fault_json(outcome) for outcome in result.faults],
+        "reports_detecting_nothing": [_report_json(o) for o in result.reports if o.verdict != TRUE],
+    }
+
+
+def _fault_json(outcome: FaultOutcome) -> dict[str, Any]:
+    fault = outcome.fault
+    return {
+        "kind": fault.kind,
+        "node": fault.node,
+        "component": fault.component,
+        "start_s": fault.start_s,
+        "end_s": fault.end_s,
+        "params": dict(fault.params),
+        "detected": outcome.detected,
+        "latency_s": outcome.latency_s,
+        "latency_windows": outcome.latency_windows,
+        "reports": list(outcome.report_ids),
+    }
+
+
+def _report_json(outcome: ReportOutcome) -> dict[str, Any]:
+    anomaly = outcome.report.anomaly
+    return {
+        "verdict": outcome.verdict,
+        "explained_by": list(outcome.explained_by),
+        "start_s": outcome.report.start_s,
+        "end_s": outcome.report.end_s,
+        "open": anomaly.end is None,
+        **{name: getattr(anomaly, name) for name in ("id", "kind", "node", "component", "job", "severity")},
+        "score": anomaly.score,
+        "evidence": anomaly.evidence,
+        "detector": f"{anomaly.detector} {anomaly.detector_version}",
+    }

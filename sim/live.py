@@ -1,0 +1,111 @@
+"""A scenario played on the wall clock: what `fleetlens sim serve` and the demo's fleet run.
+
+Each node of the scenario (sim.simulator.SimNode: its /sys tree, GPUs and NCCL logs read by a
+real exporter) answers on its own loopback port, and every scrape first plays its node to the moment
+of the scrape: a hub scraping at any interval sees the scenario unfold in real time, from `epoch`
+(unix seconds of the scenario's time 0) on. The scenario's jobs post their step records to a hub's
+/api/v1/steps once per interval; records the hub could not take yet (it starts after the fleet, or
+restarts) are kept and sent with the next ones, up to MAX_PENDING_STEPS.
+
+    fleet = LiveFleet(scenario, workdir, epoch=time.time())
+    fleet.start()
+    write_file_sd(Path("targets.json"), fleet.targets)
+    fleet.post_steps_until(stop_event, "127.0.0.1:9500")   # returns when stop_event is set
+    fleet.close()
+
+After the scenario's duration the nodes go on in the state it left them in.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from analytics.store.records import StepRow
+from collectors.errors import CollectorError
+from sim.fleet import LOOPBACK
+from sim.jobs import JobModel
+from sim.loopserver import LoopServer
+from sim.scenario import Scenario
+from sim.simulator import STEPS_PER_POST, SimNode, StepPoster
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING_STEPS = 200_000  # step records kept for a hub that does not answer; the oldest go first
+
+
+class _LiveNode:
+    """A SimNode behind a lock, played to the wall clock whenever it is scraped."""
+
+    def __init__(self, node: SimNode, epoch: float, clock: Callable[[], float]) -> None:
+        self.node = node
+        self._epoch = epoch
+        self._clock = clock
+        self._lock = threading.Lock()
+
+    def wsgi(self, environ: dict, start_response: Callable) -> list[bytes]:
+        with self._lock:
+            self.node.play_until(max(0.0, self._clock() - self._epoch))
+            return self.node.wsgi(environ, start_response)
+
+
+class LiveFleet:
+    """The scenario's nodes served on loopback in real time, and its jobs' step records sent to a hub."""
+
+    def __init__(
+        self, scenario: Scenario, workdir: Path, epoch: float, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.scenario = scenario
+        self.epoch = epoch
+        self._workdir = Path(workdir)
+        self._clock = clock
+        self._server = LoopServer()
+        self._nodes: list[_LiveNode] = []
+        self.addresses: dict[str, str] = {}  # node name -> 127.0.0.1:port
+        self._jobs = [JobModel(job, scenario, epoch) for job in scenario.jobs]
+        self._pending: list[StepRow] = []
+
+    def start(self) -> LiveFleet:
+        """Build every node and serve it on a free loopback port."""
+        self._server.start()
+        for index in range(self.scenario.fleet.nodes):
+            node = SimNode(self.scenario, index, self._workdir, self.epoch)
+            live = _LiveNode(node, self.epoch, self._clock)
+            self._nodes.append(live)
+            self.addresses[live.node.name] = f"{LOOPBACK}:{self._server.serve(live.wsgi, LOOPBACK)}"
+        return self
+
+    @property
+    def targets(self) -> list[dict]:
+        """The fleet as Prometheus file_sd JSON: one group per node, labelled with its name."""
+        return [{"targets": [address], "labels": {"node": name}} for name, address in self.addresses.items()]
+
+    def post_steps_until(self, stop: threading.Event, hub_address: str) -> None:
+        """Every interval, send the step records the jobs made since the last send, until `stop` is set."""
+        with StepPoster(hub_address) as poster:
+            while not stop.wait(self.scenario.interval_s):
+                self.post_steps(poster)
+            self.post_steps(poster)
+
+    def post_steps(self, poster: StepPoster) -> None:
+        """Send what the jobs did up to now; what the hub does not take waits for the next call."""
+        t = self._clock() - self.epoch
+        self._pending += [row for job in self._jobs for row in job.steps_until(t)]
+        del self._pending[:-MAX_PENDING_STEPS]
+        while self._pending:
+            chunk = self._pending[:STEPS_PER_POST]
+            try:
+                poster.post(chunk)
+            except (OSError, CollectorError) as error:
+                log.warning("hub at %s did not take step records yet: %s", poster.address, error)
+                poster.reconnect()
+                return
+            del self._pending[: len(chunk)]
+
+    def close(self) -> None:
+        self._server.stop()
+        for live in self._nodes:
+            live.node.close()

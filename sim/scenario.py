@@ -1,0 +1,514 @@
+"""Simulation scenarios: a fleet, its jobs, the faults injected and the confounders that must not count.
+
+The YAML format is a public contract (README, "Scenario format"); `load_scenario` turns a file into a
+validated Scenario or raises ScenarioError naming the file and the key, e.g.
+`llm.yaml: faults[2].node: no node vela-099 in a fleet of 32`. The simulator (sim.simulator)
+plays a Scenario; the evaluation (sim.evaluation) scores detectors against its faults.
+
+Components name what a fault touches as detectors report it: "gpu:3" for a GPU, "mlx5_2:1" for port 1
+of the RoCE device of NIC 2 (the node_exporter `device:port` labels of the simulated trees).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from analytics.errors import AnalyticsError
+
+FAULT_KINDS = (
+    "slow_node",
+    "thermal_throttle",
+    "link_flap",
+    "link_down",
+    "dma_degraded",
+    "gpu_lost",
+    "xid",
+    "congestion",
+)
+CONFOUNDER_KINDS = ("job_stall", "stage_imbalance", "exporter_restart", "scrape_gap", "job_restart")
+DMA_MODES = ("no_gdr", "pcie_downgrade")
+DEFAULT_FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures"
+
+# keys each fault kind takes besides kind, node, start_s, end_s; `required` ones have no default
+_FAULT_KEYS: dict[str, dict[str, Any]] = {
+    "slow_node": {"severity": 0.15},
+    "thermal_throttle": {"gpu": None},
+    "link_flap": {"nic": None, "flaps": 3, "period_s": 30.0},
+    "link_down": {"nic": None},
+    "dma_degraded": {"mode": "no_gdr", "nic": 0, "gpu": 0},
+    "gpu_lost": {"gpu": None},
+    "xid": {"gpu": None, "code": 79},
+    "congestion": {"nic": None, "level": 1.0},
+}
+_CONFOUNDER_KEYS: dict[str, dict[str, Any]] = {
+    "job_stall": {"job": None, "start_s": None, "end_s": None},
+    "stage_imbalance": {"job": None, "stage": None, "severity": 0.2},
+    "exporter_restart": {"node": None, "at_s": None},
+    "scrape_gap": {"node": None, "start_s": None, "end_s": None},
+    "job_restart": {"job": None, "at_s": None, "down_s": 60.0},
+}
+
+
+class ScenarioError(AnalyticsError):
+    """A scenario file is unreadable or invalid; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    nodes: int
+    gpus_per_node: int = 8
+    nics_per_node: int = 4
+    prefix: str = "vela-"
+
+    @property
+    def names(self) -> list[str]:
+        """Node names: prefix + 1-based number, zero-padded to three digits (vela-001, ...)."""
+        return [f"{self.prefix}{index + 1:03d}" for index in range(self.nodes)]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A synchronous data/pipeline/tensor-parallel training job; ranks = len(nodes) x gpus_per_node.
+
+    Rank r runs on node r // gpus_per_node, GPU r % gpus_per_node; tensor parallelism is innermost,
+    then data, then pipeline: tp_rank = r % tp, dp_rank = (r // tp) % dp, pp_stage = r // (tp * dp).
+    """
+
+    name: str
+    nodes: tuple[str, ...]
+    step_s: float
+    dp: int
+    pp: int
+    tp: int
+
+    def stage_of_node(self, node: str, gpus_per_node: int) -> int:
+        """The pipeline stage of a node's first rank (every rank of a node shares it when tp divides
+        gpus_per_node or gpus_per_node divides tp*dp)."""
+        return (self.nodes.index(node) * gpus_per_node) // (self.tp * self.dp)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """An injected fault. `end_s` None: it lasts to the end of the scenario."""
+
+    kind: str
+    node: str
+    start_s: float
+    end_s: float | None = None
+    gpu: int | None = None
+    nic: int | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)  # severity, flaps, period_s, mode, code, level
+
+    @property
+    def component(self) -> str:
+        """What detectors should name: "gpu:N", "mlx5_N:1", or "" for the whole node; a fault on a
+        real interface (the demo's veth) names it in params["device"]."""
+        if "device" in self.params:
+            return self.params["device"]
+        if self.kind in ("link_flap", "link_down", "congestion") or (
+            self.kind == "dma_degraded" and self.params.get("mode") == "no_gdr"
+        ):
+            return f"mlx5_{self.nic}:1"
+        if self.gpu is not None:
+            return f"gpu:{self.gpu}"
+        return ""
+
+    def active(self, t: float, duration_s: float) -> bool:
+        return self.start_s <= t < (duration_s if self.end_s is None else self.end_s)
+
+
+@dataclass(frozen=True)
+class Confounder:
+    """Something that looks like a fault but is not one (see CONFOUNDER_KINDS)."""
+
+    kind: str
+    start_s: float
+    end_s: float
+    job: str | None = None
+    node: str | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)  # stage, severity, down_s
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    seed: int
+    duration_s: float
+    interval_s: float
+    fleet: FleetSpec
+    jobs: tuple[JobSpec, ...]
+    faults: tuple[Fault, ...]
+    confounders: tuple[Confounder, ...] = ()
+
+    def until(self, t: float) -> Scenario:
+        """The scenario with only the faults and confounders that start before `t`: what a run cut
+        short at `t` injects (those already running go on as written)."""
+        return dataclasses.replace(
+            self,
+            faults=tuple(fault for fault in self.faults if fault.start_s < t),
+            confounders=tuple(item for item in self.confounders if item.start_s < t),
+        )
+
+
+def load_scenario(path: Path | str, fixtures: Path | None = None) -> Scenario:
+    """Read and validate a scenario file; ScenarioError names the file and the key that is wrong."""
+    path = Path(path)
+    try:
+        document = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ScenarioError(f"{path}: {exc}") from None
+    return parse_scenario(document, path.stem, source=str(path), fixtures=fixtures)
+
+
+def parse_scenario(
+    document: object, name: str, *, source: str = "<scenario>", fixtures: Path | None = None
+) -> Scenario:
+    """A Scenario from parsed YAML; `source` prefixes every error message."""
+    reader = _Reader(source)
+    top = reader.mapping(
+        document, "", {"seed", "duration_s", "interval_s", "fleet", "jobs", "faults", "confounders"}
+    )
+    seed = reader.integer(top, "seed", "", default=0)
+    duration = reader.number(top, "duration_s", "", minimum=1)
+    interval = reader.number(top, "interval_s", "", default=10.0, minimum=1)
+    if interval > duration:
+        raise reader.error("interval_s", f"{interval:g} is longer than duration_s {duration:g}")
+    fleet_doc = reader.mapping(
+        top.get("fleet"), "fleet", {"nodes", "gpus_per_node", "nics_per_node", "prefix"}
+    )
+    fleet = FleetSpec(
+        nodes=reader.integer(fleet_doc, "nodes", "fleet", minimum=1),
+        gpus_per_node=reader.integer(fleet_doc, "gpus_per_node", "fleet", default=8, minimum=1),
+        nics_per_node=reader.integer(fleet_doc, "nics_per_node", "fleet", default=4, minimum=1),
+        prefix=reader.string(fleet_doc, "prefix", "fleet", default="vela-"),
+    )
+    names = fleet.names
+    jobs = tuple(
+        _job(reader, item, f"jobs[{i}]", fleet)
+        for i, item in enumerate(reader.sequence(top.get("jobs"), "jobs"))
+    )
+    job_names = [job.name for job in jobs]
+    if len(set(job_names)) != len(job_names):
+        raise reader.error("jobs", "job names must be unique")
+    placed = [node for job in jobs for node in job.nodes]
+    twice = sorted({node for node in placed if placed.count(node) > 1})
+    if twice:
+        raise reader.error("jobs", f"node(s) {', '.join(twice)} in more than one job")
+    faults_doc = top.get("faults") or []
+    if isinstance(faults_doc, Mapping):
+        random_doc = reader.mapping(faults_doc, "faults", {"random"})
+        spec = reader.mapping(random_doc.get("random"), "faults.random", {"rate_per_node_day", "seed"})
+        rate = reader.number(spec, "rate_per_node_day", "faults.random", minimum=0)
+        fault_seed = reader.integer(spec, "seed", "faults.random", default=seed)
+        faults = tuple(random_faults(fleet, duration, rate, fault_seed, fixtures))
+    else:
+        faults = tuple(
+            _fault(reader, item, f"faults[{i}]", fleet, duration)
+            for i, item in enumerate(reader.sequence(faults_doc, "faults"))
+        )
+    confounders = tuple(
+        _confounder(reader, item, f"confounders[{i}]", names, job_names, jobs, duration)
+        for i, item in enumerate(reader.sequence(top.get("confounders") or [], "confounders"))
+    )
+    return Scenario(name, seed, duration, interval, fleet, jobs, faults, confounders)
+
+
+def _job(reader: _Reader, item: object, where: str, fleet: FleetSpec) -> JobSpec:
+    doc = reader.mapping(item, where, {"name", "nodes", "step_s", "dp", "pp", "tp"})
+    raw_nodes = doc.get("nodes")
+    if isinstance(raw_nodes, int) and not isinstance(raw_nodes, bool):
+        if not 1 <= raw_nodes <= fleet.nodes:
+            raise reader.error(f"{where}.nodes", f"{raw_nodes} nodes, but the fleet has {fleet.nodes}")
+        nodes = tuple(fleet.names[:raw_nodes])
+    elif isinstance(raw_nodes, list) and raw_nodes:
+        nodes = tuple(_node(reader, node, f"{where}.nodes", fleet) for node in raw_nodes)
+        if len(set(nodes)) != len(nodes):
+            raise reader.error(f"{where}.nodes", "a node is listed twice")
+    else:
+        raise reader.error(f"{where}.nodes", "want a node count or a list of node names")
+    job = JobSpec(
+        name=reader.string(doc, "name", where),
+        nodes=nodes,
+        step_s=reader.number(doc, "step_s", where, minimum=0.1),
+        dp=reader.integer(doc, "dp", where, default=0, minimum=0),
+        pp=reader.integer(doc, "pp", where, default=1, minimum=1),
+        tp=reader.integer(doc, "tp", where, default=fleet.gpus_per_node, minimum=1),
+    )
+    ranks = len(nodes) * fleet.gpus_per_node
+    dp = job.dp or ranks // (job.pp * job.tp)
+    if dp < 1 or dp * job.pp * job.tp != ranks:
+        raise reader.error(
+            where, f"dp x pp x tp = {dp} x {job.pp} x {job.tp} must equal the job's {ranks} ranks"
+        )
+    return JobSpec(job.name, nodes, job.step_s, dp, job.pp, job.tp)
+
+
+def _fault(reader: _Reader, item: object, where: str, fleet: FleetSpec, duration: float) -> Fault:
+    kind = reader.choice(item, "kind", where, FAULT_KINDS)
+    extra = _FAULT_KEYS[kind]
+    doc = reader.mapping(item, where, {"kind", "node", "start_s", "end_s", *extra})
+    node = _node(reader, doc.get("node"), f"{where}.node", fleet)
+    start, end = _span(reader, doc, where, duration, end_required=False)
+    values: dict[str, Any] = {}
+    for key, default in extra.items():
+        if key in ("gpu", "nic"):
+            count = fleet.gpus_per_node if key == "gpu" else fleet.nics_per_node
+            values[key] = reader.integer(doc, key, where, default=default, minimum=0, maximum=count - 1)
+        elif key == "mode":
+            values[key] = reader.choice(doc, key, where, DMA_MODES, default=default)
+        elif key in ("flaps", "code"):
+            values[key] = reader.integer(doc, key, where, default=default, minimum=1)
+        else:
+            values[key] = reader.number(doc, key, where, default=default, minimum=0)
+    if kind == "slow_node" and not 0 < values["severity"] <= 5:
+        raise reader.error(f"{where}.severity", "want a slowdown within (0, 5], e.g. 0.15 for 15% slower")
+    if kind == "link_flap" and end is None:
+        end = min(duration, start + values["flaps"] * values["period_s"])
+    gpu, nic = values.pop("gpu", None), values.pop("nic", None)
+    return Fault(kind, node, start, end, gpu, nic, values)
+
+
+def _confounder(
+    reader: _Reader,
+    item: object,
+    where: str,
+    names: list[str],
+    job_names: list[str],
+    jobs: tuple[JobSpec, ...],
+    duration: float,
+) -> Confounder:
+    kind = reader.choice(item, "kind", where, CONFOUNDER_KINDS)
+    keys = _CONFOUNDER_KEYS[kind]
+    doc = reader.mapping(item, where, {"kind", *keys})
+    job = node = None
+    if "job" in keys:
+        job = reader.choice(doc, "job", where, tuple(job_names))
+    if "node" in keys:
+        node = reader.choice(doc, "node", where, tuple(names))
+    params: dict[str, Any] = {}
+    if "at_s" in keys:
+        start = reader.number(doc, "at_s", where, minimum=0, maximum=duration)
+        end = start
+        if kind == "job_restart":
+            params["down_s"] = reader.number(doc, "down_s", where, default=keys["down_s"], minimum=0)
+            end = min(duration, start + params["down_s"])
+    elif kind == "stage_imbalance":
+        spec = next(j for j in jobs if j.name == job)
+        params["stage"] = reader.integer(doc, "stage", where, minimum=0, maximum=spec.pp - 1)
+        params["severity"] = reader.number(doc, "severity", where, default=keys["severity"], minimum=0)
+        start, end = 0.0, duration
+    else:
+        span = _span(reader, doc, where, duration, end_required=True)
+        start, end = span[0], span[1] or duration
+    return Confounder(kind, start, end, job, node, params)
+
+
+def _span(
+    reader: _Reader, doc: Mapping, where: str, duration: float, end_required: bool
+) -> tuple[float, float | None]:
+    start = reader.number(doc, "start_s", where, minimum=0, maximum=duration - 1)
+    if "end_s" not in doc and not end_required:
+        return start, None
+    end = reader.number(doc, "end_s", where, minimum=0, maximum=duration)
+    if end <= start:
+        raise reader.error(f"{where}.end_s", f"{end:g} is not after start_s {start:g}")
+    return start, end
+
+
+def _node(reader: _Reader, value: object, where: str, fleet: FleetSpec) -> str:
+    if value not in fleet.names:
+        raise reader.error(where, f"no node {value!r} in a fleet of {fleet.nodes} ({fleet.names[0]}...)")
+    return str(value)
+
+
+class _Reader:
+    """Typed access to YAML values, each error naming the source and the dotted key."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def error(self, key: str, message: str) -> ScenarioError:
+        return ScenarioError(f"{self.source}: {key}: {message}" if key else f"{self.source}: {message}")
+
+    def mapping(self, value: object, where: str, allowed: set[str]) -> Mapping:
+        if not isinstance(value, Mapping):
+            raise self.error(where, f"want a mapping, got {type(value).__name__}")
+        unknown = sorted(set(value) - allowed)
+        if unknown:
+            raise self.error(
+                where, f"unknown key(s) {', '.join(map(str, unknown))}; known: {', '.join(sorted(allowed))}"
+            )
+        return value
+
+    def sequence(self, value: object, where: str) -> list:
+        if not isinstance(value, list):
+            raise self.error(where, f"want a list, got {type(value).__name__}")
+        return value
+
+    def _get(self, doc: Mapping, key: str, where: str, default: Any) -> Any:
+        if key in doc:
+            return doc[key]
+        if default is None:
+            raise self.error(_join(where, key), "missing")
+        return default
+
+    def number(
+        self,
+        doc: Mapping,
+        key: str,
+        where: str,
+        default: float | None = None,
+        minimum: float = -math.inf,
+        maximum: float = math.inf,
+    ) -> float:
+        value = self._get(doc, key, where, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise self.error(_join(where, key), f"want a number, got {value!r}")
+        if not minimum <= value <= maximum:
+            raise self.error(_join(where, key), f"{value!r} is outside {minimum:g}..{maximum:g}")
+        return float(value)
+
+    def integer(
+        self,
+        doc: Mapping,
+        key: str,
+        where: str,
+        default: int | None = None,
+        minimum: int = -(2**63),
+        maximum: int = 2**63 - 1,
+    ) -> int:
+        value = self._get(doc, key, where, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(_join(where, key), f"want an integer, got {value!r}")
+        if not minimum <= value <= maximum:
+            raise self.error(_join(where, key), f"{value} is outside {minimum}..{maximum}")
+        return value
+
+    def string(self, doc: Mapping, key: str, where: str, default: str | None = None) -> str:
+        value = self._get(doc, key, where, default)
+        if not isinstance(value, str) or not value:
+            raise self.error(_join(where, key), f"want a non-empty string, got {value!r}")
+        return value
+
+    def choice(
+        self, doc: object, key: str, where: str, choices: tuple[str, ...], default: str | None = None
+    ) -> str:
+        if not isinstance(doc, Mapping):
+            raise self.error(where, f"want a mapping, got {type(doc).__name__}")
+        value = self._get(doc, key, where, default)
+        if value not in choices:
+            raise self.error(_join(where, key), f"{value!r} is not one of {', '.join(choices)}")
+        return value
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+# -- random fault schedules from a real cluster's fault trace ------------------------------------------------
+
+# InfiniteHBD trace fault descriptions -> the simulated fault that shows what a fleet would see
+_TRACE_KINDS = {
+    "GPU DBE(Double Bit ECC) > Threshold": "xid",
+    "GPU xid Error": "xid",
+    "GPU Lost": "gpu_lost",
+    "GPU device not found": "gpu_lost",
+    "GPU Temperature High": "thermal_throttle",
+    "GPU PCI link width low": "dma_degraded",
+    "NIC PCI link Width low": "dma_degraded",
+    "Link Down": "link_down",
+    "NIC Link Speed low": "link_flap",
+    "GPU P2P Bandwidth Low": "slow_node",
+}
+_XID_FOR = {"GPU DBE(Double Bit ECC) > Threshold": 48, "GPU xid Error": 79}
+
+
+@dataclass(frozen=True)
+class TraceFault:
+    kind: str
+    desc: str
+    duration_s: float | None  # None: the trace never saw it end
+
+
+def trace_faults(fixtures: Path | None = None) -> list[TraceFault]:
+    """The faults of the InfiniteHBD trace that the simulator can show, with their real durations.
+
+    Reads FLEETLENS_FIXTURES (default ../shared/fixtures)/infinitehbd/fault_trace.json: pairs each
+    fault_start with the next fault_end of the same node and description."""
+    root = fixtures or Path(os.environ.get("FLEETLENS_FIXTURES") or DEFAULT_FIXTURES)
+    path = root / "infinitehbd" / "fault_trace.json"
+    try:
+        events = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ScenarioError(
+            f"random faults need the InfiniteHBD trace at {path} (set FLEETLENS_FIXTURES): {exc}"
+        ) from None
+    open_faults: dict[tuple[str, str], list[float]] = {}
+    found: list[TraceFault] = []
+    for event in sorted(events, key=lambda e: e["event_time"]):
+        desc = event["fault_type"]["Desc"]
+        if desc not in _TRACE_KINDS:
+            continue
+        key = (event["node_id"], desc)
+        if event["event_type"] == "fault_start":
+            open_faults.setdefault(key, []).append(event["event_time"])
+        elif open_faults.get(key):
+            started = open_faults[key].pop(0)
+            found.append(TraceFault(_TRACE_KINDS[desc], desc, (event["event_time"] - started) * 86_400))
+    found += [TraceFault(_TRACE_KINDS[d], d, None) for (_, d), starts in open_faults.items() for _ in starts]
+    return found
+
+
+def random_faults(
+    fleet: FleetSpec, duration_s: float, rate_per_node_day: float, seed: int, fixtures: Path | None = None
+) -> list[Fault]:
+    """Faults drawn from the real trace's mix and durations, at `rate_per_node_day` per node.
+
+    Arrivals are a Poisson process per node; each draws a trace fault (so the mix is the trace's) and
+    keeps its real duration, cut to the scenario. A node holds one random fault at a time."""
+    pool = trace_faults(fixtures)
+    rng = random.Random(seed)
+    faults: list[Fault] = []
+    for node in fleet.names:
+        t = rng.expovariate(rate_per_node_day / 86_400) if rate_per_node_day > 0 else math.inf
+        while t < duration_s:
+            drawn = rng.choice(pool)
+            length = duration_s if drawn.duration_s is None else drawn.duration_s
+            end = min(duration_s, t + max(length, 60.0))
+            faults.append(_from_trace(drawn, node, t, end, fleet, rng))
+            t = end + rng.expovariate(rate_per_node_day / 86_400)
+    return faults
+
+
+def _from_trace(
+    drawn: TraceFault, node: str, start: float, end: float, fleet: FleetSpec, rng: random.Random
+) -> Fault:
+    gpu, nic = rng.randrange(fleet.gpus_per_node), rng.randrange(fleet.nics_per_node)
+    start, end = round(start, 1), round(end, 1)
+    match drawn.kind:
+        case "xid":
+            return Fault("xid", node, start, end, gpu=gpu, params={"code": _XID_FOR[drawn.desc]})
+        case "gpu_lost" | "thermal_throttle":
+            return Fault(drawn.kind, node, start, end, gpu=gpu)
+        case "dma_degraded":
+            return Fault(
+                "dma_degraded", node, start, end, gpu=gpu, nic=nic, params={"mode": "pcie_downgrade"}
+            )
+        case "link_down":
+            return Fault("link_down", node, start, end, nic=nic)
+        case "link_flap":
+            return Fault(
+                "link_flap", node, start, min(end, start + 90), nic=nic, params={"flaps": 3, "period_s": 30.0}
+            )
+        case _:
+            return Fault("slow_node", node, start, end, params={"severity": 0.15})

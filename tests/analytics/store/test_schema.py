@@ -1,0 +1,139 @@
+"""The schema as DDL text: single node (run for real in test_store) and cluster mode, which no server here
+is new enough to run, so it is checked as text and parsed by ClickHouse's own parser (EXPLAIN AST)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import clickhouse_connect
+import pytest
+
+from analytics.errors import SchemaError
+from analytics.store import schema
+from analytics.store.schema import Layout, Retention, ddl, retention_changes
+
+CLUSTER = "fleet-prod"
+CREATE = re.compile(
+    r"CREATE (?:TABLE|DATABASE|VIEW|MATERIALIZED VIEW|OR REPLACE VIEW)(?: IF NOT EXISTS)? (\S+)"
+)
+
+
+def created(statements: list[str]) -> list[str]:
+    return [CREATE.match(statement).group(1) for statement in statements]
+
+
+def by_name(statements: list[str]) -> dict[str, str]:
+    return dict(zip(created(statements), statements, strict=True))
+
+
+def test_cluster_ddl_runs_every_create_on_the_cluster() -> None:
+    statements = ddl("fleet", cluster=CLUSTER)
+    assert all(CREATE.match(s) for s in statements)
+    assert all(f"ON CLUSTER '{CLUSTER}'" in s.splitlines()[0] for s in statements)
+
+
+def test_cluster_tables_are_replicated_with_a_path_of_their_own() -> None:
+    engines = [
+        re.search(r"ENGINE = (\w+)\('([^']+)', '([^']+)'\)", s)
+        for s in ddl("fleet", cluster=CLUSTER)
+        if "MergeTree" in s
+    ]
+    assert engines and all(e and e.group(1).startswith("Replicated") for e in engines)
+    paths = [e.group(2) for e in engines]
+    assert len(set(paths)) == len(paths)
+    sharded = [p for p in paths if "schema_migrations" not in p]
+    assert all("{shard}" in p and p.endswith("_local") for p in sharded)
+    assert all("{replica}" in e.group(3) for e in engines)
+
+
+def test_cluster_distributed_tables_sit_on_local_tables_created_before_them() -> None:
+    statements = ddl("fleet", cluster=CLUSTER)
+    names = created(statements)
+    distributed = [
+        (i, re.search(r"Distributed\('([^']+)', (\w+), (\w+)", s)) for i, s in enumerate(statements)
+    ]
+    distributed = [(i, m) for i, m in distributed if m]
+    assert {names[i] for i, _ in distributed} >= {f"fleet.{t}" for t in ("samples", "series", "metrics")}
+    for i, match in distributed:
+        assert match.groups() == (CLUSTER, "fleet", names[i].split(".")[1] + "_local")
+        assert names.index(f"fleet.{match.group(3)}") < i
+
+
+def test_cluster_views_and_rollup_read_shard_local_tables() -> None:
+    """A view or materialized view on a shard must read that shard's data, never a Distributed table."""
+    statements = by_name(ddl("fleet", cluster=CLUSTER))
+    for name in ("fleet.metrics_local", "fleet.metrics_1m_local", "fleet.samples_1m_mv"):
+        sources = re.findall(r"(?:FROM|JOIN) (fleet\.\w+)", statements[name])
+        assert sources and all(source.endswith("_local") for source in sources), (name, sources)
+    assert " TO fleet.samples_1m_local " in statements["fleet.samples_1m_mv"]
+
+
+def test_tables_joined_by_a_view_are_sharded_by_the_join_key() -> None:
+    """metrics joins samples with series on each shard: both must put a series on the same shard."""
+    statements = by_name(ddl("fleet", cluster=CLUSTER))
+    for table in ("samples", "series", "samples_1m"):
+        assert statements[f"fleet.{table}"].rstrip().endswith("_local, series_id)")
+
+
+def test_single_node_ddl_has_no_cluster_constructs() -> None:
+    text = "\n".join(ddl("fleet"))
+    for construct in ("ON CLUSTER", "Replicated", "Distributed", "_local"):
+        assert construct not in text
+
+
+def test_cluster_and_single_node_ddl_parse_in_clickhouse(chdb_dir: Path) -> None:
+    """EXPLAIN AST parses a statement without running it: the cluster DDL needs no cluster for that."""
+    parser = clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir))
+    try:
+        for statement in ddl("fleet") + ddl("fleet", cluster=CLUSTER):
+            parser.query(f"EXPLAIN AST {statement}")
+    finally:
+        parser.close()
+
+
+def test_ttls_follow_the_retention() -> None:
+    statements = by_name(
+        ddl("fleet", retention=Retention(raw_days=3, rollup_days=30, steps_days=7, targets_days=2))
+    )
+    assert "TTL toDateTime(ts) + toIntervalDay(3)" in statements["fleet.samples"]
+    assert "TTL minute + toIntervalDay(30)" in statements["fleet.samples_1m"]
+    assert "TTL toDateTime(ts) + toIntervalDay(7)" in statements["fleet.steps"]
+    assert "TTL toDateTime(ts) + toIntervalDay(2)" in statements["fleet.targets"]
+    assert "TTL" not in statements["fleet.actions"]  # the audit trail is kept
+
+
+def test_retention_changes_alter_only_tables_whose_ttl_differs() -> None:
+    """engine_full as system.tables shows it: samples kept 15 days, steps 90 (the default)."""
+    retention = Retention(raw_days=30)
+    engines = {
+        "samples": "MergeTree ORDER BY (metric) TTL toDateTime(ts) + toIntervalDay(15)",
+        "steps": "MergeTree ORDER BY (job) TTL toDateTime(ts) + toIntervalDay(90) SETTINGS x = 1",
+    }
+    new_ttl = "MODIFY TTL toDateTime(ts) + toIntervalDay(30)"
+    assert retention_changes(Layout("fleet", retention=retention), engines) == [
+        f"ALTER TABLE fleet.samples {new_ttl}"
+    ]
+    clustered = Layout("fleet", cluster=CLUSTER, retention=retention)
+    assert retention_changes(clustered, {f"{name}_local": engine for name, engine in engines.items()}) == [
+        f"ALTER TABLE fleet.samples_local ON CLUSTER '{CLUSTER}' {new_ttl}"
+    ]
+
+
+@pytest.mark.parametrize("days", [0, -1, 1.5, "15"])
+def test_retention_must_be_whole_days(days: object) -> None:
+    with pytest.raises(SchemaError, match="raw_days"):
+        Retention(raw_days=days)
+
+
+@pytest.mark.parametrize(
+    ("database", "cluster"), [("fleet; DROP DATABASE x", None), ("1fleet", None), ("fleet", "c' OR '1")]
+)
+def test_names_that_could_inject_sql_are_refused(database: str, cluster: str | None) -> None:
+    with pytest.raises(SchemaError):
+        ddl(database, cluster=cluster)
+
+
+def test_migrations_are_numbered_in_order() -> None:
+    versions = [migration.version for migration in schema.MIGRATIONS]
+    assert versions == sorted(set(versions)) and versions[0] == 1

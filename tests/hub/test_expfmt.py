@@ -1,0 +1,303 @@
+"""The exposition parser reads real bodies sample for sample as prometheus_client does, names broken lines,
+enforces its limits and deadline while parsing, keeps the first of a series sent twice, and stays right
+when its series cache answers instead of the full parse."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from hub import expfmt
+from hub.expfmt import DeadlineExceeded, ExpositionError, ExpositionParser, counter_increase
+
+Sample = tuple[str, dict[str, str], float, float | None]
+
+
+@pytest.fixture(scope="module")
+def bodies(fixtures: Path, procfs_sys: Path) -> dict[str, str]:
+    """Real expositions: ours from `fleetlens collect`, node_exporter's and dcgm-exporter's from fixtures."""
+    command = ["collect", "--gpu-backend", "sim", "--sysfs-root", str(procfs_sys), "--node", "vela-001"]
+    collect = subprocess.run(
+        [sys.executable, "-m", "fleetlens.cli", *command],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    dcgm = fixtures / "dcgm-exporter"
+    readme = (dcgm / "readme-metrics-sample.txt").read_text().splitlines()
+    return {
+        "fleetlens collect, 8 sim GPUs": collect.stdout,
+        "node_exporter e2e-output.txt": (fixtures / "node_exporter" / "e2e-output.txt").read_text(),
+        "dcgm-exporter V100": (dcgm / "issue250-v100-metrics-excerpt.prom").read_text(),
+        "dcgm-exporter H100 MIG": (dcgm / "issue512-h100-mig-metrics-excerpt.prom").read_text(),
+        # the README's sample, without its `curl` command line and `...` elisions
+        "dcgm-exporter README": "\n".join(line for line in readme if line.startswith(("#", "DCGM"))),
+    }
+
+
+def reference(text: str) -> list[Sample]:
+    """prometheus_client's reading, less its one rename: it appends `_total` to the samples of a counter
+    whose TYPE line lacks it (dcgm-exporter's), where the exposition and Prometheus keep the name as sent."""
+    typed_counter = set(re.findall(r"^\s*# TYPE (\S+) counter\s*$", text, re.M))
+    samples = []
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            name = s.name.removesuffix("_total") if family.name in typed_counter else s.name
+            samples.append((name, s.labels, float(s.value), s.timestamp))
+    return samples
+
+
+def ours(parser: ExpositionParser, text: str) -> list[Sample]:
+    parsed = parser.parse(text)
+    return [
+        (name, labels, value, parsed.timestamps.get(i))
+        for i, (name, labels, value) in enumerate(
+            zip(parsed.names, parsed.labels, parsed.values, strict=True)
+        )
+    ]
+
+
+def comparable(samples: list[Sample]) -> list[Sample]:
+    """NaN never equals itself; compare it as a marker."""
+    return [(n, labels, "NaN" if math.isnan(v) else v, ts) for n, labels, v, ts in samples]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "fleetlens collect, 8 sim GPUs",
+        "node_exporter e2e-output.txt",
+        "dcgm-exporter V100",
+        "dcgm-exporter H100 MIG",
+        "dcgm-exporter README",
+    ],
+)
+def test_real_bodies_parse_as_prometheus_client_parses_them(bodies: dict[str, str], body: str) -> None:
+    text = bodies[body]
+    expected = comparable(reference(text))
+    parser = ExpositionParser()
+    assert expected
+    assert comparable(ours(parser, text)) == expected
+    assert comparable(ours(parser, text)) == expected, "the second scrape, answered from the cache"
+    assert comparable(ours(ExpositionParser(), text.replace("\n", "\r\n"))) == expected
+
+
+def test_type_lines_say_which_families_are_counters(bodies: dict[str, str]) -> None:
+    text = bodies["fleetlens collect, 8 sim GPUs"]
+    types = ExpositionParser().parse(text).types
+    assert types["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] == "counter"  # dcgm style: no _total
+    assert types["node_infiniband_port_data_received_bytes_total"] == "counter"
+    assert types["DCGM_FI_DEV_GPU_TEMP"] == "gauge"
+    for family in text_string_to_metric_families(text):
+        assert family.type in (types.get(family.name), types.get(family.name + "_total")), family.name
+
+
+ESCAPES = "\n".join(
+    [
+        r'quoted{path="C:\\dir\\",say="\"hi\", {she} said",lines="one\ntwo"} 1',
+        r'other_escape{v="tab\there"} 2',
+        'spaced { a = "x" , b="y z 3" , } 4',
+        'brace_in_value{v="} 5"} 6',
+        "tabbed\t7",
+        "trailing_space 8 ",
+        "  indented 9",
+    ]
+)
+
+
+def test_escapes_spacing_and_quoted_punctuation() -> None:
+    parser = ExpositionParser()
+    expected = [
+        ("quoted", {"path": "C:\\dir\\", "say": '"hi", {she} said', "lines": "one\ntwo"}, 1.0, None),
+        ("other_escape", {"v": "tab\\there"}, 2.0, None),  # unknown escapes stay as written
+        ("spaced", {"a": "x", "b": "y z 3"}, 4.0, None),
+        ("brace_in_value", {"v": "} 5"}, 6.0, None),
+        ("tabbed", {}, 7.0, None),
+        ("trailing_space", {}, 8.0, None),
+        ("indented", {}, 9.0, None),
+    ]
+    assert ours(parser, ESCAPES) == expected
+    assert ours(parser, ESCAPES) == expected
+    assert reference(ESCAPES) == expected
+
+
+def test_special_values_timestamps_blank_lines_and_comments() -> None:
+    text = (
+        "# a free comment\n#\n\n   \n# HELP m A value.\n# TYPE m gauge\n"
+        'm{s="nan"} NaN\nm{s="inf"} +Inf\nm{s="-inf"} -Inf\nm{s="exp"} 1.5e-3\n'
+        'm{s="ts"} 2 1700000000123\n  # TYPE n counter\nn 3\n'
+    )
+    parser = ExpositionParser()
+    for _ in range(2):  # the second time, every series is cached: timestamps must still be read
+        parsed = parser.parse(text)
+        assert math.isnan(parsed.values[0])
+        assert parsed.values[1:5] == [math.inf, -math.inf, 0.0015, 2.0]
+        assert parsed.timestamps == {4: 1700000000.123}
+        assert parsed.types == {"m": "gauge", "n": "counter"}
+        assert comparable(ours(parser, text)) == comparable(reference(text))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "metric_without_value",
+        'm{a="unterminated} 1',
+        "m{a=unquoted} 1",
+        'm{1a="x"} 1',
+        'm{a="x",a="y"} 1',
+        'm{a="x" b="y"} 1',
+        'm{,a="x"} 1',
+        "m 1.2.3",
+        "m 1_000",
+        "m 1 1.5",
+        "m 1 2 3",
+        "9m 1",
+        "# TYPE m bogus",
+        "# TYPE m",
+    ],
+)
+def test_a_broken_line_fails_the_body_naming_its_number_and_text(bad: str) -> None:
+    body = f"# TYPE good gauge\ngood 1\n{bad}\ngood_too 2\n"
+    with pytest.raises(ExpositionError, match="line 3") as caught:
+        ExpositionParser().parse(body)
+    assert repr(bad) in str(caught.value)
+
+
+def test_a_cached_series_with_a_broken_value_is_still_an_error() -> None:
+    parser = ExpositionParser()
+    parser.parse('gpu_temp{gpu="0"} 41\n')
+    for value in ("hot", "4_1", ""):
+        with pytest.raises(ExpositionError, match="line 1"):
+            parser.parse(f'gpu_temp{{gpu="0"}} {value}\n')
+
+
+def test_sample_limit_names_the_limit() -> None:
+    body = "".join(f'm{{i="{i}"}} {i}\n' for i in range(11))
+    assert len(ExpositionParser(max_samples=11).parse(body)) == 11
+    with pytest.raises(ExpositionError, match=r"^line 11: sample 11 is over max_samples=10; parsing stopped"):
+        ExpositionParser(max_samples=10).parse(body)
+
+
+def numbered_body(samples: int, comment_every: int = 10) -> list[str]:
+    """The lines of a body of `samples` distinct series, with a HELP line before every `comment_every`th."""
+    lines = []
+    for i in range(samples):
+        if i % comment_every == 0:
+            lines.append(f"# HELP m_{i // comment_every} A family of {comment_every}.")
+        lines.append(f'm_{i // comment_every}{{i="{i}",pad="{"x" * 20}"}} {i}')
+    return lines
+
+
+def test_the_sample_limit_stops_the_parse_at_the_first_sample_over_it() -> None:
+    """A body of a million series costs what its first max_samples do: nothing after the limit is read."""
+    lines = numbered_body(30_000)
+    over = next(n for n, line in enumerate(lines, 1) if line.startswith('m_2000{i="20000"'))
+    body = "\n".join([*lines, "this line is broken", ""])  # 1 MB: the limit falls in a later chunk
+    parser = ExpositionParser(max_samples=20_000)
+    with pytest.raises(ExpositionError) as caught:
+        parser.parse(body)
+    assert str(caught.value) == f"line {over}: sample 20001 is over max_samples=20000; parsing stopped there"
+    assert len(parser._series) <= 20_001, "no series past the limit was parsed"
+    assert len(ExpositionParser(max_samples=30_000).parse("\n".join(lines))) == 30_000
+
+
+class StepClock:
+    """A clock that reads 0, 1, 2, ... on successive calls, counting them."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> float:
+        self.calls += 1
+        return self.calls - 1
+
+
+def test_a_deadline_stops_the_parse_between_chunks_naming_the_line_reached() -> None:
+    text = "\n".join(numbered_body(40_000)) + "\n"  # about 1.5 MB
+    reached = []
+    for deadline in (0, 1, 2):
+        with pytest.raises(
+            DeadlineExceeded, match=r"^deadline exceeded while parsing \(line \d+\)$"
+        ) as caught:
+            ExpositionParser(clock=StepClock()).parse(text, deadline)
+        reached.append(caught.value.lineno)
+    assert reached[0] == 1 and reached[0] < reached[1] < reached[2] < 44_000, reached
+    clock = StepClock()
+    assert len(ExpositionParser(max_samples=40_000, clock=clock).parse(text, deadline=1e9)) == 40_000
+    assert 2 <= clock.calls <= len(text) // 50_000, "checked now and then, not on every line"
+
+
+def test_without_a_deadline_the_clock_is_never_read() -> None:
+    def no_clock() -> float:
+        raise AssertionError("read the clock")
+
+    assert len(ExpositionParser(clock=no_clock).parse("\n".join(numbered_body(10_000)))) == 10_000
+
+
+def test_a_series_sent_twice_keeps_its_first_sample_and_the_rest_are_counted() -> None:
+    body = (
+        "# TYPE a gauge\n"
+        'a{x="1",y="2"} 1\n'
+        "b 5\n"
+        'a{y="2",x="1"} 2\n'  # the same series written otherwise
+        'a{x="1",y="2"} 3 1700000000000\n'
+        "b 6\n"
+        "c 7 1700000000123\n"
+    )
+    parser = ExpositionParser(target_labels={"cluster": "vela"})
+    for _ in range(2):  # the second time, from the cache
+        parsed = parser.parse(body)
+        assert (parsed.names, parsed.values, parsed.duplicates) == (["a", "b", "c"], [1.0, 5.0, 7.0], 3)
+        assert parsed.labels[0] == {"x": "1", "y": "2", "cluster": "vela"}
+        assert parsed.timestamps == {2: 1700000000.123}
+    clean = '# TYPE a gauge\na{x="1",y="2"} 1\nb 5\nc 7 1700000000123\n'
+    assert parser.parse(clean).duplicates == 0
+    assert parser.parse(clean + 'a{x="1",y="2"} 9\n').duplicates == 1, "a steady body that starts repeating"
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['m{pod="' + "x" * 1_000_000 + '"} 1', "m{" + "k" * 300 + '="v"} 1', "m" * 300 + " 1"],
+    ids=["1 MB label value", "long label name", "long metric name"],
+)
+def test_label_length_limit_names_the_limit_in_a_short_message(line: str) -> None:
+    with pytest.raises(ExpositionError, match=r"line 2: .* over max_label_length=256") as caught:
+        ExpositionParser(max_label_length=256).parse("ok 1\n" + line + "\n")
+    assert len(str(caught.value)) < 600
+
+
+def test_target_labels_join_every_sample_and_exposed_clashes_are_kept_as_exported() -> None:
+    parser = ExpositionParser(target_labels={"cluster": "vela", "job": "train"})
+    parsed = parser.parse('m{job="dcgm",gpu="0"} 1\nn 2\n')
+    assert parsed.labels == [
+        {"exported_job": "dcgm", "gpu": "0", "cluster": "vela", "job": "train"},
+        {"cluster": "vela", "job": "train"},
+    ]
+
+
+def test_a_full_cache_starts_over_and_parses_the_same() -> None:
+    body = "".join(f'm{{i="{i}"}} {i}\n' for i in range(50))
+    parser = ExpositionParser(cache_size=8)
+    assert ours(parser, body) == ours(parser, body) == reference(body)
+    assert len(parser._series) <= 8
+
+
+def test_counter_increase_never_goes_negative_across_an_exporter_restart() -> None:
+    readings = [10.0, 15.0, 15.0, 3.0, 8.0]  # the exporter restarted between 15 and 3
+    increases = [counter_increase(a, b) for a, b in itertools.pairwise(readings)]
+    assert increases == [5.0, 0.0, 3.0, 5.0]  # a reset counts the new value, as Prometheus's increase()
+    assert sum(increases) == 13.0
+
+
+def test_series_whose_hashes_collide_stay_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(expfmt, "hash", lambda _: 0, raising=False)  # every series the same hash
+    parsed = ExpositionParser().parse('a{x="1"} 1\na{x="2"} 2\nb 3\na{x="1"} 4\n')
+    assert (parsed.labels, parsed.values, parsed.duplicates) == ([{"x": "1"}, {"x": "2"}, {}], [1, 2, 3], 1)

@@ -1,0 +1,266 @@
+"""The hub's API boundary, tried as an attacker would against a real `fleetlens hub` scraping a real exporter:
+the escape corpus (tests/support/escapes.py) through the query API, scoped tokens, and loopback-only
+service without a token."""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from analytics.store import schema
+from collectors.steps import StepTracker
+from hub.app import Hub
+from hub.receivers import OtlpStepReceiver
+from hub.spool import Spool
+from hub.writer import Writer
+from tests.support import escapes
+from tests.support.clock import FakeClock
+from tests.support.peers import fleetlens_exporter, free_port, peer, stop, wait_http
+
+ADMIN, READER, WRITER, ACTOR = "admin-token", "read-token", "write-token", "act-token"
+
+
+class Listener:
+    """A loopback TCP server that counts the connections reaching it: any is a query that got out."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            connection.close()
+
+
+def post(url: str, path: str, body: bytes, token: str | None, content_type: str = "application/json"):
+    """(status, answer) of one POST."""
+    headers = {"Content-Type": content_type}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url + path, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def query(url: str, sql: str, token: str = ADMIN) -> list:
+    status, answer = post(url, "/api/v1/query", json.dumps({"sql": sql}).encode(), token)
+    assert status == 200, answer
+    return json.loads(answer)["rows"]
+
+
+def step_lines(step: int) -> bytes:
+    return "\n".join(
+        json.dumps(
+            {"ts": time.time(), "job": "j", "rank": r, "node": "vela-001", "step": step, "duration_s": 1}
+        )
+        for r in range(4)
+    ).encode()
+
+
+@pytest.fixture(scope="module")
+def hub(procfs_sys: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """`fleetlens hub` (admin token in FLEETLENS_API_TOKEN, scoped ones in a token file) scraping a real
+    exporter every second; its URL, work directory and the canary directory."""
+    work = tmp_path_factory.mktemp("hub")
+    exporter_args, metrics_url = fleetlens_exporter(
+        "--gpu-backend", "sim", "--sysfs-root", str(procfs_sys), "--node", "vela-001"
+    )
+    tokens = work / "tokens"
+    tokens.write_text(f"# scoped tokens\nread {READER}\nwrite {WRITER}\nact {ACTOR}\n")
+    tokens.chmod(0o600)
+    (work / "targets.json").write_text(
+        json.dumps([{"targets": [metrics_url.split("/")[2]], "labels": {"node": "vela-001"}}])
+    )
+    port = free_port()
+    args = [
+        *(sys.executable, "-m", "fleetlens.cli", "hub", "--store", f"chdb://{work}/store"),
+        *("--listen", f"127.0.0.1:{port}", "--targets", str(work / "targets.json"), "--interval-s", "1"),
+        *("--detectors", "none", "--token-file", str(tokens)),
+    ]
+    canary = work / "canary"
+    canary.mkdir()
+    with peer(exporter_args, metrics_url), (work / "hub.log").open("w") as log:
+        process = subprocess.Popen(
+            args, cwd=work, env={**os.environ, "FLEETLENS_API_TOKEN": ADMIN}, stdout=log, stderr=log
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_http(url + "/healthz", process)
+            yield {"url": url, "work": work, "canary": canary}
+        finally:
+            stop(process)
+
+
+def samples_stored(url: str) -> int:
+    return query(url, "SELECT count() FROM samples")[0][0]
+
+
+def test_the_escape_corpus_is_refused_and_leaves_no_trace(hub):
+    url, canary = hub["url"], hub["canary"]
+    listener = Listener()
+    assert post(url, "/api/v1/steps", step_lines(1), WRITER, "application/x-ndjson")[0] == 200
+    tables_before = {table: query(url, f"SELECT count() > -1 FROM {table}") for table in schema.READABLE}
+
+    outcomes = escapes.run(url, ADMIN, str(canary), listener.address)
+
+    answered = collections.Counter(outcome.status for outcome in outcomes)
+    through = [f"{o.status} {o.family}: {o.sql!r} -> {o.answer[:120]}" for o in outcomes if o.status != 400]
+    assert not through, "\n".join(through)
+    assert len(outcomes) >= 150 and answered == {400: len(outcomes)}
+    assert all("root:x:0:0" not in outcome.answer for outcome in outcomes)  # nothing of /etc/passwd came back
+    assert listener.connections == 0  # no URL, remote server or database was reached
+    assert list(canary.iterdir()) == []  # no file was written
+    assert {
+        table: query(url, f"SELECT count() > -1 FROM {table}") for table in schema.READABLE
+    } == tables_before
+    # ingest keeps working: scrapes keep landing and step records are stored, none set aside
+    scraped = samples_stored(url)
+    assert post(url, "/api/v1/steps", step_lines(2), WRITER, "application/x-ndjson")[0] == 200
+    deadline = time.monotonic() + 20
+    while samples_stored(url) <= scraped and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert samples_stored(url) > scraped
+    assert query(url, "SELECT count() FROM steps") == [[8]]
+    assert not any((hub["work"] / "spool" / "rejected").iterdir())
+
+
+def test_tricky_reads_are_still_answered(hub):
+    url = hub["url"]
+    assert query(url, "SELECT $$; DROP TABLE steps; $$ AS s") == [["; DROP TABLE steps; "]]
+    assert query(url, "SELECT 'INTO OUTFILE file(' AS s -- ; DROP TABLE steps") == [["INTO OUTFILE file("]]
+    assert query(url, "WITH q AS (SELECT node FROM samples) SELECT count() > 0 FROM q") == [[1]]
+    assert query(url, "SELECT number FROM numbers(3) ORDER BY number DESC") == [[2], [1], [0]]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "content_type", "allowed"),
+    [
+        ("/api/v1/query", json.dumps({"sql": "SELECT 1"}).encode(), "application/json", {READER, ADMIN}),
+        ("/api/v1/steps", step_lines(3), "application/x-ndjson", {WRITER, ADMIN}),
+        (
+            "/api/v1/actions",
+            json.dumps(
+                {
+                    "token": "t",
+                    "rows": [
+                        {
+                            "ts": time.time(),
+                            "action": "undrain",
+                            "node": "vela-001",
+                            "job": "",
+                            "reason": "r",
+                            "mode": "",
+                            "outcome": "requested",
+                            "decision_id": "",
+                        }
+                    ],
+                }
+            ).encode(),
+            "application/json",
+            {ACTOR, ADMIN},
+        ),
+    ],
+)
+def test_each_token_reaches_only_its_scope(hub, path, body, content_type, allowed):
+    for token in (READER, WRITER, ACTOR, ADMIN):
+        status, answer = post(hub["url"], path, body, token, content_type)
+        assert (status == 200) == (token in allowed), (token, status, answer)
+        if token not in allowed:
+            assert status == 403 and "may not" in answer
+    for token in (None, "wrong-token"):
+        assert post(hub["url"], path, body, token, content_type)[0] == 401
+
+
+def test_without_a_token_only_loopback_clients_are_served(store, tmp_path):
+    hub = Hub(store, Writer(store, Spool(tmp_path / "spool", 1 << 20)), OtlpStepReceiver())
+    body = json.dumps({"sql": "SELECT 1"}).encode()
+
+    def answer(address: str) -> str:
+        statuses = []
+        environ = {
+            "REQUEST_METHOD": "POST",
+            "PATH_INFO": "/api/v1/query",
+            "REMOTE_ADDR": address,
+            "CONTENT_LENGTH": str(len(body)),
+            "wsgi.input": io.BytesIO(body),
+        }
+        hub.app(environ, lambda status, headers: statuses.append(status))
+        return statuses[0]
+
+    try:
+        for address in ("127.0.0.1", "127.8.9.10", "::1", "::ffff:127.0.0.1"):
+            assert answer(address).startswith("200"), address
+        for address in ("10.1.2.3", "192.168.0.7", "2001:db8::1", "::ffff:10.0.0.1", "not-an-address"):
+            assert answer(address).startswith("403"), address
+    finally:
+        hub.writer.close()
+
+
+def test_a_hub_without_a_token_says_so_when_it_starts(tmp_path):
+    port = free_port()
+    env = {key: value for key, value in os.environ.items() if key != "FLEETLENS_API_TOKEN"}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fleetlens.cli",
+            "hub",
+            "--store",
+            f"chdb://{tmp_path}/store",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--detectors",
+            "none",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", process)
+    finally:
+        stop(process)
+    output = process.stdout.read()  # a few lines: the pipe cannot fill
+    assert "the API answers loopback clients only" in output, output
+
+
+def test_the_step_sdk_sends_its_write_token_from_the_standard_otlp_headers(hub, monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"Authorization=Bearer%20{WRITER}")
+    clock = FakeClock()
+    tracker = StepTracker(
+        job="tokened", rank=1, node="vela-001", clock=clock, environ={}, otlp_endpoint=hub["url"]
+    )
+    for _ in range(3):
+        with tracker.step():
+            clock.advance(1.0)
+    tracker.close()
+    assert tracker.otlp_failures == 0
+    assert query(hub["url"], "SELECT sum(steps) FROM steps WHERE job = 'tokened'") == [[3]]

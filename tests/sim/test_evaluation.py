@@ -1,0 +1,312 @@
+"""The evaluation harness on hand-built scenarios and anomaly lists: what an operator reads in its table."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import pickle
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from analytics.store.records import Anomaly
+from sim.evaluation import (
+    CONFOUNDER,
+    DETECTED_BY,
+    FALSE,
+    OTHER_FAULT,
+    TRUE,
+    ScenarioResult,
+    combine,
+    evaluate,
+    to_json,
+    to_markdown,
+)
+from sim.scenario import FAULT_KINDS, Scenario, parse_scenario
+
+EPOCH = 1_767_225_600.0
+NODE_DAYS = 8 * 1200 / 86_400  # the default hand-built scenario
+_ids = itertools.count()
+
+
+def scenario(faults: list[dict[str, Any]], confounders: list[dict[str, Any]] = ()) -> Scenario:
+    """8 nodes for 20 minutes, scraped every 10 s, one job over all of them: 2 pipeline stages of 4 nodes."""
+    document = {
+        "duration_s": 1200,
+        "interval_s": 10,
+        "fleet": {"nodes": 8},
+        "jobs": [{"name": "llm", "nodes": 8, "step_s": 4.0, "pp": 2, "tp": 8}],
+        "faults": faults,
+        "confounders": list(confounders),
+    }
+    return parse_scenario(document, "hand-built")
+
+
+def anomaly(kind: str, node: str, start_s: float, end_s: float | None, component: str = "") -> Anomaly:
+    """A detector's report on the scenario clock (seconds from its start); end_s None while open."""
+    return Anomaly(
+        id=f"a{next(_ids)}",
+        start=EPOCH + start_s,
+        end=None if end_s is None else EPOCH + end_s,
+        kind=kind,
+        node=node,
+        component=component,
+        job="llm",
+        severity="warning",
+        score=3.5,
+        evidence=json.dumps({"ratio": 1.2}),
+        detector=kind,
+        detector_version="1",
+    )
+
+
+def verdicts(result: ScenarioResult) -> list[str]:
+    return [outcome.verdict for outcome in result.reports]
+
+
+EVERY_FAULT = [
+    {"kind": "slow_node", "node": "vela-001", "start_s": 300, "end_s": 600, "severity": 0.1},
+    {"kind": "thermal_throttle", "node": "vela-002", "gpu": 3, "start_s": 300, "end_s": 600},
+    {"kind": "link_flap", "node": "vela-003", "nic": 2, "start_s": 300, "flaps": 3, "period_s": 30},
+    {"kind": "link_down", "node": "vela-004", "nic": 0, "start_s": 300, "end_s": 500},
+    {"kind": "dma_degraded", "node": "vela-005", "nic": 1, "start_s": 300, "end_s": 900, "mode": "no_gdr"},
+    {"kind": "gpu_lost", "node": "vela-006", "gpu": 5, "start_s": 700},
+    {"kind": "xid", "node": "vela-007", "gpu": 2, "code": 79, "start_s": 400},
+    {"kind": "congestion", "node": "vela-008", "nic": 3, "start_s": 300, "end_s": 600},
+]
+
+
+def perfect_reports(injected: Scenario) -> list[Anomaly]:
+    """What a perfect detector reports: the right kind on the right component, one window after onset."""
+    return [
+        anomaly(
+            DETECTED_BY[f.kind],
+            f.node,
+            f.start_s + 10,
+            None if f.end_s is None else f.end_s + 10,
+            f.component,
+        )
+        for f in injected.faults
+    ]
+
+
+def test_every_fault_kind_has_one_anomaly_kind_detecting_it() -> None:
+    assert set(DETECTED_BY) == set(FAULT_KINDS)
+
+
+def test_a_perfect_detector_meets_every_goal() -> None:
+    every = scenario(EVERY_FAULT)
+    suite = combine([evaluate(every, perfect_reports(every), EPOCH)])
+    assert list(suite.kinds) == list(FAULT_KINDS)
+    for stats in suite.kinds.values():
+        assert (stats.recall, stats.precision, stats.false_reports) == (1.0, 1.0, 0), stats.kind
+    assert [goal.met for goal in suite.goals] == [True, True, True, True]
+    assert "NOT met" not in to_markdown(suite)
+
+
+def test_a_missed_fault_lowers_recall_and_is_listed() -> None:
+    two = scenario(
+        [
+            {"kind": "slow_node", "node": "vela-001", "start_s": 300, "end_s": 600, "severity": 0.2},
+            {"kind": "slow_node", "node": "vela-006", "start_s": 300, "end_s": 600, "severity": 0.2},
+        ]
+    )
+    suite = combine([evaluate(two, [anomaly("slow_node", "vela-001", 310, 610)], EPOCH)])
+    assert (suite.kinds["slow_node"].recall, suite.kinds["slow_node"].precision) == (0.5, 1.0)
+    precision_recall, slow_node_latency = suite.goals[:2]
+    assert precision_recall.met is False and "slow_node recall 0.50" in precision_recall.detail
+    assert slow_node_latency.met is False and "vela-006" in slow_node_latency.detail
+    missed = [f for f in to_json(suite)["scenarios"][0]["faults"] if not f["detected"]]
+    assert [(f["node"], f["latency_s"]) for f in missed] == [("vela-006", None)]
+
+
+@pytest.mark.parametrize(
+    ("node", "component", "start_s", "end_s", "verdict"),
+    [
+        ("vela-004", "gpu:3", 310, 400, FALSE),  # another node
+        ("vela-002", "gpu:3", 100, 290, FALSE),  # before the fault
+        ("vela-002", "gpu:3", 621, 700, FALSE),  # after the fault's end and the 2 intervals it has to close
+        ("vela-002", "gpu:4", 310, 400, OTHER_FAULT),  # another GPU of the faulty node, during the fault
+    ],
+)
+def test_a_report_beside_the_fault_is_a_false_report(
+    node: str, component: str, start_s: float, end_s: float, verdict: str
+) -> None:
+    throttled = scenario(
+        [{"kind": "thermal_throttle", "node": "vela-002", "gpu": 3, "start_s": 300, "end_s": 600}]
+    )
+    result = evaluate(throttled, [anomaly("gpu_throttle", node, start_s, end_s, component)], EPOCH)
+    stats = result.kinds["thermal_throttle"]
+    assert (stats.recall, stats.precision, verdicts(result)) == (0.0, 0.0, [verdict])
+    fault_free = to_json(combine([result]))["kinds"]["thermal_throttle"]["false_per_node_day"]
+    assert fault_free == pytest.approx((verdict == FALSE) / NODE_DAYS)
+
+
+def test_a_report_closing_within_two_intervals_of_the_fault_end_still_matches() -> None:
+    throttled = scenario(
+        [{"kind": "thermal_throttle", "node": "vela-002", "gpu": 3, "start_s": 300, "end_s": 600}]
+    )
+    late = evaluate(throttled, [anomaly("gpu_throttle", "vela-002", 620, 640, "gpu:3")], EPOCH)
+    assert verdicts(late) == [TRUE]
+
+
+def test_a_node_level_report_does_not_name_a_faulty_gpu() -> None:
+    throttled = scenario(
+        [{"kind": "thermal_throttle", "node": "vela-002", "gpu": 3, "start_s": 300, "end_s": 600}]
+    )
+    result = evaluate(throttled, [anomaly("gpu_throttle", "vela-002", 310, 400, "")], EPOCH)
+    assert result.kinds["thermal_throttle"].recall == 0.0
+
+
+def test_reports_during_confounders_are_counted_apart_from_fault_free_ones() -> None:
+    confounded = scenario(
+        [],
+        [
+            {"kind": "job_stall", "job": "llm", "start_s": 400, "end_s": 460},
+            {"kind": "stage_imbalance", "job": "llm", "stage": 1, "severity": 0.2},
+            {"kind": "exporter_restart", "node": "vela-002", "at_s": 800},
+        ],
+    )
+    reports = [
+        anomaly("slow_node", "vela-001", 410, 470),  # every rank slow at once: a checkpoint
+        anomaly("slow_node", "vela-006", 900, 960),  # a node of the slower last stage
+        anomaly("link_flap", "vela-002", 810, 820, "mlx5_0:1"),  # counters reset to zero
+        anomaly("slow_node", "vela-002", 900, 960),  # stage 0, nothing going on
+    ]
+    suite = combine([evaluate(confounded, reports, EPOCH)])
+    assert verdicts(suite.scenarios[0]) == [CONFOUNDER, CONFOUNDER, CONFOUNDER, FALSE]
+    slow_node = suite.kinds["slow_node"]
+    assert (slow_node.confounder_reports, slow_node.false_reports) == (2, 1)
+    goal = suite.goals[-1]
+    assert goal.met is False
+    assert "slow_node on vela-001 410-470 s during job_stall of llm 400-460 s" in goal.detail
+    assert "| slow_node | 0 | – | 3 | 0.00 (0/3) | – / – | 9.00 | 2 |" in to_markdown(suite)
+
+
+def test_a_report_naming_the_wrong_fault_on_a_faulty_node_is_not_fault_free_time() -> None:
+    throttled = scenario(
+        [{"kind": "thermal_throttle", "node": "vela-002", "gpu": 3, "start_s": 300, "end_s": 600}]
+    )
+    result = evaluate(throttled, [anomaly("slow_node", "vela-002", 320, 600)], EPOCH)
+    assert verdicts(result) == [OTHER_FAULT]
+    assert (result.kinds["slow_node"].precision, result.kinds["slow_node"].false_reports) == (0.0, 0)
+
+
+def test_latency_percentiles_over_detected_faults_and_the_slow_node_goal() -> None:
+    delays = [0, 10, 20, 30, 40]
+    slow = scenario(
+        [
+            {"kind": "slow_node", "node": f"vela-00{i + 1}", "start_s": 300, "end_s": 700, "severity": 0.1}
+            for i in range(len(delays))
+        ]
+    )
+    reports = [anomaly("slow_node", f"vela-00{i + 1}", 300 + d, 700, "") for i, d in enumerate(delays)]
+    suite = combine([evaluate(slow, reports, EPOCH)])
+    stats = suite.kinds["slow_node"]
+    assert (stats.latency_s(50), stats.latency_s(90), stats.latency_windows(50)) == (20.0, 36.0, 2.0)
+    goal = suite.goals[1]
+    assert goal.met is False and "vela-005" in goal.detail and "vela-004" not in goal.detail
+    assert "| 20 / 36 |" in to_markdown(suite)
+
+
+def test_slow_node_latency_goal_leaves_out_subtle_slowdowns() -> None:
+    subtle = scenario(
+        [{"kind": "slow_node", "node": "vela-001", "start_s": 300, "end_s": 900, "severity": 0.05}]
+    )
+    suite = combine([evaluate(subtle, [anomaly("slow_node", "vela-001", 400, 900)], EPOCH)])
+    assert suite.goals[1].met is None
+    assert "not judged" in to_markdown(suite)
+
+
+def test_a_report_opened_before_the_fault_counts_as_immediate() -> None:
+    lost = scenario([{"kind": "gpu_lost", "node": "vela-006", "gpu": 5, "start_s": 700}])
+    result = evaluate(lost, [anomaly("gpu_fault", "vela-006", 695, None, "gpu:5")], EPOCH)
+    assert [outcome.latency_s for outcome in result.faults] == [0.0]
+
+
+@pytest.mark.parametrize(("delay_s", "met"), [(10, True), (20, False)])
+def test_link_flap_goal_wants_one_interval_from_the_end_of_the_first_flap(delay_s: float, met: bool) -> None:
+    """The link goes down at 300 and is back at 315 (period 30 s): the first flap is over at 315."""
+    flap = scenario([{"kind": "link_flap", "node": "vela-003", "nic": 2, "start_s": 300, "period_s": 30}])
+    report = anomaly("link_flap", "vela-003", 315 + delay_s, 400, "mlx5_2:1")
+    result = combine([evaluate(flap, [report], EPOCH)])
+    assert result.goals[2].met is met
+    assert result.kinds["link_flap"].latency_s(50) == delay_s
+
+
+def test_peer_outlier_is_shown_but_never_judged() -> None:
+    throttled = scenario(
+        [{"kind": "thermal_throttle", "node": "vela-002", "gpu": 3, "start_s": 300, "end_s": 600}]
+    )
+    reports = [
+        anomaly("gpu_throttle", "vela-002", 310, 610, "gpu:3"),
+        anomaly("peer_outlier", "vela-002", 320, 600),  # the same trouble, seen by the catch-all
+        anomaly("peer_outlier", "vela-007", 320, 600),  # nothing wrong there
+    ]
+    suite = combine([evaluate(throttled, reports, EPOCH)])
+    outlier = suite.kinds["peer_outlier"]
+    assert outlier.catch_all and (outlier.reports, outlier.true_reports, outlier.false_reports) == (2, 1, 1)
+    assert [goal.met for goal in suite.goals] == [True, None, None, True]
+    assert "| peer_outlier (catch-all) | 0 | – | 2 | 0.50 (1/2) |" in to_markdown(suite)
+
+
+def test_gpu_fault_reports_count_for_the_fault_kind_they_detected() -> None:
+    gpus = scenario(
+        [
+            {"kind": "xid", "node": "vela-007", "gpu": 2, "start_s": 400},
+            {"kind": "gpu_lost", "node": "vela-006", "gpu": 5, "start_s": 700},
+        ]
+    )
+    reports = [
+        anomaly("gpu_fault", "vela-007", 410, None, "gpu:2"),
+        anomaly("gpu_fault", "vela-001", 300, 400, "gpu:0"),  # wrong: counts against both kinds
+    ]
+    kinds = evaluate(gpus, reports, EPOCH).kinds
+    assert (kinds["xid"].recall, kinds["xid"].reports, kinds["xid"].precision) == (1.0, 2, 0.5)
+    assert (kinds["gpu_lost"].recall, kinds["gpu_lost"].reports, kinds["gpu_lost"].precision) == (0.0, 1, 0.0)
+
+
+def test_an_anomaly_rewritten_when_it_ended_is_one_report() -> None:
+    slow = scenario(
+        [
+            {"kind": "slow_node", "node": "vela-001", "start_s": 300, "end_s": 400, "severity": 0.2},
+            {"kind": "slow_node", "node": "vela-001", "start_s": 800, "end_s": 900, "severity": 0.2},
+        ]
+    )
+    opened = anomaly("slow_node", "vela-001", 310, None)
+    closed = replace(opened, end=EPOCH + 410)
+    result = evaluate(slow, [closed, opened], EPOCH)
+    assert len(result.reports) == 1
+    assert [outcome.detected for outcome in result.faults] == [True, False]
+
+
+def test_the_suite_pools_scenarios_and_reports_everything_as_json() -> None:
+    every = scenario(EVERY_FAULT)
+    first = evaluate(every, perfect_reports(every), EPOCH)
+    second = evaluate(
+        every, [*perfect_reports(every)[1:], anomaly("congestion", "vela-001", 50, 60, "mlx5_3:1")], EPOCH
+    )
+    suite = combine([first, second])
+    assert suite.node_days == pytest.approx(2 * NODE_DAYS)
+    assert (suite.kinds["slow_node"].faults, suite.kinds["slow_node"].recall) == (2, 0.5)
+    assert suite.kinds["congestion"].precision == pytest.approx(2 / 3)
+    document = json.loads(json.dumps(to_json(suite)))
+    assert [s["name"] for s in document["scenarios"]] == ["hand-built", "hand-built"]
+    assert document["kinds"]["congestion"]["false_per_node_day"] == pytest.approx(1 / (2 * NODE_DAYS))
+    false_report = document["scenarios"][1]["reports_detecting_nothing"][0]
+    assert (false_report["verdict"], false_report["node"], false_report["evidence"]) == (
+        FALSE,
+        "vela-001",
+        '{"ratio": 1.2}',
+    )
+    markdown = to_markdown(suite)
+    assert "| congestion | 2 | 1.00 (2/2) | 3 | 0.67 (2/3) | 10 / 10 | 4.50 | 0 |" in markdown
+    assert "2 scenario(s), 0.22 node-days" in markdown
+
+
+def test_a_scenario_result_crosses_to_another_process() -> None:
+    """fleetlens eval scores each scenario in a worker process of its own."""
+    every = scenario(EVERY_FAULT)
+    result = evaluate(every, perfect_reports(every), EPOCH)
+    assert pickle.loads(pickle.dumps(result)) == result

@@ -1,0 +1,82 @@
+"""The live fleet (`fleetlens sim serve`): nodes that play the scenario to the moment they are scraped,
+and step records that wait for a hub that does not take them yet."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from email.message import Message
+from pathlib import Path
+
+from hub.expfmt import ExpositionParser
+from sim.live import LiveFleet
+from sim.scenario import parse_scenario
+from sim.simulator import StepPoster
+from tests.support.clock import FakeClock
+from tests.support.loopback import LoopbackPostServer
+
+EPOCH = 1_800_000_000.0
+SCENARIO = {
+    "seed": 5,
+    "duration_s": 120,
+    "interval_s": 10,
+    "fleet": {"nodes": 2, "gpus_per_node": 2, "nics_per_node": 2, "prefix": "live-"},
+    "jobs": [{"name": "small", "nodes": 2, "step_s": 2.0, "dp": 2, "pp": 1, "tp": 2}],
+    "faults": [{"kind": "link_down", "node": "live-002", "nic": 1, "start_s": 30, "end_s": 60}],
+}
+
+
+def port_states(address: str) -> dict[str, float]:
+    """device:port -> node_infiniband_state_id as one scrape of the node shows them."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    parsed = ExpositionParser().parse(text)
+    return {
+        f"{labels['device']}:{labels['port']}": value
+        for name, labels, value in zip(parsed.names, parsed.labels, parsed.values, strict=True)
+        if name == "node_infiniband_state_id"
+    }
+
+
+def test_each_scrape_sees_its_node_as_the_scenario_has_it_at_that_moment(tmp_path: Path):
+    clock = FakeClock(EPOCH + 5)
+    fleet = LiveFleet(parse_scenario(SCENARIO, "live"), tmp_path, EPOCH, clock=clock).start()
+    try:
+        assert [group["labels"]["node"] for group in fleet.targets] == ["live-001", "live-002"]
+        address = fleet.addresses["live-002"]
+        assert port_states(address) == {"mlx5_0:1": 4, "mlx5_1:1": 4}
+        clock.advance(30)  # 35 s: the link is down
+        assert port_states(address) == {"mlx5_0:1": 4, "mlx5_1:1": 1}
+        clock.advance(40)  # 75 s: back
+        assert port_states(address)["mlx5_1:1"] == 4
+        assert port_states(fleet.addresses["live-001"]) == {"mlx5_0:1": 4, "mlx5_1:1": 4}
+    finally:
+        fleet.close()
+
+
+def test_step_records_a_hub_refused_are_sent_with_the_next_ones_and_none_twice(tmp_path: Path):
+    answers, received = [503, 200, 200], []
+
+    def hub(body: bytes, headers: Message) -> tuple[int, str, bytes]:
+        status = answers.pop(0)
+        if status == 200:
+            received.extend(json.loads(line) for line in body.decode().splitlines())
+        return status, "application/json", b"{}"
+
+    clock = FakeClock(EPOCH + 20)
+    fleet = LiveFleet(parse_scenario(SCENARIO, "live"), tmp_path, EPOCH, clock=clock)
+    with LoopbackPostServer(hub) as server, StepPoster(server.url.removeprefix("http://")) as poster:
+        fleet.post_steps(poster)  # refused: kept
+        assert received == []
+        clock.advance(20)
+        fleet.post_steps(poster)  # the first 20 s and the next 20 s
+        clock.advance(20)
+        fleet.post_steps(poster)
+
+    per_rank = {}
+    for record in received:
+        per_rank.setdefault((record["node"], record["rank"]), []).append(record["step"])
+    assert len(per_rank) == 4  # 2 nodes x 2 GPUs
+    for steps in per_rank.values():
+        first = steps[0]  # every step once, in order, 2 s each over the 60 s
+        assert steps == list(range(first, first + len(steps))) and len(steps) >= 25
