@@ -28,14 +28,8 @@ from prometheus_client.metrics_core import Metric
 from collectors.base import CollectorOptions, ReadErrors
 from collectors.errors import LogParseError
 from collectors.follow import FollowedFile, Line
-from collectors.gpu.collector import (
-    LABELS,
-    GpuBackend,
-    GpuIdentity,
-    XidEvent,
-    lease_backend,
-    normalize_pci_bus_id,
-)
+from collectors.gpu.backend import lease_backend
+from collectors.gpu.model import LABELS, GpuBackend, GpuIdentity, XidEvent, normalize_pci_bus_id
 from collectors.registry import register
 
 XID_MARKER = "NVRM: Xid"

@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from collectors.errors import GpuBackendError
-from collectors.gpu.collector import GpuIdentity, GpuReading, GpuSample, XidEvent, normalize_pci_bus_id
+from collectors.gpu.model import GpuIdentity, GpuReading, GpuSample, XidEvent, normalize_pci_bus_id
 
 ALL_NVLINKS = 0xFFFFFFFF  # field-value scopeId asking NVML for the sum over every NVLink
 KIB = 1024

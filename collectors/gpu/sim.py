@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from collectors.gpu.collector import THROTTLE_REASONS, GpuIdentity, GpuReading, GpuSample, XidEvent
+from collectors.gpu.model import THROTTLE_REASONS, GpuIdentity, GpuReading, GpuSample, XidEvent
 
 KIB = 1024
 XID_FALLEN_OFF_THE_BUS = 79

@@ -14,7 +14,7 @@ from collectors import registry
 from collectors.base import CollectorOptions, ReadErrors
 from collectors.errors import LogParseError
 from collectors.follow import FollowedFile
-from collectors.gpu.collector import normalize_pci_bus_id
+from collectors.gpu.model import normalize_pci_bus_id
 from collectors.gpu.sim import ManualClock, SimBackend
 from collectors.xid import KmsgReader, XidCollector, open_kernel_log, parse_xid_line
 from tests.support.exposition import samples_of

@@ -21,14 +21,9 @@ from collectors import registry
 from collectors.base import CollectorOptions, ReadErrors
 from collectors.errors import GpuBackendError
 from collectors.exporter import scrape_body
-from collectors.gpu.collector import (
-    LABELS,
-    METRICS,
-    THROTTLE_REASONS,
-    GpuCollector,
-    acquire_backend,
-    release_backend,
-)
+from collectors.gpu.backend import acquire_backend, release_backend
+from collectors.gpu.collector import METRICS, GpuCollector
+from collectors.gpu.model import LABELS, THROTTLE_REASONS
 from collectors.gpu.nvml import NvmlBackend
 from collectors.gpu.sim import ManualClock, SimBackend
 from collectors.xid import XidCollector

@@ -22,7 +22,8 @@ import pytest
 
 from collectors.base import ReadErrors
 from collectors.errors import GpuBackendError
-from collectors.gpu.collector import GpuCollector, XidEvent
+from collectors.gpu.collector import GpuCollector
+from collectors.gpu.model import XidEvent
 from collectors.gpu.nvml import ALL_NVLINKS, NvmlBackend, handle_address
 from tests.support.exposition import samples_of
 

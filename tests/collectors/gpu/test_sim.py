@@ -8,7 +8,8 @@ import pytest
 
 from collectors import registry
 from collectors.base import CollectorOptions, ReadErrors
-from collectors.gpu.collector import GpuCollector, GpuSample, XidEvent
+from collectors.gpu.collector import GpuCollector
+from collectors.gpu.model import GpuSample, XidEvent
 from collectors.gpu.sim import ManualClock, SimBackend
 from tests.support.exposition import samples_of
 
