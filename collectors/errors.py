@@ -3,15 +3,11 @@
     CollectorError
     ├── SysfsError          a sysfs file is unreadable or holds a value we cannot parse
     ├── GpuBackendError     NVML (or the simulated backend) failed for a device or as a whole
-    ├── LogParseError       a kernel or NCCL log line, or a step JSON line, is malformed
-    ├── ExpositionError     a scraped body breaks the text format (hub.expfmt)
-    ├── ScraperConfigError  a targets file or scrape setting is unusable (hub.scraper)
-    ├── ScrapeError         one target's scrape failed (hub.scraper)
-    └── PayloadError        a receiver refused a request body, with its HTTP status (hub.receivers)
+    └── LogParseError       a kernel or NCCL log line, or a step JSON line, is malformed
 
-The last four live beside the code that raises them. Collectors catch theirs per sample or per
-device, report them through `ReadErrors` and go on: one bad file never fails a scrape. Each message
-names the file, device, line or field it is about.
+Collectors catch theirs per sample or per device, report them through `ReadErrors` and go on: one bad
+file never fails a scrape. Each message names the file, device, line or field it is about. (The hub's
+errors are hub.errors.)
 """
 
 from __future__ import annotations

@@ -23,16 +23,8 @@ OTEL_EXPORTER_OTLP_ENDPOINT (a base URL); with none of them nothing is exported.
 only queues each step; the exporting thread feeds the histograms and sends them, so a down or slow
 endpoint never blocks or fails a step: failed exports are counted (`otlp_failures`) and logged once.
 
-JSON lines (the contract the hub reads back with `read_step_records`): one object per rank and step,
-appended to `jsonl_path` when the step ends, keys in this order, optional ones omitted when unknown:
-
-    {"ts": <unix seconds, step end>, "job": str, "rank": int, "node": str, "step": int,
-     "duration_s": float, "compute_s"?: float, "comm_s"?: float, "data_s"?: float,
-     "dp_rank"?: int, "pp_stage"?: int, "tp_rank"?: int}
-
-Every value must fit the store's `steps` column it goes to, so that nothing accepted is refused later:
-ts within TS_RANGE_S, durations finite and >= 0, rank and topology integers from 0 to UINT32_MAX, step
-from 0 to UINT64_MAX, job and node valid Unicode. A file or request holds each (job, rank, step) once.
+JSON lines: one object per rank and step, appended to `jsonl_path` when the step ends, in the contract
+of collectors.steprecord (which the hub reads back with `read_step_records`).
 
 A tracker belongs to one training thread; it is not thread-safe.
 """
@@ -45,14 +37,11 @@ import json
 import logging
 import math
 import os
-import reprlib
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -66,160 +55,16 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 
-from collectors.errors import LogParseError
+from collectors.steprecord import PHASE_DURATION, PHASES, STEP_DURATION, check_value
 
 log = logging.getLogger("fleetlens.steps")
 
-PHASES = ("compute", "comm", "data")  # the order of their *_s keys in a JSON line
-STEP_DURATION = "fleetlens.step.duration"
-PHASE_DURATION = "fleetlens.step.phase.duration"
 # 1 ms to ~12 min in steps of about 1.5x: fine enough to tell a 1.3x straggler from its peers' p50.
 STEP_BUCKETS_S = tuple(round(m * 10.0**e, 4) for e in range(-3, 3) for m in (1, 1.5, 2, 3, 5, 7))
 _UNSET_JOB = "none"  # torchrun's TORCHELASTIC_RUN_ID when no --rdzv-id was given
 
 Clock = Callable[[], float]
 PhaseSeconds = list[float | None]  # one entry per PHASES, None where the step did not enter it
-
-
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One line of the JSON-lines contract, typed."""
-
-    ts: float
-    job: str
-    rank: int
-    node: str
-    step: int
-    duration_s: float
-    compute_s: float | None = None
-    comm_s: float | None = None
-    data_s: float | None = None
-    dp_rank: int | None = None
-    pp_stage: int | None = None
-    tp_rank: int | None = None
-
-
-# What the store's `steps` columns hold (analytics/schema.py STEPS): a value outside is refused where it is
-# read, naming the key and the range, instead of being accepted and then refused by the store.
-UINT32_MAX = (1 << 32) - 1  # rank, dp_rank, pp_stage, tp_rank; and the steps an OTLP row stands for
-UINT64_MAX = (1 << 64) - 1  # step
-TS_RANGE_S = (0.0, 7_258_118_400.0)
-"""Unix seconds a step may end at: 1970-01-01 to 2200-01-01 UTC. The store's DateTime64(3) holds 1900 to
-2299; a step before 1970 or after 2200 comes from a broken clock, and the margin keeps clear of the edges."""
-TS_RANGE_TEXT = " to ".join(  # for messages: "0 (1970-01-01 UTC) to 7258118400 (2200-01-01 UTC)"
-    f"{bound:.0f} ({datetime.fromtimestamp(bound, UTC):%Y-%m-%d} UTC)" for bound in TS_RANGE_S
-)
-
-_FLOAT_KEYS = {"ts", "duration_s", "compute_s", "comm_s", "data_s"}
-_INT_MAX = {"rank": UINT32_MAX, "step": UINT64_MAX} | dict.fromkeys(
-    ("dp_rank", "pp_stage", "tp_rank"), UINT32_MAX
-)
-_STR_KEYS = {"job", "node"}
-_REQUIRED_KEYS = ("ts", "job", "rank", "node", "step", "duration_s")
-
-
-def _check_value(key: str, value: Any) -> Any:
-    """The value of `key` as its record type; ValueError naming the key and what it must be otherwise."""
-    if key in _STR_KEYS:
-        if isinstance(value, str) and _is_unicode(value):
-            return value
-        wanted = "a string of valid Unicode"
-    elif key in _INT_MAX:
-        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _INT_MAX[key]:
-            return value
-        wanted = f"a non-negative integer up to {_INT_MAX[key]}"
-    else:
-        number = _finite(value)
-        low, high = TS_RANGE_S if key == "ts" else (0.0, math.inf)
-        if number is not None and low <= number <= high:
-            return number
-        wanted = f"unix seconds from {TS_RANGE_TEXT}" if key == "ts" else "a finite non-negative number"
-    raise ValueError(f"{key!r} must be {wanted}, got {reprlib.repr(value)}")
-
-
-def _finite(value: Any) -> float | None:
-    """A JSON number as a float; None for anything else, NaN, infinities and integers past the float range."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if not isinstance(value, int) or isinstance(value, bool):
-        return None
-    try:
-        return float(value)  # an integer is a finite float, or too large to be one
-    except OverflowError:
-        return None
-
-
-def _is_unicode(text: str) -> bool:
-    """Whether `text` can be stored as UTF-8; lone surrogates (JSON's \\ud800 escapes, a file's bytes that
-    are not UTF-8) cannot."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def parse_step_record(line: str) -> StepRecord:
-    """One JSON line as a StepRecord; ValueError saying what is wrong with it."""
-    try:
-        fields = json.loads(line)
-    except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
-    if not isinstance(fields, dict):
-        raise ValueError(f"expected a JSON object, got {type(fields).__name__}")
-    missing = [key for key in _REQUIRED_KEYS if key not in fields]
-    if missing:
-        raise ValueError(f"missing key(s) {', '.join(missing)}")
-    unknown = sorted(set(fields) - _FLOAT_KEYS - _INT_MAX.keys() - _STR_KEYS)
-    if unknown:
-        raise ValueError(f"unknown key(s) {', '.join(map(reprlib.repr, unknown))}")
-    return StepRecord(**{key: _check_value(key, value) for key, value in fields.items()})
-
-
-class SeenSteps:
-    """The line each (job, rank, step, ts) was first read on, to refuse a second record of the same step:
-    stored twice, a step would count twice in every mean and peer comparison made of it. The same step
-    number at another time is no duplicate: a job resumed from a checkpoint runs its steps again."""
-
-    def __init__(self) -> None:
-        self._lines: dict[tuple[str, int, int, float], int] = {}
-
-    def check(self, record: StepRecord, line: int) -> None:
-        """Note `record`, read on `line`; ValueError naming both lines if its step was read before."""
-        first = self._lines.setdefault((record.job, record.rank, record.step, record.ts), line)
-        if first != line:
-            raise ValueError(
-                f"duplicate of line {first}: job {reprlib.repr(record.job)} rank {record.rank} "
-                f"step {record.step} at ts {record.ts} again"
-            )
-
-
-def read_step_records(source: str | os.PathLike[str] | Iterable[str]) -> Iterator[StepRecord]:
-    """Yield the records of a JSON-lines file (a path) or of lines already read (any other iterable).
-
-    Blank lines are skipped. A malformed line, or a second record of a step already read, raises
-    LogParseError naming the file (or "<lines>") and the line number, after every record before it has
-    been yielded.
-    """
-    if isinstance(source, str | os.PathLike):
-        # bytes that are not UTF-8 come through as lone surrogates, which the line's checks then refuse
-        with open(source, encoding="utf-8", errors="surrogateescape") as lines:
-            yield from _parse_lines(lines, os.fspath(source))
-    else:
-        yield from _parse_lines(source, "<lines>")
-
-
-def _parse_lines(lines: Iterable[str], name: str) -> Iterator[StepRecord]:
-    seen = SeenSteps()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = parse_step_record(line)
-            seen.check(record, number)
-        except ValueError as error:
-            raise LogParseError(f"{name}:{number}: {error}") from error
-        yield record
 
 
 class _FailureLog:
@@ -534,7 +379,7 @@ class StepTracker:
             if value is not None
         }
         for key, value in {**self.identity, **self.topology}.items():
-            _check_value(key, value)  # refuse now what the JSON-lines reader would refuse later
+            check_value(key, value)  # refuse now what the JSON-lines reader would refuse later
         self._wall_clock = wall_clock
         self._next_step = 0
         self._timer = _StepTimer(clock, self._finish)
@@ -556,7 +401,7 @@ class StepTracker:
         if self._timer.running:
             raise RuntimeError("steps do not nest")
         if number is not None:
-            _check_value("step", number)  # refuse now what the JSON-lines reader would refuse later
+            check_value("step", number)  # refuse now what the JSON-lines reader would refuse later
         self._timer.number = self._next_step if number is None else number
         self._next_step = self._timer.number + 1
         return self._timer

@@ -35,7 +35,7 @@ from collectors.base import CollectorOptions
 from collectors.errors import CollectorError
 from collectors.exporter import Exporter, make_registry, scrape_body, serve
 from collectors.httpserver import serve_app
-from collectors.steps import read_step_records
+from collectors.steprecord import read_step_records
 from fleetlens.access import hub_config, load, open_store, reader
 from fleetlens.alerting import build_alert_service
 from fleetlens.alerts_cli import add_commands as add_alert_commands
@@ -44,9 +44,11 @@ from fleetlens.demo_cli import add_commands as add_demo_commands
 from fleetlens.postmortem_cli import add_commands as add_postmortem_commands
 from fleetlens.ui_cli import add_commands as add_ui_commands
 from hub.app import Hub
-from hub.auth import TokenFileError, Tokens
+from hub.auth import Tokens
+from hub.bodies import ReceiverLimits
 from hub.detect import DetectionLoop
-from hub.receivers import OtlpStepReceiver, ReceiverLimits, step_row
+from hub.errors import HubError, TokenFileError
+from hub.otlp import OtlpStepReceiver
 from hub.scraper import ScrapeLimits, Scraper, Shard, TargetsFile
 from hub.spool import Spool
 from hub.writer import Writer
@@ -234,7 +236,7 @@ def cmd_steps_import(args: argparse.Namespace) -> int:
     if args.hub:
         count = HubClient(args.hub).import_steps(body)
     else:
-        rows = [step_row(record) for record in read_step_records(args.file)]  # all checked before any insert
+        rows = list(read_step_records(args.file))  # all checked before any insert
         digest = hashlib.sha256(body).hexdigest()  # importing the same file twice stores it once
         store = open_store(hub_config(args))
         try:
@@ -483,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, AddressError) as exc:
         print(f"fleetlens: configuration error: {exc}", file=sys.stderr)
         return 2
-    except (AnalyticsError, AlertsError, CollectorError, OSError) as exc:
+    except (AnalyticsError, AlertsError, CollectorError, HubError, OSError) as exc:
         print(f"fleetlens: {exc}", file=sys.stderr)
         return 1
 

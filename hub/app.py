@@ -2,7 +2,7 @@
 
     scraper ──(ScrapeBatch, TargetStatus every interval)──▶ writer ──▶ store
     POST /v1/metrics (OTLP) ─┐                               │ (store down: spool on disk, replay in order)
-    POST /api/v1/steps ──────┴──(StepRow)──▶ writer          ▼
+    POST /api/v1/steps ──────┴──(StepRecord)──▶ writer          ▼
     POST /api/v1/query ◀───────── read-only SQL ────────── store (read sessions of its own)
     POST /api/v1/silences, /api/v1/actions ─(silences, drain requests)─▶ store
     GET /metrics (the hub's own), GET /healthz
@@ -35,8 +35,10 @@ from collectors import textformat
 from collectors.logtext import printable
 from hub.auth import Tokens
 from hub.detect import DetectionLoop
-from hub.receivers import OtlpStepReceiver, PayloadError, otlp_error_response, parse_steps_jsonl
+from hub.errors import PayloadError
+from hub.otlp import OtlpStepReceiver, otlp_error_response
 from hub.scraper import Scraper
+from hub.steplines import parse_steps_jsonl
 from hub.writer import Writer
 
 log = logging.getLogger("fleetlens.hub")

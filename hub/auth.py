@@ -19,13 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collectors.errors import CollectorError
+from hub.errors import TokenFileError
 
 SCOPES = ("read", "write", "act")
-
-
-class TokenFileError(CollectorError):
-    """The token file cannot be read or has a bad line; the message names the file and line, never a token."""
 
 
 @dataclass(frozen=True)

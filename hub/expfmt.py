@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
 
-from collectors.errors import CollectorError
+from hub.errors import DeadlineExceeded, ExpositionError
 
 METRIC_TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped"})
 
@@ -46,18 +46,6 @@ _SHOWN_CHARS = 160
 _CHUNK_CHARS = 512 * 1024
 _RUN_LINES = 4096
 _RUN_CHARS = 128 * 1024
-
-
-class ExpositionError(CollectorError):
-    """A scrape body is not valid Prometheus text format, or exceeds a limit; the message says where."""
-
-
-class DeadlineExceeded(ExpositionError):
-    """Parsing ran past its deadline; `lineno` is the line it had reached."""
-
-    def __init__(self, lineno: int) -> None:
-        super().__init__(f"deadline exceeded while parsing (line {lineno})")
-        self.lineno = lineno
 
 
 Series = tuple[str, dict[str, str]]

@@ -40,8 +40,8 @@ from urllib.parse import urlsplit
 import yaml
 
 from analytics.store.records import ScrapeBatch, TargetStatus
-from collectors.errors import CollectorError
-from hub.expfmt import DeadlineExceeded, Exposition, ExpositionParser
+from hub.errors import DeadlineExceeded, HubError, ScrapeError, ScraperConfigError
+from hub.expfmt import Exposition, ExpositionParser
 
 log = logging.getLogger("fleetlens.scraper")
 
@@ -56,14 +56,6 @@ _READ_CHUNK = 256 * 1024
 _CUT_OFF_GRACE_S = 0.1
 
 Sink = Callable[[list[ScrapeBatch], list[TargetStatus]], None]
-
-
-class ScraperConfigError(CollectorError):
-    """A targets file, shard or scrape setting is invalid; the message names which one and why."""
-
-
-class ScrapeError(CollectorError):
-    """A target answered, but not with a usable body (HTTP status, size limit, encoding)."""
 
 
 @dataclass(frozen=True)
@@ -244,7 +236,7 @@ class _TargetSession:
         self.phase, self._cut = "waiting for a free scrape worker", ""
         try:
             exposition = self.parser.parse(self._fetch(deadline).decode(), deadline)
-        except (OSError, http.client.HTTPException, UnicodeDecodeError, CollectorError) as exc:
+        except (OSError, http.client.HTTPException, UnicodeDecodeError, HubError) as exc:
             self.close()
             error = self._describe(exc)
             self._note(False, error)
@@ -342,7 +334,7 @@ class _TargetSession:
             return self.deadline_error(self._cut or self.phase)
         if isinstance(exc, ConnectionRefusedError):
             return "connection refused"
-        if isinstance(exc, CollectorError):
+        if isinstance(exc, HubError):
             return str(exc)
         if isinstance(exc, UnicodeDecodeError):
             return f"body is not UTF-8: {exc}"

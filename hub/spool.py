@@ -65,15 +65,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from analytics.errors import StoreRejected, StoreUnavailable
-from analytics.store.records import ScrapeBatch, StepRow, TargetStatus
+from analytics.store.records import ScrapeBatch, TargetStatus
+from collectors.steprecord import StepRecord
 
 log = logging.getLogger("fleetlens.hub.spool")
 
 Kind = Literal["samples", "targets", "steps"]
-Row = ScrapeBatch | TargetStatus | StepRow
+Row = ScrapeBatch | TargetStatus | StepRecord
 Insert = Callable[[Kind, Sequence[Row], str], object]  # (kind, rows, token): raises a StoreError on failure
 
-ROW_TYPES: dict[str, type[Row]] = {"samples": ScrapeBatch, "targets": TargetStatus, "steps": StepRow}
+ROW_TYPES: dict[str, type[Row]] = {"samples": ScrapeBatch, "targets": TargetStatus, "steps": StepRecord}
 FORMAT_VERSION = 1
 HEADER = struct.Struct(">8sQ")  # magic, payload length
 MAGIC = b"FLSPOOL1"

@@ -35,7 +35,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
 from analytics.errors import StoreError, StoreRejected, StoreUnavailable
-from analytics.store.records import ScrapeBatch, StepRow, TargetStatus
+from analytics.store.records import ScrapeBatch, TargetStatus
+from collectors.steprecord import StepRecord
 from hub.spool import ROW_TYPES, Kind, Row, Spool
 
 log = logging.getLogger("fleetlens.hub.writer")
@@ -50,7 +51,7 @@ class RowStore(Protocol):
 
     def insert_targets(self, statuses: Sequence[TargetStatus], *, token: str) -> int: ...
 
-    def insert_steps(self, rows: Sequence[StepRow], *, token: str) -> int: ...
+    def insert_steps(self, rows: Sequence[StepRecord], *, token: str) -> int: ...
 
 
 @dataclass(frozen=True)

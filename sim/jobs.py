@@ -22,7 +22,7 @@ import zlib
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from analytics.store.records import StepRow
+from collectors.steprecord import StepRecord
 from sim.scenario import Confounder, FleetSpec, JobSpec, Scenario
 
 COMPUTE_SHARE = 0.6  # of step_s, on a healthy rank
@@ -88,7 +88,7 @@ def downtimes(scenario: Scenario, job: str) -> list[Downtime]:
 @dataclass(frozen=True)
 class _Step:
     end: float
-    rows: list[StepRow]
+    rows: list[StepRecord]
 
 
 class JobModel:
@@ -115,9 +115,9 @@ class JobModel:
         self._warmup_left = 0
         self._pending: _Step | None = None
 
-    def steps_until(self, t: float) -> list[StepRow]:
+    def steps_until(self, t: float) -> list[StepRecord]:
         """The records of every step that ended after the last call and at or before `t`."""
-        rows: list[StepRow] = []
+        rows: list[StepRecord] = []
         while True:
             if self._pending is None:
                 self._pending = self._next_step()
@@ -180,10 +180,12 @@ class JobModel:
             for fault in self._faults
         )
 
-    def _rows(self, end: float, duration: float, computes: list[float], datas: list[float]) -> list[StepRow]:
+    def _rows(
+        self, end: float, duration: float, computes: list[float], datas: list[float]
+    ) -> list[StepRecord]:
         ts = round(self._epoch + end, DIGITS)
         return [
-            StepRow(
+            StepRecord(
                 ts=ts,
                 job=self.job.name,
                 rank=rank.rank,

@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from analytics.store.records import StepRow
 from collectors.errors import CollectorError
+from collectors.steprecord import StepRecord
 from sim.fleet import LOOPBACK
 from sim.jobs import JobModel
 from sim.loopserver import LoopServer
@@ -66,7 +66,7 @@ class LiveFleet:
         self._nodes: list[_LiveNode] = []
         self.addresses: dict[str, str] = {}  # node name -> 127.0.0.1:port
         self._jobs = [JobModel(job, scenario, epoch) for job in scenario.jobs]
-        self._pending: list[StepRow] = []
+        self._pending: list[StepRecord] = []
 
     def start(self) -> LiveFleet:
         """Build every node and serve it on a free loopback port."""

@@ -40,7 +40,7 @@ from pathlib import Path
 from queue import Empty
 
 from analytics.store import Store
-from analytics.store.records import ScrapeBatch, StepRow, TargetStatus
+from analytics.store.records import ScrapeBatch, TargetStatus
 from collectors import registry, textformat
 from collectors.base import CollectorOptions, ReadErrors
 from collectors.errors import CollectorError
@@ -48,11 +48,11 @@ from collectors.exporter import Exporter, make_app, make_registry
 from collectors.gpu.collector import GpuCollector
 from collectors.gpu.sim import ManualClock, SimBackend
 from collectors.registry import BuiltCollector
-from collectors.steps import StepRecord
+from collectors.steprecord import CONTRACT_KEYS, StepRecord
 from collectors.xid import XidCollector
 from hub.app import Hub
 from hub.expfmt import ExpositionParser
-from hub.receivers import OtlpStepReceiver
+from hub.otlp import OtlpStepReceiver
 from hub.scraper import Scraper, Target
 from hub.spool import Spool
 from hub.writer import Writer
@@ -466,11 +466,11 @@ class _Inserts:
         self._flushes = 0
         self._batches: list[ScrapeBatch] = []
         self._statuses: list[TargetStatus] = []
-        self._steps: list[StepRow] = []
+        self._steps: list[StepRecord] = []
         self._pending_samples = 0
         self.samples = self.steps = self.targets_down = 0
 
-    def add(self, batches: list[ScrapeBatch], statuses: list[TargetStatus], steps: list[StepRow]) -> None:
+    def add(self, batches: list[ScrapeBatch], statuses: list[TargetStatus], steps: list[StepRecord]) -> None:
         self._batches += batches
         self._statuses += statuses
         self._steps += steps
@@ -549,10 +549,10 @@ def _pace(started: float, simulated_s: float, speed: float) -> None:
         time.sleep(delay)
 
 
-_STEP_KEYS = [field.name for field in dataclasses.fields(StepRecord)]
+_STEP_KEYS = CONTRACT_KEYS
 
 
-def step_lines(rows: Sequence[StepRow]) -> bytes:
+def step_lines(rows: Sequence[StepRecord]) -> bytes:
     """Step rows as the step JSON-lines contract (collectors.steps), unknown values left out."""
     records = (
         {key: getattr(row, key) for key in _STEP_KEYS if getattr(row, key) is not None} for row in rows
@@ -572,7 +572,7 @@ class StepPoster:
         self._conn.close()
         self._conn = http.client.HTTPConnection(self.address, timeout=30)
 
-    def post(self, rows: Sequence[StepRow]) -> None:
+    def post(self, rows: Sequence[StepRecord]) -> None:
         for first in range(0, len(rows), STEPS_PER_POST):
             body = step_lines(rows[first : first + STEPS_PER_POST])
             self._conn.request("POST", "/api/v1/steps", body, {"Content-Type": "application/x-ndjson"})

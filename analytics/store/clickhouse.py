@@ -42,6 +42,7 @@ from analytics.store import schema
 from analytics.store.clickhouse_errors import short, store_error, unreachable
 from analytics.store.readonly import Connect, ReadSessions
 from analytics.store.records import (
+    STEP_COLUMNS,
     ActionRow,
     AlertChange,
     Anomaly,
@@ -49,7 +50,6 @@ from analytics.store.records import (
     QueryResult,
     ScrapeBatch,
     SilenceRow,
-    StepRow,
     TargetStatus,
 )
 from analytics.store.redact import redacted
@@ -219,24 +219,24 @@ class Store:
 
     def insert_targets(self, statuses: Sequence[TargetStatus], *, token: str) -> int:
         """Store one row per scrape outcome; returns the number of rows sent."""
-        return self._insert_records("targets", TargetStatus, statuses, token)
+        return self._insert_records("targets", _columns(TargetStatus), statuses, token)
 
-    def insert_steps(self, rows: Sequence[StepRow], *, token: str) -> int:
+    def insert_steps(self, rows: Sequence[Any], *, token: str) -> int:
         """Store training step rows; returns the number of rows sent."""
-        return self._insert_records("steps", StepRow, rows, token)
+        return self._insert_records("steps", STEP_COLUMNS, rows, token)
 
     def insert_anomalies(self, rows: Sequence[Anomaly], *, token: str) -> int:
         """Store anomaly rows; an anomaly written again under its id (when it ends) replaces the earlier
         row on merge (read with FINAL). Returns the number of rows sent."""
         return self._insert_records(
-            "anomalies", Anomaly, rows, token, times=("start", "end"), nullable_times=("end",)
+            "anomalies", _columns(Anomaly), rows, token, times=("start", "end"), nullable_times=("end",)
         )
 
     def insert_alert_changes(self, rows: Sequence[AlertChange], *, token: str) -> int:
         """Store alert state changes; returns the number of rows sent."""
         return self._insert_records(
             "alerts",
-            AlertChange,
+            _columns(AlertChange),
             rows,
             token,
             times=("ts", "starts_at", "ends_at"),
@@ -245,17 +245,17 @@ class Store:
 
     def insert_actions(self, rows: Sequence[ActionRow], *, token: str) -> int:
         """Store drain controller decisions; returns the number of rows sent."""
-        return self._insert_records("actions", ActionRow, rows, token)
+        return self._insert_records("actions", _columns(ActionRow), rows, token)
 
     def insert_silences(self, rows: Sequence[SilenceRow], *, token: str) -> int:
         """Store silences (a row under an existing id replaces it, read with FINAL)."""
         return self._insert_records(
-            "silences", SilenceRow, rows, token, times=("starts_at", "ends_at", "updated_at")
+            "silences", _columns(SilenceRow), rows, token, times=("starts_at", "ends_at", "updated_at")
         )
 
     def insert_notifications(self, rows: Sequence[NotificationRow], *, token: str) -> int:
         """Store delivery outcomes; returns the number of rows sent."""
-        return self._insert_records("notifications", NotificationRow, rows, token)
+        return self._insert_records("notifications", _columns(NotificationRow), rows, token)
 
     def query(
         self,
@@ -288,17 +288,16 @@ class Store:
     def _insert_records(
         self,
         table: str,
-        record: type,
+        names: Sequence[str],
         records: Sequence[Any],
         token: str,
         times: Sequence[str] = ("ts",),
         nullable_times: Sequence[str] = (),
     ) -> int:
-        """Insert dataclass records whose fields are the table's columns; the `times` columns (unix
+        """Insert records that have the table's column `names` as attributes; the `times` columns (unix
         seconds) go in as milliseconds, and None in a `nullable_times` column as NULL."""
         if not records:
             return 0
-        names = [f.name for f in fields(record)]
         columns = {name: [getattr(r, name) for r in records] for name in names}
         for name in times:
             try:
@@ -335,6 +334,11 @@ class Store:
             raise StoreRejected(f"{table}: rows do not fit the table's column types: {error}") from error
         except ClickHouseError as error:
             raise store_error(f"insert into {table}", error) from error
+
+
+def _columns(record: type) -> tuple[str, ...]:
+    """The columns of a table whose rows are `record` dataclasses: its fields."""
+    return tuple(field.name for field in fields(record))
 
 
 def _sample_columns(batches: Sequence[ScrapeBatch], ids_per_batch: list[list[int]]) -> list[list]:

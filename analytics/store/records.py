@@ -40,26 +40,12 @@ class TargetStatus:
     error: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class StepRow:
-    """One training step of one rank (from step JSON lines), or a run of `steps` steps of one rank whose
-    durations were only seen in aggregate (from OTLP histograms: duration_s is then their mean, and
-    `step` the number of the last one)."""
-
-    ts: float
-    job: str
-    rank: int
-    node: str
-    step: int
-    duration_s: float
-    compute_s: float | None = None
-    comm_s: float | None = None
-    data_s: float | None = None
-    dp_rank: int | None = None
-    pp_stage: int | None = None
-    tp_rank: int | None = None
-    steps: int = 1
-    source: str = "jsonl"  # jsonl | otlp
+# A step row's columns: the hub hands the store collectors.steprecord.StepRecord objects, which have them
+# as attributes (the record is defined once, beside the step SDK, for both to share).
+STEP_COLUMNS = (
+    "ts", "job", "rank", "node", "step", "duration_s", "compute_s", "comm_s", "data_s",
+    "dp_rank", "pp_stage", "tp_rank", "steps", "source",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

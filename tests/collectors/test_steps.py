@@ -20,18 +20,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collectors.errors import LogParseError
-from collectors.steps import (
+from collectors.steprecord import (
     PHASE_DURATION,
     STEP_DURATION,
     TS_RANGE_S,
     UINT32_MAX,
     UINT64_MAX,
     StepRecord,
-    StepTracker,
-    otlp_metrics_url,
     parse_step_record,
     read_step_records,
 )
+from collectors.steps import StepTracker, otlp_metrics_url
 from tests.conftest import REPO
 from tests.support.clock import FakeClock
 from tests.support.otlp import OtlpReceiver

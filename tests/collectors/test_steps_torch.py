@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from collectors.steps import PHASE_DURATION, PHASES, STEP_DURATION, StepRecord, read_step_records
+from collectors.steprecord import PHASE_DURATION, PHASES, STEP_DURATION, StepRecord, read_step_records
 from tests.conftest import REPO
 from tests.support.otlp import HistogramPoint, OtlpReceiver
 from tests.support.peers import free_port

@@ -32,7 +32,7 @@ from fleetlens.cli import build_exporter
 from fleetlens.config import ExporterConfig
 from hub.app import Hub
 from hub.auth import Tokens
-from hub.receivers import OtlpStepReceiver
+from hub.otlp import OtlpStepReceiver
 from hub.scraper import Scraper, Shard, TargetsFile
 from hub.spool import Spool
 from hub.writer import Writer

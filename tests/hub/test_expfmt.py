@@ -15,7 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hub import expfmt
-from hub.expfmt import DeadlineExceeded, ExpositionError, ExpositionParser, counter_increase
+from hub.errors import DeadlineExceeded, ExpositionError
+from hub.expfmt import ExpositionParser, counter_increase
 
 Sample = tuple[str, dict[str, str], float, float | None]
 

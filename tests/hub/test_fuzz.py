@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hub.app import Hub
-from hub.receivers import OtlpStepReceiver, ReceiverLimits
+from hub.bodies import ReceiverLimits
+from hub.otlp import OtlpStepReceiver
 from hub.spool import Spool
 from hub.writer import Writer
 from tests.support import escapes

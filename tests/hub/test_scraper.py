@@ -30,16 +30,9 @@ from bench.hostile_targets import body_server, series_body, serving, silent, slo
 from collectors import registry
 from collectors.base import CollectorOptions
 from collectors.exporter import Exporter, make_registry, serve
+from hub.errors import ScraperConfigError
 from hub.expfmt import ExpositionParser
-from hub.scraper import (
-    ScrapeLimits,
-    Scraper,
-    ScraperConfigError,
-    Shard,
-    Target,
-    TargetsFile,
-    parse_targets,
-)
+from hub.scraper import ScrapeLimits, Scraper, Shard, Target, TargetsFile, parse_targets
 from tests.support.peers import free_port, hung_listener
 
 BODY = (

@@ -23,7 +23,7 @@ import pytest
 from analytics.store import schema
 from collectors.steps import StepTracker
 from hub.app import Hub
-from hub.receivers import OtlpStepReceiver
+from hub.otlp import OtlpStepReceiver
 from hub.spool import Spool
 from hub.writer import Writer
 from tests.support import escapes

@@ -14,7 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from analytics.errors import StoreRejected, StoreUnavailable
-from analytics.store.records import ScrapeBatch, StepRow, TargetStatus
+from analytics.store.records import ScrapeBatch, TargetStatus
+from collectors.steprecord import StepRecord
 from hub.spool import Kind, Row, Spool, row_count
 from hub.writer import Backoff, Writer
 from tests.support.exposition import samples_of
@@ -51,7 +52,7 @@ class FakeStore:
     def insert_targets(self, statuses: Sequence[TargetStatus], *, token: str) -> int:
         return self.insert("targets", statuses, token)
 
-    def insert_steps(self, rows: Sequence[StepRow], *, token: str) -> int:
+    def insert_steps(self, rows: Sequence[StepRecord], *, token: str) -> int:
         return self.insert("steps", rows, token)
 
     def scrape_times(self) -> list[float]:
@@ -115,8 +116,8 @@ def test_restart_replays_every_kind_in_order_with_values_intact(fixtures, tmp_pa
     )
     status = TargetStatus(1_700_000_001.5, "vela-003:9400", "vela-003", False, 10.0, 0, "timeout: 10 s")
     steps = [
-        StepRow(1_700_000_002.0, "llama-70b", 3, "vela-001", 41, 1.25, 0.9, 0.3, 0.05, 1, 0, 3),
-        StepRow(1_700_000_002.5, "llama-70b", 4, "vela-001", 40, 1.1, steps=20, source="otlp"),
+        StepRecord(1_700_000_002.0, "llama-70b", 3, "vela-001", 41, 1.25, 0.9, 0.3, 0.05, 1, 0, 3),
+        StepRecord(1_700_000_002.5, "llama-70b", 4, "vela-001", 40, 1.1, steps=20, source="otlp"),
     ]
     spool = Spool(tmp_path, max_bytes=1 << 20)
     spool.put("samples", "t1", [real, odd_values])
@@ -431,8 +432,8 @@ def test_insert_latency_is_a_histogram_per_kind(tmp_path, writers):
             return super().insert(kind, rows, token)
 
     writer = writers(SlowStore(), Spool(tmp_path, max_bytes=1 << 20), clock=lambda: now[0])
-    writer.write("steps", [StepRow(1.0, "job", 0, "vela-001", 1, 1.0)])
-    writer.write("steps", [StepRow(2.0, "job", 0, "vela-001", 2, 1.0)])
+    writer.write("steps", [StepRecord(1.0, "job", 0, "vela-001", 1, 1.0)])
+    writer.write("steps", [StepRecord(2.0, "job", 0, "vela-001", 2, 1.0)])
 
     buckets = {
         s.labels["le"]: s.value

@@ -7,8 +7,8 @@ from collections import defaultdict
 
 import pytest
 
-from analytics.store.records import StepRow
 from collectors.nccl_log import Verdict, parse_nccl_log, summarize
+from collectors.steprecord import StepRecord
 from sim.jobs import CHECKPOINT_EVERY, WARMUP_STEPS, JobModel, nccl_log
 from sim.scenario import Scenario, parse_scenario
 
@@ -34,14 +34,14 @@ def model(**scenario_keys: object) -> JobModel:
     return JobModel(played.jobs[0], played, EPOCH)
 
 
-def by_step(rows: list[StepRow]) -> dict[int, list[StepRow]]:
+def by_step(rows: list[StepRecord]) -> dict[int, list[StepRecord]]:
     steps = defaultdict(list)
     for row in rows:
         steps[row.step].append(row)
     return steps
 
 
-def compute_of(rows: list[StepRow], node: str) -> float:
+def compute_of(rows: list[StepRecord], node: str) -> float:
     return statistics.mean(row.compute_s for row in rows if row.node == node)
 
 

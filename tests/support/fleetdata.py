@@ -24,12 +24,13 @@ from pathlib import Path
 
 from analytics.detectors.base import Window
 from analytics.store import Store
-from analytics.store.records import ScrapeBatch, StepRow, TargetStatus
+from analytics.store.records import ScrapeBatch, TargetStatus
 from collectors import registry
 from collectors.base import CollectorOptions, ReadErrors
 from collectors.exporter import Exporter
 from collectors.gpu.collector import GpuCollector
 from collectors.gpu.sim import ManualClock, SimBackend
+from collectors.steprecord import StepRecord
 from collectors.textformat import render
 from collectors.xid import XidCollector
 from hub.expfmt import ExpositionParser
@@ -129,7 +130,7 @@ class SimulatedFleet:
                 token=token,
             )
             steps = [
-                StepRow(now, node.job, node.index, node.name, self._ticks, self.interval_s)
+                StepRecord(now, node.job, node.index, node.name, self._ticks, self.interval_s)
                 for node in self.nodes
                 if node.job
             ]

@@ -14,7 +14,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
     Metric,
 )
 
-from collectors.steps import STEP_DURATION
+from collectors.steprecord import STEP_DURATION
 from tests.support.loopback import LoopbackPostServer
 
 CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE

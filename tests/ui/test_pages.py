@@ -16,7 +16,8 @@ from alerts import commands
 from analytics.detectors import build
 from analytics.detectors.runner import DetectionRunner, store_anomalies
 from analytics.store import Store
-from analytics.store.records import ActionRow, AlertChange, StepRow
+from analytics.store.records import ActionRow, AlertChange
+from collectors.steprecord import StepRecord
 from tests.support.fleetdata import SimulatedFleet
 from ui import environment, source, window
 
@@ -44,7 +45,9 @@ def seed(store: Store, root: Path) -> float:
     store_anomalies(store, runner.run(store, fault_window, end))
     store.insert_steps(
         [
-            StepRow(start + 10 * tick, "llm-7b", rank, node, tick, seconds + 1, compute_s=seconds, pp_stage=0)
+            StepRecord(
+                start + 10 * tick, "llm-7b", rank, node, tick, seconds + 1, compute_s=seconds, pp_stage=0
+            )
             for tick in range(1, 9)
             for rank, (node, seconds) in enumerate(COMPUTE_S.items())
         ],

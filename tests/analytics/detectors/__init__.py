@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from analytics.detectors.base import Window
-from analytics.store.records import StepRow
+from collectors.steprecord import StepRecord
 from sim.fleet import node_name
 
 WINDOW_S = 10.0
@@ -62,13 +62,13 @@ class SyncJob:
     def stage_of(self, node_index: int) -> int:
         return node_index * self.stages // self.nodes
 
-    def steps(self, start: float, seconds: float, first_step: int = 0) -> list[StepRow]:
+    def steps(self, start: float, seconds: float, first_step: int = 0) -> list[StepRecord]:
         """Every rank's step records of the steps that end within `seconds` from `start`, numbered from
         `first_step`."""
         rng = random.Random(f"{self.seed}/{first_step}")
         data_s = self.data_share * self.step_s
         comm_s = (1 - self.compute_share - self.data_share) * self.step_s
-        rows: list[StepRow] = []
+        rows: list[StepRecord] = []
         t, step = start, first_step
         while True:
             computes = [
@@ -92,11 +92,11 @@ class SyncJob:
 
     def _records(
         self, step: int, end: float, computes: list[float], durations: list[float], rng: random.Random
-    ) -> list[StepRow]:
+    ) -> list[StepRecord]:
         data_s = self.data_share * self.step_s
         ranks_per_stage = len(computes) // self.stages
         return [
-            StepRow(
+            StepRecord(
                 ts=end + rng.uniform(0, 0.005),
                 job=self.name,
                 rank=rank,

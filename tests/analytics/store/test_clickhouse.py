@@ -19,7 +19,8 @@ import pytest
 from analytics.errors import QueryError, SchemaError, StoreRejected, StoreUnavailable
 from analytics.store import Retention, Store, schema
 from analytics.store.readonly import MAX_IDLE, PARSER_FUNCTIONS, ReadSessions, session_settings
-from analytics.store.records import Anomaly, ScrapeBatch, StepRow, TargetStatus
+from analytics.store.records import Anomaly, ScrapeBatch, TargetStatus
+from collectors.steprecord import StepRecord
 from fleetlens.cli import build_exporter
 from fleetlens.config import ExporterConfig
 from tests.conftest import REPO
@@ -233,7 +234,7 @@ def test_series_that_appear_in_a_later_scrape_are_registered(store: Store) -> No
 
 def test_the_same_token_stores_once_and_another_token_again(store: Store) -> None:
     batch = gpu_temps(NOW, 40.0, 41.0)
-    step = StepRow(NOW, "job-a", 0, "vela-001", 10, 0.52)
+    step = StepRecord(NOW, "job-a", 0, "vela-001", 10, 0.52)
     status = TargetStatus(NOW, "vela-001:9400", "vela-001", True, 0.004, 2)
     for token in ("first", "first", "second"):
         store.insert_samples([batch], token=token)
@@ -262,16 +263,18 @@ def test_the_rollup_holds_each_minutes_min_max_sum_count_and_last_by_time(store:
 
 def test_steps_and_targets_read_back_with_their_missing_values(store: Store) -> None:
     steps = [
-        StepRow(NOW, "job-a", 3, "vela-002", 100, 0.61, 0.40, 0.15, 0.06, dp_rank=1, pp_stage=0, tp_rank=3),
-        StepRow(NOW + 1, "job-a", 4, "vela-002", 164, 0.58, steps=64, source="otlp"),
+        StepRecord(
+            NOW, "job-a", 3, "vela-002", 100, 0.61, 0.40, 0.15, 0.06, dp_rank=1, pp_stage=0, tp_rank=3
+        ),
+        StepRecord(NOW + 1, "job-a", 4, "vela-002", 164, 0.58, steps=64, source="otlp"),
     ]
     store.insert_steps(steps, token="steps")
     store.insert_targets(
         [TargetStatus(NOW, "vela-002:9400", "vela-002", False, 2.0, 0, "timeout")], token="t"
     )
-    columns = ", ".join(field.name for field in fields(StepRow) if field.name != "ts")
+    columns = ", ".join(field.name for field in fields(StepRecord) if field.name != "ts")
     rows = store.query(f"SELECT toUnixTimestamp64Milli(ts) / 1000, {columns} FROM steps ORDER BY rank").rows
-    assert [StepRow(*row) for row in rows] == steps
+    assert [StepRecord(*row) for row in rows] == steps
     assert store.query("SELECT up, samples, error FROM targets").rows == [(0, 0, "timeout")]
 
 
@@ -313,8 +316,8 @@ def test_anomalies_read_back_and_a_closed_anomaly_replaces_its_open_row(store: S
     "insert",
     [
         lambda s: s.insert_samples([ScrapeBatch("t", "n", NOW, ["m"], [{}], ["hot"])], token="x"),
-        lambda s: s.insert_steps([StepRow(NOW, "job", 0, "n", 1, duration_s="slow")], token="x"),
-        lambda s: s.insert_steps([StepRow(NOW, "job", -1, "n", 1, 0.5)], token="x"),
+        lambda s: s.insert_steps([StepRecord(NOW, "job", 0, "n", 1, duration_s="slow")], token="x"),
+        lambda s: s.insert_steps([StepRecord(NOW, "job", -1, "n", 1, 0.5)], token="x"),
         lambda s: s.insert_targets([TargetStatus("yesterday", "t", "n", True, 0.1, 3)], token="x"),
     ],
     ids=["sample value not a number", "step duration not a number", "negative rank", "ts not a number"],

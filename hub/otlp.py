@@ -1,37 +1,22 @@
-"""Receivers for training step times: OTLP/HTTP metrics and step JSON lines, turned into StepRow lists.
+"""POST /v1/metrics: the step SDK's OTLP/HTTP histograms (protobuf or JSON) turned into step records.
 
-The hub's HTTP server hands each request body to one of these and stores the rows it gets back:
+    OtlpStepReceiver.receive(body, content_type, content_encoding) -> OtlpResult
 
-    POST /v1/metrics     OtlpStepReceiver.receive(body, content_type, content_encoding) -> OtlpResult
-    POST /api/v1/steps   parse_steps_jsonl(body, content_type, content_encoding, limits) -> list[StepRow]
-
-A request is taken whole or refused whole. Bad input raises PayloadError, carrying the HTTP status to
-answer (400 bad data, 413 too large, 415 unsupported Content-Type or Content-Encoding) and a message naming
-the problem and where: a line number, or a field path such as resource_metrics[0].scope_metrics[0].
-metrics[2]. A refused request returns no row and leaves the receiver's state as it was. Bodies may be
-gzip-compressed; ReceiverLimits.max_body_bytes bounds them before and after decompression, as the OTLP
-specification asks (a small gzip bomb must not inflate into gigabytes), and MAX_GZIP_MEMBERS bounds the
-members of one body.
-
-Every row must fit the store's `steps` columns (collectors.steps: UINT32_MAX, UINT64_MAX, TS_RANGE_S):
-a value that cannot be stored is a 400 naming it, never a 200 for rows the store then refuses. A step
-JSON-lines body holds each (job, rank, step) once.
-
-Unknown fields: OTLP/JSON receivers must ignore them (OTLP specification), and this one does. The step
-JSON-lines contract is ours and versioned with the step SDK, so there an unknown key is refused: a
-misspelt "compute" would otherwise drop a phase without anyone noticing.
+A request is taken whole or refused whole: PayloadError (hub.bodies) names the problem and its field path,
+such as resource_metrics[0].scope_metrics[0].metrics[2], and a refused request leaves the receiver's
+state as it was. Every row must fit the store's `steps` columns (collectors.steprecord: UINT32_MAX,
+UINT64_MAX, TS_RANGE_S): a value that cannot be stored is a 400 naming it, never a 200 for rows the store
+then refuses. Unknown fields are ignored, as the OTLP specification requires of receivers.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 import math
 import reprlib
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -46,23 +31,28 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, HistogramDataPoint, Metric
 
-from analytics.store.records import StepRow
-from collectors.errors import CollectorError
-from collectors.steps import (
+from collectors.steprecord import (
     PHASE_DURATION,
     PHASES,
     STEP_DURATION,
     TS_RANGE_S,
     TS_RANGE_TEXT,
     UINT32_MAX,
-    SeenSteps,
     StepRecord,
-    parse_step_record,
 )
+from hub.bodies import (
+    DEFAULT_LIMITS,
+    JSON,
+    ReceiverLimits,
+    decompressed,
+    label_too_long,
+    media_type,
+    unsupported_media,
+    utf8_text,
+)
+from hub.errors import PayloadError
 
 PROTOBUF = "application/x-protobuf"
-JSON = "application/json"
-STEP_LINES_MEDIA_TYPES = ("application/x-ndjson", "application/jsonl", JSON)
 
 # The step SDK's metrics, and the attributes that every point of each must have.
 _STEP_METRICS = {
@@ -82,30 +72,6 @@ _DELTA = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
 _INT64_LIMIT = 1 << 63  # counts at or above it are negative int64 values sent as unsigned
 _TS_RANGE_NS = tuple(int(bound) * 10**9 for bound in TS_RANGE_S)
 _PROBLEMS_SHOWN = 5
-MAX_GZIP_MEMBERS = 64
-"""Members one gzip body may have. Real senders send one; each further member costs a new inflater, so
-a body of many tiny members is refused rather than inflated member by member."""
-_GZIP_CHUNK = 1 << 16  # bytes fed to an inflater at a time: what it copies at a member's end is this much
-
-
-class PayloadError(CollectorError):
-    """A request body refused as a whole; `status` is the HTTP status to answer it with."""
-
-    def __init__(self, status: HTTPStatus, problem: str) -> None:
-        super().__init__(problem)
-        self.status = status
-
-
-@dataclass(frozen=True)
-class ReceiverLimits:
-    """What one request may hold; the defaults are the hub config's (OTLP recommends 20 MiB bodies)."""
-
-    max_body_bytes: int = 16 << 20  # also after decompression
-    max_label_length: int = 4096  # characters of one attribute value (job, node, ...)
-    max_rows: int = 100_000  # step rows (OTLP: step series points) in one request
-
-
-DEFAULT_LIMITS = ReceiverLimits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +91,7 @@ class OtlpResult:
     receiver cannot use (reported to the sender as a partial success).
     """
 
-    rows: list[StepRow]
+    rows: list[StepRecord]
     response: OtlpResponse
     ignored_points: int
     rejected_points: int
@@ -133,7 +99,7 @@ class OtlpResult:
 
 def otlp_error_response(error: PayloadError, content_type: str | None) -> OtlpResponse:
     """The OTLP failure response for a refused request: a google.rpc.Status with the error's message."""
-    media = JSON if _media_type(content_type) == JSON else PROTOBUF
+    media = JSON if media_type(content_type) == JSON else PROTOBUF
     return _encoded(Status(message=str(error)), media, error.status)
 
 
@@ -189,7 +155,7 @@ class _Triage:
 
 
 class OtlpStepReceiver:
-    """Turns the step SDK's histograms into one StepRow per series (job, rank, node) and export.
+    """Turns the step SDK's histograms into one StepRecord per series (job, rank, node) and export.
 
     Per series and per phase it keeps the last cumulative count and sum; each export then yields
     steps = count delta, duration_s = sum delta / steps, compute_s (comm_s, data_s) = that phase's sum
@@ -242,10 +208,10 @@ class OtlpStepReceiver:
         self, body: bytes, content_type: str | None, content_encoding: str | None = None
     ) -> OtlpResult:
         """The rows of one `POST /v1/metrics` body; PayloadError (and no change) when it is refused."""
-        media = _media_type(content_type)
+        media = media_type(content_type)
         if media not in (PROTOBUF, JSON):
-            raise _unsupported_media(content_type, (PROTOBUF, JSON))
-        request = _decode_request(_decompressed(body, content_encoding, self.limits.max_body_bytes), media)
+            raise unsupported_media(content_type, (PROTOBUF, JSON))
+        request = _decode_request(decompressed(body, content_encoding, self.limits.max_body_bytes), media)
         triage = _triage(request, self.limits)
         step_points = sum(1 for point in triage.points if point.key[3] is None)
         if step_points > self.limits.max_rows:
@@ -258,7 +224,7 @@ class OtlpStepReceiver:
             rows = self._advance(triage.points)
         return OtlpResult(rows, _success_response(triage, media), triage.ignored, triage.rejected)
 
-    def _advance(self, points: Iterable[_StepPoint]) -> list[StepRow]:
+    def _advance(self, points: Iterable[_StepPoint]) -> list[StepRecord]:
         """The rows of `points`; their series move to them only once every row fits the store."""
         now = self._wall_clock()
         moved: dict[SeriesKey, _Cumulative] = {}
@@ -313,133 +279,6 @@ class OtlpStepReceiver:
             self._complete_since_ns = max(self._complete_since_ns, int(oldest.seen_at * 1e9))
 
 
-def parse_steps_jsonl(
-    body: bytes,
-    content_type: str | None,
-    content_encoding: str | None = None,
-    limits: ReceiverLimits = DEFAULT_LIMITS,
-) -> list[StepRow]:
-    """The rows of a `POST /api/v1/steps` body, step JSON lines (collectors.steps), one row per line.
-
-    PayloadError names the line of the first bad one (and, for a step recorded twice, the line of the
-    first record). Accepted Content-Types: application/x-ndjson, application/jsonl, and application/json
-    (what curl users tend to send). Unknown keys are refused, see the module docstring.
-    """
-    if _media_type(content_type) not in STEP_LINES_MEDIA_TYPES:
-        raise _unsupported_media(content_type, STEP_LINES_MEDIA_TYPES)
-    text = _text(_decompressed(body, content_encoding, limits.max_body_bytes))
-    rows = []
-    seen = SeenSteps()
-    for number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        if len(rows) == limits.max_rows:
-            raise PayloadError(
-                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                f"line {number}: more than {limits.max_rows} step records in one request; "
-                "send them in smaller parts",
-            )
-        try:
-            record = parse_step_record(line)
-            seen.check(record, number)
-        except ValueError as error:
-            raise PayloadError(HTTPStatus.BAD_REQUEST, f"line {number}: {error}") from None
-        for name in ("job", "node"):
-            if len(label := getattr(record, name)) > limits.max_label_length:
-                raise _label_too_long(f"line {number}: {name!r}", len(label), limits)
-        rows.append(step_row(record))
-    return rows
-
-
-def step_row(record: StepRecord) -> StepRow:
-    """The store's row for one step JSON-lines record."""
-    return StepRow(**dataclasses.asdict(record), source="jsonl")
-
-
-def _media_type(content_type: str | None) -> str:
-    """The media type of a Content-Type header, without parameters such as charset."""
-    return (content_type or "").partition(";")[0].strip().lower()
-
-
-def _unsupported_media(content_type: str | None, accepted: tuple[str, ...]) -> PayloadError:
-    return PayloadError(
-        HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
-        f"Content-Type {content_type!r} is not accepted here; send one of {', '.join(accepted)}",
-    )
-
-
-def _decompressed(body: bytes, content_encoding: str | None, limit: int) -> bytes:
-    """The body as sent before any Content-Encoding; PayloadError when it is, or inflates, over `limit`."""
-    if len(body) > limit:
-        raise PayloadError(
-            HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {len(body)} bytes exceeds the limit of {limit}"
-        )
-    coding = (content_encoding or "identity").strip().lower()
-    if coding == "identity":
-        return body
-    if coding not in ("gzip", "x-gzip"):
-        raise PayloadError(
-            HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
-            f"Content-Encoding {content_encoding!r} is not supported; send gzip or no encoding",
-        )
-    return _gunzip(body, limit)
-
-
-def _gunzip(body: bytes, limit: int) -> bytes:
-    """Inflate every gzip member of `body` (at most MAX_GZIP_MEMBERS), stopping as soon as the output
-    passes `limit` bytes."""
-    inflated = bytearray()
-    view = memoryview(body)
-    start = members = 0
-    while start < len(body):
-        if members == MAX_GZIP_MEMBERS:
-            raise PayloadError(
-                HTTPStatus.BAD_REQUEST,
-                f"gzip body has more than {MAX_GZIP_MEMBERS} members (the next at byte {start}); "
-                "send one gzip stream",
-            )
-        start = _inflate_member(view, start, inflated, limit)
-        members += 1
-    return bytes(inflated)
-
-
-def _inflate_member(view: memoryview, start: int, inflated: bytearray, limit: int) -> int:
-    """Append the gzip member at byte `start` of `view` to `inflated`; the offset of the byte after it.
-
-    The input goes in in chunks: an inflater copies whatever follows its member's end (unused_data), and
-    a whole body's rest per member would make many members cost quadratic time.
-    """
-    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    offset = start
-    while not inflater.eof:
-        if offset == len(view):
-            raise PayloadError(HTTPStatus.BAD_REQUEST, "gzip body is truncated")
-        chunk = view[offset : offset + _GZIP_CHUNK]
-        offset += len(chunk)
-        try:  # output capped at limit + 1 bytes: reaching the cap is refused below, so no input waits
-            inflated += inflater.decompress(chunk, limit + 1 - len(inflated))
-        except zlib.error as error:
-            raise PayloadError(
-                HTTPStatus.BAD_REQUEST, f"gzip body is corrupt (member at byte {start}): {error}"
-            ) from None
-        if len(inflated) > limit:
-            raise PayloadError(
-                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                f"gzip body of {len(view)} bytes inflates past the limit of {limit} bytes",
-            )
-    return offset - len(inflater.unused_data)
-
-
-def _text(body: bytes) -> str:
-    try:
-        return body.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = body.count(b"\n", 0, error.start) + 1
-        raise PayloadError(
-            HTTPStatus.BAD_REQUEST, f"line {line}: byte {error.start} of the body is not UTF-8"
-        ) from None
-
-
 def _decode_request(body: bytes, media: str) -> ExportMetricsServiceRequest:
     request = ExportMetricsServiceRequest()
     if media == PROTOBUF:
@@ -453,7 +292,7 @@ def _decode_request(body: bytes, media: str) -> ExportMetricsServiceRequest:
             ) from None
         return request
     try:
-        _json_to_message(json.loads(_text(body)), request, "")
+        _json_to_message(json.loads(utf8_text(body)), request, "")
     except json.JSONDecodeError as error:
         raise PayloadError(
             HTTPStatus.BAD_REQUEST,
@@ -556,13 +395,6 @@ def _triage(request: ExportMetricsServiceRequest, limits: ReceiverLimits) -> _Tr
     return triage
 
 
-def _label_too_long(where: str, length: int, limits: ReceiverLimits) -> PayloadError:
-    return PayloadError(
-        HTTPStatus.BAD_REQUEST,
-        f"{where}: value of {length} characters is longer than the limit of {limits.max_label_length}",
-    )
-
-
 def _step_attributes(
     point: HistogramDataPoint, path: str, required: tuple[str, ...], limits: ReceiverLimits
 ) -> dict[str, str | int]:
@@ -579,7 +411,7 @@ def _step_attributes(
         if too_long or mistyped:  # the message is only built for the rare bad attribute
             where = f"{path}.attributes[{index}] ({reprlib.repr(attribute.key)})"
             if too_long:
-                raise _label_too_long(where, len(value), limits)
+                raise label_too_long(where, len(value), limits)
             wanted = f"an int_value from 0 to {UINT32_MAX}" if expected == "int_value" else "a string_value"
             raise PayloadError(
                 HTTPStatus.BAD_REQUEST,
@@ -632,7 +464,7 @@ def _per_step(phase: _Delta | None, steps: int) -> float | None:
     return phase.seconds / steps if phase and phase.steps else None
 
 
-def _rows(deltas: dict[SeriesKey, _Delta]) -> list[StepRow]:
+def _rows(deltas: dict[SeriesKey, _Delta]) -> list[StepRecord]:
     """One row per step series that advanced, with the means of its phases over the same export;
     PayloadError naming the point whose row the store's `steps` columns could not hold."""
     for delta in deltas.values():
@@ -653,7 +485,7 @@ def _rows(deltas: dict[SeriesKey, _Delta]) -> list[StepRow]:
             f"{name}_s": _per_step(deltas.get((job, rank, node, name)), delta.steps) for name in PHASES
         }
         rows.append(
-            StepRow(
+            StepRecord(
                 ts=delta.point.time_ns / 1e9,
                 job=job,
                 rank=rank,

@@ -30,27 +30,21 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import (
     Metric,
 )
 
-from analytics.store.records import StepRow
-from collectors.steps import (
+from collectors.steprecord import (
     PHASE_DURATION,
     PHASES,
     STEP_DURATION,
     TS_RANGE_S,
     UINT32_MAX,
     UINT64_MAX,
-    StepTracker,
+    StepRecord,
     read_step_records,
 )
-from hub.receivers import (
-    JSON,
-    MAX_GZIP_MEMBERS,
-    PROTOBUF,
-    OtlpStepReceiver,
-    PayloadError,
-    ReceiverLimits,
-    otlp_error_response,
-    parse_steps_jsonl,
-)
+from collectors.steps import StepTracker
+from hub.bodies import JSON, MAX_GZIP_MEMBERS, ReceiverLimits
+from hub.errors import PayloadError
+from hub.otlp import PROTOBUF, OtlpStepReceiver, otlp_error_response
+from hub.steplines import parse_steps_jsonl
 from tests.support.clock import FakeClock
 from tests.support.loopback import LoopbackPostServer
 from tests.support.otlp import IDENTITY, START_NS, export, histogram, step_point
@@ -70,7 +64,7 @@ class LoopbackHub:
     """A loopback HTTP server that feeds each POST body to a receiver and answers as the hub will."""
 
     receiver: OtlpStepReceiver
-    rows: list[StepRow] = field(default_factory=list)
+    rows: list[StepRecord] = field(default_factory=list)
     bodies: list[bytes] = field(default_factory=list)  # as sent, decompressed
     encodings: set[str | None] = field(default_factory=set)
 
@@ -94,7 +88,7 @@ class LoopbackHub:
     def url(self) -> str:
         return self._server.url
 
-    def rows_of(self, rank: int) -> list[StepRow]:
+    def rows_of(self, rank: int) -> list[StepRecord]:
         return [row for row in self.rows if row.rank == rank]
 
     def __enter__(self) -> LoopbackHub:
@@ -238,7 +232,7 @@ def steps(count: int, seconds: float, **options: object) -> bytes:
     return export(histogram(step_point(count, seconds, **options))).SerializeToString()
 
 
-def receive(receiver: OtlpStepReceiver, body: bytes) -> list[StepRow]:
+def receive(receiver: OtlpStepReceiver, body: bytes) -> list[StepRecord]:
     return receiver.receive(body, PROTOBUF).rows
 
 
@@ -746,7 +740,7 @@ POINT_FIELDS = [
 STEP_KEYS = ["ts", "job", "rank", "node", "step", "duration_s", "compute_s", "dp_rank", "extra"]
 
 
-def assert_storable(rows: list[StepRow]) -> None:
+def assert_storable(rows: list[StepRecord]) -> None:
     """Every value within what the store's `steps` columns hold."""
     for row in rows:
         assert TS_RANGE_S[0] <= row.ts <= TS_RANGE_S[1]

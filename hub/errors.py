@@ -1,0 +1,53 @@
+"""The errors the hub raises, as one tree.
+
+    HubError
+    ├── ExpositionError     a scraped body breaks the text format or a limit (expfmt)
+    │   └── DeadlineExceeded    parsing ran past the scrape's deadline
+    ├── ScraperConfigError  a targets file, shard or scrape setting is unusable (scraper)
+    ├── ScrapeError         a target answered, but not with a usable body (scraper)
+    ├── PayloadError        a request body refused whole, with the HTTP status to answer (bodies)
+    └── TokenFileError      the token file cannot be read or has a bad line (auth)
+
+A failed scrape or a refused body costs only itself: the scraper records `up 0` with the message, the
+API answers the status with it. Each message names the target, line, field or file it is about.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+
+class HubError(Exception):
+    """Base of every error the hub raises."""
+
+
+class ExpositionError(HubError):
+    """A scrape body is not valid Prometheus text format, or exceeds a limit; the message says where."""
+
+
+class DeadlineExceeded(ExpositionError):
+    """Parsing ran past its deadline; `lineno` is the line it had reached."""
+
+    def __init__(self, lineno: int) -> None:
+        super().__init__(f"deadline exceeded while parsing (line {lineno})")
+        self.lineno = lineno
+
+
+class ScraperConfigError(HubError):
+    """A targets file, shard or scrape setting is invalid; the message names which one and why."""
+
+
+class ScrapeError(HubError):
+    """A target answered, but not with a usable body (HTTP status, size limit, encoding)."""
+
+
+class PayloadError(HubError):
+    """A request body refused as a whole; `status` is the HTTP status to answer it with."""
+
+    def __init__(self, status: HTTPStatus, problem: str) -> None:
+        super().__init__(problem)
+        self.status = status
+
+
+class TokenFileError(HubError):
+    """The token file cannot be read or has a bad line; the message names the file and line, never a token."""
