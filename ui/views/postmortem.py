@@ -11,7 +11,8 @@ import pandas as pd
 import streamlit as st
 
 from analytics.errors import QueryError
-from analytics.reports import dashboards, postmortem
+from analytics.reports import dashboards
+from analytics.reports.postmortem import report as postmortem
 from ui import plots, source, window
 
 SQL_KEY, SAVED_KEY = "postmortem.sql", "postmortem.saved"

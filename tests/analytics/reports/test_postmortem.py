@@ -14,7 +14,7 @@ import pytest
 
 from analytics.detectors.base import Window
 from analytics.errors import QueryError
-from analytics.reports.postmortem import (
+from analytics.reports.postmortem.report import (
     SAVED_QUERIES,
     PostmortemError,
     build_report,

@@ -1,0 +1,1 @@
+"""Postmortem reports (report.py for now; split by layer in the next commit)."""
