@@ -13,7 +13,7 @@ import argparse
 import json
 from collections.abc import Callable
 
-from analytics.reports.postmortem.report import Report, build_report, to_csv, to_json, to_markdown
+from analytics.reports.postmortem import Report, build_report, to_csv, to_json, to_markdown
 from fleetlens.alerts_cli import connected
 from sim import pipeline
 

@@ -11,8 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from analytics.errors import QueryError
-from analytics.reports import dashboards
-from analytics.reports.postmortem import report as postmortem
+from analytics.reports import dashboards, postmortem, sqlbox
 from ui import plots, source, window
 
 SQL_KEY, SAVED_KEY = "postmortem.sql", "postmortem.saved"
@@ -101,7 +100,7 @@ def show_report(report: postmortem.Report, kind: str, name: str) -> None:
 
 
 def fill_saved_query() -> None:
-    st.session_state[SQL_KEY] = postmortem.SAVED_QUERIES[st.session_state[SAVED_KEY]].strip()
+    st.session_state[SQL_KEY] = sqlbox.SAVED_QUERIES[st.session_state[SAVED_KEY]].strip()
 
 
 def sql_box(span: window.TimeRange, node: str) -> None:
@@ -109,7 +108,7 @@ def sql_box(span: window.TimeRange, node: str) -> None:
     st.subheader("SQL (read-only)")
     st.selectbox(
         "Saved queries",
-        list(postmortem.SAVED_QUERIES),
+        list(sqlbox.SAVED_QUERIES),
         index=None,
         key=SAVED_KEY,
         on_change=fill_saved_query,
@@ -123,7 +122,7 @@ def sql_box(span: window.TimeRange, node: str) -> None:
     if not st.button("Run", key="postmortem.run") or not sql.strip():
         return
     try:
-        result = postmortem.run_sql(
+        result = sqlbox.run_sql(
             source.current(), sql, parameters={**span.datetimes(), "node": node}, max_rows=SQL_MAX_ROWS
         )
     except QueryError as error:

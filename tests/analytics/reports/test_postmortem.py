@@ -14,15 +14,8 @@ import pytest
 
 from analytics.detectors.base import Window
 from analytics.errors import QueryError
-from analytics.reports.postmortem.report import (
-    SAVED_QUERIES,
-    PostmortemError,
-    build_report,
-    run_sql,
-    to_csv,
-    to_json,
-    to_markdown,
-)
+from analytics.reports.postmortem import PostmortemError, build_report, to_csv, to_json, to_markdown
+from analytics.reports.sqlbox import SAVED_QUERIES, run_sql
 from analytics.store import Store
 from analytics.store.records import Anomaly, ScrapeBatch, TargetStatus
 from tests.support.incident import NODE, THROTTLED_GPU, Incident, seed_incident

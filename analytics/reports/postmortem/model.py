@@ -1,0 +1,99 @@
+"""What a postmortem report is made of, and how its parts read the store's times."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from analytics.errors import AnalyticsError
+
+SOURCES = ("target", "excursion", "anomaly", "alert", "action")  # the order of events at the same instant
+IN_WINDOW = "ts >= {start:DateTime64(3)} AND ts < {end:DateTime64(3)}"
+SECONDS = "toUnixTimestamp64Milli({column}) / 1000"
+
+
+class PostmortemError(AnalyticsError, ValueError):
+    """The report's scope cannot be reported on: neither or both of node and job, a window that ends
+    before it starts, or a node or job the store knows nothing of."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line of the incident timeline; `end` is set for what lasts (an anomaly, a gap, an excursion)."""
+
+    ts: float
+    end: float | None
+    source: str  # one of SOURCES
+    node: str
+    what: str  # short: "gpu_throttle gpu:3 opened"
+    detail: str  # human text
+    evidence: Mapping[str, Any]  # the numbers: anomaly evidence, alert labels, action reason, ...
+    kind: str = ""  # what a filter groups by: the anomaly kind, alert name, action, "gap" or metric
+
+
+@dataclass(frozen=True)
+class Excursion:
+    """A series that left its baseline around an anomaly: from `start` to `end`, furthest at `peak`."""
+
+    node: str
+    metric: str
+    labels: str  # the series within the node: 'gpu="3"', 'device="mlx5_0",port="1"', 'job="run-42"'
+    unit: str
+    start: float
+    end: float
+    peak: float
+    baseline: float
+
+
+@dataclass(frozen=True)
+class Report:
+    """A node's or a job's incident in [start, end): its nodes and its timeline."""
+
+    node: str | None
+    job: str | None
+    start: float
+    end: float
+    nodes: tuple[str, ...]
+    events: tuple[Event, ...]
+    excursions: tuple[Excursion, ...]
+    gaps: tuple[Event, ...]
+
+
+def utc(ts: float | None) -> str:
+    if ts is None or not math.isfinite(ts):
+        return "" if ts is None else str(ts)
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def number(value: float) -> str:
+    return f"{value:,.6g}"
+
+
+def change(excursion: Excursion) -> str:
+    if excursion.baseline == 0:
+        return f"{excursion.peak - excursion.baseline:+,.6g}"
+    return f"{(excursion.peak - excursion.baseline) / abs(excursion.baseline):+.0%}"
+
+
+def duration(seconds: float) -> str:
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else "", f"{secs}s" if secs else ""]
+    return " ".join(part for part in parts if part) or "0s"
+
+
+def evidence_text(evidence: Mapping[str, Any]) -> str:
+    """`name=value` pairs, numbers shortened and lists joined with commas."""
+
+    def shown(value: Any) -> str:
+        if isinstance(value, bool) or not isinstance(value, int | float | list):
+            return str(value)
+        if isinstance(value, list):
+            return ",".join(map(str, value))
+        return number(value)
+
+    return " ".join(f"{name}={shown(value)}" for name, value in evidence.items())

@@ -1,0 +1,168 @@
+"""A postmortem report as people read it: Markdown, JSON and CSV, and the summary the UI shows."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+from analytics.reports.postmortem.excursions import REL_CHANGE
+from analytics.reports.postmortem.model import (
+    Event,
+    Report,
+    change,
+    number,
+    utc,
+)
+
+# -- rendering ----------------------------------------------------------------------------------------------
+
+
+def summarize(report: Report) -> dict[str, Any]:
+    """The report's headline: anomalies by kind, the nodes that had events, alerts fired, drains, gaps."""
+    opened = [
+        event for event in report.events if event.source == "anomaly" and event.what.endswith(" opened")
+    ]
+    return {
+        "anomalies_by_kind": dict(Counter(event.kind for event in opened).most_common()),
+        "nodes_involved": sorted({event.node for event in report.events if event.node}),
+        "alerts_fired": sorted(
+            {e.kind for e in report.events if e.source == "alert" and e.what.endswith("firing")}
+        ),
+        "drains": [
+            {
+                "node": event.node,
+                "outcome": event.evidence["outcome"],
+                "mode": event.evidence["mode"],
+                "at": _iso(event.ts),
+            }
+            for event in report.events
+            if event.source == "action" and event.kind == "drain"
+        ],
+        "target_gaps": len(report.gaps),
+        "failed_scrapes": sum(gap.evidence["failed_scrapes"] for gap in report.gaps),
+    }
+
+
+def to_markdown(report: Report) -> str:
+    """Title (scope, window), summary, timeline, excursions and gaps; times "YYYY-MM-DD HH:MM:SS UTC"."""
+    summary = summarize(report)
+    kinds = ", ".join(f"{kind} {count}" for kind, count in summary["anomalies_by_kind"].items())
+    drains = ", ".join(f"{d['node']} {d['outcome']} ({d['mode']})" for d in summary["drains"])
+    lines = [
+        f"# Postmortem: {_scope(report)}",
+        "",
+        f"From {utc(report.start)} to {utc(report.end)}; every time below is UTC.",
+        "",
+        "## Summary",
+        "",
+        f"- Nodes in scope: {', '.join(report.nodes)}",
+        f"- Nodes with events: {', '.join(summary['nodes_involved']) or 'none'}",
+        f"- Anomalies: {sum(summary['anomalies_by_kind'].values())}{f' ({kinds})' if kinds else ''}",
+        f"- Alerts fired: {', '.join(summary['alerts_fired']) or 'none'}",
+        f"- Drains: {drains or 'none'}",
+        f"- Target gaps: {summary['target_gaps']} ({summary['failed_scrapes']} failed scrapes)",
+        "",
+        "## Timeline",
+        "",
+        *_table(
+            ("time (UTC)", "until (UTC)", "source", "node", "what", "detail"),
+            ((utc(e.ts), utc(e.end), e.source, e.node, e.what, e.detail) for e in report.events),
+            "No events in the window.",
+        ),
+        "",
+        "## Metric excursions",
+        "",
+        *_table(
+            ("node", "series", "from (UTC)", "to (UTC)", "baseline", "peak", "change", "unit"),
+            (
+                (
+                    x.node,
+                    f"{x.metric}{{{x.labels}}}",
+                    utc(x.start),
+                    utc(x.end),
+                    number(x.baseline),
+                    number(x.peak),
+                    change(x),
+                    x.unit,
+                )
+                for x in report.excursions
+            ),
+            f"No series left its baseline by {REL_CHANGE:.0%} or more.",
+        ),
+        "",
+        "## Target gaps",
+        "",
+        *_table(
+            ("from (UTC)", "last failed (UTC)", "node", "target", "failed scrapes", "errors"),
+            (
+                (
+                    utc(g.ts),
+                    utc(g.end),
+                    g.node,
+                    g.evidence["target"],
+                    g.evidence["failed_scrapes"],
+                    "; ".join(g.evidence["errors"]),
+                )
+                for g in report.gaps
+            ),
+            "Every scrape of the scope's targets succeeded.",
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(report: Report) -> dict[str, Any]:
+    """The report as plain objects (times ISO 8601 UTC), the summary included."""
+    return {
+        "scope": {"node": report.node, "job": report.job},
+        "start": _iso(report.start),
+        "end": _iso(report.end),
+        "nodes": list(report.nodes),
+        "summary": summarize(report),
+        "events": [_event_json(event) for event in report.events],
+        "excursions": [{**asdict(x), "start": _iso(x.start), "end": _iso(x.end)} for x in report.excursions],
+        "gaps": [_event_json(event) for event in report.gaps],
+    }
+
+
+CSV_COLUMNS = ("ts", "end", "source", "kind", "node", "what", "detail", "evidence")
+
+
+def to_csv(report: Report) -> str:
+    """The timeline, one row per event: times ISO 8601 UTC, evidence as a JSON object."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for event in map(_event_json, report.events):
+        writer.writerow({**event, "evidence": json.dumps(event["evidence"], default=str)})
+    return out.getvalue()
+
+
+def _event_json(event: Event) -> dict[str, Any]:
+    return {**asdict(event), "ts": _iso(event.ts), "end": _iso(event.end), "evidence": dict(event.evidence)}
+
+
+def _scope(report: Report) -> str:
+    return f"node {report.node}" if report.node else f"job {report.job} on {len(report.nodes)} node(s)"
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]], empty: str) -> list[str]:
+    """A Markdown table, or `empty` when there are no rows."""
+    body = ["| " + " | ".join(_cell(value) for value in row) + " |" for row in rows]
+    if not body:
+        return [empty]
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *body]
+
+
+def _cell(value: Any) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
