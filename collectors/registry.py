@@ -19,7 +19,7 @@ BUILTIN_MODULES = (
     "collectors.xid",
     "collectors.infiniband",
     "collectors.netclass",
-    "collectors.nccl_log",
+    "collectors.nccl.parse",
 )
 
 

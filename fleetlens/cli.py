@@ -30,7 +30,8 @@ from analytics.errors import AddressError, AnalyticsError
 from analytics.store.hubclient import HubClient
 from analytics.store.records import Anomaly
 from analytics.store.redact import redacted
-from collectors import nccl_log, registry
+from collectors import registry
+from collectors.nccl import parse as nccl_log
 from collectors.base import CollectorOptions
 from collectors.errors import CollectorError
 from collectors.exporter import Exporter, make_registry, scrape_body, serve

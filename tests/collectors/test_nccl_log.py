@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collectors.base import CollectorOptions, ReadErrors
-from collectors.nccl_log import (
+from collectors.nccl.parse import (
     EVIDENCE_PER_RANK,
     GdrCheck,
     LogLine,
