@@ -19,7 +19,7 @@ BUILTIN_MODULES = (
     "collectors.xid",
     "collectors.infiniband",
     "collectors.netclass",
-    "collectors.nccl.parse",
+    "collectors.nccl.collector",
 )
 
 

@@ -31,12 +31,12 @@ from analytics.store.hubclient import HubClient
 from analytics.store.records import Anomaly
 from analytics.store.redact import redacted
 from collectors import registry
-from collectors.nccl import parse as nccl_log
 from collectors.base import CollectorOptions
 from collectors.errors import CollectorError
 from collectors.exporter import Exporter, make_registry, scrape_body, serve
 from collectors.httpserver import serve_app
 from collectors.steprecord import read_step_records
+from fleetlens import nccl_cli
 from fleetlens.access import hub_config, load, open_store, reader
 from fleetlens.alerting import build_alert_service
 from fleetlens.alerts_cli import add_commands as add_alert_commands
@@ -362,7 +362,7 @@ def cmd_collectors(args: argparse.Namespace) -> int:
 
 
 def cmd_nccl(args: argparse.Namespace) -> int:
-    return nccl_log.main(args.files)
+    return nccl_cli.main(args.files)
 
 
 def _hub_flags(parser: argparse.ArgumentParser) -> None:

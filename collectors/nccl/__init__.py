@@ -1,1 +1,1 @@
-"""NCCL_DEBUG=INFO logs (parse.py for now; split by layer in the next commit)."""
+"""NCCL_DEBUG=INFO logs: records, parsing, one verdict per rank, and the nccl_log collector."""

@@ -7,7 +7,9 @@ from collections import defaultdict
 
 import pytest
 
-from collectors.nccl.parse import Verdict, parse_nccl_log, summarize
+from collectors.nccl.parse import parse_nccl_log
+from collectors.nccl.records import Verdict
+from collectors.nccl.verdict import summarize
 from collectors.steprecord import StepRecord
 from sim.jobs import CHECKPOINT_EVERY, WARMUP_STEPS, JobModel, nccl_log
 from sim.scenario import Scenario, parse_scenario

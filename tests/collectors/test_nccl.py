@@ -12,23 +12,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from collectors.base import CollectorOptions, ReadErrors
-from collectors.nccl.parse import (
-    EVIDENCE_PER_RANK,
-    GdrCheck,
-    LogLine,
-    LogSummary,
-    NcclLogCollector,
-    NetDevice,
-    RankSummary,
-    Verdict,
-    main,
-    nccl_log_collector,
-    overall_verdict,
-    parse_line,
-    parse_nccl_log,
-    read_nccl_log,
-    summarize,
-)
+from collectors.nccl.collector import NcclLogCollector, nccl_log_collector
+from collectors.nccl.parse import parse_line, parse_nccl_log, read_nccl_log
+from collectors.nccl.records import GdrCheck, LogLine, NetDevice, Verdict
+from collectors.nccl.verdict import EVIDENCE_PER_RANK, LogSummary, RankSummary, overall_verdict, summarize
+from fleetlens.nccl_cli import main
 
 # What PROVENANCE.md section 4 says of each log: healthy -> yes, degraded -> no, socket fallback -> no,
 # initialisation and intra-node only -> unknown.
