@@ -26,7 +26,7 @@ from analytics.detectors.runner import DetectionRunner
 from analytics.store import Store
 from sim.pipeline import EVAL_RETENTION, scratch_dir
 from sim.scenario import parse_scenario
-from sim.simulator import SCENARIO_EPOCH, simulate_offline
+from sim.node import SCENARIO_EPOCH, simulate_offline
 
 
 def scenario_document(nodes: int, minutes: int) -> dict:

@@ -1,6 +1,6 @@
 """A scenario played on the wall clock: what `fleetlens sim serve` and the demo's fleet run.
 
-Each node of the scenario (sim.simulator.SimNode: its /sys tree, GPUs and NCCL logs read by a
+Each node of the scenario (sim.node.SimNode: its /sys tree, GPUs and NCCL logs read by a
 real exporter) answers on its own loopback port, and every scrape first plays its node to the moment
 of the scrape: a hub scraping at any interval sees the scenario unfold in real time, from `epoch`
 (unix seconds of the scenario's time 0) on. The scenario's jobs post their step records to a hub's
@@ -30,7 +30,7 @@ from sim.fleet import LOOPBACK
 from sim.jobs import JobModel
 from sim.loopserver import LoopServer
 from sim.scenario import Scenario
-from sim.simulator import STEPS_PER_POST, SimNode, StepPoster
+from sim.node import STEPS_PER_POST, SimNode, StepPoster
 
 log = logging.getLogger(__name__)
 

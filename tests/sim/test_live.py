@@ -11,7 +11,7 @@ from pathlib import Path
 from hub.expfmt import ExpositionParser
 from sim.live import LiveFleet
 from sim.scenario import parse_scenario
-from sim.simulator import StepPoster
+from sim.node import StepPoster
 from tests.support.clock import FakeClock
 from tests.support.loopback import LoopbackPostServer
 

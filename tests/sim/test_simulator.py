@@ -14,7 +14,7 @@ import pytest
 
 from analytics.store import Store
 from sim.scenario import Scenario, parse_scenario
-from sim.simulator import SCRAPE_GAP_ERROR, simulate_offline, simulate_online
+from sim.node import SCRAPE_GAP_ERROR, simulate_offline, simulate_online
 
 EPOCH = (time.time() // 86_400 - 1) * 86_400
 
