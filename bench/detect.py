@@ -24,9 +24,10 @@ from analytics.detectors import build
 from analytics.detectors.base import Window, frame
 from analytics.detectors.runner import DetectionRunner
 from analytics.store import Store
+from sim.node import SCENARIO_EPOCH
+from sim.offline import simulate_offline
 from sim.pipeline import EVAL_RETENTION, scratch_dir
 from sim.scenario import parse_scenario
-from sim.node import SCENARIO_EPOCH, simulate_offline
 
 
 def scenario_document(nodes: int, minutes: int) -> dict:

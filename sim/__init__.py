@@ -9,4 +9,9 @@ live        a scenario served on the wall clock for a separate hub (the demo's f
 loopserver  the asyncio HTTP server the simulated nodes answer on
 evaluation  detectors scored against the injected faults
 pipeline    simulate and evaluate scenarios into throwaway stores
+
+Both modes give the same rows for a scenario (the targets' duration_s aside), and the same scenario (its
+seed) in the same workdir gives identical rows run after run. Targets are named `<node>:9400`, where a
+real fleet's exporter listens; the loopback ports are the simulation's. `workdir` holds the /sys trees,
+NCCL logs and the online spool; put it on tmpfs for large fleets.
 """

@@ -29,8 +29,9 @@ from collectors.steprecord import StepRecord
 from sim.fleet import LOOPBACK
 from sim.jobs import JobModel
 from sim.loopserver import LoopServer
+from sim.node import SimNode
+from sim.online import STEPS_PER_POST, StepPoster
 from sim.scenario import Scenario
-from sim.node import STEPS_PER_POST, SimNode, StepPoster
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,10 @@ from analytics.store import Store
 from analytics.store.records import Anomaly
 from analytics.store.schema import Retention
 from sim.evaluation import ScenarioResult, evaluate
+from sim.node import SCENARIO_EPOCH, SimSummary
+from sim.offline import simulate_offline
+from sim.online import simulate_online
 from sim.scenario import Scenario, load_scenario
-from sim.node import SCENARIO_EPOCH, SimSummary, simulate_offline, simulate_online
 
 DEFAULT_WINDOW_S = 10.0
 # evaluation stores hold scenarios stamped from SCENARIO_EPOCH on, which may be older than the default

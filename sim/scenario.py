@@ -2,7 +2,7 @@
 
 The YAML format is a public contract (README, "Scenario format"); `load_scenario` turns a file into a
 validated Scenario or raises ScenarioError naming the file and the key, e.g.
-`llm.yaml: faults[2].node: no node vela-099 in a fleet of 32`. The simulator (sim.node)
+`llm.yaml: faults[2].node: no node vela-099 in a fleet of 32`. The simulator (sim.offline, sim.online)
 plays a Scenario; the evaluation (sim.evaluation) scores detectors against its faults.
 
 Components name what a fault touches as detectors report it: "gpu:3" for a GPU, "mlx5_2:1" for port 1

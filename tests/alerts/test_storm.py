@@ -18,8 +18,8 @@ from alerts.service import AlertService
 from analytics.detectors import build
 from analytics.detectors.runner import DetectionRunner, windows
 from analytics.store import Store
+from sim.offline import simulate_offline
 from sim.scenario import parse_scenario
-from sim.node import simulate_offline
 from tests.alerts.test_drain import RecordingBackend
 
 STRUCK = [f"vela-{i:03d}" for i in range(3, 13)]  # 10 of 32 nodes

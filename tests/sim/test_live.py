@@ -10,8 +10,8 @@ from pathlib import Path
 
 from hub.expfmt import ExpositionParser
 from sim.live import LiveFleet
+from sim.online import StepPoster
 from sim.scenario import parse_scenario
-from sim.node import StepPoster
 from tests.support.clock import FakeClock
 from tests.support.loopback import LoopbackPostServer
 

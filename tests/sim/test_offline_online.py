@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from analytics.store import Store
+from sim.node import SCRAPE_GAP_ERROR
+from sim.offline import simulate_offline
+from sim.online import simulate_online
 from sim.scenario import Scenario, parse_scenario
-from sim.node import SCRAPE_GAP_ERROR, simulate_offline, simulate_online
 
 EPOCH = (time.time() // 86_400 - 1) * 86_400
 

@@ -1,0 +1,203 @@
+"""A scenario played offline: every node's exporter rendered, parsed and inserted straight into the store,
+as fast as it goes (in worker processes for large fleets). Same rows as sim.online but for the targets'
+duration_s (offline: 0, the simulated time a scrape takes)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+import traceback
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack
+from multiprocessing.queues import Queue
+from pathlib import Path
+from queue import Empty
+
+from analytics.store import Store
+from analytics.store.records import ScrapeBatch, TargetStatus
+from collectors.steprecord import StepRecord
+from hub.expfmt import ExpositionParser
+from sim.jobs import JobModel
+from sim.node import SCENARIO_EPOCH, SCRAPE_GAP_ERROR, SimNode, SimSummary, SimulationError, tick_times
+from sim.scenario import Scenario
+
+FLUSH_SAMPLES = 250_000  # offline: samples gathered before one insert, with their targets and steps rows
+PARALLEL_NODE_TICKS = 2_000  # offline: smaller scenarios are simulated in-process (a worker starts in ~1 s)
+CHUNK_TICKS = 10  # offline: rounds a worker process sends at once
+QUEUED_CHUNKS = 4  # ... and how many may wait for the main process
+
+
+def simulate_offline(
+    scenario: Scenario,
+    store: Store,
+    workdir: Path,
+    epoch: float = SCENARIO_EPOCH,
+    *,
+    workers: int | None = None,
+) -> SimSummary:
+    """Play the scenario as fast as it goes: each node's exposition rendered, parsed and stored as the hub
+    would store its scrape, many ticks per insert.
+
+    The nodes are simulated in `workers` processes (default: one per CPU for scenarios of at least
+    PARALLEL_NODE_TICKS node-ticks, else none: this process does it all); the rows do not depend on it.
+    Worker processes are spawned, so a script that calls this needs the `if __name__ == "__main__":` guard.
+    """
+    started = time.perf_counter()
+    ticks = tick_times(scenario)
+    if workers is None:
+        enough = scenario.fleet.nodes * len(ticks) >= PARALLEL_NODE_TICKS
+        workers = min(len(os.sched_getaffinity(0)), scenario.fleet.nodes) if enough else 1
+    if workers < 1:
+        raise SimulationError(f"workers must be at least 1, got {workers}")
+    jobs = [JobModel(job, scenario, epoch) for job in scenario.jobs]
+    inserts = _Inserts(store)
+    with ExitStack() as stack:
+        if workers == 1:
+            rounds = node_rounds(scenario, range(scenario.fleet.nodes), Path(workdir), epoch)
+        else:
+            rounds = stack.enter_context(_Workers(scenario, Path(workdir), epoch, workers)).rounds()
+        for t, (batches, statuses) in zip(ticks, rounds, strict=True):
+            inserts.add(batches, statuses, [row for job in jobs for row in job.steps_until(t)])
+    inserts.flush()
+    return inserts.summary(len(ticks), time.perf_counter() - started)
+
+
+Round = tuple[list[ScrapeBatch], list[TargetStatus]]  # one tick: the batches of the nodes that answered
+
+
+def node_rounds(scenario: Scenario, indices: Iterable[int], workdir: Path, epoch: float) -> Iterator[Round]:
+    """Per tick, the scrape of every node in `indices` (its place in the fleet)."""
+    nodes = [SimNode(scenario, index, workdir, epoch) for index in indices]
+    parsers = [ExpositionParser() for _ in nodes]
+    try:
+        for t in tick_times(scenario):
+            ts = epoch + t
+            batches, statuses = [], []
+            for node, parser in zip(nodes, parsers, strict=True):
+                node.play_until(t)
+                if not node.answering:
+                    statuses.append(TargetStatus(ts, node.target, node.name, False, 0.0, 0, SCRAPE_GAP_ERROR))
+                    continue
+                exposition = parser.parse(node.body().decode())
+                batch = ScrapeBatch(
+                    node.target, node.name, ts, exposition.names, exposition.labels, exposition.values
+                )
+                batches.append(batch)
+                statuses.append(TargetStatus(ts, node.target, node.name, True, 0.0, len(batch)))
+            yield batches, statuses
+    finally:
+        for node in nodes:
+            node.close()
+
+
+class _Workers:
+    """Processes that each simulate every n-th node and send their rounds back, CHUNK_TICKS at a time.
+
+    Nodes are independent of each other, so the split changes nothing in the rows. A worker sends
+    lists of rounds, then None when done, or its traceback as a string when it failed.
+    """
+
+    def __init__(self, scenario: Scenario, workdir: Path, epoch: float, workers: int) -> None:
+        context = multiprocessing.get_context("spawn")  # the parent runs chDB threads: never fork it
+        self._shards = [range(first, scenario.fleet.nodes, workers) for first in range(workers)]
+        self._queues = [context.Queue(maxsize=QUEUED_CHUNKS) for _ in self._shards]
+        self._processes = [
+            context.Process(
+                target=_simulate_shard,
+                args=(scenario, shard, workdir, epoch, queue),
+                name=f"fleetlens-sim-{number}",
+                daemon=True,
+            )
+            for number, (shard, queue) in enumerate(zip(self._shards, self._queues, strict=True))
+        ]
+
+    def __enter__(self) -> _Workers:
+        for process in self._processes:
+            process.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        """Workers that sent everything end by themselves; after a failure the others are stopped."""
+        for process in self._processes:
+            if exc_type is not None:
+                process.terminate()
+            process.join()
+
+    def rounds(self) -> Iterator[Round]:
+        """Every tick's rounds of all workers, merged."""
+        while True:
+            chunks = [self._receive(number) for number in range(len(self._processes))]
+            if any(chunk is None for chunk in chunks):
+                return
+            for parts in zip(*chunks, strict=True):
+                yield (
+                    [b for batches, _ in parts for b in batches],
+                    [s for _, statuses in parts for s in statuses],
+                )
+
+    def _receive(self, number: int) -> list[Round] | None:
+        process, queue, shard = self._processes[number], self._queues[number], self._shards[number]
+        who = f"{process.name}, simulating nodes {shard.start}::{shard.step} of the fleet"
+        while True:
+            try:
+                message = queue.get(timeout=1.0)
+            except Empty:
+                if not process.is_alive():
+                    raise SimulationError(f"{who}, died with exit code {process.exitcode}") from None
+                continue
+            if isinstance(message, str):
+                raise SimulationError(f"{who}, failed:\n{message}")
+            return message
+
+
+def _simulate_shard(scenario: Scenario, indices: range, workdir: Path, epoch: float, queue: Queue) -> None:
+    """A worker process's life: simulate its nodes, send the rounds in chunks, then None."""
+    try:
+        chunk: list[Round] = []
+        for one_round in node_rounds(scenario, indices, workdir, epoch):
+            chunk.append(one_round)
+            if len(chunk) == CHUNK_TICKS:
+                queue.put(chunk)
+                chunk = []
+        if chunk:
+            queue.put(chunk)
+        queue.put(None)
+    except BaseException:
+        queue.put(traceback.format_exc())
+        raise
+
+
+class _Inserts:
+    """Rows gathered over many ticks and inserted together: one insert per table per FLUSH_SAMPLES."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._run = uuid.uuid4().hex
+        self._flushes = 0
+        self._batches: list[ScrapeBatch] = []
+        self._statuses: list[TargetStatus] = []
+        self._steps: list[StepRecord] = []
+        self._pending_samples = 0
+        self.samples = self.steps = self.targets_down = 0
+
+    def add(self, batches: list[ScrapeBatch], statuses: list[TargetStatus], steps: list[StepRecord]) -> None:
+        self._batches += batches
+        self._statuses += statuses
+        self._steps += steps
+        self._pending_samples += sum(len(batch) for batch in batches)
+        if self._pending_samples >= FLUSH_SAMPLES:
+            self.flush()
+
+    def flush(self) -> None:
+        token = f"sim-{self._run}-{self._flushes}"
+        self.samples += self._store.insert_samples(self._batches, token=token)
+        self._store.insert_targets(self._statuses, token=f"{token}/targets")
+        self.steps += self._store.insert_steps(self._steps, token=f"{token}/steps")
+        self.targets_down += sum(not status.up for status in self._statuses)
+        self._flushes += 1
+        self._batches, self._statuses, self._steps, self._pending_samples = [], [], [], 0
+
+    def summary(self, ticks: int, wall_s: float) -> SimSummary:
+        return SimSummary(ticks, self.samples, self.steps, self.targets_down, wall_s)

@@ -1,0 +1,130 @@
+"""A scenario played online, through the hub's own parts: the nodes served on loopback and scraped by the
+hub's Scraper in lockstep with simulated time, the rows written by the hub's Writer (with its spool), the
+step records POSTed as JSON lines to a Hub's /api/v1/steps. Same rows as sim.offline but for the
+targets' duration_s (the real one)."""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import math
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+
+from analytics.store import Store
+from collectors.gpu.sim import ManualClock
+from collectors.steprecord import CONTRACT_KEYS, StepRecord
+from hub.app import Hub
+from hub.otlp import OtlpStepReceiver
+from hub.scraper import Scraper, Target
+from hub.spool import Spool
+from hub.writer import Writer
+from sim.fleet import LOOPBACK
+from sim.jobs import JobModel
+from sim.loopserver import LoopServer
+from sim.node import SCENARIO_EPOCH, SimNode, SimSummary, SimulationError, tick_times
+from sim.scenario import Scenario
+
+STEPS_PER_POST = 2_000  # online: step records per POST, well under the loopback server's body limit
+SPOOL_BYTES = 1 << 30
+
+
+def simulate_online(
+    scenario: Scenario, store: Store, workdir: Path, speed: float = 1.0, epoch: float = SCENARIO_EPOCH
+) -> SimSummary:
+    """Play the scenario through the hub's own parts: nodes on loopback, scraped once per tick in lockstep
+    with the simulation, paced at interval_s / speed real seconds (speed 0 or inf: no pause)."""
+    if math.isnan(speed) or speed < 0:
+        raise SimulationError(f"speed must be 0 (no pause), positive or inf, got {speed}")
+    started = time.perf_counter()
+    workdir = Path(workdir)
+    fleet_clock = ManualClock(epoch)
+    ticks = tick_times(scenario)
+    jobs = [JobModel(job, scenario, epoch) for job in scenario.jobs]
+    samples = steps = targets_down = 0
+    with ExitStack() as stack:
+        nodes = [SimNode(scenario, index, workdir, epoch) for index in range(scenario.fleet.nodes)]
+        for node in nodes:
+            stack.callback(node.close)
+        server = LoopServer().start()
+        stack.callback(server.stop)
+        addresses = {node.name: f"{LOOPBACK}:{server.serve(node.wsgi, LOOPBACK)}" for node in nodes}
+        targets = [Target(address, {"node": name}) for name, address in addresses.items()]
+        names = {addresses[node.name]: node.target for node in nodes}  # loopback address -> target name
+        spool = Spool(tempfile.mkdtemp(prefix="spool-", dir=workdir), SPOOL_BYTES)
+        writer = Writer(store, spool)  # a Store is thread-safe: the hub's request threads share it
+        stack.callback(writer.close)
+        hub = Hub(store, writer, OtlpStepReceiver())
+        poster = stack.enter_context(StepPoster(f"{LOOPBACK}:{server.serve(hub.app, LOOPBACK)}"))
+        scraper = stack.enter_context(
+            Scraper(lambda: targets, interval_s=min(scenario.interval_s, 60.0), clock=fleet_clock)
+        )
+        for k, t in enumerate(ticks):
+            _pace(started, k * scenario.interval_s, speed)
+            fleet_clock.now = epoch + t
+            for node in nodes:
+                node.play_until(t)
+            rows = [row for job in jobs for row in job.steps_until(t)]
+            poster.post(rows)
+            batches, statuses = scraper.scrape_once()
+            writer.write("samples", [dataclasses.replace(b, target=names[b.target]) for b in batches])
+            writer.write("targets", [dataclasses.replace(s, target=names[s.target]) for s in statuses])
+            samples += sum(len(batch) for batch in batches)
+            steps += len(rows)
+            targets_down += sum(not status.up for status in statuses)
+    return SimSummary(len(ticks), samples, steps, targets_down, time.perf_counter() - started)
+
+
+def _pace(started: float, simulated_s: float, speed: float) -> None:
+    """Wait until `simulated_s` of simulated time has passed at `speed` x real time."""
+    if speed in (0, math.inf):
+        return
+    delay = started + simulated_s / speed - time.perf_counter()
+    if delay > 0:
+        time.sleep(delay)
+
+
+_STEP_KEYS = CONTRACT_KEYS
+
+
+def step_lines(rows: Sequence[StepRecord]) -> bytes:
+    """Step rows as the step JSON-lines contract (collectors.steps), unknown values left out."""
+    records = (
+        {key: getattr(row, key) for key in _STEP_KEYS if getattr(row, key) is not None} for row in rows
+    )
+    return "".join(json.dumps(record) + "\n" for record in records).encode()
+
+
+class StepPoster:
+    """POSTs step records to a hub's /api/v1/steps over one keep-alive connection."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._conn = http.client.HTTPConnection(address, timeout=30)
+
+    def reconnect(self) -> None:
+        """Start over on a new connection (after the hub went away)."""
+        self._conn.close()
+        self._conn = http.client.HTTPConnection(self.address, timeout=30)
+
+    def post(self, rows: Sequence[StepRecord]) -> None:
+        for first in range(0, len(rows), STEPS_PER_POST):
+            body = step_lines(rows[first : first + STEPS_PER_POST])
+            self._conn.request("POST", "/api/v1/steps", body, {"Content-Type": "application/x-ndjson"})
+            with self._conn.getresponse() as response:
+                answer = response.read()
+                if response.status != 200:
+                    raise SimulationError(
+                        f"hub at {self.address} refused step records: HTTP {response.status}: "
+                        f"{answer.decode(errors='replace')[:300]}"
+                    )
+
+    def __enter__(self) -> StepPoster:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._conn.close()
