@@ -17,27 +17,18 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 from alerts.errors import DecisionError, SilenceError
 from alerts.silences import Silence, silence_from_row
+from analytics.store.protocols import Reader, ReadWriter
 from analytics.store.records import ActionRow, QueryResult, SilenceRow
 
 log = logging.getLogger(__name__)
 
 REQUESTS = ("approve", "deny", "undrain")
-
-
-class Reader(Protocol):
-    def query(self, sql: str, *, parameters: Any = None, max_rows: int = ...) -> QueryResult: ...
-
-
-class Writer(Reader, Protocol):
-    def insert_silences(self, rows: Sequence[Any], *, token: str) -> int: ...
-
-    def insert_actions(self, rows: Sequence[Any], *, token: str) -> int: ...
 
 
 def rows(result: QueryResult) -> list[dict[str, Any]]:
@@ -102,13 +93,13 @@ def silences(source: Reader, since: float | None = None) -> list[Silence]:
     return found
 
 
-def add_silence(store: Writer, silence: Silence) -> Silence:
+def add_silence(store: ReadWriter, silence: Silence) -> Silence:
     """Store a new silence (alerts.silences.new_silence checks it) so every hub and reader sees it."""
     store.insert_silences([silence.row(silence.starts_at)], token=f"silence/{silence.id}/new")
     return silence
 
 
-def expire_silence(store: Writer, silence_id: str) -> StoredSilence:
+def expire_silence(store: ReadWriter, silence_id: str) -> StoredSilence:
     """End a silence now, valid or not; SilenceError when no silence in force or to come has that id."""
     now = time.time()
     found = next((s for s in stored_silences(store, now) if s.row.id == silence_id), None)
@@ -158,7 +149,7 @@ def actions(source: Reader, since: float = 0.0, limit: int = 100_000) -> list[Ac
     ]
 
 
-def request(store: Writer, action: str, target: str, by: str, now: float | None = None) -> ActionRow:
+def request(store: ReadWriter, action: str, target: str, by: str, now: float | None = None) -> ActionRow:
     """Ask the hub's controller to approve or deny decision `target`, or to undrain node `target`."""
     if action not in REQUESTS:
         raise DecisionError(f"unknown request {action!r}; one of {', '.join(REQUESTS)}")

@@ -28,30 +28,18 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
 from analytics.errors import StoreError, StoreRejected, StoreUnavailable
-from analytics.store.records import ScrapeBatch, TargetStatus
-from collectors.steprecord import StepRecord
+from analytics.store.protocols import IngestWriter
 from hub.spool import ROW_TYPES, Kind, Row, Spool
 
 log = logging.getLogger("fleetlens.hub.writer")
 
 INSERT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
-
-class RowStore(Protocol):
-    """The part of analytics.store.Store that the writer uses."""
-
-    def insert_samples(self, batches: Sequence[ScrapeBatch], *, token: str) -> int: ...
-
-    def insert_targets(self, statuses: Sequence[TargetStatus], *, token: str) -> int: ...
-
-    def insert_steps(self, rows: Sequence[StepRecord], *, token: str) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -99,7 +87,7 @@ class Writer:
 
     def __init__(
         self,
-        store: RowStore,
+        store: IngestWriter,
         spool: Spool,
         *,
         backoff: Backoff = Backoff(),

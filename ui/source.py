@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Iterator
+from typing import Any
 
 import streamlit as st
 
@@ -23,7 +23,7 @@ from alerts.errors import AlertsError
 from analytics.errors import AnalyticsError
 from analytics.store import Store
 from analytics.store.hubclient import HubClient
-from analytics.store.records import ActionRow, QueryResult
+from analytics.store.protocols import ReadWriter
 from ui import environment
 
 SESSION_KEY = "fleetlens.source"
@@ -34,15 +34,7 @@ class SourceError(Exception):
     environment variable."""
 
 
-class Source(Protocol):
-    def query(
-        self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int = ...
-    ) -> QueryResult: ...
-
-    def insert_actions(self, rows: Sequence[ActionRow], *, token: str) -> int: ...
-
-
-def current() -> Source:
+def current() -> ReadWriter:
     """This session's source: the one a test placed in session state, else the one the environment
     names (opened once per server process)."""
     placed = st.session_state.get(SESSION_KEY)
@@ -52,7 +44,7 @@ def current() -> Source:
 
 
 @st.cache_resource(show_spinner=False)
-def _opened(hub: str, store: str) -> Source:
+def _opened(hub: str, store: str) -> ReadWriter:
     if hub:
         return HubClient(hub)
     if store:

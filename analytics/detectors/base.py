@@ -22,23 +22,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
+from analytics.store.protocols import Reader
 from analytics.store.records import QueryResult
 
 SEVERITIES = ("info", "warning", "critical")
 KEY_COLUMNS = ("node", "component", "job")
-
-
-class QuerySource(Protocol):
-    """What detectors read from: a Store, or a HubClient through a hub."""
-
-    def query(
-        self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int = ...
-    ) -> QueryResult: ...
 
 
 @dataclass(frozen=True)
@@ -96,12 +89,12 @@ class Detector(ABC):
         ]
         return {name: getattr(self, name) for name in names}
 
-    def fit(self, source: QuerySource, windows: Sequence[Window]) -> Detector:
+    def fit(self, source: Reader, windows: Sequence[Window]) -> Detector:
         """Learn from past windows (a no-op for rule detectors); returns self."""
         return self
 
     @abstractmethod
-    def features(self, source: QuerySource, window: Window) -> pd.DataFrame:
+    def features(self, source: Reader, window: Window) -> pd.DataFrame:
         """One row per candidate in `window`: KEY_COLUMNS plus this detector's feature columns."""
 
     @abstractmethod
@@ -112,7 +105,7 @@ class Detector(ABC):
     def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
         """The rows whose score passes this detector's threshold, with their evidence."""
 
-    def detect(self, source: QuerySource, window: Window) -> list[Finding]:
+    def detect(self, source: Reader, window: Window) -> list[Finding]:
         """features -> score -> findings for one window."""
         features = self.features(source, window)
         if features.empty:

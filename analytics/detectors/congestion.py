@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from analytics.detectors import register
-from analytics.detectors.base import Detector, Finding, QuerySource, Window, frame
+from analytics.detectors.base import Detector, Finding, Window, frame
 from analytics.detectors.counters import (
     MAX_CANDIDATES,
     STEADY_RATE,
@@ -23,6 +23,7 @@ from analytics.detectors.counters import (
     series_parameters,
     series_sql,
 )
+from analytics.store.protocols import Reader
 
 ECN_MARKED = "node_infiniband_np_ecn_marked_roce_packets_received_total"
 CNP_SENT = "node_infiniband_np_cnp_packets_sent_total"
@@ -69,7 +70,7 @@ class Congestion(Detector):
         self.min_score = min_score
         self.floor_per_s = floor_per_s
 
-    def features(self, source: QuerySource, window: Window) -> pd.DataFrame:
+    def features(self, source: Reader, window: Window) -> pd.DataFrame:
         parameters = series_parameters((ECN_MARKED, CNP_SENT, CNP_HANDLED), window.start, window.end)
         return frame(source.query(CONGESTION_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
 

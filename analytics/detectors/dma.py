@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from analytics.detectors import register
-from analytics.detectors.base import Detector, Finding, QuerySource, Window, frame
+from analytics.detectors.base import Detector, Finding, Window, frame
 from analytics.detectors.counters import (
     LAST,
     LOOKBACK_S,
@@ -36,6 +36,7 @@ from analytics.detectors.counters import (
     signal_count,
     signal_findings,
 )
+from analytics.store.protocols import Reader
 
 PCIE_GEN = "fleetlens_gpu_pcie_link_generation"
 PCIE_WIDTH = "fleetlens_gpu_pcie_link_width"
@@ -179,7 +180,7 @@ class DmaDegraded(Detector):
         self.max_ecn_marks_per_s = max_ecn_marks_per_s
         self.lookback_s = lookback_s
 
-    def features(self, source: QuerySource, window: Window) -> pd.DataFrame:
+    def features(self, source: Reader, window: Window) -> pd.DataFrame:
         parameters = series_parameters(DMA_METRICS, window.start, window.end, self.lookback_s)
         return frame(source.query(DMA_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
 

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from analytics.detectors import register
-from analytics.detectors.base import Detector, Finding, QuerySource, Window, frame
+from analytics.detectors.base import Detector, Finding, Window, frame
 from analytics.detectors.counters import (
     INCREASE,
     INSIDE_MAX,
@@ -25,6 +25,7 @@ from analytics.detectors.counters import (
     signal_count,
     signal_findings,
 )
+from analytics.store.protocols import Reader
 
 # NVML's clocks-event reasons (fleetlens_gpu_clock_throttle_reason{reason}) that mean the GPU lowered its
 # own clocks: power capping, thermal limits and the hardware slowdown signals. Idle, application clock
@@ -95,7 +96,7 @@ class GpuThrottle(Detector):
         self.min_clock_drop = min_clock_drop
         self.busy_util_percent = busy_util_percent
 
-    def features(self, source: QuerySource, window: Window) -> pd.DataFrame:
+    def features(self, source: Reader, window: Window) -> pd.DataFrame:
         parameters = {
             **window.parameters,
             "metrics": list(THROTTLE_METRICS),
@@ -190,7 +191,7 @@ class GpuFault(Detector):
     def __init__(self, lookback_s: float = 300.0) -> None:
         self.lookback_s = lookback_s
 
-    def features(self, source: QuerySource, window: Window) -> pd.DataFrame:
+    def features(self, source: Reader, window: Window) -> pd.DataFrame:
         parameters = series_parameters(FAULT_METRICS, window.start, window.end, self.lookback_s)
         return frame(source.query(FAULT_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
 

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from analytics.detectors import register
-from analytics.detectors.base import Detector, Finding, QuerySource, Window, frame
+from analytics.detectors.base import Detector, Finding, Window, frame
 from analytics.detectors.counters import (
     LAST,
     LOOKBACK_S,
@@ -39,6 +39,7 @@ from analytics.detectors.counters import (
     series_sql,
     steady_increase,
 )
+from analytics.store.protocols import Reader
 
 STATE = "node_infiniband_state_id"
 PHYSICAL_STATE = "node_infiniband_physical_state_id"
@@ -90,7 +91,7 @@ ORDER BY node, component
 """
 
 
-def links(source: QuerySource, window: Window, lookback_s: float, ignored: str) -> pd.DataFrame:
+def links(source: Reader, window: Window, lookback_s: float, ignored: str) -> pd.DataFrame:
     """Every link (a port, or an interface of a node without ports: `netdev`): whether it is up at its
     last sample in the window (`up_now`) and was down at every one (`down_whole_window`), for how long
     it has been down (`down_s`, as far back as the lookback reaches), and how often it went down in the
@@ -134,7 +135,7 @@ class LinkFlap(Detector):
         self.lookback_s = lookback_s
         self.ignored_interfaces = ignored_interfaces
 
-    def features(self, source: QuerySource, window: Window) -> pd.DataFrame:
+    def features(self, source: Reader, window: Window) -> pd.DataFrame:
         return links(source, window, self.lookback_s, self.ignored_interfaces)
 
     def score(self, features: pd.DataFrame) -> np.ndarray:
@@ -186,7 +187,7 @@ class LinkDown(Detector):
         self.lookback_s = lookback_s
         self.ignored_interfaces = ignored_interfaces
 
-    def features(self, source: QuerySource, window: Window) -> pd.DataFrame:
+    def features(self, source: Reader, window: Window) -> pd.DataFrame:
         return links(source, window, self.lookback_s, self.ignored_interfaces)
 
     def score(self, features: pd.DataFrame) -> np.ndarray:

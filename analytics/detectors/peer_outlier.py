@@ -25,8 +25,9 @@ import pandas as pd
 from sklearn.ensemble import IsolationForest
 
 from analytics.detectors import register
-from analytics.detectors.base import Detector, Finding, QuerySource, Window, frame
+from analytics.detectors.base import Detector, Finding, Window, frame
 from analytics.detectors.peers import by_node, peer_baseline, step_aggregates
+from analytics.store.protocols import Reader
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ class PeerOutlier(Detector):
         self.random_state = random_state
         self.top_features = top_features
 
-    def features(self, source: QuerySource, window: Window) -> pd.DataFrame:
+    def features(self, source: Reader, window: Window) -> pd.DataFrame:
         """Per node of a job: the raw features, their peer medians (`median_<name>`) and robust z
         (`z_<name>`), and how many nodes the job has in this window (`peers`)."""
         steps = step_aggregates(source, window)
@@ -158,7 +159,7 @@ class PeerOutlier(Detector):
             for row in np.flatnonzero(passed)
         ]
 
-    def _sampled(self, source: QuerySource, window: Window, nodes: np.ndarray) -> pd.DataFrame:
+    def _sampled(self, source: Reader, window: Window, nodes: np.ndarray) -> pd.DataFrame:
         """Per node (the index), the sample-based features over the window and `lookback_s` before it
         (counters need two samples for a rate)."""
         parameters = {

@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
-from analytics.detectors.base import QuerySource, Window, frame
+from analytics.detectors.base import Window, frame
+from analytics.store.protocols import Reader
 
 MAD_TO_SIGMA = 1.4826  # the MAD of normally distributed values times this is their standard deviation
 
@@ -24,7 +25,7 @@ ORDER BY job, node, stage
 """
 
 
-def step_aggregates(source: QuerySource, window: Window) -> pd.DataFrame:
+def step_aggregates(source: Reader, window: Window) -> pd.DataFrame:
     """Per job, node and pipeline stage in `window`: steps (how many), median compute_s (NaN without
     phase data) and median duration_s of the node's ranks."""
     steps = frame(source.query(STEP_AGGREGATES, parameters=window.parameters))

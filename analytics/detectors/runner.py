@@ -27,8 +27,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from analytics.detectors import DetectorError, build
-from analytics.detectors.base import SEVERITIES, Detector, Finding, QuerySource, Window
+from analytics.detectors.base import SEVERITIES, Detector, Finding, Window
 from analytics.errors import StoreUnavailable
+from analytics.store.protocols import Reader
 from analytics.store.records import Anomaly, QueryResult
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ class _SharedQueries:
     """A source that runs each distinct query once: detectors that read the same rows in one window
     (link_flap and link_down read every port's link) share one query. Lives for one window."""
 
-    def __init__(self, source: QuerySource) -> None:
+    def __init__(self, source: Reader) -> None:
         self._source = source
         self._results: dict[str, QueryResult] = {}
 
@@ -117,7 +118,7 @@ class DetectionRunner:
         self.window_s = window_s
         self._tracks: dict[str, dict[TrackKey, _Track]] = {detector.name: {} for detector in self.detectors}
 
-    def step(self, source: QuerySource, window: Window) -> list[Anomaly]:
+    def step(self, source: Reader, window: Window) -> list[Anomaly]:
         """Run every detector on `window`; returns the anomalies that opened, grew stronger (severity up,
         or score up by SCORE_STEP) or closed in it. A detector that raises is logged and skipped for this
         window: its anomalies stay as they were. StoreUnavailable fails the whole window before any state
@@ -139,7 +140,7 @@ class DetectionRunner:
                 changed.extend(self._advance(detector, window, found[detector.name]))
         return changed
 
-    def run(self, source: QuerySource, start: float, end: float) -> list[Anomaly]:
+    def run(self, source: Reader, start: float, end: float) -> list[Anomaly]:
         """Step through every window of [start, end); returns the final state of each anomaly seen (the
         ones still open with end None)."""
         latest: dict[str, Anomaly] = {}
@@ -228,7 +229,7 @@ def _anomaly(detector: Detector, track: _Track, start: float) -> Anomaly:
 
 
 def detect(
-    source: QuerySource,
+    source: Reader,
     start: float | None = None,
     end: float | None = None,
     names: Sequence[str] | None = None,
@@ -247,7 +248,7 @@ def detect(
     return sorted(anomalies, key=lambda a: (a.start, a.node, a.kind, a.component, a.job, a.detector))
 
 
-def data_span(source: QuerySource) -> tuple[float, float] | None:
+def data_span(source: Reader) -> tuple[float, float] | None:
     """[first, last] unix seconds of the samples and steps in the store, with `last` moved past the last
     row so that a range ending there includes it; None when both are empty."""
     result = source.query(

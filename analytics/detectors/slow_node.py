@@ -31,8 +31,9 @@ import numpy as np
 import pandas as pd
 
 from analytics.detectors import register
-from analytics.detectors.base import Detector, Finding, QuerySource, Window, frame
+from analytics.detectors.base import Detector, Finding, Window, frame
 from analytics.detectors.peers import by_node, peer_baseline, step_aggregates
+from analytics.store.protocols import Reader
 
 GPU_SIGNALS = {  # store metric -> evidence name; the first one measures the slowdown
     "DCGM_FI_DEV_SM_CLOCK": "sm_clock_mhz",
@@ -79,7 +80,7 @@ class SlowNode(Detector):
         self.min_peers = min_peers
         self.critical_excess = critical_excess
 
-    def features(self, source: QuerySource, window: Window) -> pd.DataFrame:
+    def features(self, source: Reader, window: Window) -> pd.DataFrame:
         steps = step_aggregates(source, window)
         steps = steps[steps["steps"] >= self.min_steps].assign(signal="compute_s", value=steps["compute_s"])
         unphased = steps.groupby("job")["compute_s"].transform("count") == 0
@@ -111,7 +112,7 @@ class SlowNode(Detector):
         ]
 
     def _without_phases(
-        self, source: QuerySource, window: Window, steps: pd.DataFrame, unphased: pd.Series
+        self, source: Reader, window: Window, steps: pd.DataFrame, unphased: pd.Series
     ) -> pd.DataFrame:
         """The signal of jobs whose steps carry no phase times: their nodes' SM clocks where the job's nodes
         have GPU samples, else their step durations."""
@@ -122,7 +123,7 @@ class SlowNode(Detector):
         steps.loc[timed, "signal"], steps.loc[timed, "value"] = "duration_s", steps["duration_s"]
         return steps
 
-    def _gpu_medians(self, source: QuerySource, window: Window, nodes: Sequence[str]) -> pd.DataFrame:
+    def _gpu_medians(self, source: Reader, window: Window, nodes: Sequence[str]) -> pd.DataFrame:
         """Per node (the index), the median of each GPU signal over its GPUs and samples in `window`."""
         parameters = {**window.parameters, "metrics": list(GPU_SIGNALS), "nodes": list(nodes)}
         return by_node(frame(source.query(GPU_MEDIANS, parameters=parameters)), GPU_SIGNALS)

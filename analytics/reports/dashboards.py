@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from analytics.detectors.base import QuerySource
+from analytics.store.protocols import Reader
 
 RAW_MAX_S = 6 * 3600.0  # longer ranges read samples_1m
 MAX_POINTS = 360  # per series in a time series plot: buckets are widened to stay under this
@@ -145,7 +145,7 @@ def bucket_seconds(start: float, end: float, buckets: int = MAX_POINTS) -> int:
 
 
 def frame(
-    source: QuerySource,
+    source: Reader,
     sql: str,
     parameters: Mapping[str, Any],
     *,
@@ -224,7 +224,7 @@ ORDER BY state, since
 """
 
 
-def drain_queue(source: QuerySource, now: float) -> pd.DataFrame:
+def drain_queue(source: Reader, now: float) -> pd.DataFrame:
     """Nodes drained as of `now` (the last drain done or dry-run, not undrained) and drains waiting for
     approval (pending, neither approved nor denied yet), with the latest request people made about each
     ("approve requested by alice"): the controller's audit read as `fleetlens drain list` reads it."""
@@ -279,7 +279,7 @@ ORDER BY node
 
 
 def fleet_status(
-    source: QuerySource, now: float, *, recent_s: float = DOWN_AFTER_S, known_s: float = KNOWN_FOR_S
+    source: Reader, now: float, *, recent_s: float = DOWN_AFTER_S, known_s: float = KNOWN_FOR_S
 ) -> pd.DataFrame:
     """One row per node scraped in the `known_s` before `now`, with its status as of `now`, the first of
     STATUSES that applies: drained (the audit's last drain of it stands), down (its last scrape failed, or
@@ -306,7 +306,7 @@ ORDER BY node, gpu
 """
 
 
-def gpu_matrix(source: QuerySource, metric: str, start: float, end: float) -> pd.DataFrame:
+def gpu_matrix(source: Reader, metric: str, start: float, end: float) -> pd.DataFrame:
     """Node x GPU of one DCGM metric over [start, end): mean, min, max and last value of each GPU."""
     sql = _gpu_matrix_sql(resolution(start, end))
     return frame(source, sql, _window(start, end, metrics=[metric]))
@@ -338,7 +338,7 @@ ORDER BY node, port
 """
 
 
-def port_matrix(source: QuerySource, start: float, end: float) -> pd.DataFrame:
+def port_matrix(source: Reader, start: float, end: float) -> pd.DataFrame:
     """Node x RoCE port over [start, end): its state at the end, flaps (the increase of link_downed),
     receive and transmit bytes/s, CNPs sent and handled per second. Counters are read at the end of each
     of PORT_BUCKETS buckets (a minute at least): a value below the one before is a reset (the exporter or
@@ -362,7 +362,7 @@ ORDER BY kind, {SEVERITY_RANK} DESC
 """
 
 
-def anomaly_counts(source: QuerySource, start: float, end: float) -> pd.DataFrame:
+def anomaly_counts(source: Reader, start: float, end: float) -> pd.DataFrame:
     """Anomalies that overlap [start, end), counted by kind and severity, with the nodes they touch and
     how many are still open."""
     return frame(source, ANOMALY_COUNTS_SQL, _window(start, end))
@@ -388,7 +388,7 @@ LIMIT {{limit:UInt32}}
 
 
 def anomalies(
-    source: QuerySource,
+    source: Reader,
     start: float,
     end: float,
     *,
@@ -420,7 +420,7 @@ ORDER BY changed_at DESC
 """
 
 
-def alerts(source: QuerySource, start: float, end: float, *, nodes: Sequence[str] = ()) -> pd.DataFrame:
+def alerts(source: Reader, start: float, end: float, *, nodes: Sequence[str] = ()) -> pd.DataFrame:
     """Each alert's state as of `end`, for the alerts pending or firing at some time in [start, end):
     its labels (node, kind, severity, component), summary, and start and end."""
     parameters = _window(start, end, nodes=list(nodes))
@@ -435,7 +435,7 @@ ORDER BY ts DESC, action
 """
 
 
-def actions(source: QuerySource, start: float, end: float, *, nodes: Sequence[str] = ()) -> pd.DataFrame:
+def actions(source: Reader, start: float, end: float, *, nodes: Sequence[str] = ()) -> pd.DataFrame:
     """The drain controller's audit in [start, end), newest first: decisions, refusals and requests."""
     return frame(source, ACTIONS_SQL, _window(start, end, nodes=list(nodes)), times=["ts"])
 
@@ -461,7 +461,7 @@ ORDER BY metric, component, ts
 
 
 def node_series(
-    source: QuerySource, node: str, start: float, end: float, metrics: Sequence[str] = NODE_METRICS
+    source: Reader, node: str, start: float, end: float, metrics: Sequence[str] = NODE_METRICS
 ) -> pd.DataFrame:
     """Time series of one node's GPUs and RoCE ports over [start, end) (`metrics`, names of METRICS), one
     row per metric, component ("gpu:3", "mlx5_1:1") and bucket: the mean of a gauge, the per-second rate
@@ -501,7 +501,7 @@ ORDER BY job, stage, ts
 """
 
 
-def peer_band(source: QuerySource, node: str, start: float, end: float) -> pd.DataFrame:
+def peer_band(source: Reader, node: str, start: float, end: float) -> pd.DataFrame:
     """The node's median compute time per bucket (its step time when its job reports no phases: `signal`
     says which), in seconds, next to the median and the 10th-90th percentile band of its peers: the other
     nodes of the same job and pipeline stage, the only fair comparison (a slower stage or a job-wide
@@ -522,6 +522,6 @@ ORDER BY node
 """
 
 
-def nodes_and_jobs(source: QuerySource, start: float, end: float) -> pd.DataFrame:
+def nodes_and_jobs(source: Reader, start: float, end: float) -> pd.DataFrame:
     """Every node scraped or stepping in [start, end), with the jobs it ran: what the pickers offer."""
     return frame(source, SCOPES_SQL, _window(start, end))

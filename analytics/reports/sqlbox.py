@@ -8,9 +8,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from analytics.detectors.base import QuerySource
 from analytics.errors import QueryError
 from analytics.reports.postmortem.model import IN_WINDOW
+from analytics.store.protocols import Reader
 from analytics.store.records import QueryResult
 
 SAVED_QUERIES: dict[str, str] = {
@@ -88,7 +88,7 @@ _SYNTAX_ERROR = re.compile(r"Syntax error: failed at position (\d+)")
 
 
 def run_sql(
-    source: QuerySource, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int = 10_000
+    source: Reader, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int = 10_000
 ) -> QueryResult:
     """Run the SQL box's statement read-only: at most `max_rows` rows (`truncated` says when more matched).
 

@@ -18,8 +18,9 @@ from typing import Any
 
 import pandas as pd
 
-from analytics.detectors.base import SEVERITIES, QuerySource, Window, frame
+from analytics.detectors.base import SEVERITIES, Window, frame
 from analytics.reports.postmortem.model import IN_WINDOW, Excursion
+from analytics.store.protocols import Reader
 
 RAW_SPAN_MAX_S = 2 * 3600.0
 MAX_POINTS = 720
@@ -145,7 +146,7 @@ class _Probe:
 
 
 def find_excursions(
-    source: QuerySource, anomalies: Sequence[Mapping[str, Any]], window: Window
+    source: Reader, anomalies: Sequence[Mapping[str, Any]], window: Window
 ) -> list[Excursion]:
     """The biggest departures from baseline (at most MAX_EXCURSIONS, biggest first) of the series that show
     `anomalies` (rows with start_s, end_s, kind, node, component, job, severity, score)."""
@@ -202,7 +203,7 @@ def _series_labels(part: str, component: str, job: str) -> str | None:
     return ",".join(f'{name}="{value}"' for name, value in found.groupdict().items()) if found else None
 
 
-def _series_points(source: QuerySource, probes: Sequence[_Probe]) -> tuple[dict[str, pd.DataFrame], int]:
+def _series_points(source: Reader, probes: Sequence[_Probe]) -> tuple[dict[str, pd.DataFrame], int]:
     """Every probed series over the span the probes need, as (t, low, high, mean) per bucket, counters
     as rates; and the bucket length in seconds."""
     first = min(probe.baseline_from for probe in probes)

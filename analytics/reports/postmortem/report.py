@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
-from analytics.detectors.base import QuerySource, Window
+from analytics.detectors.base import Window
 from analytics.reports.postmortem.excursions import find_excursions
 from analytics.reports.postmortem.model import (
     IN_WINDOW,
@@ -49,6 +49,7 @@ from analytics.reports.postmortem.model import (
     number,
     utc,
 )
+from analytics.store.protocols import Reader
 from analytics.store.records import QueryResult
 
 EVENT_ROWS = 10_000  # rows each kind of event may fill
@@ -112,7 +113,7 @@ ORDER BY first_s, target
 
 
 def build_report(
-    source: QuerySource, *, node: str | None = None, job: str | None = None, start: float, end: float
+    source: Reader, *, node: str | None = None, job: str | None = None, start: float, end: float
 ) -> Report:
     """The incident report of `node` or `job` over [start, end) (unix seconds); PostmortemError when the
     scope is not one node or one job the store knows, or the window is empty."""
@@ -143,7 +144,7 @@ def _window(start: float, end: float) -> Window:
     return Window(start, end)
 
 
-def _scope_nodes(source: QuerySource, node: str | None, job: str | None, window: Window) -> tuple[str, ...]:
+def _scope_nodes(source: Reader, node: str | None, job: str | None, window: Window) -> tuple[str, ...]:
     """The nodes the report is about: `node`, or the nodes that ran steps of `job` in the window."""
     if bool(node) == bool(job):
         given = f"node {node!r} and job {job!r}" if node else "neither"

@@ -10,10 +10,11 @@ import pandas as pd
 import pytest
 
 from analytics.detectors import DetectorError
-from analytics.detectors.base import Detector, QuerySource, Window, frame
+from analytics.detectors.base import Detector, Window, frame
 from analytics.detectors.runner import DetectionRunner, detect, store_anomalies, windows
 from analytics.detectors.slow_node import SlowNode
 from analytics.store import Store
+from analytics.store.protocols import Reader
 from analytics.store.records import Anomaly
 from tests.analytics.detectors import T0, SyncJob, window
 
@@ -112,7 +113,7 @@ class MissingTable(Detector):
     version = "0"
     kinds = ("nothing",)
 
-    def features(self, source: QuerySource, window: Window) -> pd.DataFrame:
+    def features(self, source: Reader, window: Window) -> pd.DataFrame:
         return frame(source.query("SELECT node FROM no_such_table"))
 
     def score(self, features: pd.DataFrame):

@@ -1,0 +1,43 @@
+"""What the rest of fleetlens needs from a store, declared once.
+
+A `Store` (embedded chDB or a ClickHouse server) and a `HubClient` (the same calls over a hub's HTTP API)
+both satisfy these, so detectors, reports, the decision commands and the UI run against either. Each
+caller asks for the narrowest one it uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from analytics.store.records import ActionRow, QueryResult, ScrapeBatch, SilenceRow, TargetStatus
+
+
+class Reader(Protocol):
+    """Something to run a checked SELECT on: detectors, reports, dashboards."""
+
+    def query(
+        self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int = ...
+    ) -> QueryResult: ...
+
+
+class IngestWriter(Protocol):
+    """Where the hub's writer puts what it scraped and received."""
+
+    def insert_samples(self, batches: Sequence[ScrapeBatch], *, token: str) -> int: ...
+
+    def insert_targets(self, statuses: Sequence[TargetStatus], *, token: str) -> int: ...
+
+    def insert_steps(self, rows: Sequence[Any], *, token: str) -> int: ...
+
+
+class DecisionWriter(Protocol):
+    """Where people's decisions go: silences and drain requests (approve, deny, undrain)."""
+
+    def insert_silences(self, rows: Sequence[SilenceRow], *, token: str) -> int: ...
+
+    def insert_actions(self, rows: Sequence[ActionRow], *, token: str) -> int: ...
+
+
+class ReadWriter(Reader, DecisionWriter, Protocol):
+    """What the decision commands and the UI use: read the state, then record a decision."""
