@@ -36,8 +36,8 @@ from analytics.store.records import ScrapeBatch
 from collectors.base import ReadErrors
 from collectors.gpu.collector import GpuCollector
 from collectors.gpu.sim import ManualClock, SimBackend
-from fleetlens.cli import build_exporter
 from fleetlens.config import ExporterConfig
+from fleetlens.exporter_cli import build_exporter
 from tests.conftest import fixtures_dir
 from tests.support import ttar
 

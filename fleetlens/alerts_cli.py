@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import getpass
 import json
-import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
@@ -23,17 +21,6 @@ from alerts.silences import new_silence
 from analytics.store.hubclient import HubClient
 from analytics.store.records import ActionRow
 from fleetlens.access import hub_config, open_store
-
-DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
-UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def duration(text: str) -> float:
-    """`90`, `90s`, `15m`, `2h`, `1d` as seconds."""
-    found = DURATION.match(text.strip())
-    if not found:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 90s, 15m, 2h or 1d")
-    return float(found.group(1)) * UNIT_S[found.group(2)]
 
 
 @contextlib.contextmanager
@@ -143,63 +130,15 @@ def cmd_drain_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _requester(action: str) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        with connected(args) as store:
-            row = commands.request(store, action, args.target, args.by)
-        if args.json:
-            print(json.dumps(_action_rows([row])[0]))
-        else:
-            print(
-                f"{action} {args.target}: requested by {args.by}; the hub's drain controller acts next cycle"
-            )
-        return 0
-
-    return run
-
-
-def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Register `alerts`, `silence` and `drain`; `common` adds the --config/--store flags."""
-
-    def leaf(
-        parent: argparse._SubParsersAction, name: str, help: str, run: Callable
-    ) -> argparse.ArgumentParser:
-        parser = parent.add_parser(name, help=help)
-        common(parser)
-        parser.add_argument("--hub", help="a hub's URL: go through its API (the way to an embedded store)")
-        parser.add_argument("--json", action="store_true", help="JSON instead of a table")
-        parser.set_defaults(func=run)
-        return parser
-
-    alerts = sub.add_parser("alerts", help="alerts raised from anomalies").add_subparsers(required=True)
-    listing = leaf(alerts, "list", "the latest state of each alert", cmd_alerts_list)
-    listing.add_argument(
-        "--state", choices=["pending", "firing", "resolved"], help="only alerts in this state"
-    )
-
-    silence = sub.add_parser("silence", help="mute alerts by label matchers").add_subparsers(required=True)
-    add = leaf(silence, "add", "create a silence starting now", cmd_silence_add)
-    add.add_argument(
-        "-m",
-        "--matcher",
-        action="append",
-        required=True,
-        help="NAME=VALUE, NAME!=VALUE, NAME=~RE or NAME!~RE",
-    )
-    add.add_argument("--duration", type=duration, required=True, help="how long: 90s, 15m, 2h, 1d")
-    add.add_argument("--comment", required=True, help="why (kept in the audit)")
-    add.add_argument("--by", default=getpass.getuser(), help="who (default: this user)")
-    leaf(silence, "list", "silences in force or to come (an invalid one says why)", cmd_silence_list)
-    expire = leaf(silence, "expire", "end a silence now", cmd_silence_expire)
-    expire.add_argument("id", help="the silence's id (from silence list)")
-
-    drain = sub.add_parser("drain", help="the drain controller's decisions").add_subparsers(required=True)
-    leaf(drain, "list", "drains waiting for approval and nodes fleetlens drained", cmd_drain_list)
-    for action, target, help in (
-        ("approve", "decision id (from drain list)", "carry out a drain that waits for approval"),
-        ("deny", "decision id (from drain list)", "drop a drain that waits for approval"),
-        ("undrain", "node", "put a node fleetlens drained back into scheduling"),
-    ):
-        parser = leaf(drain, action, help, _requester(action))
-        parser.add_argument("target", help=target)
-        parser.add_argument("--by", default=getpass.getuser(), help="who (default: this user)")
+def cmd_drain_request(args: argparse.Namespace) -> int:
+    """approve, deny or undrain (args.request): recorded for the hub's drain controller."""
+    with connected(args) as store:
+        row = commands.request(store, args.request, args.target, args.by)
+    if args.json:
+        print(json.dumps(_action_rows([row])[0]))
+    else:
+        print(
+            f"{args.request} {args.target}: requested by {args.by}; "
+            "the hub's drain controller acts next cycle"
+        )
+    return 0

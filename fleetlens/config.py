@@ -17,13 +17,13 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
-from alerts.errors import AlertConfigError
-from alerts.policy import DrainPolicy, parse_policy
-from alerts.rules import DEFAULT_RULES, AlertRule, parse_rules
+if TYPE_CHECKING:
+    from alerts.policy import DrainPolicy
+    from alerts.rules import AlertRule
 
 
 class ConfigError(ValueError):
@@ -183,6 +183,9 @@ class AlertsConfig:
         self.alert_rules()
 
     def alert_rules(self) -> tuple[AlertRule, ...]:
+        from alerts.errors import AlertConfigError  # the hub's; an exporter never loads alerting
+        from alerts.rules import DEFAULT_RULES, parse_rules
+
         if self.rules is None:
             return DEFAULT_RULES
         try:
@@ -219,6 +222,9 @@ class DrainConfig:
         self.policy()
 
     def policy(self) -> DrainPolicy:
+        from alerts.errors import AlertConfigError  # the hub's; an exporter never loads alerting
+        from alerts.policy import parse_policy
+
         section: dict[str, Any] = {
             "mode": self.mode,
             "cooldown_s": self.cooldown_s,
@@ -295,6 +301,55 @@ def _section_values(section: type, raw: Mapping[str, Any], where: Callable[[str]
     return {key: _convert(value, hints[key], where(key)) for key, value in raw.items()}
 
 
+def _read_file(path: str | os.PathLike[str] | None) -> Mapping[str, Any]:
+    """The config file's sections ({} without a file); ConfigError naming the file when it cannot be read."""
+    if path is None:
+        return {}
+    try:
+        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {path}: not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x})"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    file_values = loaded or {}
+    if not isinstance(file_values, Mapping):
+        raise ConfigError(f"config file {path}: expected a mapping of sections, got {type(loaded).__name__}")
+    unknown = sorted(set(file_values) - {f.name for f in fields(Config)})
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown section(s) {', '.join(unknown)}")
+    return file_values
+
+
+def _section(
+    name: str,
+    path: str | os.PathLike[str] | None,
+    file_values: Mapping[str, Any],
+    env: Mapping[str, str],
+    overrides: Mapping[str, Mapping[str, Any]],
+) -> Any:
+    """One section from the file's values, then the environment's, then the flags'."""
+    cls = next(f for f in fields(Config) if f.name == name).default_factory  # type: ignore[misc]
+    values: dict[str, Any] = {}
+    raw_file = file_values.get(name) or {}
+    if not isinstance(raw_file, Mapping):
+        raise ConfigError(f"config file {path}: section {name} must be a mapping")
+    values.update(_section_values(cls, raw_file, lambda key: f"config file {path}: {name}.{key}"))
+    prefix = f"FLEETLENS_{name.upper()}_"
+    from_env = {k[len(prefix) :].lower(): v for k, v in env.items() if k.startswith(prefix)}
+    values.update(_section_values(cls, from_env, lambda key: f"environment {prefix}{key.upper()}"))
+    flags = {k: v for k, v in overrides.get(name, {}).items() if v is not None}
+    values.update(_section_values(cls, flags, lambda key: f"command line: {name}.{key}"))
+    try:
+        return cls(**values)
+    except ConfigError as exc:
+        origin = f"config file {path}" if path else "configuration"
+        raise ConfigError(f"{origin}: {exc}") from None
+
+
 def load_config(
     path: str | os.PathLike[str] | None = None,
     *,
@@ -302,47 +357,23 @@ def load_config(
     overrides: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Config:
     """Build the Config from the file at `path`, the environment and `overrides` ({section: {key: value}})."""
+    file_values = _read_file(path)
     env = os.environ if env is None else env
-    file_values: Mapping[str, Any] = {}
-    if path is not None:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"config file {path}: {exc.strerror}") from None
-        except UnicodeDecodeError as exc:
-            raise ConfigError(
-                f"config file {path}: not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x})"
-            ) from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path}: not valid YAML: {' '.join(str(exc).split())}") from None
-        file_values = loaded or {}
-        if not isinstance(file_values, Mapping):
-            kind = type(loaded).__name__
-            raise ConfigError(f"config file {path}: expected a mapping of sections, got {kind}")
-        unknown = sorted(set(file_values) - {f.name for f in fields(Config)})
-        if unknown:
-            raise ConfigError(f"config file {path}: unknown section(s) {', '.join(unknown)}")
+    return Config(
+        **{f.name: _section(f.name, path, file_values, env, overrides or {}) for f in fields(Config)}
+    )
 
-    sections = {}
-    for section in fields(Config):
-        cls = section.default_factory  # type: ignore[misc]
-        values: dict[str, Any] = {}
-        raw_file = file_values.get(section.name) or {}
-        if not isinstance(raw_file, Mapping):
-            raise ConfigError(f"config file {path}: section {section.name} must be a mapping")
-        name = section.name
-        values.update(_section_values(cls, raw_file, lambda key, n=name: f"config file {path}: {n}.{key}"))
-        prefix = f"FLEETLENS_{name.upper()}_"
-        from_env = {k[len(prefix) :].lower(): v for k, v in env.items() if k.startswith(prefix)}
-        values.update(_section_values(cls, from_env, lambda key, p=prefix: f"environment {p}{key.upper()}"))
-        flags = {k: v for k, v in (overrides or {}).get(name, {}).items() if v is not None}
-        values.update(_section_values(cls, flags, lambda key, n=name: f"command line: {n}.{key}"))
-        try:
-            sections[section.name] = cls(**values)
-        except ConfigError as exc:
-            origin = f"config file {path}" if path else "configuration"
-            raise ConfigError(f"{origin}: {exc}") from None
-    return Config(**sections)
+
+def load_exporter_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> ExporterConfig:
+    """The exporter's section alone, with the same precedence: a VM reads and checks only what it uses
+    (a shared file's hub and alerting sections are the hub's to check), and loads no hub code."""
+    env = os.environ if env is None else env
+    return _section("exporter", path, _read_file(path), env, {"exporter": overrides or {}})
 
 
 __all__ = [
@@ -354,5 +385,6 @@ __all__ = [
     "GpuBackend",
     "HubConfig",
     "load_config",
+    "load_exporter_config",
     "split_listen",
 ]

@@ -3,6 +3,7 @@ that prove it."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 
@@ -56,3 +57,7 @@ def main(argv: Sequence[str]) -> int:
             continue
         print(render(path, parsed))
     return status
+
+
+def cmd_nccl(args: argparse.Namespace) -> int:
+    return main(args.files)

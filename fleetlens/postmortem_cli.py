@@ -15,7 +15,6 @@ from collections.abc import Callable
 
 from analytics.reports.postmortem import Report, build_report, to_csv, to_json, to_markdown
 from fleetlens.alerts_cli import connected
-from sim import pipeline
 
 RENDERERS: dict[str, Callable[[Report], str]] = {
     "md": to_markdown,
@@ -29,21 +28,3 @@ def cmd_postmortem(args: argparse.Namespace) -> int:
         report = build_report(source, node=args.node, job=args.job, start=args.start, end=args.end)
     print(RENDERERS[args.format](report), end="")
     return 0
-
-
-def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Register `postmortem`; `common` adds the --config/--store flags."""
-    parser = sub.add_parser(
-        "postmortem", help="the incident report of a node or a job over a time window (Markdown, JSON, CSV)"
-    )
-    common(parser)
-    parser.add_argument("--hub", help="a hub's URL: go through its API (the way to an embedded store)")
-    scope = parser.add_mutually_exclusive_group(required=True)
-    scope.add_argument("--node", help="the node the report is about")
-    scope.add_argument("--job", help="the job the report is about (its nodes: those that ran its steps)")
-    for flag, dest in (("--from", "start"), ("--to", "end")):
-        parser.add_argument(
-            flag, dest=dest, type=pipeline.time_argument, required=True, help="unix seconds or ISO 8601 (UTC)"
-        )
-    parser.add_argument("--format", choices=sorted(RENDERERS), default="md", help="md (default), json or csv")
-    parser.set_defaults(func=cmd_postmortem)

@@ -14,7 +14,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import NoReturn
 
@@ -56,13 +56,3 @@ def cmd_ui(args: argparse.Namespace) -> NoReturn:
     command = streamlit_command(args.address, args.port)
     print(f"fleetlens ui: http://{args.address}:{args.port}", flush=True)
     os.execve(command[0], command, env)
-
-
-def add_commands(sub: argparse._SubParsersAction, common: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Register `ui`; `common` adds the --config/--store flags."""
-    parser = sub.add_parser("ui", help="serve the SRE dashboards (Streamlit) on a hub or a store")
-    common(parser)
-    parser.add_argument("--hub", help="a hub's URL: read through its API (the way to an embedded store)")
-    parser.add_argument("--address", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8501, help="port to serve on (default 8501)")
-    parser.set_defaults(func=cmd_ui)

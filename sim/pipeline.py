@@ -8,12 +8,10 @@ process, and two cores evaluate two scenarios at once.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 
 from analytics.detectors import build
@@ -71,27 +69,6 @@ def evaluate_files(
     """evaluate_file for each path, `workers` at a time, each in a fresh process; results in path order."""
     with ProcessPoolExecutor(max_workers=max(1, workers), max_tasks_per_child=1) as pool:
         return list(pool.map(evaluate_file, paths, [window_s] * len(paths)))
-
-
-def parse_time(text: str) -> float:
-    """Unix seconds from `1767225600`, `2026-01-01T00:00:00Z` or `2026-01-01 00:00` (UTC when no zone)."""
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"{text!r} is neither unix seconds nor an ISO 8601 time") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
-
-
-def time_argument(text: str) -> float:
-    """parse_time for argparse: a bad time is a usage error naming the text."""
-    try:
-        return parse_time(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def scratch_dir() -> str | None:

@@ -28,8 +28,8 @@ from analytics.store.records import ActionRow, SilenceRow
 from collectors.exporter import make_registry, serve
 from collectors.httpserver import serve_app
 from collectors.steps import StepTracker
-from fleetlens.cli import build_exporter
 from fleetlens.config import ExporterConfig
+from fleetlens.exporter_cli import build_exporter
 from hub.app import Hub
 from hub.auth import Tokens
 from hub.otlp import OtlpStepReceiver

@@ -21,8 +21,8 @@ from analytics.store import Retention, Store, schema
 from analytics.store.readonly import MAX_IDLE, PARSER_FUNCTIONS, ReadSessions, session_settings
 from analytics.store.records import Anomaly, ScrapeBatch, TargetStatus
 from collectors.steprecord import StepRecord
-from fleetlens.cli import build_exporter
 from fleetlens.config import ExporterConfig
+from fleetlens.exporter_cli import build_exporter
 from tests.conftest import REPO
 from tests.support.peers import free_port
 

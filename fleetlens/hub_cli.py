@@ -1,0 +1,174 @@
+"""`fleetlens hub`, `query`, `steps import` and `detect`: the hub and what reads or fills its store
+(the hub extra)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import sys
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from analytics.detectors import build as build_detectors
+from analytics.detectors.runner import DetectionRunner, detect
+from analytics.store.hubclient import HubClient
+from analytics.store.records import Anomaly
+from analytics.store.redact import redacted
+from collectors.httpserver import serve_app
+from collectors.steprecord import read_step_records
+from fleetlens.access import hub_config, load, open_store, reader
+from fleetlens.alerting import build_alert_service
+from fleetlens.config import Config, ConfigError
+from fleetlens.serving import serve_until_signal
+from hub.app import Hub
+from hub.auth import Tokens
+from hub.bodies import ReceiverLimits
+from hub.detect import DetectionLoop
+from hub.errors import TokenFileError
+from hub.otlp import OtlpStepReceiver
+from hub.scraper import ScrapeLimits, Scraper, Shard, TargetsFile
+from hub.spool import Spool
+from hub.writer import Writer
+
+log = logging.getLogger("fleetlens")
+
+IMPORT_CHUNK = 100_000  # step rows per insert when importing a file into the store
+ANOMALY_COLUMNS = ("start", "end", "kind", "node", "component", "job", "severity", "score", "detector")
+
+
+def build_hub(settings: Config, tokens: Tokens) -> Hub:
+    """Wire store, spool, writer, receivers, (with a targets file) the scraper of this hub's shard, and
+    detection with alerting and draining after each window. The writer, the detection loop and the API
+    each have a session of their own on the store, and queries run on read sessions apart from all
+    three, so none waits for another's statements."""
+    config = settings.hub
+    store = open_store(config)
+    writer = Writer(store.session(), Spool(config.spool_dir, config.spool_max_bytes))
+    limits = ReceiverLimits(config.max_body_bytes, config.max_label_length, config.max_rows_per_request)
+    scraper = None
+    if config.targets is not None:
+        scraper = Scraper(
+            TargetsFile(config.targets).current,
+            interval_s=config.interval_s,
+            timeout_s=config.timeout_s,
+            shard=Shard(*config.shard_index_count),
+            limits=ScrapeLimits(config.max_body_bytes, config.max_series_per_target, config.max_label_length),
+        )
+    detection, closing = None, []
+    if config.detector_names != []:
+        detection_store = store.session()
+        alerting = build_alert_service(detection_store, settings.alerts, settings.drain)
+        closing.append(alerting.close)
+        detection = DetectionLoop(
+            DetectionRunner(build_detectors(config.detector_names), config.detect_window_s),
+            detection_store,
+            window_s=config.detect_window_s,
+            lag_s=config.interval_s + config.timeout_s,
+            then=alerting.cycle,
+        )
+    return Hub(
+        store,
+        writer,
+        OtlpStepReceiver(limits),
+        scraper,
+        detection=detection,
+        closing=closing,
+        tokens=tokens,
+        max_body_bytes=config.max_body_bytes,
+        query_max_rows=config.query_max_rows,
+        query_max_seconds=config.query_max_seconds,
+    )
+
+
+def cmd_hub(args: argparse.Namespace) -> int:
+    settings = load(args)
+    config = settings.hub
+    try:
+        tokens = Tokens.load(os.environ.get("FLEETLENS_API_TOKEN"), config.token_file)
+    except TokenFileError as exc:
+        raise ConfigError(f"hub.token_file: {exc}") from None
+    hub = build_hub(settings, tokens)
+    host, port = config.host_port
+    server = serve_app(hub.app, host, port)
+    hub.start()
+    print(
+        f"fleetlens hub: API at http://{host}:{server.server_port} (store {redacted(config.store)})",
+        flush=True,
+    )
+    if not tokens.configured:
+        log.warning(
+            "no API token (FLEETLENS_API_TOKEN or hub.token_file): the API answers loopback clients only"
+        )
+    serve_until_signal(server, hub.close)
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    source = reader(args)
+    try:
+        result = source.query(args.sql, max_rows=args.max_rows)
+    finally:
+        if not args.hub:
+            source.close()
+    if args.json:
+        rows = [dict(zip(result.columns, row, strict=True)) for row in result.rows]
+        print(json.dumps(rows, default=str))
+    else:
+        print("\t".join(result.columns))
+        for row in result.rows:
+            print("\t".join(str(value) for value in row))
+    if result.truncated:
+        print(f"fleetlens: result cut at {args.max_rows} rows", file=sys.stderr)
+    return 0
+
+
+def cmd_steps_import(args: argparse.Namespace) -> int:
+    """Import a finished job's step JSON lines: all or nothing, named line on the first bad record."""
+    body = Path(args.file).read_bytes()
+    if args.hub:
+        count = HubClient(args.hub).import_steps(body)
+    else:
+        rows = list(read_step_records(args.file))  # all checked before any insert
+        digest = hashlib.sha256(body).hexdigest()  # importing the same file twice stores it once
+        store = open_store(hub_config(args))
+        try:
+            count = sum(
+                store.insert_steps(rows[start : start + IMPORT_CHUNK], token=f"{digest}:{start}")
+                for start in range(0, len(rows), IMPORT_CHUNK)
+            )
+        finally:
+            store.close()
+    print(f"imported {count} step records from {args.file}")
+    return 0
+
+
+def _anomaly_json(anomaly: Anomaly) -> dict[str, Any]:
+    """An anomaly with ISO 8601 UTC times and its evidence as an object."""
+    row = asdict(anomaly)
+    for key in ("start", "end"):
+        if row[key] is not None:
+            row[key] = datetime.fromtimestamp(row[key], UTC).isoformat(timespec="milliseconds")
+    row["evidence"] = json.loads(anomaly.evidence)
+    return row
+
+
+def cmd_detect(args: argparse.Namespace) -> int:
+    source = reader(args)
+    window = {} if args.window_s is None else {"window_s": args.window_s}
+    try:
+        anomalies = detect(source, args.start, args.end, names=args.detectors, **window)
+    finally:
+        if not args.hub:
+            source.close()
+    if args.json:
+        print(json.dumps([_anomaly_json(anomaly) for anomaly in anomalies]))
+        return 0
+    print("\t".join(ANOMALY_COLUMNS))
+    for row in map(_anomaly_json, anomalies):
+        print("\t".join(str(row[key] or "") for key in ANOMALY_COLUMNS))
+    return 0
