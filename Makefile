@@ -12,7 +12,7 @@ TORCH := torch==2.13.0
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e '.[test]'
+	$(PIP) install --quiet -e '.[all,test]'
 	touch $@
 
 $(VENV)/.torch: $(VENV)/.installed
@@ -35,6 +35,7 @@ debian-peers:
 
 test: install-test
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/pytest -q
 
 lint: install

@@ -31,6 +31,8 @@ EXTRA_OF_MODULE = {
     "altair": "ui",
     "kubernetes": "k8s",
 }
+# Commands whose extra holds more than the hub's: what they need beyond it is missing too.
+EXTRA_OF_COMMAND = {"fleetlens.ui_cli": "ui", "fleetlens.demo_cli": "all"}
 # The errors a command reports in one line, by where they are defined: a class never imported cannot
 # have been raised, so none of these modules is imported to catch it.
 CONFIG_ERRORS = ("fleetlens.config:ConfigError", "analytics.errors:AddressError")
@@ -272,9 +274,10 @@ def _loaded(names: Sequence[str]) -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
-def _missing_extra(exc: ModuleNotFoundError) -> str | None:
-    """The extra that installs the module `exc` found missing, if it is one of ours."""
-    return EXTRA_OF_MODULE.get((exc.name or "").partition(".")[0])
+def _missing_extra(exc: ModuleNotFoundError, command_module: str) -> str | None:
+    """The extra to install for the module `exc` found missing, if it is one of ours."""
+    extra = EXTRA_OF_MODULE.get((exc.name or "").partition(".")[0])
+    return EXTRA_OF_COMMAND.get(command_module, extra) if extra == "hub" else extra
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -285,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return getattr(importlib.import_module(module), function)(args)
     except ModuleNotFoundError as exc:
-        extra = _missing_extra(exc)
+        extra = _missing_extra(exc, module)
         if extra is None:
             raise
         print(
