@@ -56,6 +56,7 @@ bench: install-test
 	$(PY) bench/query_vs_ingest.py
 	$(PY) bench/hostile_targets.py
 	$(PY) bench/escape_corpus.py
+	$(PY) bench/install_size.py
 
 # The detection evaluation: the CI subset (also run by `make test`) and the whole scenario suite.
 eval-ci: install

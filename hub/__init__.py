@@ -4,7 +4,10 @@ app        the HTTP API (Hub): receivers, query, silences and requests, /metrics
 auth       who may call what: scoped tokens, loopback only without one
 scraper    file_sd targets scraped on aligned ticks, one deadline per scrape
 expfmt     the Prometheus text parser
-receivers  OTLP/HTTP and step JSON-lines bodies into step rows
+bodies     request bodies: size limits, decompression, UTF-8 and JSON checks
+otlp       OTLP/HTTP metric bodies into step records
+steplines  step JSON-lines bodies into step records
+errors     the hub's errors, one tree
 writer     the one path to the store, through the spool while the store is away
 spool      durable on-disk batches, replayed in order
 detect     the detection loop, with alerting after each window

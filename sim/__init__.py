@@ -4,7 +4,9 @@ scenario    the scenario format (YAML), validated
 sysfs       a node's generated /sys tree
 fleet       simulated nodes served on loopback by a real exporter each
 jobs        training jobs' step records
-simulator   a scenario played online (through the hub's scraper) or offline (straight into a store)
+node        one simulated node: its /sys tree, GPUs, NCCL logs and jobs' steps, tick by tick
+offline     a scenario played straight into a store
+online      a scenario played through the hub's scraper, writer and step receiver
 live        a scenario served on the wall clock for a separate hub (the demo's fleet)
 loopserver  the asyncio HTTP server the simulated nodes answer on
 evaluation  detectors scored against the injected faults

@@ -3,6 +3,7 @@
 clickhouse         Store: schema migrations, idempotent inserts, read-only queries, sessions
 schema             every table and view as DDL, for one node or a cluster, and the migrations
 records            the plain rows the hub hands to the store (no ClickHouse in them)
+protocols          what callers need of a store (Reader, IngestWriter, DecisionWriter, ReadWriter)
 readonly, sqlpolicy  where SQL from outside runs, and what it may be
 hubclient          the same reads and requests through a hub's HTTP API
 clickhouse_errors  ClickHouse's errors as analytics.errors
