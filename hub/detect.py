@@ -94,6 +94,14 @@ class DetectionLoop:
             "Detection windows that failed (store unavailable, a query refused).",
             value=self.failures,
         )
+        failed = CounterMetricFamily(
+            "fleetlens_hub_detector_failures",
+            "Windows a detector failed on (its others ran; each cause is logged once).",
+            labels=["detector"],
+        )
+        for detector in self.runner.detectors:
+            failed.add_metric([detector.name], self.runner.failures[detector.name])
+        yield failed
         yield CounterMetricFamily(
             "fleetlens_hub_anomaly_updates",
             "Anomaly rows written: openings, updates and closings.",

@@ -79,6 +79,11 @@ class Detector(ABC):
     min_windows: ClassVar[int] = 1
     of_windows: ClassVar[int] = 1
     clear_windows: ClassVar[int] = 1
+    # which candidates a window judged. "window": all of them (no finding counts as clear). "features":
+    # only the rows of its features (a node that finished no step in the window was not looked at), so the
+    # runner neither confirms nor clears the others until `unjudged_limit_s` has passed without judging them
+    judged_by: ClassVar[str] = "window"
+    unjudged_limit_s: ClassVar[float] = 900.0
 
     def get_params(self) -> dict[str, Any]:
         """The `__init__` parameters and their current values."""
@@ -107,10 +112,29 @@ class Detector(ABC):
 
     def detect(self, source: Reader, window: Window) -> list[Finding]:
         """features -> score -> findings for one window."""
+        return self.judge(source, window).findings
+
+    def judge(self, source: Reader, window: Window) -> Judgement:
+        """The window's findings, and (with judged_by "features") the candidates it judged."""
         features = self.features(source, window)
+        judged = None
+        if self.judged_by == "features":
+            judged = frozenset(features[list(KEY_COLUMNS)].itertuples(index=False, name=None))
         if features.empty:
-            return []
-        return self.findings(features, self.score(features))
+            return Judgement([], judged)
+        return Judgement(self.findings(features, self.score(features)), judged)
+
+    def so_far(self, evidence: Mapping[str, Any], elapsed_s: float) -> dict[str, Any]:
+        """An open anomaly's evidence after `elapsed_s`, for what accumulates (a cost so far); as is here."""
+        return dict(evidence)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One window of one detector: its findings, and the (node, component, job) it judged (None: all)."""
+
+    findings: list[Finding]
+    judged: frozenset[tuple[str, str, str]] | None = None
 
 
 def frame(result: QueryResult) -> pd.DataFrame:

@@ -20,14 +20,15 @@ import hashlib
 import json
 import logging
 import math
+import traceback
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from analytics.detectors import DetectorError, build
-from analytics.detectors.base import SEVERITIES, Detector, Finding, Window
+from analytics.detectors.base import SEVERITIES, Detector, Finding, Judgement, Window
 from analytics.errors import StoreUnavailable
 from analytics.store.protocols import Reader
 from analytics.store.records import Anomaly, QueryResult
@@ -78,6 +79,7 @@ class _Track:
     """What the runner remembers of one (kind, node, component, job) of one detector."""
 
     recent: deque[tuple[Window, Finding | None]]  # while closed: the last `of_windows` windows, oldest first
+    last_judged: float  # the end of the last window that judged it
     anomaly: Anomaly | None = None  # the open anomaly, as it stands
     strongest: Finding | None = None  # the open anomaly's highest-scoring finding
     severity: str = SEVERITIES[0]  # the open anomaly's highest severity
@@ -116,29 +118,47 @@ class DetectionRunner:
     def __init__(self, detectors: Sequence[Detector], window_s: float = 10.0) -> None:
         self.detectors = list(detectors)
         self.window_s = window_s
+        self.failures: Counter[str] = Counter()  # windows each detector failed, by detector name
         self._tracks: dict[str, dict[TrackKey, _Track]] = {detector.name: {} for detector in self.detectors}
+        self._causes_logged: set[tuple[str, str, str]] = set()
 
     def step(self, source: Reader, window: Window) -> list[Anomaly]:
         """Run every detector on `window`; returns the anomalies that opened, grew stronger (severity up,
         or score up by SCORE_STEP) or closed in it. A detector that raises is logged and skipped for this
         window: its anomalies stay as they were. StoreUnavailable fails the whole window before any state
         moves, so that no anomaly closes for want of data."""
-        found: dict[str, list[Finding]] = {}
+        found: dict[str, Judgement] = {}
         shared = _SharedQueries(source)
         for detector in self.detectors:
             try:
-                found[detector.name] = detector.detect(shared, window)
+                found[detector.name] = detector.judge(shared, window)
             except StoreUnavailable:
                 raise
-            except Exception:  # one broken detector must not silence the others
-                log.exception(
-                    "detector %s failed on window [%s, %s)", detector.name, window.start, window.end
-                )
+            except Exception as error:  # one broken detector must not silence the others
+                self._failed(detector, window, error)
         changed = []
         for detector in self.detectors:
             if detector.name in found:
                 changed.extend(self._advance(detector, window, found[detector.name]))
         return changed
+
+    def _failed(self, detector: Detector, window: Window, error: Exception) -> None:
+        """Count a detector's failed window; log it with its traceback once per distinct cause (the
+        exception's type and where it was raised), since a cause that fails one window fails them all."""
+        self.failures[detector.name] += 1
+        cause = (detector.name, type(error).__name__, _raised_at(error))
+        if cause in self._causes_logged:
+            return
+        self._causes_logged.add(cause)
+        log.error(
+            "detector %s failed on window [%s, %s) (%s at %s; logged once, counted in failures)",
+            detector.name,
+            window.start,
+            window.end,
+            cause[1],
+            cause[2],
+            exc_info=error,
+        )
 
     def run(self, source: Reader, start: float, end: float) -> list[Anomaly]:
         """Step through every window of [start, end); returns the final state of each anomaly seen (the
@@ -160,17 +180,22 @@ class DetectionRunner:
     def _open_tracks(self) -> list[_Track]:
         return [track for tracks in self._tracks.values() for track in tracks.values() if track.anomaly]
 
-    def _advance(self, detector: Detector, window: Window, found: list[Finding]) -> list[Anomaly]:
-        """Apply one window of `detector`'s findings to its tracks."""
+    def _advance(self, detector: Detector, window: Window, judgement: Judgement) -> list[Anomaly]:
+        """Apply one window of `detector`'s findings to its tracks. A track the window did not judge stays
+        as it is, unless it went unjudged for longer than the detector's limit: then it counts as clear."""
         tracks = self._tracks[detector.name]
         strongest: dict[TrackKey, Finding] = {}
-        for finding in found:
+        for finding in judgement.findings:
             key = (finding.kind, finding.node, finding.component, finding.job)
             if key not in strongest or finding.score > strongest[key].score:
                 strongest[key] = finding
         changed = []
         for key in sorted(set(strongest) | set(tracks)):
-            track = tracks.get(key) or _Track(deque(maxlen=type(detector).of_windows))
+            track = tracks.get(key) or _Track(deque(maxlen=type(detector).of_windows), last_judged=window.end)
+            if judgement.judged is None or key[1:] in judgement.judged:
+                track.last_judged = window.end
+            elif window.end - track.last_judged <= type(detector).unjudged_limit_s:
+                continue
             if (anomaly := _update(detector, track, window, strongest.get(key))) is not None:
                 changed.append(anomaly)
             if track.idle:
@@ -211,7 +236,11 @@ def _anomaly(detector: Detector, track: _Track, start: float) -> Anomaly:
     finding = track.strongest
     assert finding is not None
     identity = f"{detector.name}/{finding.kind}/{finding.node}/{finding.component}/{finding.job}/{start:.3f}"
-    evidence = {**finding.evidence, "windows": track.found_windows}
+    assert track.last_found is not None
+    evidence = {
+        **detector.so_far(finding.evidence, track.last_found.end - start),
+        "windows": track.found_windows,
+    }
     return Anomaly(
         id=str(uuid.uuid5(ANOMALY_NAMESPACE, identity)),
         start=start,
@@ -270,3 +299,9 @@ def store_anomalies(store: Store, anomalies: Sequence[Anomaly]) -> None:
     rows = sorted(repr(anomaly) for anomaly in anomalies)
     token = "anomalies/" + hashlib.sha256("\n".join(rows).encode()).hexdigest()
     store.insert_anomalies(anomalies, token=token)
+
+
+def _raised_at(error: BaseException) -> str:
+    """Where `error` was raised: the file and line of its innermost frame."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else "?"

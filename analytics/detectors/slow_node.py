@@ -1,30 +1,42 @@
-"""slow_node: a node whose ranks compute slower than their peers in the same job and pipeline stage.
+"""slow_node: a node whose ranks compute slower than their peers in the same job and pipeline stage, in
+most of its recent steps, and what that costs the job.
 
 In synchronous training one slow node sets the pace of the whole job: its peers finish their compute and
 wait in communication, so every rank's step time rises and only the compute time (or, without phase data,
 the GPU clocks) tells which node it is. Peers are the nodes of the same job and the same pipeline stage,
 so a job-wide stall (a checkpoint: every node slows together) and a slower pipeline stage (by design)
-compare equal to their peers and are never reported.
+compare equal to their peers and are never reported. A job whose records carry no stage is one stage.
 
-Per window, SQL takes each node's median over its ranks' steps (job, node, pp_stage); here each node is
-compared with its stage's median over nodes:
+Judged by steps, not by wall-clock windows. A real job's step takes 0.05 s to 10 minutes, so each window
+looks back over at least `lookback_steps` of the job's median step (and at least the window). A node is
+judged in a window only when its ranks finished a step in it and it has `min_steps` steps in the lookback;
+the runner counts persistence over the windows that judged the node (`judged_by = "features"`), so a
+window without a new step neither confirms nor clears. Steps are compared one by one: per step (a `step`
+number; OTLP aggregates by time bucket instead) each node's median over its ranks against the median of its
+stage's nodes in that step,
 
-    ratio = node / stage median                              (for SM clocks: stage median / node)
-    z     = (node - stage median) / max(MAD x 1.4826, relative_floor x stage median)
+    step ratio = node / stage median in that step
+    ratio      = median of the node's step ratios over the lookback           (the score is ratio - 1)
+    consistency= share of the node's steps in which it was slower than the stage median
+    z          = (ratio - median of the stage's node ratios) / max(MAD x 1.4826, relative_floor)
+
+so imbalance that moves between ranks from step to step (variable sequence lengths) gives every node a
+ratio near 1 and a consistency near one half, and only a node slower in most of its steps is reported.
 
 Signal, per job: `compute_s` when the job's steps carry phase times; else the median SM clock of the
-node's GPUs (DCGM_FI_DEV_SM_CLOCK, with GPU utilization and power as context in the evidence); else the
-step `duration_s` (an imported job with step times only).
+node's GPUs over the window (DCGM_FI_DEV_SM_CLOCK, with GPU utilization and power as context in the
+evidence); else the step `duration_s` (an imported job with step times only).
 
-Score: the relative excess, ratio - 1 (0.10 = the node is 10% slower than its stage). A window's finding
-needs ratio >= 1 + min_excess and z >= z_threshold, among at least `min_peers` nodes with at least
-`min_steps` steps each in the window (a restarting job has few or none); severity critical at
-ratio >= 1 + critical_excess.
+What it costs: the job's step waits for its slowest rank, so without this node a step would be shorter by
+the node's excess over the larger of its stage median and its slowest peer in that step. `job_slowdown` is
+that excess over the job's step time (median over the lookback; for the clock signal, assuming
+compute-bound steps, (ratio - 1) / ratio), and the anomaly's `lost_gpu_hours` is job_slowdown x the time it
+has lasted x the job's GPUs (its ranks).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,9 +44,27 @@ import pandas as pd
 
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, frame
-from analytics.detectors.peers import by_node, peer_baseline, step_aggregates
+from analytics.detectors.peers import MAD_TO_SIGMA, by_node
 from analytics.store.protocols import Reader
 
+MAX_LOOKBACK_S = 3600.0  # 5 steps of 10 minutes, with a margin: the longest lookback a window gets
+LAST_STEPS = 32  # per node and stage: the most steps a window reads (the lookback takes at most this many)
+OTLP_BUCKET_S = 10  # OTLP histograms cover runs of steps: their records are compared by time bucket
+KEY = ["job", "node", "stage"]  # a candidate: a node hosting ranks of two stages is judged in each
+
+STEP_UNITS = """
+SELECT job, node, ifNull(pp_stage, 0) AS stage,
+    if(steps <= 1, toInt64(step), -1 - toInt64(intDiv(toUnixTimestamp(ts), {bucket_s:UInt32}))) AS unit,
+    toUnixTimestamp64Milli(max(ts)) / 1000 AS ended,
+    quantileExact(0.5)(compute_s) AS compute_s, quantileExact(0.5)(duration_s) AS duration_s,
+    uniqExact(rank) AS ranks
+FROM steps
+WHERE ts >= {start:DateTime64(3)} AND ts < {end:DateTime64(3)}
+GROUP BY job, node, stage, unit
+ORDER BY job, node, stage, ended DESC
+LIMIT {last:UInt32} BY job, node, stage
+"""
+UNIT_COLUMNS = ["job", "node", "stage", "unit", "ended", "compute_s", "duration_s", "ranks"]
 GPU_SIGNALS = {  # store metric -> evidence name; the first one measures the slowdown
     "DCGM_FI_DEV_SM_CLOCK": "sm_clock_mhz",
     "DCGM_FI_DEV_GPU_UTIL": "gpu_util_percent",
@@ -47,106 +77,235 @@ WHERE metric IN {metrics:Array(String)} AND node IN {nodes:Array(String)}
     AND ts >= {start:DateTime64(3)} AND ts < {end:DateTime64(3)}
 GROUP BY node, metric
 """
-SLOWER_WHEN_LOWER = {"sm_clock_mhz"}  # signals that fall when a node slows down
 CONTEXT = list(GPU_SIGNALS.values())[1:]  # in the evidence of a clock-based finding, not in the score
-FEATURE_COLUMNS = ["node", "component", "job", "stage", "signal", "value", "peer_median", "ratio", "z"]
-FEATURE_COLUMNS += ["peers", "steps", *CONTEXT, *(f"peer_{name}" for name in CONTEXT)]
+FEATURE_COLUMNS = [
+    "node",
+    "component",
+    "job",
+    "stage",
+    "signal",
+    "value",
+    "peer_median",
+    "ratio",
+    "z",
+    "consistency",
+    "peers",
+    "steps",
+    "job_slowdown",
+    "job_step_s",
+    "job_gpus",
+    "lookback_s",
+    *CONTEXT,
+    *(f"peer_{name}" for name in CONTEXT),
+]
 
 
 @register
 class SlowNode(Detector):
-    """A node slower than its job-and-stage peers, persistently (2 of 3 windows)."""
+    """A node slower than its job-and-stage peers in most of its recent steps, persistently (2 of 3 of
+    the windows that judged it)."""
 
     name = "slow_node"
-    version = "1"
+    version = "2"
     kinds = ("slow_node",)
     min_windows = 2
     of_windows = 3
     clear_windows = 2
+    judged_by = "features"
 
     def __init__(
         self,
         min_excess: float = 0.04,
         z_threshold: float = 3.5,
         relative_floor: float = 0.01,
-        min_steps: int = 4,
+        min_steps: int = 3,
+        lookback_steps: int = 5,
         min_peers: int = 3,
+        min_consistency: float = 0.7,
         critical_excess: float = 0.25,
     ) -> None:
         self.min_excess = min_excess
         self.z_threshold = z_threshold
         self.relative_floor = relative_floor
         self.min_steps = min_steps
+        self.lookback_steps = lookback_steps
         self.min_peers = min_peers
+        self.min_consistency = min_consistency
         self.critical_excess = critical_excess
 
     def features(self, source: Reader, window: Window) -> pd.DataFrame:
-        steps = step_aggregates(source, window)
-        steps = steps[steps["steps"] >= self.min_steps].assign(signal="compute_s", value=steps["compute_s"])
-        unphased = steps.groupby("job")["compute_s"].transform("count") == 0
+        units = self._recent_units(source, window)
+        if units.empty:
+            return pd.DataFrame(columns=FEATURE_COLUMNS)
+        units = units.assign(signal="compute_s", value=units["compute_s"])
+        unphased = units.groupby("job")["compute_s"].transform("count") == 0
         if unphased.any():
-            steps = self._without_phases(source, window, steps, unphased)
-        return self._compare_with_peers(steps[steps["value"] > 0])  # NaN: no data for this signal
+            units = self._without_phases(source, window, units, unphased)
+        units = units[np.isfinite(units["value"]) & (units["value"] > 0)]
+        judged = _judged(units, window, self.min_steps)
+        return self._compare_with_peers(units, judged)
 
     def score(self, features: pd.DataFrame) -> np.ndarray:
-        """The relative excess over the stage median: ratio - 1."""
+        """The relative excess over the stage median: ratio - 1 (0.10 = 10% slower than its stage)."""
         return features["ratio"].to_numpy(dtype=float) - 1.0
 
     def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
         passed = (
             (scores >= self.min_excess)
             & (features["z"].to_numpy(dtype=float) >= self.z_threshold)
-            & (features["peers"].to_numpy() >= self.min_peers)
+            & (features["peers"].to_numpy(dtype=float) >= self.min_peers)
+            & (features["consistency"].to_numpy(dtype=float) >= self.min_consistency)
         )
         return [
-            Finding(
-                kind="slow_node",
-                node=row.node,
-                component="",
-                job=row.job,
-                score=float(score),
-                severity="critical" if score >= self.critical_excess else "warning",
-                evidence=_evidence(row),
+            Finding.at(
+                row,
+                "slow_node",
+                score,
+                "critical" if score >= self.critical_excess else "warning",
+                _evidence(row),
             )
             for row, score in zip(features[passed].itertuples(index=False), scores[passed], strict=True)
         ]
 
+    def so_far(self, evidence: Mapping[str, Any], elapsed_s: float) -> dict[str, Any]:
+        """The anomaly's evidence after `elapsed_s`: the GPU-hours the job has lost to the node."""
+        lost = float(evidence.get("job_slowdown", 0.0)) * elapsed_s * int(evidence.get("job_gpus", 0)) / 3600
+        return {**evidence, "lost_gpu_hours": round(lost, 3)}
+
+    def _recent_units(self, source: Reader, window: Window) -> pd.DataFrame:
+        """Each node's last steps (per job and stage) before the window's end, within the lookback its job's
+        step length asks for."""
+        parameters = {
+            "start": Window(window.end - MAX_LOOKBACK_S, window.end).parameters["start"],
+            "end": window.parameters["end"],
+            "bucket_s": OTLP_BUCKET_S,
+            "last": LAST_STEPS,
+        }
+        units = frame(source.query(STEP_UNITS, parameters=parameters, max_rows=1 << 20))
+        if units.empty:
+            return pd.DataFrame(columns=[*UNIT_COLUMNS, "lookback_s"])
+        units = units.astype({"ended": float, "compute_s": float, "duration_s": float, "stage": int})
+        step_s = units.groupby("job")["duration_s"].transform("median")
+        lookback_s = (self.lookback_steps * step_s).clip(
+            lower=window.end - window.start, upper=MAX_LOOKBACK_S
+        )
+        return units.assign(lookback_s=lookback_s)[units["ended"] >= window.end - lookback_s]
+
     def _without_phases(
-        self, source: Reader, window: Window, steps: pd.DataFrame, unphased: pd.Series
+        self, source: Reader, window: Window, units: pd.DataFrame, unphased: pd.Series
     ) -> pd.DataFrame:
         """The signal of jobs whose steps carry no phase times: their nodes' SM clocks where the job's nodes
-        have GPU samples, else their step durations."""
-        steps = steps.join(self._gpu_medians(source, window, steps.loc[unphased, "node"].unique()), on="node")
-        clocked = unphased & (steps.groupby("job")["sm_clock_mhz"].transform("count") > 0)
+        have GPU samples in the window, else their step durations."""
+        gpus = self._gpu_medians(source, window, units.loc[unphased, "node"].unique())
+        units = units.join(gpus, on="node")
+        clocked = unphased & (units.groupby("job")["sm_clock_mhz"].transform("count") > 0)
         timed = unphased & ~clocked
-        steps.loc[clocked, "signal"], steps.loc[clocked, "value"] = "sm_clock_mhz", steps["sm_clock_mhz"]
-        steps.loc[timed, "signal"], steps.loc[timed, "value"] = "duration_s", steps["duration_s"]
-        return steps
+        # a clock is slower when lower: its inverse keeps "higher = slower" for every signal
+        units.loc[clocked, "signal"], units.loc[clocked, "value"] = "sm_clock_mhz", 1 / units["sm_clock_mhz"]
+        units.loc[timed, "signal"], units.loc[timed, "value"] = "duration_s", units["duration_s"]
+        return units
 
     def _gpu_medians(self, source: Reader, window: Window, nodes: Sequence[str]) -> pd.DataFrame:
         """Per node (the index), the median of each GPU signal over its GPUs and samples in `window`."""
         parameters = {**window.parameters, "metrics": list(GPU_SIGNALS), "nodes": list(nodes)}
         return by_node(frame(source.query(GPU_MEDIANS, parameters=parameters)), GPU_SIGNALS)
 
-    def _compare_with_peers(self, candidates: pd.DataFrame) -> pd.DataFrame:
-        """Add each node's stage median, ratio, robust z and peer count (higher ratio and z = slower), and
-        the stage medians of the GPU context signals."""
-        if candidates.empty:
+    def _compare_with_peers(self, units: pd.DataFrame, judged: pd.Series) -> pd.DataFrame:
+        """One row per judged node and stage: its ratios to its stage's nodes step by step, their robust
+        z among the stage's nodes, and the job time it costs."""
+        if units.empty or not judged.any():
             return pd.DataFrame(columns=FEATURE_COLUMNS)
-        candidates = candidates.reindex(columns=[*candidates.columns.difference(CONTEXT), *CONTEXT])
-        groups = [candidates["job"], candidates["stage"]]
-        medians, spreads = peer_baseline(candidates[["value", *CONTEXT]], groups, self.relative_floor)
-        value, median, spread = candidates["value"], medians["value"], spreads["value"]
-        slower_when_lower = candidates["signal"].isin(SLOWER_WHEN_LOWER)
-        result = candidates.assign(
+        units = _step_ratios(units.reindex(columns=[*units.columns.difference(CONTEXT), *CONTEXT]))
+        nodes = _per_node(units)
+        nodes = nodes.join(_stage_spread(nodes, self.relative_floor), on=["job", "stage"])
+        nodes = nodes[nodes.index.isin(judged[judged].index)].reset_index()
+        if nodes.empty:
+            return pd.DataFrame(columns=FEATURE_COLUMNS)
+        clock = nodes["signal"] == "sm_clock_mhz"
+        return nodes.assign(
             component="",
-            peer_median=median,
-            ratio=np.where(slower_when_lower, median / value, value / median),
-            z=np.where(slower_when_lower, median - value, value - median) / spread,
-            peers=candidates.groupby(groups)["value"].transform("count"),
-            **{f"peer_{name}": medians[name] for name in CONTEXT},
-        )
-        return result.reindex(columns=FEATURE_COLUMNS).reset_index(drop=True)
+            z=(nodes["ratio"] - nodes["stage_ratio"]) / nodes["spread"],
+            job_slowdown=np.where(clock, (nodes["ratio"] - 1) / nodes["ratio"], nodes["job_slowdown"]).clip(
+                0, 0.99
+            ),
+            value=np.where(clock, 1 / nodes["value"], nodes["value"]),
+            peer_median=np.where(clock, 1 / nodes["peer_median"], nodes["peer_median"]),
+        ).reindex(columns=FEATURE_COLUMNS)
+
+
+def _judged(units: pd.DataFrame, window: Window, min_steps: int) -> pd.Series:
+    """Per (job, node, stage): whether this window judges it: a step of its ends in the window and it has
+    `min_steps` steps in its lookback."""
+    if units.empty:
+        return pd.Series(dtype=bool)
+    grouped = units.groupby(KEY)
+    new = grouped["ended"].max() >= window.start
+    return new & (grouped["unit"].count() >= min_steps)
+
+
+def _step_ratios(units: pd.DataFrame) -> pd.DataFrame:
+    """Each node's value in each step against its stage's median and slowest other node in that step, and
+    the job's step time; steps seen by one node of a stage only are left out (no peer to compare with)."""
+    step = [units["job"], units["stage"], units["unit"]]
+    grouped = units.groupby(step)["value"]
+    count = grouped.transform("count")
+    median = grouped.transform("median")
+    top, second = grouped.transform("max"), grouped.transform(_second_largest)
+    slowest_other = np.where(units["value"] >= top, second, top)
+    job_step = units.groupby([units["job"], units["unit"]])["duration_s"].transform("max")
+    excess = units["value"] - np.maximum(median, slowest_other)
+    units = units.assign(
+        step_ratio=units["value"] / median,
+        slower=(units["value"] > median).astype(float),
+        step_slowdown=np.where(units["signal"] == "sm_clock_mhz", np.nan, excess / job_step),
+        job_step_s=job_step,
+        stage_median=median,
+    )
+    return units[count >= 2]
+
+
+def _second_largest(values: pd.Series) -> float:
+    ordered = np.sort(values.to_numpy(dtype=float))
+    return float(ordered[-2]) if len(ordered) >= 2 else float("nan")
+
+
+def _per_node(units: pd.DataFrame) -> pd.DataFrame:
+    """Per (job, node, stage): medians over its steps, its consistency, and the job's size."""
+    grouped = units.groupby(KEY)
+    gpus = units.groupby("job")[["node", "ranks"]].apply(_job_gpus).rename("job_gpus")
+    nodes = grouped.agg(
+        signal=("signal", "first"),
+        value=("value", "median"),
+        peer_median=("stage_median", "median"),
+        ratio=("step_ratio", "median"),
+        consistency=("slower", "mean"),
+        steps=("unit", "count"),
+        job_slowdown=("step_slowdown", "median"),
+        job_step_s=("job_step_s", "median"),
+        lookback_s=("lookback_s", "first"),
+        **{name: (name, "median") for name in CONTEXT},
+    )
+    nodes = nodes.join(gpus, on="job")
+    stage = [nodes.index.get_level_values("job"), nodes.index.get_level_values("stage")]
+    nodes["peers"] = nodes.groupby(stage)["ratio"].transform("count")
+    for name in CONTEXT:
+        nodes[f"peer_{name}"] = nodes.groupby(stage)[name].transform("median")
+    return nodes
+
+
+def _job_gpus(ranks: pd.DataFrame) -> int:
+    """A job's GPUs: its ranks (one GPU each), the most any step of each node showed."""
+    return int(ranks.groupby("node")["ranks"].max().sum())
+
+
+def _stage_spread(nodes: pd.DataFrame, relative_floor: float) -> pd.DataFrame:
+    """Per (job, stage): the median of its nodes' ratios and their robust spread (at least the floor)."""
+    ratios = nodes["ratio"].groupby(level=["job", "stage"])
+    median = ratios.median().rename("stage_ratio")
+    deviation = (nodes["ratio"] - median.reindex(nodes.index.droplevel("node")).to_numpy()).abs()
+    mad = deviation.groupby(level=["job", "stage"]).median()
+    spread = (mad * MAD_TO_SIGMA).clip(lower=relative_floor).rename("spread")
+    return pd.concat([median, spread], axis=1)
 
 
 def _evidence(row: Any) -> dict[str, object]:
@@ -157,9 +316,14 @@ def _evidence(row: Any) -> dict[str, object]:
         "peer_median": float(row.peer_median),
         "ratio": round(float(row.ratio), 4),
         "z": round(float(row.z), 2),
+        "consistency": round(float(row.consistency), 3),
         "peers": int(row.peers),
         "steps": int(row.steps),
         "stage": int(row.stage),
+        "job_slowdown": round(float(row.job_slowdown), 4) if pd.notna(row.job_slowdown) else 0.0,
+        "job_step_s": round(float(row.job_step_s), 4),
+        "job_gpus": int(row.job_gpus),
+        "lookback_s": round(float(row.lookback_s), 1),
     }
     for name in CONTEXT:
         if pd.notna(getattr(row, name)):

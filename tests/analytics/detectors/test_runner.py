@@ -123,15 +123,17 @@ class MissingTable(Detector):
         raise AssertionError("never reached")
 
 
-def test_a_failing_detector_is_logged_and_the_others_still_run(
+def test_a_failing_detector_is_counted_logged_once_per_cause_and_the_others_still_run(
     store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
     steps_with(store, slow_in(set(range(5, 20))))
+    runner = DetectionRunner([MissingTable(), SlowNode()])
     with caplog.at_level(logging.ERROR, logger="analytics.detectors.runner"):
-        (anomaly,) = DetectionRunner([MissingTable(), SlowNode()]).run(store, T0, T0 + 150)
+        (anomaly,) = runner.run(store, T0, T0 + 150)
     assert anomaly.detector == "slow_node"
+    assert runner.failures == {"missing_table": 15}
     failures = [record for record in caplog.records if "missing_table" in record.getMessage()]
-    assert len(failures) == 15 and "no_such_table" in str(failures[0].exc_info[1])
+    assert len(failures) == 1 and "no_such_table" in str(failures[0].exc_info[1])
 
 
 def test_detect_covers_everything_in_the_store_by_default(store: Store) -> None:
