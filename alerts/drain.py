@@ -1,6 +1,7 @@
 """The drain controller: firing alerts in, drain decisions out, within the policy's safety limits.
 
-Each step looks at the alerts firing now. A node with an alert the policy covers is a candidate once
+Each step looks at the alerts firing now. A node with an alert the policy covers (its kind and severity,
+and for a straggler what it costs its job: policy.DrainRule.min_job_slowdown) is a candidate once
 corroborated (policy.DrainRule); before anything is called, the controller checks, in order: a silence
 on the node's alert, the node's cooldown, the circuit breaker, then the limits (drained at once, share
 of the fleet, per job, per hour), counting drains waiting for approval as drained. What passes is
@@ -31,6 +32,7 @@ from alerts.errors import BackendError, DecisionError
 from alerts.model import Alert, DrainRequest
 from alerts.policy import DrainPolicy
 from alerts.rules import fingerprint
+from analytics.reports.straggler import shown_figures, straggler_cost
 from analytics.store.records import ActionRow
 
 log = logging.getLogger(__name__)
@@ -133,7 +135,8 @@ class DrainController:
         kinds = {alert.labels.get("kind", "") for alert in alerts}
         for alert in sorted(alerts, key=lambda a: a.starts_at):
             kind, severity = alert.labels.get("kind", ""), alert.labels.get("severity", "")
-            rule = self.policy.rule_for(kind, severity)
+            cost = straggler_cost(alert.evidence)
+            rule = self.policy.rule_for(kind, severity, cost.job_slowdown)
             if rule is None:
                 continue
             corroborated = not rule.needs_corroboration or (
@@ -143,7 +146,9 @@ class DrainController:
             if corroborated:
                 job = alert.labels.get("job") or node_jobs.get(node, "")
                 decision = uuid.uuid5(DECISION_NAMESPACE, f"{node}/{alert.fingerprint}/{alert.starts_at}")
-                return DrainRequest(str(decision), node, kind, alert.fingerprint, job, severity)
+                return DrainRequest(
+                    str(decision), node, kind, alert.fingerprint, job, severity, shown_figures(cost)
+                )
         return None
 
     def _decide(
@@ -276,7 +281,9 @@ class DrainController:
         return "; ".join(errors)
 
     def _drain_row(self, now: float, request: DrainRequest, outcome: str, detail: str) -> ActionRow:
-        reason = f"{request.reason} (severity {request.severity})" + (f": {detail}" if detail else "")
+        details = (f"{name} {value}" for name, value in request.details.items())  # e.g. job_slowdown 31%
+        context = ", ".join([f"severity {request.severity}", *details])
+        reason = f"{request.reason} ({context})" + (f": {detail}" if detail else "")
         return self._row(now, "drain", request.node, request.job, reason, outcome, request.decision_id)
 
     def _row(

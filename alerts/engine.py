@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from alerts.model import Alert
 from alerts.rules import DEFAULT_RULES, AlertRule, fingerprint
 from alerts.silences import Silence, muted_by
+from analytics.reports.straggler import parse_evidence
 from analytics.store.records import AlertChange, Anomaly
 
 
@@ -93,7 +94,7 @@ class AlertEngine:
             elif tracked.alert.state == "pending" and due:
                 tracked.alert = replace(tracked.alert, state="firing", starts_at=now)
                 result.changes.append(tracked.alert)
-            tracked.alert = replace(tracked.alert, annotations=alert.annotations)
+            tracked.alert = replace(tracked.alert, annotations=alert.annotations, evidence=alert.evidence)
         for key in [key for key in self._tracked if key not in current]:
             tracked = self._tracked.pop(key)
             resolved = replace(tracked.alert, state="resolved", ends_at=now)
@@ -115,6 +116,7 @@ class AlertEngine:
             state="pending",
             starts_at=anomaly.start,
             generator_url=self.generator_url,
+            evidence=parse_evidence(anomaly.evidence),
         )
 
     @staticmethod

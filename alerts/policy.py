@@ -8,7 +8,8 @@ limits no decision may cross. Parsed from the `drain:` section of the config fil
       return_after_healthy_s: null  # put a node back after this long without alerts (null: by hand)
       rules:
         - {kinds: [gpu_fault], min_severity: critical}                             # at once
-        - {kinds: [slow_node], second_signal: true, after_s: 600}                  # either suffices
+        - {kinds: [slow_node], second_signal: true, after_s: 600,                  # either suffices,
+           min_job_slowdown: 0.05}                                                 # when it costs >= 5%
       limits: {max_nodes: 4, max_fraction: 0.05, max_per_job: 1, max_per_hour: 4,
                breaker_fraction: 0.2, breaker_window_s: 300}
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 from alerts.errors import AlertConfigError
 from alerts.rules import SEVERITIES
+from analytics.reports.straggler import COSTED_KINDS
 
 MODES = ("dry-run", "approve", "auto")
 
@@ -28,12 +30,19 @@ MODES = ("dry-run", "approve", "auto")
 @dataclass(frozen=True)
 class DrainRule:
     """Firing alerts of `kinds` at `min_severity` or above lead to a drain, at once, or when corroborated:
-    by an alert of another kind on the same node (`second_signal`), or by firing for `after_s` seconds."""
+    by an alert of another kind on the same node (`second_signal`), or by firing for `after_s` seconds.
+
+    `min_job_slowdown` keeps a straggler that costs its job little in service: the rule covers an alert
+    only when its anomaly's evidence says the job's steps would be at least that fraction shorter without
+    the node (analytics.reports.straggler); an anomaly that does not say (written before the detector
+    reported it) does not meet a minimum. Only the COSTED_KINDS (slow_node) carry the figure, so a rule
+    with a minimum may list those kinds alone."""
 
     kinds: tuple[str, ...]
     min_severity: str = "warning"
     second_signal: bool = False
     after_s: float | None = None
+    min_job_slowdown: float | None = None
 
     def __post_init__(self) -> None:
         if not self.kinds:
@@ -44,13 +53,35 @@ class DrainRule:
             )
         if self.after_s is not None and not self.after_s >= 0:
             raise AlertConfigError(f"drain rule {self.kinds}: after_s must be >= 0, got {self.after_s}")
+        if self.min_job_slowdown is not None:
+            self._check_min_job_slowdown(self.min_job_slowdown)
+
+    def _check_min_job_slowdown(self, minimum: object) -> None:
+        """A fraction in [0, 1), on a rule whose kinds all report job_slowdown (else it never matches)."""
+        if isinstance(minimum, bool) or not isinstance(minimum, int | float) or not 0 <= minimum < 1:
+            raise AlertConfigError(
+                f"drain rule {self.kinds}: min_job_slowdown must be a fraction in [0, 1) "
+                f"(0.05: the job's steps 5% shorter without the node), got {minimum!r}"
+            )
+        if uncosted := [kind for kind in self.kinds if kind not in COSTED_KINDS]:
+            raise AlertConfigError(
+                f"drain rule {self.kinds}: min_job_slowdown applies to {', '.join(COSTED_KINDS)} only, "
+                f"whose anomalies report job_slowdown; {', '.join(uncosted)} would never match: "
+                "give them a rule of their own"
+            )
 
     @property
     def needs_corroboration(self) -> bool:
         return self.second_signal or self.after_s is not None
 
-    def covers(self, kind: str, severity: str) -> bool:
-        return kind in self.kinds and SEVERITIES.index(severity) >= SEVERITIES.index(self.min_severity)
+    def covers(self, kind: str, severity: str, job_slowdown: float | None = None) -> bool:
+        """Whether the rule applies to an alert of `kind` and `severity` whose anomaly costs its job
+        `job_slowdown` (None: not known, which meets no minimum)."""
+        if kind not in self.kinds or SEVERITIES.index(severity) < SEVERITIES.index(self.min_severity):
+            return False
+        return self.min_job_slowdown is None or (
+            job_slowdown is not None and job_slowdown >= self.min_job_slowdown
+        )
 
 
 @dataclass(frozen=True)
@@ -82,7 +113,7 @@ class DrainLimits:
 DEFAULT_DRAIN_RULES = (
     DrainRule(("gpu_fault",), min_severity="critical"),
     DrainRule(("link_down",), second_signal=True, after_s=300),
-    DrainRule(("slow_node",), second_signal=True, after_s=600),
+    DrainRule(("slow_node",), second_signal=True, after_s=600, min_job_slowdown=0.05),
     DrainRule(("dma_degraded", "link_flap"), second_signal=True, after_s=900),
 )
 
@@ -102,8 +133,9 @@ class DrainPolicy:
         if not self.cooldown_s >= 0:
             raise AlertConfigError(f"drain.cooldown_s: must be >= 0, got {self.cooldown_s}")
 
-    def rule_for(self, kind: str, severity: str) -> DrainRule | None:
-        return next((rule for rule in self.rules if rule.covers(kind, severity)), None)
+    def rule_for(self, kind: str, severity: str, job_slowdown: float | None = None) -> DrainRule | None:
+        """The first rule that covers an alert of `kind` and `severity` costing its job `job_slowdown`."""
+        return next((rule for rule in self.rules if rule.covers(kind, severity, job_slowdown)), None)
 
 
 def parse_policy(section: Mapping[str, Any], where: str = "drain") -> DrainPolicy:
@@ -126,9 +158,8 @@ def parse_policy(section: Mapping[str, Any], where: str = "drain") -> DrainPolic
 
 def _rule(entry: Any, where: str) -> DrainRule:
     if not isinstance(entry, Mapping):
-        raise AlertConfigError(
-            f"{where}: expected a mapping with kinds, min_severity, second_signal, after_s"
-        )
+        known = ", ".join(f.name for f in fields(DrainRule))
+        raise AlertConfigError(f"{where}: expected a mapping with {known}")
     _no_unknown(entry, {f.name for f in fields(DrainRule)}, where)
     try:
         return DrainRule(**{**entry, "kinds": tuple(entry.get("kinds", ()))})

@@ -5,10 +5,16 @@ do: `alertname` (the rule's name), `node`, `kind`, `severity`, and `component` a
 anomaly has them, plus the rule's own labels. Annotations are templates over the anomaly's fields:
 
     {kind} {node} {component} {job} {severity} {score} {evidence} {detector} {where}
+    {job_slowdown} {lost_gpu_hours}
 
-where `where` is "vela-007 gpu:3" (node and component) and `evidence` the anomaly's JSON. The
-fingerprint is Alertmanager's (FNV-1a over the sorted labels), so an alert has the same id here, in
-Alertmanager's API and in its UI.
+where `where` is "vela-007 gpu:3" (node and component) and `evidence` the anomaly's JSON. The last two
+are what a straggler costs its job (analytics.reports.straggler), as people read them ("31%", "2.4"):
+only slow_node anomalies carry them, so an annotation that uses one falls back, for an anomaly without
+it, to the default annotation of the same name (left out when there is none). A rule's annotations
+override the defaults for its kinds (`default_annotations`): a slow_node rule states the cost, "vela-012
+slows job run-42 by 31% (2.4 GPU-hours lost so far)", and today's text for anomalies written before
+the detector reported it. The fingerprint is Alertmanager's (FNV-1a over the sorted labels), so an
+alert has the same id here, in Alertmanager's API and in its UI.
 """
 
 from __future__ import annotations
@@ -19,19 +25,47 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alerts.errors import AlertConfigError
+from analytics.reports.straggler import (
+    COSTED_KINDS,
+    JOB_SLOWDOWN,
+    LOST_GPU_HOURS,
+    shown_figures,
+    straggler_cost,
+)
 from analytics.store.records import Anomaly
 
 SEVERITIES = ("info", "warning", "critical")
-TEMPLATE_FIELDS = ("kind", "node", "component", "job", "severity", "score", "evidence", "detector", "where")
+COST_FIELDS = (JOB_SLOWDOWN, LOST_GPU_HOURS)  # only in the evidence of some anomalies: see the module doc
+TEMPLATE_FIELDS = (
+    "kind", "node", "component", "job", "severity", "score", "evidence", "detector", "where", *COST_FIELDS,
+)  # fmt: skip
 DEFAULT_ANNOTATIONS = {
     "summary": "{kind} on {where}",
     "description": "detector {detector} reports {kind} on {where}, severity {severity}, score {score}",
     "evidence": "{evidence}",
 }
+COST_ANNOTATIONS = {  # the defaults of a rule that covers a kind whose anomalies say what they cost
+    "summary": "{node} slows job {job} by {job_slowdown} ({lost_gpu_hours} GPU-hours lost so far)",
+    "description": DEFAULT_ANNOTATIONS["description"]
+    + "; the job's steps would be {job_slowdown} shorter without it",
+}
 
 _FNV_OFFSET = 14695981039346656037
 _FNV_PRIME = 1099511628211
 _SEPARATOR = 0xFF
+
+
+def default_annotations(kinds: Sequence[str]) -> dict[str, str]:
+    """The annotations of a rule over `kinds` that sets none: the cost sentence when a kind may carry its
+    cost (the fallback covers the kinds that do not), the generic text otherwise."""
+    if any(kind in COSTED_KINDS for kind in kinds):
+        return {**DEFAULT_ANNOTATIONS, **COST_ANNOTATIONS}
+    return dict(DEFAULT_ANNOTATIONS)
+
+
+def template_fields(template: str) -> set[str]:
+    """The field names a template uses: "{node} at {score}" -> {"node", "score"}."""
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
 
 
 def fingerprint(labels: Mapping[str, str]) -> str:
@@ -47,14 +81,14 @@ def fingerprint(labels: Mapping[str, str]) -> str:
 @dataclass(frozen=True)
 class AlertRule:
     """Anomalies of `kinds` at `min_severity` or above become alert `name`, firing once they have lasted
-    `for_s` seconds (pending until then)."""
+    `for_s` seconds (pending until then). `annotations` override default_annotations(kinds), key by key."""
 
     name: str
     kinds: tuple[str, ...]
     min_severity: str = "warning"
     for_s: float = 0.0
     labels: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_ANNOTATIONS))
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         where = f"alert rule {self.name!r}"
@@ -64,10 +98,9 @@ class AlertRule:
             raise AlertConfigError(f"{where}: min_severity must be one of {', '.join(SEVERITIES)}")
         if not self.for_s >= 0:
             raise AlertConfigError(f"{where}: for_s must be >= 0 seconds, got {self.for_s}")
+        object.__setattr__(self, "annotations", {**default_annotations(self.kinds), **self.annotations})
         for key, template in self.annotations.items():
-            unknown = {name for _, name, _, _ in string.Formatter().parse(template) if name} - set(
-                TEMPLATE_FIELDS
-            )
+            unknown = template_fields(template) - set(TEMPLATE_FIELDS)
             if unknown:
                 raise AlertConfigError(
                     f"{where}: annotation {key!r} uses unknown field(s) {sorted(unknown)}; "
@@ -90,12 +123,26 @@ class AlertRule:
         return {**labels, **self.labels}
 
     def alert_annotations(self, anomaly: Anomaly) -> dict[str, str]:
-        values = {name: getattr(anomaly, name) for name in TEMPLATE_FIELDS if hasattr(anomaly, name)}
-        values.update(
-            score=f"{anomaly.score:.3g}",
-            where=" ".join(part for part in (anomaly.node, anomaly.component) if part),
-        )
-        return {key: template.format_map(values) for key, template in self.annotations.items()}
+        """The annotations rendered for `anomaly`; one that uses a field the anomaly lacks (its cost) is
+        rendered from the default of the same name instead, or left out when there is none."""
+        values = _template_values(anomaly)
+        rendered = {}
+        for key, template in self.annotations.items():
+            if template_fields(template) <= values.keys():
+                rendered[key] = template.format_map(values)
+            elif key in DEFAULT_ANNOTATIONS:
+                rendered[key] = DEFAULT_ANNOTATIONS[key].format_map(values)
+        return rendered
+
+
+def _template_values(anomaly: Anomaly) -> dict[str, str]:
+    """What an annotation template may use for `anomaly`; the cost fields only when its evidence has them."""
+    values = {name: getattr(anomaly, name) for name in TEMPLATE_FIELDS if hasattr(anomaly, name)}
+    values.update(
+        score=f"{anomaly.score:.3g}",
+        where=" ".join(part for part in (anomaly.node, anomaly.component) if part),
+    )
+    return {**values, **shown_figures(straggler_cost(anomaly.evidence))}
 
 
 DEFAULT_RULES = (
@@ -130,10 +177,7 @@ def parse_rules(entries: Sequence[Mapping[str, Any]], where: str) -> tuple[Alert
                     min_severity=str(entry.get("min_severity", "warning")),
                     for_s=float(entry.get("for_s", 0.0)),
                     labels={str(k): str(v) for k, v in dict(entry.get("labels", {})).items()},
-                    annotations={
-                        **DEFAULT_ANNOTATIONS,
-                        **{str(k): str(v) for k, v in dict(entry.get("annotations", {})).items()},
-                    },
+                    annotations={str(k): str(v) for k, v in dict(entry.get("annotations", {})).items()},
                 )
             )
         except AlertConfigError as error:

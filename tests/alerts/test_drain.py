@@ -6,7 +6,9 @@ makes."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,7 @@ from alerts.errors import AlertConfigError, BackendError, DecisionError
 from alerts.model import Alert, DrainRequest
 from alerts.policy import DrainLimits, DrainPolicy, DrainRule, parse_policy
 from analytics.store.records import Anomaly
+from fleetlens.config import ConfigError, load_config
 
 
 @dataclass
@@ -37,7 +40,12 @@ class RecordingBackend:
 
 
 def anomaly(
-    node: str, kind: str = "gpu_fault", start: float = 0.0, severity: str = "critical", job: str = ""
+    node: str,
+    kind: str = "gpu_fault",
+    start: float = 0.0,
+    severity: str = "critical",
+    job: str = "",
+    evidence: str = "{}",
 ):
     return Anomaly(
         f"{kind}/{node}/{start}",
@@ -49,10 +57,16 @@ def anomaly(
         job,
         severity,
         1.0,
-        "{}",
+        evidence,
         kind,
         "1",
     )
+
+
+def straggler(node: str, job_slowdown: float, lost_gpu_hours: float = 1.0, start: float = 0.0) -> Anomaly:
+    """A slow_node anomaly whose evidence says what it costs its job."""
+    cost = json.dumps({"ratio": 1.5, "job_slowdown": job_slowdown, "lost_gpu_hours": lost_gpu_hours})
+    return anomaly(node, "slow_node", start, "warning", "llm", cost)
 
 
 def firing(*anomalies: Anomaly, now: float = 10.0) -> list[Alert]:
@@ -70,6 +84,12 @@ def controller(
 ) -> tuple[DrainController, RecordingBackend]:
     backend = RecordingBackend()
     return DrainController(DrainPolicy(mode=mode, **policy), [backend], fleet_size), backend
+
+
+def controller_with(policy: DrainPolicy) -> tuple[DrainController, RecordingBackend]:
+    """A controller under `policy` as given (e.g. parsed from config), for a fleet of 32."""
+    backend = RecordingBackend()
+    return DrainController(policy, [backend], 32), backend
 
 
 def test_dry_run_records_every_decision_and_calls_no_backend():
@@ -97,7 +117,7 @@ def test_a_hard_gpu_fault_drains_at_once_with_the_alert_in_the_reason():
 
 def test_a_slow_node_drains_only_with_a_second_signal_or_after_it_fired_long_enough():
     drains, backend = controller()
-    slow = anomaly("vela-002", "slow_node", severity="warning", job="llm")
+    slow = straggler("vela-002", job_slowdown=0.2)
     assert drains.step(firing(slow, now=100), now=100) == []
     link = anomaly("vela-002", "link_down", start=90, severity="warning")
     [action] = drains.step(firing(slow, link, now=110), now=110)
@@ -141,7 +161,7 @@ def test_limits_cap_nodes_at_once_share_of_fleet_per_job_and_per_hour():
     assert [a.outcome for a in small.step(faults, now=10)] == ["done", "refused", "refused"]
 
     per_job, _ = controller(limits=DrainLimits(max_per_job=1, max_fraction=1, breaker_fraction=1.0))
-    slow = [anomaly(n, "slow_node", severity="warning", job="llm") for n in ("vela-005", "vela-006")]
+    slow = [straggler(node, job_slowdown=0.2) for node in ("vela-005", "vela-006")]
     outcomes = per_job.step(firing(*slow, now=100), now=100 + 600)  # slow_node alone: after firing 600 s
     assert [a.outcome for a in outcomes] == ["done", "refused"] and "per job" in outcomes[1].reason
 
@@ -235,3 +255,52 @@ def test_a_policy_from_config_names_the_key_that_is_wrong():
         parse_policy({"rules": [{"kinds": ["x"], "after": 3}]})
     with pytest.raises(AlertConfigError, match="max_fraction"):
         parse_policy({"limits": {"max_fraction": 5}})
+
+
+def test_under_the_default_rules_a_3_percent_straggler_is_alerted_but_not_drained_a_20_percent_one_is():
+    drains, backend = controller_with(parse_policy({"mode": "auto"}))  # the config's defaults
+    mild, costly = straggler("vela-003", job_slowdown=0.03), straggler("vela-004", job_slowdown=0.2)
+    unknown = anomaly("vela-005", "slow_node", severity="warning", job="llm")  # written before the cost
+    alerts = firing(mild, costly, unknown, now=100)
+    assert {alert.node for alert in alerts} == {"vela-003", "vela-004", "vela-005"}  # all three alerted
+
+    assert drains.step(alerts, now=100) == []  # slow_node alone: not before it fired 600 s
+    [drained] = drains.step(alerts, now=100 + 600)
+
+    assert (drained.node, drained.outcome) == ("vela-004", "done")
+    assert "(severity warning, job_slowdown 20%, lost_gpu_hours 1)" in drained.reason
+    assert [node for _, node, _ in backend.calls] == ["vela-004"]
+    assert drains.step(alerts, now=100 + 3600) == []  # the others never meet the minimum
+
+
+def test_a_drain_rule_minimum_covers_only_stragglers_that_say_they_cost_that_much():
+    rule = DrainRule(("slow_node",), min_job_slowdown=0.05)
+
+    assert rule.covers("slow_node", "warning", job_slowdown=0.05)
+    assert not rule.covers("slow_node", "warning", job_slowdown=0.049)
+    assert not rule.covers("slow_node", "warning", job_slowdown=None)  # no figure meets no minimum
+    assert DrainRule(("slow_node",)).covers("slow_node", "warning", job_slowdown=None)
+    assert DrainPolicy().rule_for("slow_node", "critical", 0.3).min_job_slowdown == 0.05
+
+
+def test_a_policy_from_config_takes_a_job_slowdown_minimum_and_names_it_when_wrong():
+    policy = parse_policy({"rules": [{"kinds": ["slow_node"], "after_s": 60, "min_job_slowdown": 0.1}]})
+    assert policy.rules == (DrainRule(("slow_node",), after_s=60, min_job_slowdown=0.1),)
+
+    for bad in (1.5, -0.1, "5%", True):
+        with pytest.raises(AlertConfigError, match=r"drain.rules\[0\]: .*min_job_slowdown must be a fract"):
+            parse_policy({"rules": [{"kinds": ["slow_node"], "min_job_slowdown": bad}]})
+    with pytest.raises(AlertConfigError, match=r"drain.rules\[0\]: .*min_job_slowdown applies to slow_node"):
+        parse_policy({"rules": [{"kinds": ["slow_node", "link_flap"], "min_job_slowdown": 0.05}]})
+
+
+def test_a_config_file_sets_the_minimum_and_a_bad_one_is_refused_naming_the_key(tmp_path: Path):
+    path = tmp_path / "fleetlens.yaml"
+    path.write_text("drain: {rules: [{kinds: [slow_node], after_s: 300, min_job_slowdown: 0.1}]}\n")
+    [rule] = load_config(path, env={}).drain.policy().rules
+    assert (rule.kinds, rule.after_s, rule.min_job_slowdown) == (("slow_node",), 300, 0.1)
+    assert load_config(env={}).drain.policy().rule_for("slow_node", "warning", 0.05) is not None
+
+    path.write_text("drain: {rules: [{kinds: [gpu_fault]}, {kinds: [slow_node], min_job_slowdown: 5}]}\n")
+    with pytest.raises(ConfigError, match=r"drain.rules\[1\]: .*min_job_slowdown must be a fraction in"):
+        load_config(path, env={})

@@ -66,6 +66,67 @@ def test_alert_labels_identify_the_anomaly_and_annotations_carry_its_evidence():
     assert alert.fingerprint == fingerprint(alert.labels)
 
 
+COST = '{"ratio": 1.6, "job_slowdown": 0.314, "lost_gpu_hours": 2.43}'
+
+
+def straggler(evidence: str = COST) -> Anomaly:
+    """vela-012 slowing job run-42, its evidence saying what that costs (or not)."""
+    return anomaly("slow_node", "vela-012", component="", job="run-42", severity="warning", evidence=evidence)
+
+
+def test_a_slow_node_alert_states_what_the_straggler_costs_its_job():
+    [alert] = AlertEngine().evaluate([straggler()], now=1100).to_send  # the default rules
+
+    assert alert.annotations["summary"] == "vela-012 slows job run-42 by 31% (2.4 GPU-hours lost so far)"
+    assert alert.annotations["description"].endswith("; the job's steps would be 31% shorter without it")
+    assert alert.annotations["evidence"] == COST
+    assert alert.evidence["job_slowdown"] == 0.314  # parsed, for the drain policy
+
+
+@pytest.mark.parametrize(
+    "evidence",
+    [
+        '{"ratio": 1.6}',  # written before the detector reported the cost
+        '{"job_slowdown": "31%", "lost_gpu_hours": null}',  # not numbers
+        '{"job_slowdown": 1.5, "lost_gpu_hours": -2}',  # out of range
+        "not json",
+        "[0.3]",
+    ],
+)
+def test_a_slow_node_alert_without_its_cost_reads_as_before(evidence: str):
+    [alert] = AlertEngine().evaluate([straggler(evidence)], now=1100).to_send
+
+    assert alert.annotations["summary"] == "slow_node on vela-012"
+    assert alert.annotations["description"] == (
+        "detector slow_node reports slow_node on vela-012, severity warning, score 2"
+    )
+
+
+def test_a_configured_rule_may_use_the_cost_and_falls_back_to_the_default_without_it():
+    [rule] = parse_rules(
+        [
+            {
+                "name": "Straggler",
+                "kinds": ["slow_node"],
+                "annotations": {"cost": "{lost_gpu_hours} GPU-h", "description": "{job_slowdown} of {job}"},
+            }
+        ],
+        "alerts.rules",
+    )
+    engine = AlertEngine([rule])
+    [costed] = engine.evaluate([straggler()], now=1100).to_send
+    assert (costed.annotations["cost"], costed.annotations["description"]) == ("2.4 GPU-h", "31% of run-42")
+    assert costed.annotations["summary"].startswith("vela-012 slows job run-42 by 31%")  # its kind's default
+
+    [half] = AlertEngine().evaluate([straggler('{"job_slowdown": 0.3}')], now=1100).to_send
+    assert half.annotations["summary"] == "slow_node on vela-012"  # uses both figures: falls back
+    assert half.annotations["description"].endswith("would be 30% shorter without it")  # uses the one known
+
+    [before] = AlertEngine([rule]).evaluate([straggler('{"ratio": 1.6}')], now=1100).to_send
+    assert "cost" not in before.annotations  # no default to fall back to: left out
+    assert before.annotations["description"].startswith("detector slow_node reports slow_node")
+
+
 def test_the_fingerprint_is_alertmanagers():
     # model.LabelSet{"alertname": "TestAlert", "instance": "localhost"} per prometheus/common's FNV-1a scheme,
     # computed independently byte by byte here
