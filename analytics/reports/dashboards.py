@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from analytics.reports.straggler import JOB_SLOWDOWN, LOST_GPU_HOURS, straggler_cost
 from analytics.store.protocols import Reader
 
 RAW_MAX_S = 6 * 3600.0  # longer ranges read samples_1m
@@ -398,12 +399,31 @@ def anomalies(
     jobs: Sequence[str] = (),
     limit: int = 5000,
 ) -> pd.DataFrame:
-    """Anomalies that overlap [start, end), newest first, each with its evidence (JSON text); an empty
-    filter lets everything through. `end` is NaT while an anomaly lasts."""
+    """Anomalies that overlap [start, end), newest first, each with its evidence (JSON text) and, before
+    it, what a straggler costs its job (`with_straggler_cost`); an empty filter lets everything through.
+    `end` is NaT while an anomaly lasts."""
     parameters = _window(
         start, end, kinds=list(kinds), severities=list(severities), nodes=list(nodes), jobs=list(jobs)
     )
-    return frame(source, ANOMALIES_SQL, {**parameters, "limit": limit}, times=["start", "end"])
+    found = frame(source, ANOMALIES_SQL, {**parameters, "limit": limit}, times=["start", "end"])
+    return with_straggler_cost(found)
+
+
+def with_straggler_cost(anomalies: pd.DataFrame) -> pd.DataFrame:
+    """`anomalies` with job_slowdown (a fraction: 0.31 = the job's steps 31% shorter without the node)
+    and lost_gpu_hours (so far) before their evidence column, read from it by analytics.reports.straggler:
+    NaN where the evidence does not say (other kinds, older slow_node anomalies). Parsed here rather
+    than with ClickHouse's JSON functions so that every reader applies the same rules to the figures."""
+    costs = [straggler_cost(evidence) for evidence in anomalies["evidence"]]
+    figures = {
+        JOB_SLOWDOWN: [cost.job_slowdown for cost in costs],
+        LOST_GPU_HOURS: [cost.lost_gpu_hours for cost in costs],
+    }
+    costed = anomalies.copy()
+    at = costed.columns.get_loc("evidence")
+    for offset, (name, values) in enumerate(figures.items()):
+        costed.insert(at + offset, name, pd.Series(values, index=costed.index, dtype=float))
+    return costed
 
 
 ALERTS_SQL = f"""

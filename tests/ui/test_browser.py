@@ -30,12 +30,17 @@ faults:
 """
 CONFIG = "drain: {mode: dry-run, limits: {max_nodes: 3, max_per_hour: 2}}\n"
 DETECT = """
-import sys
+import json, sys, time
 from analytics.detectors.runner import detect, store_anomalies
 from analytics.store import Store
+from analytics.store.records import Anomaly
+cost = json.dumps({"ratio": 1.4, "job_slowdown": 0.314, "lost_gpu_hours": 2.43})
+straggler = Anomaly("slow-1", time.time() - 300, None, "slow_node", "vela-004", "", "llm-tiny", "warning",
+                    0.4, cost, "slow_node", "2")
 with Store.open(sys.argv[1]) as store:
-    store_anomalies(store, detect(store, names=["gpu_fault", "link_flap"]))
+    store_anomalies(store, [*detect(store, names=["gpu_fault", "link_flap"]), straggler])
 """
+STRAGGLER = "vela-004 slows job llm-tiny by 31% (2.4 GPU-hours lost so far)"  # the seeded one's cost
 
 
 @pytest.fixture
@@ -46,7 +51,8 @@ def chromium_binary() -> str:
 
 @pytest.fixture
 def hub(tmp_path: Path) -> Iterator[str]:
-    """A hub holding a store the simulator filled (a lost GPU, a flapping port) and the detectors read."""
+    """A hub holding a store the simulator filled (a lost GPU, a flapping port) and the detectors read,
+    with a straggler's anomaly that states what it costs its job."""
     (tmp_path / "tiny.yaml").write_text(SCENARIO)
     dsn = f"chdb://{tmp_path / 'store'}"
     subprocess.run(
@@ -60,7 +66,7 @@ def hub(tmp_path: Path) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
 
 
-def test_fleet_and_postmortem_pages_render_in_a_browser(chromium_binary: str, hub: str, tmp_path: Path):
+def test_the_pages_and_a_stragglers_cost_render_in_a_browser(chromium_binary: str, hub: str, tmp_path: Path):
     (tmp_path / "fleetlens.yaml").write_text(CONFIG)
     port = free_port()
     ui = [*FLEETLENS, "ui", "--hub", hub, "--port", str(port), "--config", str(tmp_path / "fleetlens.yaml")]
@@ -80,3 +86,7 @@ def test_fleet_and_postmortem_pages_render_in_a_browser(chromium_binary: str, hu
 
         limits = ["drain mode dry-run", "max_nodes", "max_per_hour"]  # from the config `fleetlens ui` read
         browser.visible_text(f"{base}/actions", limits)
+
+        costs = ["What the stragglers cost", "2.4 GPU-hours lost in all", STRAGGLER]
+        browser.visible_text(f"{base}/anomalies", costs)
+        browser.visible_text(f"{base}/node?node=vela-004", [*costs, "Anomalies (1)"])

@@ -8,6 +8,7 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -16,7 +17,7 @@ from alerts import commands
 from analytics.detectors import build
 from analytics.detectors.runner import DetectionRunner, store_anomalies
 from analytics.store import Store
-from analytics.store.records import ActionRow, AlertChange
+from analytics.store.records import ActionRow, AlertChange, Anomaly
 from collectors.steprecord import StepRecord
 from tests.support.fleetdata import SimulatedFleet
 from ui import environment, source, window
@@ -216,6 +217,57 @@ def test_anomalies_page_filters_by_kind_severity_and_node_and_shows_the_evidence
     assert anomalies.dataframe[1].value[["alertname", "node"]].values.tolist() == [
         ["FleetlensGpuFault", "vela-002"]
     ]
+
+
+def add_stragglers(store: Store, end: float) -> None:
+    """vela-002's slowness as two slow_node anomalies: one whose evidence says what it costs job llm-7b,
+    and an older one written before the detector reported the cost."""
+    costed = {"ratio": 1.19, "job_slowdown": 0.314, "lost_gpu_hours": 2.43, "job_gpus": 10}
+    store_anomalies(
+        store,
+        [
+            Anomaly("slow-new", end - 60, None, "slow_node", "vela-002", "", "llm-7b", "warning", 0.19,
+                    json.dumps(costed), "slow_node", "2"),
+            Anomaly("slow-old", end - 80, end - 70, "slow_node", "vela-002", "", "llm-7b", "warning", 0.19,
+                    '{"ratio": 1.19}', "slow_node", "1"),
+        ],
+    )  # fmt: skip
+
+
+def cost_formats(table) -> dict[str, str]:
+    """How a table formats its cost columns (from their settings as the browser gets them)."""
+    settings = json.loads(table.proto.columns)
+    return {name: settings[name]["type_config"]["format"] for name in ("job_slowdown", "lost_gpu_hours")}
+
+
+def test_node_and_anomalies_pages_show_what_a_straggler_costs_its_job(store: Store, incident: float):
+    add_stragglers(store, incident)
+    stated = "**vela-002** slows job llm-7b by 31% (2.4 GPU-hours lost so far)"
+
+    node = app(store, "views/node.py", incident, node="vela-002")
+    listed = node.dataframe[0].value.set_index("kind")
+    slow = listed.loc["slow_node"]  # newest first
+    assert (slow["job_slowdown"].iloc[0], slow["lost_gpu_hours"].iloc[0]) == (0.314, 2.43)
+    assert slow.iloc[1][["job_slowdown", "lost_gpu_hours"]].isna().all()  # written before the cost: none
+    assert pd.isna(listed.loc["gpu_fault", "job_slowdown"])  # other kinds: no cost
+    assert cost_formats(node.dataframe[0]) == {"job_slowdown": "percent", "lost_gpu_hours": "%.2f"}
+    [costs] = [text.value for text in node.markdown if "What the stragglers cost" in text.value]
+    assert stated in costs and "2.4 GPU-hours lost in all" in costs and costs.count("slows job") == 1
+
+    anomalies = app(store, "views/anomalies.py", incident)
+    table = anomalies.dataframe[0]
+    costed = table.value.dropna(subset=["job_slowdown"])
+    assert costed[["node", "kind", "job_slowdown", "lost_gpu_hours"]].values.tolist() == [
+        ["vela-002", "slow_node", 0.314, 2.43]
+    ]
+    columns = list(table.value.columns)
+    at = columns.index("evidence")
+    assert columns[at - 2 : at] == ["job_slowdown", "lost_gpu_hours"]  # beside the evidence they come from
+    assert cost_formats(table) == {"job_slowdown": "percent", "lost_gpu_hours": "%.2f"}
+    assert any(stated in text.value for text in anomalies.markdown)
+
+    anomalies.multiselect(key="anomalies.kinds").select("link_flap").run()  # no straggler: no cost line
+    assert not any("What the stragglers cost" in text.value for text in anomalies.markdown)
 
 
 def test_actions_page_approves_a_pending_drain_and_shows_the_limits(

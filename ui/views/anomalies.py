@@ -1,5 +1,5 @@
 """Anomalies and alerts: a timeline across the fleet, filters by kind, severity, node and job, the
-evidence of each anomaly, and the alerts raised from them."""
+evidence of each anomaly and what each straggler costs its job, and the alerts raised from them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from analytics.reports import dashboards
-from ui import plots, source, window
+from ui import costs, plots, source, window
 
 SEVERITIES = ["critical", "warning", "info"]
 
@@ -57,10 +57,12 @@ def show_anomalies(span: window.TimeRange) -> list[str]:
         hide_index=True,
         column_config={
             **window.utc_columns("start", "end"),
+            **costs.cost_columns(),
             "evidence": st.column_config.JsonColumn("evidence"),
         },
         key="anomalies.table",
     )
+    costs.show_costs(found)
     show_evidence(found)
     return chosen["nodes"]
 

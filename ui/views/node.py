@@ -1,5 +1,6 @@
 """Node: one node's GPU and RoCE time series with its anomaly periods shaded, its step or compute time
-against its peers, and its anomalies, alerts and drain decisions. The node comes from ?node=."""
+against its peers, and its anomalies (with what it costs its job as a straggler), alerts and drain
+decisions. The node comes from ?node=."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from analytics.reports import dashboards
-from ui import plots, source, window
+from ui import costs, plots, source, window
 
 
 def pick_node(span: window.TimeRange) -> str:
@@ -69,10 +70,12 @@ def show_node(span: window.TimeRange) -> None:
         hide_index=True,
         column_config={
             **window.utc_columns("start", "end"),
+            **costs.cost_columns(),
             "evidence": st.column_config.JsonColumn("evidence"),
         },
         key="node.anomalies",
     )
+    costs.show_costs(found)
     alerts = dashboards.alerts(reader, span.start, span.end, nodes=[node])
     st.subheader(f"Alerts ({len(alerts)})")
     st.dataframe(
