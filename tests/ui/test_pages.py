@@ -240,7 +240,7 @@ def cost_formats(table) -> dict[str, str]:
     return {name: settings[name]["type_config"]["format"] for name in ("job_slowdown", "lost_gpu_hours")}
 
 
-def test_node_and_anomalies_pages_show_what_a_straggler_costs_its_job(store: Store, incident: float):
+def test_the_node_anomalies_and_postmortem_pages_show_what_a_straggler_costs(store: Store, incident: float):
     add_stragglers(store, incident)
     stated = "**vela-002** slows job llm-7b by 31% (2.4 GPU-hours lost so far)"
 
@@ -268,6 +268,12 @@ def test_node_and_anomalies_pages_show_what_a_straggler_costs_its_job(store: Sto
 
     anomalies.multiselect(key="anomalies.kinds").select("link_flap").run()  # no straggler: no cost line
     assert not any("What the stragglers cost" in text.value for text in anomalies.markdown)
+
+    report = app(store, "views/postmortem.py", incident, node="vela-002")
+    headline = {metric.label: metric.value for metric in report.metric}
+    assert headline["GPU-hours lost to stragglers"] == "2.4"
+    events = report.dataframe[0].value
+    assert events.dropna(subset=["job_slowdown"])["what"].tolist() == ["slow_node opened"]
 
 
 def test_actions_page_approves_a_pending_drain_and_shows_the_limits(

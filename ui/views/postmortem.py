@@ -12,7 +12,8 @@ import streamlit as st
 
 from analytics.errors import QueryError
 from analytics.reports import dashboards, postmortem, sqlbox
-from ui import plots, source, window
+from analytics.reports.straggler import gpu_hours
+from ui import costs, plots, source, window
 
 SQL_KEY, SAVED_KEY = "postmortem.sql", "postmortem.saved"
 SQL_MAX_ROWS = 10_000
@@ -52,6 +53,7 @@ def show_summary(report: postmortem.Report, scope: str) -> None:
         "drain decisions": len(summary["drains"]),
         "target gaps": summary["target_gaps"],
         "metric excursions": len(report.excursions),
+        "GPU-hours lost to stragglers": gpu_hours(summary["gpu_hours_lost_to_stragglers"]),
     }
     for column, (label, value) in zip(st.columns(len(headline)), headline.items(), strict=True):
         column.metric(label, value)
@@ -87,6 +89,7 @@ def show_report(report: postmortem.Report, kind: str, name: str) -> None:
         hide_index=True,
         column_config={
             **window.utc_columns("ts", "end"),
+            **costs.cost_columns(),
             "evidence": st.column_config.JsonColumn("evidence"),
         },
         key="postmortem.events",

@@ -32,6 +32,9 @@ class Event:
     detail: str  # human text
     evidence: Mapping[str, Any]  # the numbers: anomaly evidence, alert labels, action reason, ...
     kind: str = ""  # what a filter groups by: the anomaly kind, alert name, action, "gap" or metric
+    # what a straggler's anomaly says it costs its job (analytics.reports.straggler); None when it does not
+    job_slowdown: float | None = None  # fraction of the job's step time due to the node
+    lost_gpu_hours: float | None = None  # GPU-hours of the whole job lost to it, as last recorded
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,19 @@ from analytics.reports.postmortem.model import (
     number,
     utc,
 )
+from analytics.reports.straggler import gpu_hours, percent
 
 # -- rendering ----------------------------------------------------------------------------------------------
 
 
 def summarize(report: Report) -> dict[str, Any]:
-    """The report's headline: anomalies by kind, the nodes that had events, alerts fired, drains, gaps."""
+    """The report's headline: anomalies by kind, the nodes that had events, alerts fired, drains, gaps,
+    and the stragglers with the GPU-hours lost to them (each anomaly open in the window counted once,
+    at the cost it last recorded, whole even when it began before the window)."""
     opened = [
         event for event in report.events if event.source == "anomaly" and event.what.endswith(" opened")
     ]
+    stragglers = [event for event in opened if event.lost_gpu_hours is not None]
     return {
         "anomalies_by_kind": dict(Counter(event.kind for event in opened).most_common()),
         "nodes_involved": sorted({event.node for event in report.events if event.node}),
@@ -46,6 +50,16 @@ def summarize(report: Report) -> dict[str, Any]:
         ],
         "target_gaps": len(report.gaps),
         "failed_scrapes": sum(gap.evidence["failed_scrapes"] for gap in report.gaps),
+        "stragglers": [
+            {
+                "node": event.node,
+                "job_slowdown": event.job_slowdown,
+                "lost_gpu_hours": event.lost_gpu_hours,
+                "from": _iso(event.ts),
+            }
+            for event in stragglers
+        ],
+        "gpu_hours_lost_to_stragglers": sum(event.lost_gpu_hours or 0.0 for event in stragglers),
     }
 
 
@@ -54,6 +68,11 @@ def to_markdown(report: Report) -> str:
     summary = summarize(report)
     kinds = ", ".join(f"{kind} {count}" for kind, count in summary["anomalies_by_kind"].items())
     drains = ", ".join(f"{d['node']} {d['outcome']} ({d['mode']})" for d in summary["drains"])
+    stragglers = "; ".join(
+        f"{s['node']}: {gpu_hours(s['lost_gpu_hours'])}, slowing its job by {percent(s['job_slowdown'])}"
+        for s in summary["stragglers"]
+    )
+    lost = f"{gpu_hours(summary['gpu_hours_lost_to_stragglers'])} ({stragglers})" if stragglers else "none"
     lines = [
         f"# Postmortem: {_scope(report)}",
         "",
@@ -67,6 +86,7 @@ def to_markdown(report: Report) -> str:
         f"- Alerts fired: {', '.join(summary['alerts_fired']) or 'none'}",
         f"- Drains: {drains or 'none'}",
         f"- Target gaps: {summary['target_gaps']} ({summary['failed_scrapes']} failed scrapes)",
+        f"- GPU-hours lost to stragglers: {lost}",
         "",
         "## Timeline",
         "",
@@ -131,11 +151,14 @@ def to_json(report: Report) -> dict[str, Any]:
     }
 
 
-CSV_COLUMNS = ("ts", "end", "source", "kind", "node", "what", "detail", "evidence")
+CSV_COLUMNS = (
+    "ts", "end", "source", "kind", "node", "what", "detail", "job_slowdown", "lost_gpu_hours", "evidence",
+)  # fmt: skip
 
 
 def to_csv(report: Report) -> str:
-    """The timeline, one row per event: times ISO 8601 UTC, evidence as a JSON object."""
+    """The timeline, one row per event: times ISO 8601 UTC, evidence as a JSON object, a straggler's cost
+    in its own columns (empty for other events)."""
     out = io.StringIO()
     writer = csv.DictWriter(out, CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()

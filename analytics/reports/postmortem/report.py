@@ -7,7 +7,8 @@ A report reads only the stable views and tables (docs/schema.md), through a Stor
 and lays out one timeline, oldest first:
 
 - anomalies on the scope's nodes that were open in the window: when each opened (even before the window)
-  and, when within it, closed, with the detector's evidence;
+  and, when within it, closed, with the detector's evidence and, for a straggler, what it costs its job
+  (job_slowdown, lost_gpu_hours: analytics.reports.straggler);
 - alert state changes (`alerts` rows labelled with one of the nodes) and the drain controller's decisions
   and people's requests about them (`actions`; the circuit breaker's too, since it holds every drain);
 - target gaps: consecutive failed scrapes of one target merged into one event, with their errors;
@@ -27,10 +28,9 @@ a short spike is not averaged away.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from analytics.detectors.base import Window
@@ -49,6 +49,7 @@ from analytics.reports.postmortem.model import (
     number,
     utc,
 )
+from analytics.reports.straggler import cost_text, gpu_hours, parse_evidence, straggler_cost
 from analytics.store.protocols import Reader
 from analytics.store.records import QueryResult
 
@@ -173,27 +174,32 @@ def _rows(result: QueryResult) -> list[dict[str, Any]]:
 
 
 def _anomaly_events(row: Mapping[str, Any], window: Window) -> list[Event]:
-    """The anomaly's opening, and its closing when that falls in the window."""
-    evidence = json.loads(row["evidence"])
+    """The anomaly's opening, and its closing when that falls in the window; both carry what a straggler
+    costs its job when its evidence says, and state it in their detail."""
+    evidence = parse_evidence(row["evidence"])
+    cost = straggler_cost(evidence)
     where = " ".join(part for part in (row["kind"], row["component"]) if part)
     job = f", job {row['job']}" if row["job"] else ""
+    costs = f"; {cost_text(cost)}" if cost.known else ""
     opened = Event(
         row["start_s"],
         row["end_s"],
         "anomaly",
         row["node"],
         f"{where} opened",
-        f"{row['severity']}, score {number(row['score'])}{job}: {evidence_text(evidence)}",
+        f"{row['severity']}, score {number(row['score'])}{job}{costs}: {evidence_text(evidence)}",
         evidence,
         row["kind"],
+        cost.job_slowdown,
+        cost.lost_gpu_hours,
     )
     if row["end_s"] is None or row["end_s"] > window.end:
         return [opened]
     lasted = f"after {duration(row['end_s'] - row['start_s'])}"
-    return [
-        opened,
-        Event(row["end_s"], None, "anomaly", row["node"], f"{where} closed", lasted, evidence, row["kind"]),
-    ]
+    if cost.lost_gpu_hours is not None:
+        lasted += f", {gpu_hours(cost.lost_gpu_hours)} GPU-hours of its job lost"
+    closed = replace(opened, ts=row["end_s"], end=None, what=f"{where} closed", detail=lasted)
+    return [opened, closed]
 
 
 def _alert_event(row: Mapping[str, Any]) -> Event:

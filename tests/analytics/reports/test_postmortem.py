@@ -18,6 +18,7 @@ from analytics.reports.postmortem import PostmortemError, build_report, to_csv, 
 from analytics.reports.sqlbox import SAVED_QUERIES, run_sql
 from analytics.store import Store
 from analytics.store.records import Anomaly, ScrapeBatch, TargetStatus
+from collectors.steprecord import StepRecord
 from tests.support.incident import NODE, THROTTLED_GPU, Incident, seed_incident
 
 RX_BYTES = "node_infiniband_port_data_received_bytes_total"
@@ -127,6 +128,85 @@ def test_markdown_json_and_csv_carry_the_same_timeline(store: Store, incident: I
     assert document["summary"]["anomalies_by_kind"] == {"gpu_throttle": 1}
     assert document["summary"]["drains"][0]["outcome"] == "pending"
     assert "- Drains: vela-002 pending (approve)" in markdown
+    assert (document["summary"]["stragglers"], document["summary"]["gpu_hours_lost_to_stragglers"]) == ([], 0)
+    assert "- GPU-hours lost to stragglers: none" in markdown
+    assert {(row["job_slowdown"], row["lost_gpu_hours"]) for row in rows} == {("", "")}
+
+
+def straggler(key: str, node: str, start: float, end: float | None, evidence: str) -> Anomaly:
+    """A slow_node anomaly of `node` in job run-42."""
+    kind = "slow_node"
+    return Anomaly(key, start, end, kind, node, "", "run-42", "warning", 0.4, evidence, kind, "2")
+
+
+def seed_stragglers(store: Store) -> None:
+    """Job run-42 on three nodes over an hour from T0: vela-012 slowed it by 31% for 20 minutes, vela-013
+    by 5% from minute 40 on; an older anomaly of vela-012 without the cost, one with evidence that is not
+    JSON; vela-014 was never slow."""
+    nodes = ("vela-012", "vela-013", "vela-014")
+    store.insert_steps(
+        [
+            StepRecord(T0 + 60 * minute, "run-42", rank, node, minute, 10.0, compute_s=9.0, pp_stage=0)
+            for minute in range(60)
+            for rank, node in enumerate(nodes)
+        ],
+        token="steps",
+    )
+    cost = {"ratio": 1.45, "job_slowdown": 0.314, "lost_gpu_hours": 2.43, "job_gpus": 24}
+    store.insert_anomalies(
+        [
+            straggler("s-0", "vela-012", T0 + 60, T0 + 300, '{"ratio": 1.2}'),
+            straggler("s-1", "vela-012", T0 + 600, T0 + 1800, json.dumps(cost)),
+            straggler("s-2", "vela-013", T0 + 2400, None, '{"job_slowdown": 0.05, "lost_gpu_hours": 0.57}'),
+            straggler("s-3", "vela-013", T0 + 120, T0 + 180, "{not json"),
+        ],
+        token="stragglers",
+    )
+
+
+def test_a_stragglers_events_carry_its_cost_and_the_summary_totals_the_gpu_hours_lost(store: Store):
+    seed_stragglers(store)
+    report = build_report(store, job="run-42", start=T0, end=T0 + 3600)
+
+    costs = [
+        (event.node, event.what, event.job_slowdown, event.lost_gpu_hours)
+        for event in report.events
+        if event.source == "anomaly"
+    ]
+    assert costs == [
+        ("vela-012", "slow_node opened", None, None),  # written before the detector reported its cost
+        ("vela-013", "slow_node opened", None, None),  # evidence that is not JSON: no cost, no crash
+        ("vela-013", "slow_node closed", None, None),
+        ("vela-012", "slow_node closed", None, None),
+        ("vela-012", "slow_node opened", 0.314, 2.43),
+        ("vela-012", "slow_node closed", 0.314, 2.43),
+        ("vela-013", "slow_node opened", 0.05, 0.57),
+    ]
+    costed = [event for event in report.events if event.job_slowdown is not None]
+    assert "job run-42; slows its job by 31% (2.4 GPU-hours lost so far): ratio=1.45" in costed[0].detail
+    assert costed[1].detail == "after 20m, 2.4 GPU-hours of its job lost"
+
+    summary = to_json(report)["summary"]
+    assert summary["gpu_hours_lost_to_stragglers"] == pytest.approx(3.0)
+    assert [(s["node"], s["job_slowdown"], s["lost_gpu_hours"]) for s in summary["stragglers"]] == [
+        ("vela-012", 0.314, 2.43),
+        ("vela-013", 0.05, 0.57),
+    ]
+    markdown = to_markdown(report)
+    assert (
+        "- GPU-hours lost to stragglers: 3 (vela-012: 2.4, slowing its job by 31%; "
+        "vela-013: 0.57, slowing its job by 5%)"
+    ) in markdown
+    assert "slows its job by 31% (2.4 GPU-hours lost so far)" in markdown.split("## Timeline")[1]
+
+    rows = [row for row in csv.DictReader(io.StringIO(to_csv(report))) if row["source"] == "anomaly"]
+    assert [(row["job_slowdown"], row["lost_gpu_hours"]) for row in rows] == [
+        (f"{e.job_slowdown}", f"{e.lost_gpu_hours}") if e.job_slowdown is not None else ("", "")
+        for e in report.events
+        if e.source == "anomaly"
+    ]
+    never_slow = to_markdown(build_report(store, node="vela-014", start=T0, end=T0 + 3600))
+    assert "- GPU-hours lost to stragglers: none" in never_slow
 
 
 def utc(ts: float) -> str:
