@@ -4,6 +4,7 @@
     ├── StoreError
     │   ├── StoreUnavailable   the store cannot be reached or timed out: retry later (the hub spools)
     │   └── StoreRejected      the store refused the data or statement: retrying the same thing fails again
+    │       └── RetentionRefused   rows older than their table's retention: refused, counted, not stored
     ├── QueryError             a read-only query was refused (a write, a syntax error, a limit exceeded)
     └── SchemaError            migrations cannot be applied (a newer schema than this code knows, a bad DSN)
         └── AddressError       a store DSN or hub URL that is not understood (a bad flag or setting)
@@ -28,6 +29,19 @@ class StoreUnavailable(StoreError):
 
 class StoreRejected(StoreError):
     """The store refused the data or the statement; retrying it unchanged will not help."""
+
+
+class RetentionRefused(StoreRejected):
+    """An import was refused, whole, as some of its rows are older than their table's retention cutoff
+    (the TTL would drop them at once): `records` sent, `stored` of them stored (0), `refused` not, and
+    `reason`, which names the cutoff."""
+
+    def __init__(self, message: str, *, records: int, stored: int, refused: int, reason: str) -> None:
+        super().__init__(message)
+        self.records = records
+        self.stored = stored
+        self.refused = refused
+        self.reason = reason
 
 
 class QueryError(AnalyticsError):

@@ -2,6 +2,7 @@
 
 clickhouse         Store: schema migrations, idempotent inserts, read-only queries, sessions
 schema             every table and view as DDL, for one node or a cluster, and the migrations
+retention          the cutoff past which a table's TTL would drop a row at once: such rows are refused
 records            the plain rows the hub hands to the store (no ClickHouse in them)
 protocols          what callers need of a store (Reader, IngestWriter, DecisionWriter, ReadWriter)
 readonly, sqlpolicy  where SQL from outside runs, and what it may be

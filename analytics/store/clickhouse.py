@@ -3,12 +3,18 @@
     store = Store.open("chdb://./data")              # embedded chDB in ./data, database "fleetlens"
     store = Store.open("http://ch1:8123/fleet", cluster="fleet")   # a server or cluster, same SQL
     store.insert_samples(batches, token="scrape-42")  # idempotent on token
+    store.insert_steps(rows, token="job-42", keep_until=time.time() + 365 * 86400)  # kept a year, any age
     store.query("SELECT node, max(value) FROM metrics WHERE metric = 'DCGM_FI_DEV_GPU_TEMP' GROUP BY node")
 
 Opening applies the schema's migrations (analytics.store.schema) and brings the TTLs in line with `retention`.
 Every insert carries its token to ClickHouse as insert_deduplication_token, so a batch replayed after a
 crash or a timeout is stored once. Failures are StoreUnavailable (retry later: the hub spools) or
 StoreRejected (the data itself is bad).
+
+Inserts into the tables with a TTL (samples, targets, steps) never send a row that the TTL would drop at
+once: rows older than the table's retention cutoff, computed when the insert runs, are split off and
+reported in the result (analytics.store.retention.Inserted: an int, the rows sent, with `refused` and
+`cutoff`), unless `insert_steps` is told to keep them (`keep_until`).
 
 query() takes SQL from anyone (the hub's query API, the CLI, the UI's SQL box): readonly.py runs it on
 read-only sessions of its own, and only what sqlpolicy.py accepts, on the parse tree ClickHouse
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -53,6 +60,7 @@ from analytics.store.records import (
     TargetStatus,
 )
 from analytics.store.redact import redacted
+from analytics.store.retention import Cutoff, Inserted
 from analytics.store.schema import Layout, Retention
 
 __all__ = ["DEFAULT_DATABASE", "DEFAULT_DSN", "Retention", "Store", "series_id"]
@@ -62,6 +70,7 @@ DEFAULT_DATABASE = "fleetlens"
 MAX_KNOWN_SERIES = 2_000_000  # past this the known-series memo starts over (see KnownSeries)
 
 SERIES_COLUMNS = ("series_id", "metric", "node", "labels", "first_seen")
+KEEP_UNTIL_MAX_S = (1 << 32) - 1  # the latest time the steps.keep_until DateTime column holds (2106)
 # Samples as sent: metric and node go as plain String, which ClickHouse turns into the table's
 # LowCardinality on arrival (clickhouse-connect's LowCardinality encoder is a Python loop per row).
 SAMPLE_COLUMNS = {
@@ -187,6 +196,15 @@ class Store:
         """The database holding the schema, which queries read."""
         return self._layout.database
 
+    @property
+    def retention(self) -> Retention:
+        """How long each kind of row is kept; inserts refuse rows already past it."""
+        return self._layout.retention
+
+    def cutoff(self, table: str, now: float | None = None) -> Cutoff:
+        """The retention cutoff of `table` (samples, targets or steps) at `now`, by default this moment."""
+        return Cutoff.of(self._layout.retention, table, time.time() if now is None else now)
+
     def session(self) -> Store:
         """Another session on this store, for a consumer that should wait for no other's statements: its
         inserts and its queries (on read sessions of its own) share nothing with this store's. It is
@@ -203,9 +221,13 @@ class Store:
             self._sessions.append(sibling)
         return sibling
 
-    def insert_samples(self, batches: Sequence[ScrapeBatch], *, token: str) -> int:
+    def insert_samples(self, batches: Sequence[ScrapeBatch], *, token: str) -> Inserted:
         """Store every sample of `batches` (and the series rows of series new to this process); returns the
-        number of samples sent. The series and the samples inserts each carry a token derived from `token`."""
+        number of samples sent, and those refused: batches older than the samples cutoff (Inserted). The
+        series and the samples inserts each carry a token derived from `token`."""
+        cutoff = self.cutoff("samples")
+        batches, old = cutoff.split(batches, _ts)
+        refused = sum(len(batch) for batch in old)
         with self._lock:
             ids_per_batch, new_series = self._series.resolve(batches)
             if new_series:
@@ -213,17 +235,32 @@ class Store:
             self._series.remember(batches, ids_per_batch, new_series)
             columns = _sample_columns(batches, ids_per_batch)
             if not columns[0]:
-                return 0
+                return Inserted(0, refused, cutoff)
             self._insert("samples", SAMPLE_COLUMNS, columns, f"{token}/samples", column_oriented=True)
-            return len(columns[0])
+            return Inserted(len(columns[0]), refused, cutoff)
 
-    def insert_targets(self, statuses: Sequence[TargetStatus], *, token: str) -> int:
-        """Store one row per scrape outcome; returns the number of rows sent."""
-        return self._insert_records("targets", _columns(TargetStatus), statuses, token)
+    def insert_targets(self, statuses: Sequence[TargetStatus], *, token: str) -> Inserted:
+        """Store one row per scrape outcome; returns the number of rows sent, and those refused as older
+        than the targets cutoff (Inserted)."""
+        cutoff = self.cutoff("targets")
+        statuses, old = cutoff.split(statuses, _ts)
+        sent = self._insert_records("targets", _columns(TargetStatus), statuses, token)
+        return Inserted(sent, len(old), cutoff)
 
-    def insert_steps(self, rows: Sequence[Any], *, token: str) -> int:
-        """Store training step rows; returns the number of rows sent."""
-        return self._insert_records("steps", STEP_COLUMNS, rows, token)
+    def insert_steps(self, rows: Sequence[Any], *, token: str, keep_until: float | None = None) -> Inserted:
+        """Store training step rows; returns the number of rows sent, and those refused as older than the
+        steps cutoff (Inserted).
+
+        `keep_until` (unix seconds) keeps every row until then whatever its age, so that none is refused:
+        imported history (analytics.store.retention.keep_until). One that has passed keeps nothing (a
+        kept batch that waited in a spool that long): the rows are then split by the cutoff as any."""
+        now = time.time()
+        if keep_until is not None and _keep_until_seconds(keep_until) > now:
+            kept = {"keep_until": _keep_until_seconds(keep_until)}
+            return Inserted(self._insert_records("steps", STEP_COLUMNS, rows, token, constants=kept))
+        cutoff = self.cutoff("steps", now)
+        rows, old = cutoff.split(rows, _ts)
+        return Inserted(self._insert_records("steps", STEP_COLUMNS, rows, token), len(old), cutoff)
 
     def insert_anomalies(self, rows: Sequence[Anomaly], *, token: str) -> int:
         """Store anomaly rows; an anomaly written again under its id (when it ends) replaces the earlier
@@ -293,12 +330,15 @@ class Store:
         token: str,
         times: Sequence[str] = ("ts",),
         nullable_times: Sequence[str] = (),
+        constants: Mapping[str, Any] | None = None,
     ) -> int:
-        """Insert records that have the table's column `names` as attributes; the `times` columns (unix
-        seconds) go in as milliseconds, and None in a `nullable_times` column as NULL."""
+        """Insert records that have the table's column `names` as attributes, and the `constants` columns
+        with one value for every row; the `times` columns (unix seconds) go in as milliseconds, and None
+        in a `nullable_times` column as NULL."""
         if not records:
             return 0
         columns = {name: [getattr(r, name) for r in records] for name in names}
+        columns.update({name: [value] * len(records) for name, value in (constants or {}).items()})
         for name in times:
             try:
                 columns[name] = [
@@ -307,7 +347,7 @@ class Store:
             except (TypeError, ValueError, OverflowError) as error:
                 raise StoreRejected(f"{table}: a row has a bad {name}: {error}") from error
         with self._lock:
-            self._insert(table, names, list(columns.values()), token, column_oriented=True)
+            self._insert(table, list(columns), list(columns.values()), token, column_oriented=True)
         return len(records)
 
     def _insert(
@@ -334,6 +374,21 @@ class Store:
             raise StoreRejected(f"{table}: rows do not fit the table's column types: {error}") from error
         except ClickHouseError as error:
             raise store_error(f"insert into {table}", error) from error
+
+
+def _ts(row: Any) -> float:
+    """A row's time, which the retention cutoffs compare: every row with a TTL has it as `ts`."""
+    return row.ts
+
+
+def _keep_until_seconds(keep_until: float) -> int:
+    """`keep_until` as the whole seconds steps.keep_until holds; StoreRejected when it is no such time."""
+    number = isinstance(keep_until, int | float) and not isinstance(keep_until, bool)
+    if not number or not 0 <= keep_until <= KEEP_UNTIL_MAX_S:
+        raise StoreRejected(
+            f"steps: keep_until must be unix seconds from 0 to {KEEP_UNTIL_MAX_S} (2106), got {keep_until!r}"
+        )
+    return math.ceil(keep_until)
 
 
 def _columns(record: type) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
-from analytics.errors import AddressError, QueryError, StoreRejected, StoreUnavailable
+from analytics.errors import AddressError, QueryError, RetentionRefused, StoreRejected, StoreUnavailable
 from analytics.store.records import ActionRow, QueryResult, SilenceRow
 
 Opener = Callable[..., Any]
@@ -61,9 +61,14 @@ class HubClient:
             elapsed_s=answer["elapsed_s"],
         )
 
-    def import_steps(self, jsonl: bytes) -> int:
-        """Send step JSON lines to the hub; returns the rows it accepted (all or nothing)."""
-        return self._post("/api/v1/steps", jsonl, "application/x-ndjson", StoreRejected)["rows"]
+    def import_steps(self, jsonl: bytes, *, keep_days: int | None = None) -> int:
+        """Send step JSON lines to the hub; returns the rows it accepted (all or nothing).
+
+        `keep_days` keeps them that many days from now whatever their age (imported history); without it
+        a body holding a record older than the steps retention is refused whole: RetentionRefused, with
+        the counts and the cutoff the hub gave."""
+        path = "/api/v1/steps" + ("" if keep_days is None else f"?keep_days={keep_days}")
+        return self._post(path, jsonl, "application/x-ndjson", StoreRejected)["rows"]
 
     def insert_silences(self, rows: Sequence[SilenceRow], *, token: str) -> int:
         """Store silences through the hub (as Store.insert_silences); returns the rows it accepted."""
@@ -86,15 +91,31 @@ class HubClient:
             with self._open(request, timeout=self._timeout_s) as response:
                 return json.load(response)
         except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")
+            detail = body_text = exc.read().decode(errors="replace")
             with contextlib.suppress(ValueError, KeyError, TypeError):
-                detail = json.loads(detail)["error"]
+                detail = json.loads(body_text)["error"]
+            message = f"hub {self.url}{path}: {exc.code}: {detail}"
             if exc.code >= 500:
-                raise StoreUnavailable(f"hub {self.url}{path}: {exc.code}: {detail}") from None
-            raise refused(f"hub {self.url}{path}: {exc.code}: {detail}") from None
+                raise StoreUnavailable(message) from None
+            if exc.code == 422 and (counts := _retention_counts(body_text)) is not None:
+                raise RetentionRefused(message, **counts) from None
+            raise refused(message) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise StoreUnavailable(f"hub {self.url} unreachable: {reason}") from None
+
+
+def _retention_counts(text: str) -> dict[str, Any] | None:
+    """records, stored, refused and reason of a hub's 422 for records past the retention (hub.app), or
+    None when `text` is not one."""
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        return None
+    wanted = {"records": int, "stored": int, "refused": int, "reason": str}
+    if not isinstance(answer, dict) or not all(isinstance(answer.get(k), t) for k, t in wanted.items()):
+        return None
+    return {key: answer[key] for key in wanted}
 
 
 def _checked_url(url: str) -> str:

@@ -8,7 +8,8 @@ Tables and views (docs/schema.md has every column, with example queries):
     metrics       VIEW (ts, metric, node, labels, value): the stable interface for postmortem SQL and Grafana
     metrics_1m    VIEW (ts, metric, node, labels, min, max, avg, sum, count, last) over the rollup
     steps         training steps per rank: ts, job, rank, node, step, duration_s, compute_s, comm_s, data_s,
-                  dp_rank, pp_stage, tp_rank, steps, source; TTL steps_days
+                  dp_rank, pp_stage, tp_rank, steps, source, keep_until; TTL steps_days, or keep_until
+                  when later (imported history kept on purpose: `fleetlens steps import --keep-days`)
     targets       one row per scrape: ts, target, node, up, duration_s, samples, error; TTL targets_days
     anomalies     detector findings: start, end, kind, node, component, job, severity, score, evidence,
                   detector, detector_version, id (rewritten with the same id when it ends)
@@ -55,12 +56,15 @@ Cluster mode: every table is a Replicated*MergeTree `<name>_local` on each shard
 
 Migrations are applied in order and recorded in schema_migrations; every statement is idempotent
 (IF NOT EXISTS, or OR REPLACE for views), so a migration interrupted halfway is simply applied again.
+A table's CREATE always shows its latest columns; a migration that adds a column to an existing table
+(AddColumn) is then a no-op on a fresh database and an ALTER on an old one. TTLs are not migrated:
+whatever a table's TTL is, Store.open brings it in line with the code's (retention_changes).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from analytics.errors import SchemaError
@@ -121,6 +125,23 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class Expiry:
+    """When a table's rows expire: `time` (a DateTime expression of the row's time) plus the retention's
+    `days` field, or at the row's `kept_until` column when that is later (rows kept on purpose).
+
+    `ttl` is spelled as ClickHouse prints it back in system.tables, so that the TTL a table has can be
+    compared with the one the retention asks for (retention_changes)."""
+
+    time: str
+    days: str
+    kept_until: str | None = None
+
+    def ttl(self, retention: Retention) -> str:
+        expires = f"{self.time} + toIntervalDay({getattr(retention, self.days)})"
+        return f"greatest({expires}, {self.kept_until})" if self.kept_until else expires
+
+
+@dataclass(frozen=True)
 class Table:
     """A MergeTree-family table; `sharded=False` keeps one full replica on every node of a cluster."""
 
@@ -129,13 +150,13 @@ class Table:
     order_by: str
     engine: str = "MergeTree"
     partition_by: str | None = None
-    ttl: Callable[[Retention], str] | None = None
+    expiry: Expiry | None = None
     ttl_drops_whole_parts: bool = False
     sharding_key: str = "rand()"
     sharded: bool = True
 
     def ttl_for(self, layout: Layout) -> str | None:
-        return self.ttl(layout.retention) if self.ttl else None
+        return self.expiry.ttl(layout.retention) if self.expiry else None
 
     def create(self, layout: Layout) -> list[str]:
         target = layout.local(self.name) if self.sharded else layout.name(self.name)
@@ -143,7 +164,7 @@ class Table:
         if self.partition_by:
             clauses.append(f"PARTITION BY {self.partition_by}")
         clauses.append(f"ORDER BY ({self.order_by})")
-        if self.ttl:
+        if self.expiry:
             clauses.append(f"TTL {self.ttl_for(layout)}")
         clauses.append(f"SETTINGS {', '.join(self._settings(layout))}")
         body = "\n".join(clauses)
@@ -197,7 +218,27 @@ class MaterializedView:
         ]
 
 
-SchemaObject = Table | View | MaterializedView
+@dataclass(frozen=True)
+class AddColumn:
+    """Adds `column` (its DDL: name, type, DEFAULT) to an existing `table`, and to the Distributed table
+    over it in a cluster, which does not follow its local tables' columns by itself. Rows already
+    stored read the column's DEFAULT. A no-op where the table has the column (a fresh database, whose
+    CREATE already lists it)."""
+
+    table: str
+    column: str
+
+    def create(self, layout: Layout) -> list[str]:
+        targets = [layout.local(self.table)]
+        if layout.cluster:
+            targets.append(layout.name(self.table))
+        return [
+            f"ALTER TABLE {target}{layout.on_cluster} ADD COLUMN IF NOT EXISTS {self.column}"
+            for target in targets
+        ]
+
+
+SchemaObject = Table | View | MaterializedView | AddColumn
 
 
 @dataclass(frozen=True)
@@ -210,11 +251,6 @@ class Migration:
 
     def statements(self, layout: Layout) -> list[str]:
         return [statement for item in self.objects for statement in item.create(layout)]
-
-
-def _days(column: str, retention_field: str) -> Callable[[Retention], str]:
-    """A TTL of `column` plus a retention, spelled as ClickHouse prints it back (so it can be compared)."""
-    return lambda retention: f"{column} + toIntervalDay({getattr(retention, retention_field)})"
 
 
 TS = "DateTime64(3, 'UTC')"
@@ -247,7 +283,7 @@ SAMPLES = Table(
     value Float64 CODEC(FPC, ZSTD(1))""",
     order_by="metric, node, series_id, ts",
     partition_by="toDate(ts)",
-    ttl=_days("toDateTime(ts)", "raw_days"),
+    expiry=Expiry("toDateTime(ts)", "raw_days"),
     ttl_drops_whole_parts=True,
     sharding_key="series_id",
 )
@@ -266,7 +302,7 @@ SAMPLES_1M = Table(
     engine="AggregatingMergeTree",
     order_by="metric, node, series_id, minute",
     partition_by="toDate(minute)",
-    ttl=_days("minute", "rollup_days"),
+    expiry=Expiry("minute", "rollup_days"),
     ttl_drops_whole_parts=True,
     sharding_key="series_id",
 )
@@ -305,6 +341,10 @@ ANY LEFT JOIN {series} AS r ON m.series_id = r.series_id""",
     sources=("samples_1m", "series"),
 )
 
+# Imported history kept on purpose (`fleetlens steps import --keep-days N`): a row expires at the later of
+# ts + steps_days and keep_until; the default (1970) leaves steps_days alone.
+STEPS_KEEP_UNTIL = "keep_until DateTime('UTC') DEFAULT toDateTime(0)"
+
 STEPS = Table(
     name="steps",
     columns=f"""    ts {TS} CODEC(Delta, ZSTD(1)),
@@ -320,10 +360,11 @@ STEPS = Table(
     pp_stage Nullable(UInt32),
     tp_rank Nullable(UInt32),
     steps UInt32,
-    source LowCardinality(String)""",
+    source LowCardinality(String),
+    {STEPS_KEEP_UNTIL}""",
     order_by="job, step, rank",
     partition_by="toYYYYMM(ts)",
-    ttl=_days("toDateTime(ts)", "steps_days"),
+    expiry=Expiry("toDateTime(ts)", "steps_days", kept_until="keep_until"),
 )
 
 TARGETS = Table(
@@ -337,7 +378,7 @@ TARGETS = Table(
     error String CODEC(ZSTD(3))""",
     order_by="target, ts",
     partition_by="toYYYYMM(ts)",
-    ttl=_days("toDateTime(ts)", "targets_days"),
+    expiry=Expiry("toDateTime(ts)", "targets_days"),
 )
 
 ANOMALIES = Table(
@@ -424,6 +465,9 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "steps and targets", (STEPS, TARGETS)),
     Migration(3, "anomalies, alerts and actions", (ANOMALIES, ALERTS, ACTIONS)),
     Migration(4, "silences and notifications", (SILENCES, NOTIFICATIONS)),
+    Migration(
+        5, "steps.keep_until: imported history kept past steps_days", (AddColumn("steps", STEPS_KEEP_UNTIL),)
+    ),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 # What queries may read: every table and view, by the name readers use (not the materialized view).
@@ -431,7 +475,7 @@ READABLE = frozenset(
     item.name for migration in MIGRATIONS for item in migration.objects if isinstance(item, Table | View)
 ) | {SCHEMA_MIGRATIONS.name}
 EXPIRING_TABLES = tuple(
-    item for migration in MIGRATIONS for item in migration.objects if isinstance(item, Table) and item.ttl
+    item for migration in MIGRATIONS for item in migration.objects if isinstance(item, Table) and item.expiry
 )
 
 
@@ -454,6 +498,7 @@ def retention_changes(layout: Layout, engines: Mapping[str, str]) -> list[str]:
     for table in EXPIRING_TABLES:
         local = layout.local(table.name).split(".", 1)[1]
         ttl = table.ttl_for(layout)
-        if local in engines and f"TTL {ttl}" not in engines[local]:
+        # the whole TTL, so that toIntervalDay(1) is not taken for a prefix of toIntervalDay(15)
+        if local in engines and not re.search(rf"TTL {re.escape(ttl)}(?:\s|$)", engines[local]):
             changes.append(f"ALTER TABLE {layout.local(table.name)}{layout.on_cluster} MODIFY TTL {ttl}")
     return changes

@@ -156,7 +156,7 @@ def test_ttls_follow_the_retention_and_a_new_retention_applies_on_open(chdb_dir:
         }
     assert "TTL toDateTime(ts) + toIntervalDay(3)" in shown["samples"]
     assert "TTL minute + toIntervalDay(30)" in shown["samples_1m"]
-    assert "TTL toDateTime(ts) + toIntervalDay(7)" in shown["steps"]
+    assert "TTL greatest(toDateTime(ts) + toIntervalDay(7), keep_until)" in shown["steps"]
     assert "TTL toDateTime(ts) + toIntervalDay(2)" in shown["targets"]
     with Store.open(dsn, database=database, retention=Retention(raw_days=5, rollup_days=30)) as store:
         assert (

@@ -17,20 +17,33 @@ CLUSTER = "fleet-prod"
 CREATE = re.compile(
     r"CREATE (?:TABLE|DATABASE|VIEW|MATERIALIZED VIEW|OR REPLACE VIEW)(?: IF NOT EXISTS)? (\S+)"
 )
+ADD_COLUMN = re.compile(r"ALTER TABLE (\S+)(?: ON CLUSTER '[^']+')? ADD COLUMN IF NOT EXISTS (\w+) ")
 
 
-def created(statements: list[str]) -> list[str]:
-    return [CREATE.match(statement).group(1) for statement in statements]
+def created(statements: list[str]) -> list[str | None]:
+    """What each statement creates (None for one that alters what exists)."""
+    return [match.group(1) if (match := CREATE.match(statement)) else None for statement in statements]
 
 
 def by_name(statements: list[str]) -> dict[str, str]:
-    return dict(zip(created(statements), statements, strict=True))
+    """The CREATE statements by what they create."""
+    return {name: s for name, s in zip(created(statements), statements, strict=True) if name is not None}
 
 
 def test_cluster_ddl_runs_every_create_on_the_cluster() -> None:
     statements = ddl("fleet", cluster=CLUSTER)
-    assert all(CREATE.match(s) for s in statements)
+    assert all(CREATE.match(s) or ADD_COLUMN.match(s) for s in statements)
     assert all(f"ON CLUSTER '{CLUSTER}'" in s.splitlines()[0] for s in statements)
+
+
+def test_a_column_added_later_is_in_the_create_and_added_to_local_and_distributed_tables() -> None:
+    """A fresh database gets steps.keep_until from the CREATE (the ALTER is then a no-op), an old one from
+    the ALTER; in a cluster the Distributed table needs the column too, as it does not follow its tables."""
+    single = [ADD_COLUMN.match(s).groups() for s in ddl("fleet") if ADD_COLUMN.match(s)]
+    assert single == [("fleet.steps", "keep_until")]
+    assert "keep_until DateTime('UTC') DEFAULT toDateTime(0)" in by_name(ddl("fleet"))["fleet.steps"]
+    clustered = [ADD_COLUMN.match(s).groups() for s in ddl("fleet", cluster=CLUSTER) if ADD_COLUMN.match(s)]
+    assert clustered == [("fleet.steps_local", "keep_until"), ("fleet.steps", "keep_until")]
 
 
 def test_cluster_tables_are_replicated_with_a_path_of_their_own() -> None:
@@ -96,10 +109,10 @@ def test_ttls_follow_the_retention() -> None:
     statements = by_name(
         ddl("fleet", retention=Retention(raw_days=3, rollup_days=30, steps_days=7, targets_days=2))
     )
-    assert "TTL toDateTime(ts) + toIntervalDay(3)" in statements["fleet.samples"]
-    assert "TTL minute + toIntervalDay(30)" in statements["fleet.samples_1m"]
-    assert "TTL toDateTime(ts) + toIntervalDay(7)" in statements["fleet.steps"]
-    assert "TTL toDateTime(ts) + toIntervalDay(2)" in statements["fleet.targets"]
+    assert "TTL toDateTime(ts) + toIntervalDay(3)\n" in statements["fleet.samples"]
+    assert "TTL minute + toIntervalDay(30)\n" in statements["fleet.samples_1m"]
+    assert "TTL greatest(toDateTime(ts) + toIntervalDay(7), keep_until)\n" in statements["fleet.steps"]
+    assert "TTL toDateTime(ts) + toIntervalDay(2)\n" in statements["fleet.targets"]
     assert "TTL" not in statements["fleet.actions"]  # the audit trail is kept
 
 
@@ -108,11 +121,21 @@ def test_retention_changes_alter_only_tables_whose_ttl_differs() -> None:
     retention = Retention(raw_days=30)
     engines = {
         "samples": "MergeTree ORDER BY (metric) TTL toDateTime(ts) + toIntervalDay(15)",
-        "steps": "MergeTree ORDER BY (job) TTL toDateTime(ts) + toIntervalDay(90) SETTINGS x = 1",
+        "steps": "MergeTree ORDER BY (job) TTL greatest(toDateTime(ts) + toIntervalDay(90), keep_until) "
+        "SETTINGS x = 1",
     }
     new_ttl = "MODIFY TTL toDateTime(ts) + toIntervalDay(30)"
     assert retention_changes(Layout("fleet", retention=retention), engines) == [
         f"ALTER TABLE fleet.samples {new_ttl}"
+    ]
+    # a TTL that is a prefix of the one asked for is not taken for it: 1 day is not 15
+    assert retention_changes(Layout("fleet", retention=Retention(raw_days=1)), engines) == [
+        "ALTER TABLE fleet.samples MODIFY TTL toDateTime(ts) + toIntervalDay(1)"
+    ]
+    # a store from before steps.keep_until has the TTL without it: the one with it replaces it
+    old_steps = {"steps": "MergeTree ORDER BY (job) TTL toDateTime(ts) + toIntervalDay(90) SETTINGS x = 1"}
+    assert retention_changes(Layout("fleet"), old_steps) == [
+        "ALTER TABLE fleet.steps MODIFY TTL greatest(toDateTime(ts) + toIntervalDay(90), keep_until)"
     ]
     clustered = Layout("fleet", cluster=CLUSTER, retention=retention)
     assert retention_changes(clustered, {f"{name}_local": engine for name, engine in engines.items()}) == [
