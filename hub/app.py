@@ -11,6 +11,12 @@ Every POST needs a token with its scope (hub.auth: read, write, act); a hub with
 POSTs to loopback clients only. /metrics and /healthz stay open so that Prometheus and load balancers need
 no secret. Bad input gets a 4xx naming the field and nothing of it is stored; an unexpected failure is a
 500 with a short message, its traceback in the log only.
+
+Rows older than the store's retention (`retention`, the same as the store's) are refused at the door,
+before the spool, never taken and then dropped by a TTL: /api/v1/steps answers 422 naming the cutoff and
+stores nothing of the request, unless `?keep_days=N` keeps its records N days from now; /v1/metrics
+stores the rest and reports the old points as an OTLP partial success. Both count in
+fleetlens_hub_refused_rows{reason="retention"}.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import json
 import logging
 import math
 import threading
+import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import fields
@@ -31,6 +39,8 @@ from alerts.errors import SilenceError
 from alerts.silences import validate_row
 from analytics.errors import QueryError, StoreError, StoreRejected
 from analytics.store.records import REQUESTS, ActionRow, SilenceRow
+from analytics.store.retention import KEEP_DAYS_MAX, Cutoff, check_keep_days, import_refusal, keep_until
+from analytics.store.schema import Retention
 from collectors import textformat
 from collectors.logtext import printable
 from hub.auth import Tokens
@@ -71,6 +81,7 @@ _REASONS = {
     408: "Request Timeout",
     413: "Payload Too Large",
     415: "Unsupported Media Type",
+    422: "Unprocessable Content",
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
@@ -95,6 +106,8 @@ class Hub:
         max_body_bytes: int = 16 << 20,
         query_max_rows: int = 100_000,
         query_max_seconds: float = 30.0,
+        retention: Retention | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.writer = writer
@@ -106,6 +119,8 @@ class Hub:
         self._max_body_bytes = max_body_bytes
         self._query_max_rows = query_max_rows
         self._query_max_seconds = query_max_seconds
+        self.retention = retention or Retention()  # the store's: what its TTLs would drop is refused here
+        self._wall_clock = wall_clock
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._inserter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetlens-insert")
@@ -293,27 +308,62 @@ class Hub:
 
     def _otlp(self, body: bytes, environ: dict) -> tuple[bytes, str]:
         content_type = environ.get("CONTENT_TYPE", "")
+        cutoff = self._cutoff("steps")
         try:
-            result = self.otlp.receive(body, content_type, environ.get("HTTP_CONTENT_ENCODING"))
+            result = self.otlp.receive(
+                body, content_type, environ.get("HTTP_CONTENT_ENCODING"), cutoff=cutoff
+            )
         except PayloadError as exc:
             response = otlp_error_response(exc, content_type)  # the OTLP spec wants a Status body
             raise HttpError(exc.status, str(exc), response.body, response.content_type) from None
-        self._store_rows(result.rows)
+        self.writer.refused("steps", result.expired_rows, f"OTLP data points {cutoff.describe()}")
+        if result.rows:
+            self.writer.write("steps", result.rows)
         return result.response.body, result.response.content_type
 
     def _steps(self, body: bytes, environ: dict) -> tuple[bytes, str]:
+        """Step JSON lines, taken whole or refused whole: a request holding a record older than the steps
+        cutoff is a 422 naming it, unless ?keep_days=N keeps them all N days from now."""
+        keep_days = _keep_days(environ.get("QUERY_STRING", ""))
         try:
             rows = parse_steps_jsonl(
                 body, environ.get("CONTENT_TYPE"), environ.get("HTTP_CONTENT_ENCODING"), self.otlp.limits
             )
         except PayloadError as exc:
             raise HttpError(exc.status, str(exc)) from None
-        self._store_rows(rows)
-        return json.dumps({"rows": len(rows)}).encode(), JSON
-
-    def _store_rows(self, rows: list) -> None:
+        now = self._wall_clock()
+        if keep_days is not None:
+            self.writer.write("steps", rows, keep_until=keep_until(keep_days, now))
+            return json.dumps({"rows": len(rows)}).encode(), JSON
+        cutoff = self._cutoff("steps", now)
+        if old := len(cutoff.split(rows, lambda row: row.ts)[1]):
+            self._refuse_old_steps(len(rows), old, cutoff)
         if rows:
             self.writer.write("steps", rows)
+        return json.dumps({"rows": len(rows)}).encode(), JSON
+
+    def _refuse_old_steps(self, records: int, old: int, cutoff: Cutoff) -> None:
+        """The 422 of a step request with `old` of its `records` past the cutoff; nothing of it is stored.
+        Its body says so in numbers too, for clients (`fleetlens steps import --hub`) to report."""
+        reason = import_refusal(records, old, cutoff)
+        self.writer.refused("steps", records, f"a step import: {reason}")
+        message = (
+            f"0 of {records} step records stored; {reason}; send ?keep_days=N (1 to {KEEP_DAYS_MAX}) to keep "
+            "imported history N days"
+        )
+        answer = {
+            "error": message,
+            "reason": reason,
+            "records": records,
+            "stored": 0,
+            "refused": records,
+            "older": old,
+            "cutoff": cutoff.iso,
+        }
+        raise HttpError(422, message, json.dumps(answer).encode())
+
+    def _cutoff(self, table: str, now: float | None = None) -> Cutoff:
+        return Cutoff.of(self.retention, table, self._wall_clock() if now is None else now)
 
     def _silences(self, body: bytes, environ: dict) -> tuple[bytes, str]:
         rows, token = _rows(body, SilenceRow)
@@ -375,6 +425,26 @@ class Hub:
         "/api/v1/silences": ("act", _silences),
         "/api/v1/actions": ("act", _actions),
     }
+
+
+def _keep_days(query: str) -> int | None:
+    """?keep_days=N of /api/v1/steps (1 to KEEP_DAYS_MAX), None without it; 400 naming the parameter."""
+    try:
+        parameters = urllib.parse.parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise HttpError(400, f"query string {printable(query)[:200]!r}: expected keep_days=N") from None
+    if unknown := sorted(set(parameters) - {"keep_days"}):
+        shown = printable(", ".join(unknown))[:200]
+        raise HttpError(400, f"unknown query parameter(s) {shown}: /api/v1/steps takes only keep_days")
+    values = parameters.get("keep_days")
+    if values is None:
+        return None
+    if len(values) > 1:
+        raise HttpError(400, "keep_days: given more than once")
+    try:
+        return check_keep_days(values[0])
+    except ValueError as exc:
+        raise HttpError(400, printable(str(exc))[:300]) from None
 
 
 def _json_object(body: bytes, shape: str) -> dict:

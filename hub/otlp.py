@@ -7,6 +7,11 @@ such as resource_metrics[0].scope_metrics[0].metrics[2], and a refused request l
 state as it was. Every row must fit the store's `steps` columns (collectors.steprecord: UINT32_MAX,
 UINT64_MAX, TS_RANGE_S): a value that cannot be stored is a 400 naming it, never a 200 for rows the store
 then refuses. Unknown fields are ignored, as the OTLP specification requires of receivers.
+
+Points older than the steps retention cutoff (`cutoff`, from the hub) would be dropped by the store's TTL:
+they are rejected as an OTLP partial success (rejected_data_points, with the cutoff in error_message), the
+rest of the request stored. A rejected point leaves its series where it was, so with cumulative
+temporality the next export that is not too old carries its steps.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, HistogramDataPoint, Metric
 
+from analytics.store.retention import Cutoff
 from collectors.steprecord import (
     PHASE_DURATION,
     PHASES,
@@ -88,13 +94,15 @@ class OtlpResult:
     """The rows of one accepted export, its response, and the data points that gave no row.
 
     `ignored_points` belong to other metrics than the step SDK's; `rejected_points` are step points this
-    receiver cannot use (reported to the sender as a partial success).
+    receiver cannot use (reported to the sender as a partial success), among them points older than the
+    retention cutoff, of which `expired_rows` would have been rows.
     """
 
     rows: list[StepRecord]
     response: OtlpResponse
     ignored_points: int
     rejected_points: int
+    expired_rows: int = 0
 
 
 def otlp_error_response(error: PayloadError, content_type: str | None) -> OtlpResponse:
@@ -147,11 +155,22 @@ class _Triage:
     points: list[_StepPoint] = field(default_factory=list)
     ignored: int = 0
     rejected: int = 0
+    expired_rows: int = 0
     problems: list[str] = field(default_factory=list)
 
     def reject(self, points: int, problem: str) -> None:
         self.rejected += points
         self.problems.append(problem)
+
+    def expire(self, cutoff: Cutoff) -> None:
+        """Reject the points older than `cutoff`, in one problem that names it."""
+        old = [point for point in self.points if point.time_ns / 1e9 < cutoff.at]
+        if not old:
+            return
+        self.points = [point for point in self.points if point.time_ns / 1e9 >= cutoff.at]
+        self.expired_rows = sum(1 for point in old if point.key[3] is None)
+        first = old[0].path
+        self.reject(len(old), f"{len(old)} data points (the first {first}) {cutoff.describe()}, not stored")
 
 
 class OtlpStepReceiver:
@@ -205,14 +224,22 @@ class OtlpStepReceiver:
         return len(self._series)
 
     def receive(
-        self, body: bytes, content_type: str | None, content_encoding: str | None = None
+        self,
+        body: bytes,
+        content_type: str | None,
+        content_encoding: str | None = None,
+        *,
+        cutoff: Cutoff | None = None,
     ) -> OtlpResult:
-        """The rows of one `POST /v1/metrics` body; PayloadError (and no change) when it is refused."""
+        """The rows of one `POST /v1/metrics` body; PayloadError (and no change) when it is refused.
+        Points older than `cutoff` are rejected (a partial success), the others taken."""
         media = media_type(content_type)
         if media not in (PROTOBUF, JSON):
             raise unsupported_media(content_type, (PROTOBUF, JSON))
         request = _decode_request(decompressed(body, content_encoding, self.limits.max_body_bytes), media)
         triage = _triage(request, self.limits)
+        if cutoff is not None:
+            triage.expire(cutoff)
         step_points = sum(1 for point in triage.points if point.key[3] is None)
         if step_points > self.limits.max_rows:
             raise PayloadError(
@@ -222,7 +249,9 @@ class OtlpStepReceiver:
             )
         with self._lock:
             rows = self._advance(triage.points)
-        return OtlpResult(rows, _success_response(triage, media), triage.ignored, triage.rejected)
+        return OtlpResult(
+            rows, _success_response(triage, media), triage.ignored, triage.rejected, triage.expired_rows
+        )
 
     def _advance(self, points: Iterable[_StepPoint]) -> list[StepRecord]:
         """The rows of `points`; their series move to them only once every row fits the store."""

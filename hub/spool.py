@@ -24,9 +24,11 @@ rows); the one being replayed is spared, so the directory may exceed the bound b
 larger than the whole bound is dropped at once.
 
 Format: 16 bytes of header (b"FLSPOOL1", payload length as 8 bytes big-endian), then the payload, zlib
-(level 6) of compact JSON {"v": 1, "kind", "token", "rows"}, each row a list of its record's fields in
-dataclass order. The header lets the spool find torn files on start from 16 bytes and a stat, without
-decompressing a possibly large backlog. JSON writes NaN and ±Inf sample values as NaN/Infinity, which
+(level 6) of compact JSON {"v": 1, "kind", "token", "rows", "keep_until"?}, each row a list of its
+record's fields in dataclass order; `keep_until` (unix seconds) only in a batch of step records kept past
+the steps retention (imported history), which the replay hands on to the store with it. The header lets
+the spool find torn files on start from 16 bytes and a stat, without decompressing a possibly large
+backlog. JSON writes NaN and ±Inf sample values as NaN/Infinity, which
 Python's json reads back exactly, as it does every float and str.
 
 Why JSON and zlib, measured in one run on one realistic scrape (828 samples: the exporter with 16
@@ -72,7 +74,8 @@ log = logging.getLogger("fleetlens.hub.spool")
 
 Kind = Literal["samples", "targets", "steps"]
 Row = ScrapeBatch | TargetStatus | StepRecord
-Insert = Callable[[Kind, Sequence[Row], str], object]  # (kind, rows, token): raises a StoreError on failure
+# (kind, rows, token[, keep_until=seconds for kept step batches]): raises a StoreError on failure
+Insert = Callable[..., object]
 
 ROW_TYPES: dict[str, type[Row]] = {"samples": ScrapeBatch, "targets": TargetStatus, "steps": StepRecord}
 FORMAT_VERSION = 1
@@ -95,7 +98,7 @@ def row_count(kind: Kind, rows: Sequence[Row]) -> int:
     return len(rows)
 
 
-def encode_entry(kind: Kind, token: str, rows: Sequence[Row]) -> bytes:
+def encode_entry(kind: Kind, token: str, rows: Sequence[Row], keep_until: float | None = None) -> bytes:
     """One spool file's bytes: header, then zlib of the JSON document (see the module docstring)."""
     if kind not in _FIELDS:
         raise ValueError(f"unknown spool kind {kind!r}; known: {', '.join(_FIELDS)}")
@@ -106,12 +109,15 @@ def encode_entry(kind: Kind, token: str, rows: Sequence[Row]) -> bytes:
         "token": token,
         "rows": [[getattr(row, name) for name in names] for row in rows],
     }
+    if keep_until is not None:
+        document["keep_until"] = keep_until
     payload = zlib.compress(json.dumps(document, separators=(",", ":")).encode(), ZLIB_LEVEL)
     return HEADER.pack(MAGIC, len(payload)) + payload
 
 
-def decode_entry(data: bytes) -> tuple[Kind, str, list[Row]]:
-    """(kind, token, rows) of one spool file's bytes; ValueError when they are not one whole entry."""
+def decode_entry(data: bytes) -> tuple[Kind, str, list[Row], float | None]:
+    """(kind, token, rows, keep_until) of one spool file's bytes; ValueError when they are not one whole
+    entry."""
     if not _is_whole(data[: HEADER.size], len(data)):
         raise ValueError("torn or not a spool file: its length does not match its header")
     inflater = zlib.decompressobj()
@@ -127,9 +133,18 @@ def decode_entry(data: bytes) -> tuple[Kind, str, list[Row]]:
             raise ValueError(f"format version {document['v']!r}, this hub reads {FORMAT_VERSION}")
         kind = document["kind"]
         row_type = ROW_TYPES[kind]
-        return kind, str(document["token"]), [row_type(*values) for values in document["rows"]]
+        keep_until = document.get("keep_until")
+        if keep_until is not None and not _seconds(keep_until):
+            raise ValueError(f"keep_until {keep_until!r} is not unix seconds")
+        rows = [row_type(*values) for values in document["rows"]]
+        return kind, str(document["token"]), rows, keep_until
     except (KeyError, TypeError) as error:
         raise ValueError(f"not a spool document: {error!r}") from error
+
+
+def _seconds(value: object) -> bool:
+    """Whether a decoded JSON value is a number of seconds (JSON's true and false are not)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -194,21 +209,25 @@ class Spool:
     def rejected_total(self) -> int:
         return self._set_aside_total[REJECTED]
 
-    def put(self, kind: Kind, token: str, rows: Sequence[Row]) -> bool:
-        """Append a batch to be replayed after every batch put before it; False if it was dropped instead."""
-        return self._write(kind, token, rows, self.directory)
+    def put(self, kind: Kind, token: str, rows: Sequence[Row], keep_until: float | None = None) -> bool:
+        """Append a batch to be replayed after every batch put before it; False if it was dropped instead.
+        `keep_until` goes with a batch of step records kept past the steps retention."""
+        return self._write(kind, token, rows, self.directory, keep_until)
 
-    def reject(self, kind: Kind, token: str, rows: Sequence[Row], reason: str) -> bool:
+    def reject(
+        self, kind: Kind, token: str, rows: Sequence[Row], reason: str, keep_until: float | None = None
+    ) -> bool:
         """Keep a batch the store refused in rejected/ for an operator; it is never replayed."""
         with self._lock:
             self._set_aside_total[REJECTED] += 1
         log.warning(
             "spool: a %s batch of %d rows was refused by the store: %s", kind, row_count(kind, rows), reason
         )
-        return self._write(kind, token, rows, self.directory / REJECTED)
+        return self._write(kind, token, rows, self.directory / REJECTED, keep_until)
 
     def replay(self, insert: Insert) -> int:
-        """Hand pending batches to `insert(kind, rows, token)` oldest first; returns how many it took.
+        """Hand pending batches to `insert(kind, rows, token)` oldest first (and `keep_until=` with a kept
+        batch of steps); returns how many it took.
 
         Each file is deleted only after its insert returned. Stops at the first StoreUnavailable, that
         batch and the rest left in order. A batch the store refuses moves to rejected/, an unreadable
@@ -220,12 +239,13 @@ class Spool:
             try:
                 while (entry := self._claim_oldest()) is not None:
                     try:
-                        kind, token, rows = decode_entry(entry.path.read_bytes())
+                        kind, token, rows, keep_until = decode_entry(entry.path.read_bytes())
                     except (OSError, ValueError) as error:
                         self._retire(entry, CORRUPT, f"unreadable: {error}")
                         continue
+                    kept = {} if keep_until is None else {"keep_until": keep_until}
                     try:
-                        insert(kind, rows, token)
+                        insert(kind, rows, token, **kept)
                     except StoreUnavailable:
                         break
                     except StoreRejected as error:
@@ -301,8 +321,10 @@ class Spool:
                 log.warning("spool: %s is torn (a crash while writing it?); set aside in %s/", path, CORRUPT)
         return last
 
-    def _write(self, kind: Kind, token: str, rows: Sequence[Row], folder: Path) -> bool:
-        data = encode_entry(kind, token, rows)  # outside the lock: the costly part
+    def _write(
+        self, kind: Kind, token: str, rows: Sequence[Row], folder: Path, keep_until: float | None = None
+    ) -> bool:
+        data = encode_entry(kind, token, rows, keep_until)  # outside the lock: the costly part
         count = row_count(kind, rows)
         with self._lock:
             if len(data) > self.max_bytes:

@@ -15,6 +15,12 @@ order they were written.
 Operators hear of it: the first failure after a good insert logs that the store refuses writes and why,
 and the first good insert after failures logs that it takes them again (one line per change of state,
 not per batch); `health()` says why while it lasts, for the hub's /healthz.
+
+Rows older than their table's retention are never lost in silence: the store refuses them at the insert
+(analytics.store.retention: a batch that waited in the spool past the cutoff, a clock far behind), the
+hub's doors before they get here; both are counted in fleetlens_hub_refused_rows{kind, reason="retention"}
+(`refused()`), and the first of each kind is logged with the cutoff. Step batches kept past the retention
+(`keep_until`, imported history) carry it into the spool and back out to the store.
 """
 
 from __future__ import annotations
@@ -103,6 +109,7 @@ class Writer:
         self._sleep = sleep or self._closed.wait
         self._lock = threading.Lock()
         self._inserted_rows: Counter[str] = Counter()
+        self._refused_rows: Counter[tuple[str, str]] = Counter()  # (kind, reason)
         self._failures: Counter[tuple[str, str]] = Counter()
         self._latency = {kind: _Histogram(INSERT_BUCKETS_S) for kind in ROW_TYPES}
         self._refusing: tuple[float, str] | None = None  # since when (wall clock) and why the store refuses
@@ -113,20 +120,37 @@ class Writer:
         )
         self._replayer.start()
 
-    def write(self, kind: Kind, rows: Sequence[Row]) -> None:
-        """Store `rows` now, or spool them behind what is already spooled; never raises a StoreError."""
+    def write(self, kind: Kind, rows: Sequence[Row], *, keep_until: float | None = None) -> None:
+        """Store `rows` now, or spool them behind what is already spooled; never raises a StoreError.
+        `keep_until` (unix seconds) keeps step rows until then whatever their age (imported history)."""
         if not rows:
             return
         token = uuid.uuid4().hex
         if self.spool.pending_entries:
-            self._spool(kind, token, rows)
+            self._spool(kind, token, rows, keep_until)
             return
         try:
-            self._insert(kind, rows, token)
+            self._insert(kind, rows, token, keep_until)
         except StoreUnavailable:
-            self._spool(kind, token, rows)
+            self._spool(kind, token, rows, keep_until)
         except StoreRejected as error:
-            self.spool.reject(kind, token, rows, str(error))
+            self.spool.reject(kind, token, rows, str(error), keep_until)
+
+    def refused(self, kind: Kind, rows: int, why: str, reason: str = "retention") -> None:
+        """Count `rows` of `kind` that were refused rather than stored (at the hub's door or by the
+        store), and log the first of each kind and reason with `why`."""
+        if rows <= 0:
+            return
+        with self._lock:
+            first = (kind, reason) not in self._refused_rows
+            self._refused_rows[kind, reason] += rows
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "refused %d %s rows: %s (counted in fleetlens_hub_refused_rows)",
+            rows,
+            kind,
+            why,
+        )
 
     def defer(self, kind: Kind, rows: Sequence[Row]) -> None:
         """Spool `rows` without trying the store: for a caller that must not wait for it (a scrape loop
@@ -160,6 +184,12 @@ class Writer:
             "Rows sent in inserts the store took, by kind.",
             labels=["kind"],
         )
+        refused = CounterMetricFamily(
+            "fleetlens_hub_refused_rows",
+            "Rows refused instead of stored, by kind and reason: retention (older than their table's "
+            "retention cutoff, which the TTL would have dropped at once).",
+            labels=["kind", "reason"],
+        )
         failures = CounterMetricFamily(
             "fleetlens_hub_store_insert_failures",
             "Inserts that failed, by kind and reason: unavailable (spooled) or rejected (set aside).",
@@ -176,18 +206,21 @@ class Writer:
                 latency.add_metric([kind], histogram.buckets(), histogram.sum)
             for (kind, reason), count in sorted(self._failures.items()):
                 failures.add_metric([kind, reason], count)
-        yield from (inserted, failures, latency)
+            for kind in ROW_TYPES:  # every kind from the start, so that a rate() over it has a baseline
+                refused.add_metric([kind, "retention"], self._refused_rows[kind, "retention"])
+        yield from (inserted, refused, failures, latency)
         yield from self.spool.collect()
 
-    def _spool(self, kind: Kind, token: str, rows: Sequence[Row]) -> None:
-        self.spool.put(kind, token, rows)
+    def _spool(self, kind: Kind, token: str, rows: Sequence[Row], keep_until: float | None = None) -> None:
+        self.spool.put(kind, token, rows, keep_until)
         self._spooled.set()
 
-    def _insert(self, kind: Kind, rows: Sequence[Row], token: str) -> None:
-        """One insert into the store, timed and counted; raises its StoreError."""
+    def _insert(self, kind: Kind, rows: Sequence[Row], token: str, keep_until: float | None = None) -> None:
+        """One insert into the store, timed and counted, with what it refused; raises its StoreError."""
+        kept = {} if keep_until is None else {"keep_until": keep_until}
         started = self._clock()
         try:
-            written = getattr(self.store, f"insert_{kind}")(rows, token=token)
+            written = getattr(self.store, f"insert_{kind}")(rows, token=token, **kept)
         except StoreError as error:
             unavailable = isinstance(error, StoreUnavailable)
             self._record(kind, started, failure="unavailable" if unavailable else "rejected")
@@ -196,6 +229,8 @@ class Writer:
             raise
         self._record(kind, started, written=written)
         self._note_refusing(None)
+        if refused := getattr(written, "refused", 0):  # analytics.store.retention.Inserted
+            self.refused(kind, refused, f"the store's insert: {written.cutoff.describe()}")
 
     def _note_refusing(self, reason: str | None) -> None:
         """Remember whether the store refuses writes, logging each change of that state once."""
