@@ -13,9 +13,18 @@ from analytics.store.schema import Retention
 from fleetlens.config import Config, HubConfig, load_config
 
 
+def retention(config: HubConfig) -> Retention:
+    """How long the store keeps each kind of row: what its TTLs say and what its doors refuse past."""
+    return Retention(
+        raw_days=config.raw_retention_days,
+        rollup_days=config.rollup_retention_days,
+        steps_days=config.steps_retention_days,
+        targets_days=config.targets_retention_days,
+    )
+
+
 def open_store(config: HubConfig) -> Store:
-    retention = Retention(raw_days=config.raw_retention_days, rollup_days=config.rollup_retention_days)
-    return Store.open(config.store, cluster=config.cluster, retention=retention)
+    return Store.open(config.store, cluster=config.cluster, retention=retention(config))
 
 
 def load(args: argparse.Namespace) -> Config:

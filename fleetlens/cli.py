@@ -124,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
     _hub_flags(steps_import)
     steps_import.add_argument("file")
     steps_import.add_argument("--hub", help="send to this hub instead of opening the store")
+    steps_import.add_argument(
+        "--keep-days",
+        type=int,
+        metavar="N",
+        help="keep the records N days from now (1 to 3650), even those older than the steps retention "
+        "(without it, a file holding such records is refused)",
+    )
     steps_import.set_defaults(run="fleetlens.hub_cli:cmd_steps_import")
 
     sim = sub.add_parser("sim", help="the fleet simulator")
@@ -162,6 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     detect_cmd.add_argument("--window-s", type=float, help="detection window in seconds (default 10)")
     detect_cmd.add_argument("--json", action="store_true", help="a JSON array of anomaly objects")
+    detect_cmd.add_argument(
+        "--save",
+        action="store_true",
+        help="also write the anomalies to the store (needs --store; a rerun stores each once)",
+    )
     detect_cmd.set_defaults(run="fleetlens.hub_cli:cmd_detect")
 
     eval_cmd = sub.add_parser(

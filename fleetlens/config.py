@@ -102,6 +102,8 @@ class HubConfig:
     cluster: str | None = None
     raw_retention_days: int = 15
     rollup_retention_days: int = 400
+    steps_retention_days: int = 90
+    targets_retention_days: int = 15
     spool_dir: Path = Path("./spool")
     spool_max_bytes: int = 1 << 30
     max_body_bytes: int = 16 << 20
@@ -124,6 +126,8 @@ class HubConfig:
         for name in (
             "raw_retention_days",
             "rollup_retention_days",
+            "steps_retention_days",
+            "targets_retention_days",
             "spool_max_bytes",
             "max_body_bytes",
             "max_series_per_target",

@@ -9,19 +9,24 @@ import json
 import logging
 import os
 import sys
-from dataclasses import asdict
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from analytics.detectors import build as build_detectors
-from analytics.detectors.runner import DetectionRunner, detect
+from analytics.detectors.runner import DetectionRunner, detect, store_anomalies
+from analytics.errors import RetentionRefused
+from analytics.store import Store
 from analytics.store.hubclient import HubClient
 from analytics.store.records import Anomaly
 from analytics.store.redact import redacted
+from analytics.store.retention import check_keep_days, import_refusal, keep_until
 from collectors.httpserver import serve_app
-from collectors.steprecord import read_step_records
-from fleetlens.access import hub_config, load, open_store, reader
+from collectors.steprecord import StepRecord, read_step_records
+from fleetlens.access import hub_config, load, open_store, reader, retention
 from fleetlens.alerting import build_alert_service
 from fleetlens.config import Config, ConfigError
 from fleetlens.serving import serve_until_signal
@@ -82,6 +87,7 @@ def build_hub(settings: Config, tokens: Tokens) -> Hub:
         max_body_bytes=config.max_body_bytes,
         query_max_rows=config.query_max_rows,
         query_max_seconds=config.query_max_seconds,
+        retention=retention(config),
     )
 
 
@@ -127,24 +133,78 @@ def cmd_query(args: argparse.Namespace) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class StepsImport:
+    """What an import did: `stored` of its `records`, and why the rest were refused ("" if none were)."""
+
+    records: int
+    stored: int
+    refused: str = ""
+
+
 def cmd_steps_import(args: argparse.Namespace) -> int:
-    """Import a finished job's step JSON lines: all or nothing, named line on the first bad record."""
+    """Import a finished job's step JSON lines, whole or not at all: every record is checked first (the
+    first bad one named by its line), and a file holding records older than the steps retention is
+    refused, naming the cutoff, unless --keep-days keeps them. Exit 1 when any record was not stored."""
+    try:
+        keep_days = None if args.keep_days is None else check_keep_days(args.keep_days, "--keep-days")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     body = Path(args.file).read_bytes()
-    if args.hub:
-        count = HubClient(args.hub).import_steps(body)
-    else:
-        rows = list(read_step_records(args.file))  # all checked before any insert
-        digest = hashlib.sha256(body).hexdigest()  # importing the same file twice stores it once
-        store = open_store(hub_config(args))
-        try:
-            count = sum(
-                store.insert_steps(rows[start : start + IMPORT_CHUNK], token=f"{digest}:{start}")
-                for start in range(0, len(rows), IMPORT_CHUNK)
-            )
-        finally:
-            store.close()
-    print(f"imported {count} step records from {args.file}")
+    try:
+        if args.hub:
+            stored = HubClient(args.hub).import_steps(body, keep_days=keep_days)
+            done = StepsImport(stored, stored)
+        else:
+            done = _import_into_store(args, body, keep_days)
+    except RetentionRefused as refused:  # the hub's answer
+        done = StepsImport(refused.records, refused.stored, refused.reason)
+    if done.refused:
+        print(
+            f"imported {done.stored} of {done.records} step records from {args.file}; {done.refused}; "
+            "use --keep-days N to keep imported history",
+            file=sys.stderr,
+        )
+        return 1
+    kept = f", kept {keep_days} days from now (--keep-days)" if keep_days else ""
+    print(f"imported {done.stored} step records from {args.file}{kept}")
     return 0
+
+
+def _import_into_store(args: argparse.Namespace, body: bytes, keep_days: int | None) -> StepsImport:
+    """The records of args.file into the store, whole: none when some are past the steps cutoff and
+    `keep_days` does not keep them. The insert tokens come from the file's bytes, so importing it again
+    stores nothing twice (and keeps the records as the first import stored them)."""
+    rows = list(read_step_records(args.file))  # all checked before any insert
+    digest = hashlib.sha256(body).hexdigest()
+    store = open_store(hub_config(args))
+    try:
+        now = time.time()
+        if keep_days is None:
+            cutoff = store.cutoff("steps", now)
+            if old := len(cutoff.split(rows, lambda row: row.ts)[1]):
+                return StepsImport(len(rows), 0, import_refusal(len(rows), old, cutoff))
+        kept = None if keep_days is None else keep_until(keep_days, now)
+        return _insert_in_chunks(store, rows, digest, kept)
+    finally:
+        store.close()
+
+
+def _insert_in_chunks(
+    store: Store, rows: Sequence[StepRecord], digest: str, kept: float | None
+) -> StepsImport:
+    """Insert `rows` IMPORT_CHUNK at a time; what the store itself refused (a record that crossed the
+    cutoff since it was checked) is reported, not lost."""
+    stored = refused = 0
+    why = ""
+    for start in range(0, len(rows), IMPORT_CHUNK):
+        chunk = rows[start : start + IMPORT_CHUNK]
+        inserted = store.insert_steps(chunk, token=f"{digest}:{start}", keep_until=kept)
+        stored += inserted
+        if inserted.refused:
+            refused += inserted.refused
+            why = inserted.cutoff.describe()
+    return StepsImport(len(rows), stored, f"{refused} refused: {why}" if refused else "")
 
 
 def _anomaly_json(anomaly: Anomaly) -> dict[str, Any]:
@@ -158,10 +218,22 @@ def _anomaly_json(anomaly: Anomaly) -> dict[str, Any]:
 
 
 def cmd_detect(args: argparse.Namespace) -> int:
+    """Run the detectors over a time range and print what they find; --save also writes it to the store
+    (stable ids: a rerun over the same data stores each anomaly once)."""
+    if args.save and args.hub:
+        print(
+            "fleetlens detect: --save writes anomalies to the store and needs --store (or the config's "
+            "store); a hub's API does not take anomalies (its own detection loop writes them)",
+            file=sys.stderr,
+        )
+        return 2
     source = reader(args)
     window = {} if args.window_s is None else {"window_s": args.window_s}
     try:
         anomalies = detect(source, args.start, args.end, names=args.detectors, **window)
+        if args.save:
+            store_anomalies(source, anomalies)
+            print(f"fleetlens detect: saved {len(anomalies)} anomalies to the store", file=sys.stderr)
     finally:
         if not args.hub:
             source.close()
