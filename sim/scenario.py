@@ -37,6 +37,8 @@ FAULT_KINDS = (
 )
 CONFOUNDER_KINDS = ("job_stall", "stage_imbalance", "exporter_restart", "scrape_gap", "job_restart")
 DMA_MODES = ("no_gdr", "pcie_downgrade")
+NOISE_MODELS = ("tidy", "pai")  # step-time noise (sim.jobs): the original +-1%, or calibrated on Alibaba PAI
+_STEP_MODEL_KEYS = ("noise", "imbalance", "rank_offset", "warmup_steps", "warmup_slowdown")  # job keys
 DEFAULT_FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures"
 
 # keys each fault kind takes besides kind, node, start_s, end_s; `required` ones have no default
@@ -82,6 +84,9 @@ class JobSpec:
 
     Rank r runs on node r // gpus_per_node, GPU r % gpus_per_node; tensor parallelism is innermost,
     then data, then pipeline: tp_rank = r % tp, dp_rank = (r // tp) % dp, pp_stage = r // (tp * dp).
+    The step-time model's keys (sim.jobs says what each does) are optional; their defaults keep the
+    original tidy jobs: `noise` tidy, `imbalance` and `rank_offset` None (the noise model's own), no
+    warm-up.
     """
 
     name: str
@@ -90,6 +95,11 @@ class JobSpec:
     dp: int
     pp: int
     tp: int
+    noise: str = "tidy"
+    imbalance: float | None = None  # log sd of the per-step imbalance between data-parallel replicas
+    rank_offset: float | None = None  # log sd of the ranks' steady offsets
+    warmup_steps: int = 0  # steps after each (re)start that run slower
+    warmup_slowdown: float = 1.0  # the first of them x (1 + this), the excess falling linearly to 0
 
     def stage_of_node(self, node: str, gpus_per_node: int) -> int:
         """The pipeline stage of a node's first rank (every rank of a node shares it when tp divides
@@ -224,7 +234,7 @@ def parse_scenario(
 
 
 def _job(reader: _Reader, item: object, where: str, fleet: FleetSpec) -> JobSpec:
-    doc = reader.mapping(item, where, {"name", "nodes", "step_s", "dp", "pp", "tp"})
+    doc = reader.mapping(item, where, {"name", "nodes", "step_s", "dp", "pp", "tp", *_STEP_MODEL_KEYS})
     raw_nodes = doc.get("nodes")
     if isinstance(raw_nodes, int) and not isinstance(raw_nodes, bool):
         if not 1 <= raw_nodes <= fleet.nodes:
@@ -250,7 +260,23 @@ def _job(reader: _Reader, item: object, where: str, fleet: FleetSpec) -> JobSpec
         raise reader.error(
             where, f"dp x pp x tp = {dp} x {job.pp} x {job.tp} must equal the job's {ranks} ranks"
         )
-    return JobSpec(job.name, nodes, job.step_s, dp, job.pp, job.tp)
+    return dataclasses.replace(job, dp=dp, **_step_model(reader, doc, where))
+
+
+def _step_model(reader: _Reader, doc: Mapping, where: str) -> dict[str, Any]:
+    """The job's optional step-time model keys, each only where the file gives it (JobSpec has the
+    defaults); the log sds are bounded where a larger value would no longer describe a healthy job."""
+    given: dict[str, Any] = {}
+    if "noise" in doc:
+        given["noise"] = reader.choice(doc, "noise", where, NOISE_MODELS)
+    for key in ("imbalance", "rank_offset"):
+        if key in doc:
+            given[key] = reader.number(doc, key, where, minimum=0, maximum=0.5)
+    if "warmup_steps" in doc:
+        given["warmup_steps"] = reader.integer(doc, "warmup_steps", where, minimum=0, maximum=100_000)
+    if "warmup_slowdown" in doc:
+        given["warmup_slowdown"] = reader.number(doc, "warmup_slowdown", where, minimum=0, maximum=20)
+    return given
 
 
 def _fault(reader: _Reader, item: object, where: str, fleet: FleetSpec, duration: float) -> Fault:

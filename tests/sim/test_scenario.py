@@ -87,6 +87,23 @@ def test_pipeline_stages_follow_the_rank_layout(tmp_path: Path) -> None:
     assert [job.stage_of_node(node, 8) for node in job.nodes] == [0, 0, 0, 0, 1, 1, 1, 1]
 
 
+def test_step_model_keys_are_optional_and_default_to_the_tidy_job(tmp_path: Path) -> None:
+    (plain,) = load_scenario(write(tmp_path, SMALL)).jobs
+    assert (plain.noise, plain.imbalance, plain.rank_offset, plain.warmup_steps) == ("tidy", None, None, 0)
+    realistic = SMALL.replace(
+        "tp: 8}", "tp: 8, noise: pai, imbalance: 0.08, rank_offset: 0.02, warmup_steps: 5}"
+    )
+    (job,) = load_scenario(write(tmp_path, realistic)).jobs
+    assert (job.noise, job.imbalance, job.rank_offset, job.warmup_steps, job.warmup_slowdown) == (
+        "pai",
+        0.08,
+        0.02,
+        5,
+        1.0,
+    )
+    assert job.dp == 4
+
+
 def test_a_pcie_downgrade_is_reported_on_the_gpu(tmp_path: Path) -> None:
     faults = "faults:\n  - {kind: dma_degraded, node: vela-002, gpu: 6, start_s: 300, mode: pcie_downgrade}\n"
     (fault,) = load_scenario(write(tmp_path, SMALL + faults)).faults
@@ -123,6 +140,22 @@ def test_a_pcie_downgrade_is_reported_on_the_gpu(tmp_path: Path) -> None:
 )
 def test_an_error_names_the_file_and_the_key(tmp_path: Path, extra: str, key: str, words: str) -> None:
     path = write(tmp_path, SMALL + extra, "broken.yaml")
+    with pytest.raises(ScenarioError) as error:
+        load_scenario(path)
+    assert str(error.value).startswith(f"{path}: {key}: ")
+    assert words in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("keys", "key", "words"),
+    [
+        ("noise: wild", "jobs[0].noise", "not one of tidy, pai"),
+        ("imbalance: 2", "jobs[0].imbalance", "outside 0..0.5"),
+        ("warmup_steps: -1", "jobs[0].warmup_steps", "outside 0..100000"),
+    ],
+)
+def test_a_bad_step_model_key_names_the_job(tmp_path: Path, keys: str, key: str, words: str) -> None:
+    path = write(tmp_path, SMALL.replace("tp: 8}", f"tp: 8, {keys}}}"), "noisy.yaml")
     with pytest.raises(ScenarioError) as error:
         load_scenario(path)
     assert str(error.value).startswith(f"{path}: {key}: ")
