@@ -22,6 +22,7 @@ from sim.evaluation import (
     evaluate,
     to_json,
     to_markdown,
+    true_job_slowdown,
 )
 from sim.scenario import FAULT_KINDS, Scenario, parse_scenario
 
@@ -43,7 +44,9 @@ def scenario(faults: list[dict[str, Any]], confounders: list[dict[str, Any]] = (
     return parse_scenario(document, "hand-built")
 
 
-def anomaly(kind: str, node: str, start_s: float, end_s: float | None, component: str = "") -> Anomaly:
+def anomaly(
+    kind: str, node: str, start_s: float, end_s: float | None, component: str = "", **evidence: float
+) -> Anomaly:
     """A detector's report on the scenario clock (seconds from its start); end_s None while open."""
     return Anomaly(
         id=f"a{next(_ids)}",
@@ -55,7 +58,7 @@ def anomaly(kind: str, node: str, start_s: float, end_s: float | None, component
         job="llm",
         severity="warning",
         score=3.5,
-        evidence=json.dumps({"ratio": 1.2}),
+        evidence=json.dumps({"ratio": 1.2, **evidence}),
         detector=kind,
         detector_version="1",
     )
@@ -310,3 +313,92 @@ def test_a_scenario_result_crosses_to_another_process() -> None:
     every = scenario(EVERY_FAULT)
     result = evaluate(every, perfect_reports(every), EPOCH)
     assert pickle.loads(pickle.dumps(result)) == result
+
+
+# -- what a slow node costs its job -------------------------------------------------------------------------
+
+
+def test_a_slow_nodes_truth_is_the_share_of_its_jobs_step_it_costs() -> None:
+    """Steps of 4 s: compute 60%, data 5%, collectives 35%. A node computing 20% slower makes every step
+    0.12 x 4 s longer, 0.12 / 1.12 of the step; 100% slower: 0.6 / 1.6."""
+    slow = scenario(
+        [
+            {"kind": "slow_node", "node": "vela-002", "start_s": 300, "end_s": 600, "severity": 0.2},
+            {"kind": "slow_node", "node": "vela-006", "start_s": 700, "end_s": 900, "severity": 1.0},
+            {"kind": "thermal_throttle", "node": "vela-003", "gpu": 1, "start_s": 950, "end_s": 1100},
+        ]
+    )
+    twenty, double, throttled = slow.faults
+    assert true_job_slowdown(slow, twenty) == pytest.approx(0.12 / 1.12, abs=0.006)
+    assert true_job_slowdown(slow, double) == pytest.approx(0.6 / 1.6, abs=0.006)
+    assert true_job_slowdown(slow, throttled) is None, "slow_node faults only"
+
+
+def test_a_slow_node_behind_a_slower_stage_costs_nothing() -> None:
+    """The step waits for the slowest rank: a stage 20% slower by design hides a node 10% slower."""
+    hidden = scenario(
+        [{"kind": "slow_node", "node": "vela-002", "start_s": 300, "end_s": 600, "severity": 0.1}],
+        [{"kind": "stage_imbalance", "job": "llm", "stage": 1, "severity": 0.2}],
+    )
+    assert true_job_slowdown(hidden, hidden.faults[0]) == pytest.approx(0.0, abs=0.004)
+
+
+def test_a_node_outside_every_job_costs_no_job() -> None:
+    idle = parse_scenario(
+        {
+            "duration_s": 600,
+            "fleet": {"nodes": 4},
+            "jobs": [{"name": "llm", "nodes": ["vela-001", "vela-002"], "step_s": 2.0}],
+            "faults": [{"kind": "slow_node", "node": "vela-004", "start_s": 200, "severity": 0.3}],
+        },
+        "idle",
+    )
+    assert true_job_slowdown(idle, idle.faults[0]) is None
+
+
+def test_the_detectors_estimate_stands_next_to_the_truth() -> None:
+    slow = scenario(
+        [
+            {"kind": "slow_node", "node": "vela-002", "start_s": 300, "end_s": 600, "severity": 0.2},
+            {"kind": "slow_node", "node": "vela-006", "start_s": 700, "end_s": 900, "severity": 1.0},
+        ]
+    )
+    reports = [
+        anomaly("slow_node", "vela-002", 320, 610, job_slowdown=0.1),
+        anomaly("slow_node", "vela-006", 708, 910),  # a detector that does not estimate it
+    ]
+    suite = combine([evaluate(slow, reports, EPOCH)])
+    first, second = suite.scenarios[0].faults
+    assert (first.estimated_job_slowdown, second.estimated_job_slowdown) == (0.1, None)
+    assert first.latency_steps == pytest.approx(20 / 4.5, rel=0.05), "steps of 4 s, 12% longer"
+    faults = json.loads(json.dumps(to_json(suite)))["scenarios"][0]["faults"]
+    assert [(f["estimated_job_slowdown"], round(f["true_job_slowdown"], 2)) for f in faults] == [
+        (0.1, 0.11),
+        (None, 0.38),
+    ]
+    assert to_json(suite)["job_slowdown"]["within_tolerance"] == 1
+    assert "slow_node job_slowdown: 1 of 2 slow nodes estimated, 1 within 20% of the truth" in to_markdown(
+        suite
+    )
+
+
+@pytest.mark.parametrize(("after_s", "met"), [(220, True), (400, False)])
+def test_a_slow_node_in_a_job_of_long_steps_is_in_time_within_five_of_its_steps(
+    after_s: int, met: bool
+) -> None:
+    """46-s steps, 73.6 s while the node computes twice as slow: 5 steps are 368 s, 3 windows 30 s."""
+    long_steps = parse_scenario(
+        {
+            "duration_s": 1500,
+            "fleet": {"nodes": 4, "gpus_per_node": 4},
+            "jobs": [{"name": "llm", "nodes": 4, "step_s": 46.0, "pp": 2, "tp": 4}],
+            "faults": [{"kind": "slow_node", "node": "vela-002", "start_s": 400, "severity": 1.0}],
+        },
+        "long-steps",
+    )
+    result = evaluate(long_steps, [anomaly("slow_node", "vela-002", 400 + after_s, None)], EPOCH)
+    (outcome,) = result.faults
+    assert outcome.latency_steps == pytest.approx(after_s / 73.6, rel=0.02)
+    latency_goal = combine([result]).goals[1]
+    assert latency_goal.name.endswith("within 3 windows or 5 of its job's steps")
+    assert latency_goal.met is met
