@@ -3,7 +3,8 @@
 scenario    the scenario format (YAML), validated
 sysfs       a node's generated /sys tree
 fleet       simulated nodes served on loopback by a real exporter each
-jobs        training jobs' step records
+jobs        training jobs' step records, with a step-time noise model calibrated on real jobs
+calibration step-time statistics of real traces and of the simulator, computed the same way
 node        one simulated node: its /sys tree, GPUs, NCCL logs and jobs' steps, tick by tick
 offline     a scenario played straight into a store
 online      a scenario played through the hub's scraper, writer and step receiver
