@@ -17,11 +17,13 @@ stage's nodes in that step,
 
     step ratio = node / stage median in that step
     ratio      = median of the node's step ratios over the lookback           (the score is ratio - 1)
-    consistency= share of the node's steps in which it was slower than the stage median
+    standing   = the node's place among its stage's nodes in a step: 0 the fastest, 1 the slowest
+    consistency= its mean standing over the lookback
     z          = (ratio - median of the stage's node ratios) / max(MAD x 1.4826, relative_floor)
 
 so imbalance that moves between ranks from step to step (variable sequence lengths) gives every node a
-ratio near 1 and a consistency near one half, and only a node slower in most of its steps is reported.
+ratio near 1 and a consistency near one half, and only a node among the slowest of its stage in most of
+its steps is reported (by chance, 5 steps of random standing average 0.85 once in 500 judgements).
 
 Signal, per job: `compute_s` when the job's steps carry phase times; else the median SM clock of the
 node's GPUs over the window (DCGM_FI_DEV_SM_CLOCK, with GPU utilization and power as context in the
@@ -52,6 +54,12 @@ LAST_STEPS = 32  # per node and stage: the most steps a window reads (the lookba
 OTLP_BUCKET_S = 10  # OTLP histograms cover runs of steps: their records are compared by time bucket
 KEY = ["job", "node", "stage"]  # a candidate: a node hosting ranks of two stages is judged in each
 
+JOB_CADENCE = """
+SELECT CAST(job, 'String') AS job, quantile(0.5)(duration_s) AS step_s
+FROM steps
+WHERE ts >= {start:DateTime64(3)} AND ts < {end:DateTime64(3)}
+GROUP BY job
+"""
 STEP_UNITS = """
 SELECT job, node, ifNull(pp_stage, 0) AS stage,
     if(steps <= 1, toInt64(step), -1 - toInt64(intDiv(toUnixTimestamp(ts), {bucket_s:UInt32}))) AS unit,
@@ -60,6 +68,8 @@ SELECT job, node, ifNull(pp_stage, 0) AS stage,
     uniqExact(rank) AS ranks
 FROM steps
 WHERE ts >= {start:DateTime64(3)} AND ts < {end:DateTime64(3)}
+    AND toUnixTimestamp64Milli(ts)
+        >= transform(CAST(job, 'String'), {jobs:Array(String)}, {since_ms:Array(Int64)}, toInt64(0))
 GROUP BY job, node, stage, unit
 ORDER BY job, node, stage, ended DESC
 LIMIT {last:UInt32} BY job, node, stage
@@ -121,7 +131,7 @@ class SlowNode(Detector):
         min_steps: int = 3,
         lookback_steps: int = 5,
         min_peers: int = 3,
-        min_consistency: float = 0.7,
+        min_consistency: float = 0.85,
         critical_excess: float = 0.25,
     ) -> None:
         self.min_excess = min_excess
@@ -174,10 +184,19 @@ class SlowNode(Detector):
 
     def _recent_units(self, source: Reader, window: Window) -> pd.DataFrame:
         """Each node's last steps (per job and stage) before the window's end, within the lookback its job's
-        step length asks for."""
+        step length asks for. Only steps in the lookback are read, so a job that restarted from a checkpoint
+        (its step numbers again) is not mixed with its steps before the restart."""
+        longest = Window(window.end - MAX_LOOKBACK_S, window.end)
+        cadence = frame(source.query(JOB_CADENCE, parameters=longest.parameters, max_rows=1 << 16))
+        if cadence.empty:
+            return pd.DataFrame(columns=[*UNIT_COLUMNS, "lookback_s"])
+        lookback_s = (self.lookback_steps * cadence["step_s"].astype(float)).clip(
+            lower=window.end - window.start, upper=MAX_LOOKBACK_S
+        )
         parameters = {
-            "start": Window(window.end - MAX_LOOKBACK_S, window.end).parameters["start"],
-            "end": window.parameters["end"],
+            **longest.parameters,
+            "jobs": cadence["job"].tolist(),
+            "since_ms": [int((window.end - seconds) * 1000) for seconds in lookback_s],
             "bucket_s": OTLP_BUCKET_S,
             "last": LAST_STEPS,
         }
@@ -185,11 +204,7 @@ class SlowNode(Detector):
         if units.empty:
             return pd.DataFrame(columns=[*UNIT_COLUMNS, "lookback_s"])
         units = units.astype({"ended": float, "compute_s": float, "duration_s": float, "stage": int})
-        step_s = units.groupby("job")["duration_s"].transform("median")
-        lookback_s = (self.lookback_steps * step_s).clip(
-            lower=window.end - window.start, upper=MAX_LOOKBACK_S
-        )
-        return units.assign(lookback_s=lookback_s)[units["ended"] >= window.end - lookback_s]
+        return units.join(lookback_s.set_axis(cadence["job"]).rename("lookback_s"), on="job")
 
     def _without_phases(
         self, source: Reader, window: Window, units: pd.DataFrame, unphased: pd.Series
@@ -244,19 +259,21 @@ def _judged(units: pd.DataFrame, window: Window, min_steps: int) -> pd.Series:
 
 
 def _step_ratios(units: pd.DataFrame) -> pd.DataFrame:
-    """Each node's value in each step against its stage's median and slowest other node in that step, and
-    the job's step time; steps seen by one node of a stage only are left out (no peer to compare with)."""
+    """Each node's value in each step against its stage's median and the job's slowest other node in that
+    step, and the job's step time; steps seen by one node of a stage only are left out (no peer to compare
+    with)."""
     step = [units["job"], units["stage"], units["unit"]]
     grouped = units.groupby(step)["value"]
     count = grouped.transform("count")
     median = grouped.transform("median")
-    top, second = grouped.transform("max"), grouped.transform(_second_largest)
-    slowest_other = np.where(units["value"] >= top, second, top)
-    job_step = units.groupby([units["job"], units["unit"]])["duration_s"].transform("max")
+    in_job = units.groupby([units["job"], units["unit"]])
+    top, second = in_job["value"].transform("max"), in_job["value"].transform(_second_largest)
+    slowest_other = np.where(units["value"] >= top, second, top)  # the job waits for it without this node
+    job_step = in_job["duration_s"].transform("max")
     excess = units["value"] - np.maximum(median, slowest_other)
     units = units.assign(
         step_ratio=units["value"] / median,
-        slower=(units["value"] > median).astype(float),
+        standing=(grouped.rank(method="average") - 1) / (count - 1).clip(lower=1),
         step_slowdown=np.where(units["signal"] == "sm_clock_mhz", np.nan, excess / job_step),
         job_step_s=job_step,
         stage_median=median,
@@ -278,7 +295,7 @@ def _per_node(units: pd.DataFrame) -> pd.DataFrame:
         value=("value", "median"),
         peer_median=("stage_median", "median"),
         ratio=("step_ratio", "median"),
-        consistency=("slower", "mean"),
+        consistency=("standing", "mean"),
         steps=("unit", "count"),
         job_slowdown=("step_slowdown", "median"),
         job_step_s=("job_step_s", "median"),
