@@ -10,6 +10,7 @@ from analytics.detectors.runner import DetectionRunner
 from analytics.errors import StoreUnavailable
 from collectors.textformat import render
 from hub.detect import DetectionLoop
+from tests.analytics.detectors.test_runner import MissingTable
 from tests.support.exposition import key, parse_samples
 from tests.support.fleetdata import SimulatedFleet
 
@@ -90,3 +91,18 @@ def test_what_runs_after_each_window_gets_its_anomalies_and_its_failures_stop_no
     assert [count for count, _ in calls][-1] == 1  # the window where link_down opened
     assert (loop.then_failures, loop.failures) == (1, 0)
     assert exposition(loop)[key("fleetlens_hub_alerting_failures_total")] == 1
+
+
+def test_a_detector_that_fails_is_counted_per_window_and_the_others_run_on(store, tmp_path: Path) -> None:
+    loop = DetectionLoop(
+        DetectionRunner([MissingTable(), *build(["link_down"])]), store, window_s=10, lag_s=11
+    )
+    with SimulatedFleet(store, tmp_path, gpus=0) as fleet:
+        fleet["vela-003"].sysfs.set_link(0, up=False)
+        for _ in range(8):
+            loop.cycle(fleet.tick())
+    assert loop.failures == 0  # the window itself went through
+    assert store.query("SELECT node FROM anomalies FINAL").rows == [("vela-003",)]
+    samples = exposition(loop)
+    assert samples[key("fleetlens_hub_detector_failures_total", detector="missing_table")] == 8
+    assert samples[key("fleetlens_hub_detector_failures_total", detector="link_down")] == 0
