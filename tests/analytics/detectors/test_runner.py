@@ -20,10 +20,11 @@ from tests.analytics.detectors import T0, SyncJob, window
 
 
 def slow_in(windows_slow: set[int], factor: float | dict[int, float] = 1.15, node: str = "vela-003"):
-    """A slowdown of `node` in the windows given (a factor per window, or one for all)."""
+    """A slowdown of `node` in the windows given (a factor per window, or one for all): of its steps that
+    end in them (a step starting at t ends about a step later)."""
 
     def slowdown(name: str, stage: int, t: float) -> float:
-        index = int((t - T0) // 10)
+        index = int((t + SyncJob.step_s - T0) // 10)
         if name != node or index not in windows_slow:
             return 1.0
         return factor[index] if isinstance(factor, dict) else factor

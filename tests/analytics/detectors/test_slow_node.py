@@ -19,8 +19,11 @@ ONSET = 5  # the window in which the slow node starts
 
 
 def slow_from_onset(factor: float, node: str = "vela-003"):
+    """`node` slow in its steps that end from the onset window on (a step starting at t ends about a step
+    later)."""
+
     def slowdown(name: str, stage: int, t: float) -> float:
-        return factor if name == node and t >= window(ONSET).start else 1.0
+        return factor if name == node and t + SyncJob.step_s >= window(ONSET).start else 1.0
 
     return slowdown
 
@@ -71,7 +74,7 @@ def test_the_anomaly_ends_when_the_node_recovers(store: Store) -> None:
     recovered = window(12).start
 
     def slow_for_a_while(node: str, stage: int, t: float) -> float:
-        return 1.15 if node == "vela-006" and window(ONSET).start <= t < recovered else 1.0
+        return 1.15 if node == "vela-006" and window(ONSET).start <= t + SyncJob.step_s < recovered else 1.0
 
     store.insert_steps(SyncJob(slowdown=slow_for_a_while).steps(T0, 250), token="steps")
     (anomaly,) = detect(store, names=["slow_node"])
