@@ -65,7 +65,7 @@ SELECT job, node, ifNull(pp_stage, 0) AS stage,
     if(steps <= 1, toInt64(step), -1 - toInt64(intDiv(toUnixTimestamp(ts), {bucket_s:UInt32}))) AS unit,
     toUnixTimestamp64Milli(max(ts)) / 1000 AS ended,
     quantileExact(0.5)(compute_s) AS compute_s, quantileExact(0.5)(duration_s) AS duration_s,
-    uniqExact(rank) AS ranks
+    uniqExact(rank) AS ranks, sum(steps) / uniqExact(rank) AS covered
 FROM steps
 WHERE ts >= {start:DateTime64(3)} AND ts < {end:DateTime64(3)}
     AND toUnixTimestamp64Milli(ts)
@@ -74,7 +74,7 @@ GROUP BY job, node, stage, unit
 ORDER BY job, node, stage, ended DESC
 LIMIT {last:UInt32} BY job, node, stage
 """
-UNIT_COLUMNS = ["job", "node", "stage", "unit", "ended", "compute_s", "duration_s", "ranks"]
+UNIT_COLUMNS = ["job", "node", "stage", "unit", "ended", "compute_s", "duration_s", "ranks", "covered"]
 GPU_SIGNALS = {  # store metric -> evidence name; the first one measures the slowdown
     "DCGM_FI_DEV_SM_CLOCK": "sm_clock_mhz",
     "DCGM_FI_DEV_GPU_UTIL": "gpu_util_percent",
@@ -203,7 +203,9 @@ class SlowNode(Detector):
         units = frame(source.query(STEP_UNITS, parameters=parameters, max_rows=1 << 20))
         if units.empty:
             return pd.DataFrame(columns=[*UNIT_COLUMNS, "lookback_s"])
-        units = units.astype({"ended": float, "compute_s": float, "duration_s": float, "stage": int})
+        units = units.astype(
+            {"ended": float, "compute_s": float, "duration_s": float, "stage": int, "covered": float}
+        )
         return units.join(lookback_s.set_axis(cadence["job"]).rename("lookback_s"), on="job")
 
     def _without_phases(
@@ -231,6 +233,8 @@ class SlowNode(Detector):
         if units.empty or not judged.any():
             return pd.DataFrame(columns=FEATURE_COLUMNS)
         units = _step_ratios(units.reindex(columns=[*units.columns.difference(CONTEXT), *CONTEXT]))
+        if units.empty:  # no step seen by two nodes of a stage: nobody to compare with
+            return pd.DataFrame(columns=FEATURE_COLUMNS)
         nodes = _per_node(units)
         nodes = nodes.join(_stage_spread(nodes, self.relative_floor), on=["job", "stage"])
         nodes = nodes[nodes.index.isin(judged[judged].index)].reset_index()
@@ -250,12 +254,12 @@ class SlowNode(Detector):
 
 def _judged(units: pd.DataFrame, window: Window, min_steps: int) -> pd.Series:
     """Per (job, node, stage): whether this window judges it: a step of its ends in the window and it has
-    `min_steps` steps in its lookback."""
+    `min_steps` steps in its lookback (an OTLP record stands for the steps it aggregates)."""
     if units.empty:
         return pd.Series(dtype=bool)
     grouped = units.groupby(KEY)
     new = grouped["ended"].max() >= window.start
-    return new & (grouped["unit"].count() >= min_steps)
+    return new & (grouped["covered"].sum() >= min_steps)
 
 
 def _step_ratios(units: pd.DataFrame) -> pd.DataFrame:
@@ -289,14 +293,15 @@ def _second_largest(values: pd.Series) -> float:
 def _per_node(units: pd.DataFrame) -> pd.DataFrame:
     """Per (job, node, stage): medians over its steps, its consistency, and the job's size."""
     grouped = units.groupby(KEY)
-    gpus = units.groupby("job")[["node", "ranks"]].apply(_job_gpus).rename("job_gpus")
+    # a job's GPUs: its ranks (one GPU each), the most any step of each node showed
+    gpus = units.groupby(["job", "node"])["ranks"].max().groupby(level="job").sum().rename("job_gpus")
     nodes = grouped.agg(
         signal=("signal", "first"),
         value=("value", "median"),
         peer_median=("stage_median", "median"),
         ratio=("step_ratio", "median"),
         consistency=("standing", "mean"),
-        steps=("unit", "count"),
+        steps=("covered", "sum"),
         job_slowdown=("step_slowdown", "median"),
         job_step_s=("job_step_s", "median"),
         lookback_s=("lookback_s", "first"),
@@ -308,11 +313,6 @@ def _per_node(units: pd.DataFrame) -> pd.DataFrame:
     for name in CONTEXT:
         nodes[f"peer_{name}"] = nodes.groupby(stage)[name].transform("median")
     return nodes
-
-
-def _job_gpus(ranks: pd.DataFrame) -> int:
-    """A job's GPUs: its ranks (one GPU each), the most any step of each node showed."""
-    return int(ranks.groupby("node")["ranks"].max().sum())
 
 
 def _stage_spread(nodes: pd.DataFrame, relative_floor: float) -> pd.DataFrame:
