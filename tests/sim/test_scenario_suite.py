@@ -121,14 +121,15 @@ def test_jobs_look_like_real_training_jobs(written: list[Scenario]) -> None:
 
 def test_jobs_step_as_fast_and_as_slow_as_real_ones(written: list[Scenario]) -> None:
     """Steps from 0.5 s (many per window) to 60 s (most windows without one), 1 to 8 ranks per node, the
-    noise of real jobs (sim.jobs's PAI model) with a warm-up and with sequence-length imbalance."""
+    noise of real jobs (sim.jobs's PAI model) with a warm-up, and sequence-length imbalance on dedicated
+    GPUs with nothing to report (PAI's sustained per-worker slowdowns are slow nodes by our definition)."""
     jobs = [(scenario, job) for scenario in written for job in scenario.jobs]
     assert min(job.step_s for _, job in jobs) == 0.5 and max(job.step_s for _, job in jobs) == 60
     assert {scenario.fleet.gpus_per_node for scenario, _ in jobs} >= {1, 2, 4, 8}
     realistic = [job for _, job in jobs if job.noise == "pai"]
-    assert len(realistic) >= 4
+    assert len(realistic) >= 3
     assert any(job.warmup_steps for job in realistic)
-    assert any((job.imbalance or 0) >= 0.05 for job in realistic)
+    assert any((job.imbalance or 0) >= 0.05 for _, job in jobs)
     slow = [
         (scenario, job)
         for scenario, job in jobs
@@ -139,9 +140,9 @@ def test_jobs_step_as_fast_and_as_slow_as_real_ones(written: list[Scenario]) -> 
     quiet = [
         scenario
         for scenario in written
-        if not scenario.faults and any(job.noise == "pai" and job.imbalance for job in scenario.jobs)
+        if not scenario.faults and any((job.imbalance or 0) >= 0.05 for job in scenario.jobs)
     ]
-    assert quiet, "a noisy, imbalanced job and nothing to report"
+    assert quiet, "an imbalanced job and nothing to report"
 
 
 def test_faults_on_a_job_follow_its_warmup_and_a_few_steps(written: list[Scenario]) -> None:
