@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
-from analytics.errors import RetentionRefused, StoreUnavailable
+from analytics.errors import RetentionRefused
 from analytics.store import Store
 from analytics.store.hubclient import HubClient
 from analytics.store.records import ScrapeBatch
@@ -32,6 +32,7 @@ from hub.auth import Tokens
 from hub.otlp import PROTOBUF, OtlpStepReceiver
 from hub.spool import HEADER, MAGIC, Spool, decode_entry, encode_entry
 from hub.writer import Writer
+from tests.hub.test_app import Outage
 from tests.support.exposition import samples_of
 from tests.support.otlp import export, histogram, step_point
 
@@ -39,23 +40,10 @@ NOW = time.time() // 60 * 60
 YEAR_AGO = NOW - 330 * DAY_S
 
 
-class Switch:
-    """The real store behind a switch: while `down`, inserts fail as an unreachable store's do."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.down = False
-
-    def __getattr__(self, name: str) -> object:
-        if self.down and name.startswith("insert_"):
-            raise StoreUnavailable("store down for the test")
-        return getattr(self.store, name)
-
-
 @pytest.fixture
-def served(store: Store, tmp_path: Path) -> Iterator[tuple[Hub, str, Switch]]:
+def served(store: Store, tmp_path: Path) -> Iterator[tuple[Hub, str, Outage]]:
     """A hub on loopback (no scraper) in front of a real store, whose writer's store can be switched off."""
-    switch = Switch(store)
+    switch = Outage(store)
     writer = Writer(switch, Spool(tmp_path / "spool", 64 << 20))
     hub = Hub(store, writer, OtlpStepReceiver(), tokens=Tokens.load(None), retention=Retention(steps_days=30))
     server = serve_app(hub.app, "127.0.0.1", 0)
