@@ -194,7 +194,7 @@ class SlowNode(Detector):
             lower=window.end - window.start, upper=MAX_LOOKBACK_S
         )
         parameters = {
-            **longest.parameters,
+            **Window(window.end - float(lookback_s.max()), window.end).parameters,  # read no further back
             "jobs": cadence["job"].tolist(),
             "since_ms": [int((window.end - seconds) * 1000) for seconds in lookback_s],
             "bucket_s": OTLP_BUCKET_S,
