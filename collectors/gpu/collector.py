@@ -11,6 +11,9 @@ collectors.textformat writes its HELP/TYPE lines under that same name, as dcgm-e
 ingests them as counters from either format. The OpenMetrics parser of prometheus_client rejects such
 counters, so a Python scraper of this exporter should ask for the Prometheus text format.
 
+A GPU in MIG mode also gets, per GPU instance, the framebuffer series under dcgm-exporter's extra labels
+GPU_I_PROFILE and GPU_I_ID (the device's own series keep the six labels).
+
 NVML init failure (no driver, no GPU) is reported once, when the collector is built; the collector then
 yields nothing: a node without GPUs is worth one log line, not an error per scrape. Install the driver,
 then restart the exporter.
@@ -27,7 +30,7 @@ from prometheus_client.metrics_core import Metric
 from collectors.base import CollectorOptions, ReadErrors
 from collectors.errors import GpuBackendError
 from collectors.gpu.backend import lease_backend
-from collectors.gpu.model import LABELS, THROTTLE_REASONS, GpuBackend
+from collectors.gpu.model import LABELS, THROTTLE_REASONS, GpuBackend, GpuSample
 from collectors.registry import register
 
 
@@ -173,6 +176,27 @@ METRICS = (
 )
 
 
+# Values NVML (and a replayed `nvidia-smi -q` capture) answers that the simulator does not model: apart
+# from METRICS, whose every field the simulated backend fills (tests/collectors/gpu/test_collector.py).
+# dcgm-exporter's csv lists none of them, hence fleetlens names and base units.
+NVML_METRICS = (
+    MetricSpec(
+        "fleetlens_gpu_max_sm_clock_hertz",
+        "gauge",
+        "Highest SM clock the GPU may run at; with DCGM_FI_DEV_SM_CLOCK, how far it is held back.",
+        "max_sm_clock_hz",
+    ),
+    MetricSpec(
+        "fleetlens_gpu_power_limit_watts",
+        "gauge",
+        "Power limit the driver enforces after every limiter (NVML's enforced power limit).",
+        "power_limit_w",
+    ),
+    MetricSpec("fleetlens_gpu_mig_mode", "gauge", "1 if MIG mode is enabled on the GPU, else 0.", "mig_mode"),
+)
+SPECS = METRICS + NVML_METRICS
+
+
 class GpuCollector:
     """Turns one backend's readings into dcgm-exporter's families, plus fleetlens_gpu_up per device."""
 
@@ -206,7 +230,7 @@ class GpuCollector:
             "1 if NVML reports this clock throttle (clocks event) reason as active, else 0.",
             labels=(*LABELS, "reason"),
         )
-        families = [Metric(spec.name, spec.help, spec.kind) for spec in METRICS]
+        families = [Metric(spec.name, spec.help, spec.kind) for spec in SPECS]
         for reading in readings:
             for problem in reading.problems:
                 self._errors.report(reading.identity.where, problem)
@@ -214,10 +238,9 @@ class GpuCollector:
             up.add_metric(list(labels.values()), 0 if reading.sample is None else 1)
             if reading.sample is None:
                 continue
-            for spec, family in zip(METRICS, families, strict=True):
-                value = getattr(reading.sample, spec.field)
-                if value is not None:
-                    family.add_sample(spec.name, labels, value)
+            _add_samples(families, reading.sample, labels)
+            for instance in reading.mig_instances:
+                _add_samples(families, instance.sample, instance.labels(labels))
             reasons = reading.sample.clock_throttle_reasons
             if reasons is not None:
                 for reason, bit in THROTTLE_REASONS.items():
@@ -232,6 +255,14 @@ class GpuCollector:
         release, self._release = self._release, lambda: None
         self._backend = None
         release()
+
+
+def _add_samples(families: list[Metric], sample: GpuSample, labels: dict[str, str]) -> None:
+    """Each value `sample` holds, in its family (`families` are SPECS' in order), under `labels`."""
+    for spec, family in zip(SPECS, families, strict=True):
+        value = getattr(sample, spec.field)
+        if value is not None:
+            family.add_sample(spec.name, labels, value)
 
 
 @register("gpu")

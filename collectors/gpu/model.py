@@ -3,12 +3,16 @@ the backend protocol that NVML and the simulator both answer (dcgm-exporter's un
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname")
+MIG_LABELS = ("GPU_I_PROFILE", "GPU_I_ID")  # dcgm-exporter's, on the series of one MIG GPU instance
+MIB = 1024 * 1024
+GIB = 1024 * MIB
 
 # NVML's nvmlClocksEventReason* bits (nvml.h; the older nvmlClocksThrottleReason* share them).
 THROTTLE_REASONS = {
@@ -73,9 +77,11 @@ class GpuSample:
 
     sm_clock_mhz: float | None = None
     memory_clock_mhz: float | None = None
+    max_sm_clock_hz: float | None = None
     gpu_temp_c: float | None = None
     memory_temp_c: float | None = None
     power_w: float | None = None
+    power_limit_w: float | None = None
     energy_mj: float | None = None
     gpu_util_percent: float | None = None
     mem_copy_util_percent: float | None = None
@@ -103,15 +109,46 @@ class GpuSample:
     nvlink_replay_errors: float | None = None
     nvlink_recovery_errors: float | None = None
     nvlink_bandwidth_bytes: float | None = None
+    mig_mode: int | None = None  # NVML_DEVICE_MIG_ENABLE (1) or _DISABLE (0)
+
+
+@dataclass(frozen=True)
+class MigReading:
+    """One MIG GPU instance of a device: its id, its profile ("3g.40gb"; "" where NVML cannot say) and
+    what NVML reads per instance (the framebuffer: clocks, power and temperature are the whole GPU's)."""
+
+    gpu_instance_id: int
+    profile: str
+    sample: GpuSample
+
+    def labels(self, gpu_labels: dict[str, str]) -> dict[str, str]:
+        """dcgm-exporter's labels of this instance's series: its GPU's, with GPU_I_PROFILE and GPU_I_ID
+        before Hostname."""
+        device = {name: value for name, value in gpu_labels.items() if name != "Hostname"}
+        mig = dict(zip(MIG_LABELS, (self.profile, str(self.gpu_instance_id)), strict=True))
+        return device | mig | {"Hostname": gpu_labels["Hostname"]}
+
+
+def mig_profile_name(gpu_instance_slices: int, memory_mib: int, device_memory_bytes: int) -> str:
+    """NVIDIA's name of a GPU instance profile, as `nvidia-smi -L` prints it ("3g.40gb"): the slices, then
+    the instance's memory rounded up to eighths of the device's, in GB of the device's size rounded up
+    (go-nvlib's MigProfile rule). "" when the device's memory is unknown."""
+    if device_memory_bytes <= 0:
+        return ""
+    eighths = math.ceil(memory_mib * MIB * 8 / device_memory_bytes)
+    device_gb = math.ceil(device_memory_bytes / GIB)
+    return f"{gpu_instance_slices}g.{math.floor(eighths * device_gb / 8 + 0.5)}gb"
 
 
 @dataclass(frozen=True)
 class GpuReading:
-    """One scrape of one device: its sample, or None when the device is down, plus what went wrong."""
+    """One scrape of one device: its sample, or None when the device is down, plus what went wrong, and
+    the readings of its MIG GPU instances when MIG is on."""
 
     identity: GpuIdentity
     sample: GpuSample | None
     problems: tuple[str, ...] = ()
+    mig_instances: tuple[MigReading, ...] = ()
 
 
 @dataclass(frozen=True)

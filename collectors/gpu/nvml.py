@@ -7,7 +7,8 @@ collector only names values.
 Per device and field: NVML_ERROR_NOT_SUPPORTED (or a function this driver lacks) omits the field
 silently; GPU_IS_LOST or RESET_REQUIRED marks the whole device down; any other error drops that field
 and is reported. Devices are enumerated once, when the backend opens, so that a GPU which later falls
-off the bus keeps its labels in `fleetlens_gpu_up 0`.
+off the bus keeps its labels in `fleetlens_gpu_up 0`. A GPU in MIG mode is read whole, then per GPU
+instance (its framebuffer and profile), enumerated on each read: MIG instances come and go at run time.
 """
 
 from __future__ import annotations
@@ -18,16 +19,26 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from collectors.errors import GpuBackendError
-from collectors.gpu.model import GpuIdentity, GpuReading, GpuSample, XidEvent, normalize_pci_bus_id
+from collectors.gpu.model import (
+    MIB,
+    GpuIdentity,
+    GpuReading,
+    GpuSample,
+    MigReading,
+    XidEvent,
+    mig_profile_name,
+    normalize_pci_bus_id,
+)
 
 ALL_NVLINKS = 0xFFFFFFFF  # field-value scopeId asking NVML for the sum over every NVLink
 KIB = 1024
-MIB = 1024 * 1024
+MHZ = 1_000_000
 
 Reader = Callable[[Any, Any], dict[str, float]]
+T = TypeVar("T")
 
 
 def field_value(nv: Any, handle: Any, field_id: int, scope_id: int = 0) -> float:
@@ -45,6 +56,15 @@ def field_value(nv: Any, handle: Any, field_id: int, scope_id: int = 0) -> float
         nv.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
     }[entry.valueType]
     return getattr(entry.value, member)
+
+
+def _call(nv: Any, function: str, *args: Any) -> Any:
+    """pynvml's `function`(*args); a pynvml without that function (a stand-in that fakes fewer calls than
+    fleetlens makes) answers NVML_ERROR_FUNCTION_NOT_FOUND, as a driver without it does."""
+    found = getattr(nv, function, None)
+    if found is None:
+        raise nv.NVMLError(nv.NVML_ERROR_FUNCTION_NOT_FOUND)
+    return found(*args)
 
 
 def _utilization(nv: Any, handle: Any) -> dict[str, float]:
@@ -105,11 +125,19 @@ READERS: tuple[tuple[str, Reader], ...] = (
     ("SM clock", lambda nv, h: {"sm_clock_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)}),
     ("memory clock", lambda nv, h: {"memory_clock_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)}),
     (
+        "max SM clock",
+        lambda nv, h: {"max_sm_clock_hz": _call(nv, "nvmlDeviceGetMaxClockInfo", h, nv.NVML_CLOCK_SM) * MHZ},
+    ),
+    (
         "GPU temperature",
         lambda nv, h: {"gpu_temp_c": nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)},
     ),
     ("memory temperature", _field("memory_temp_c", "NVML_FI_DEV_MEMORY_TEMP")),
     ("power usage", lambda nv, h: {"power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000}),
+    (
+        "enforced power limit",
+        lambda nv, h: {"power_limit_w": _call(nv, "nvmlDeviceGetEnforcedPowerLimit", h) / 1000},
+    ),
     ("total energy", lambda nv, h: {"energy_mj": nv.nvmlDeviceGetTotalEnergyConsumption(h)}),
     ("utilization", _utilization),
     ("framebuffer", _framebuffer),
@@ -153,6 +181,7 @@ READERS: tuple[tuple[str, Reader], ...] = (
         _field("nvlink_recovery_errors", "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"),
     ),
     ("NVLink bandwidth", _nvlink_bandwidth),
+    ("MIG mode", lambda nv, h: {"mig_mode": _call(nv, "nvmlDeviceGetMigMode", h)[0]}),
 )
 
 
@@ -163,6 +192,10 @@ def handle_address(handle: Any) -> int | None:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+class _DeviceLost(Exception):
+    """NVML says the device is gone (GPU_IS_LOST, RESET_REQUIRED); the message names the call."""
 
 
 @dataclass(frozen=True)
@@ -217,16 +250,61 @@ class NvmlBackend:
         if device.handle is None:
             return GpuReading(device.identity, None, (device.problem,))
         values: dict[str, float] = {}
-        problems = []
-        for what, reader in READERS:
+        problems: list[str] = []
+        mig_instances: tuple[MigReading, ...] = ()
+        try:
+            for what, reader in READERS:
+                values.update(self._attempt(what, problems, reader, self._nv, device.handle) or {})
+            if values.get("mig_mode") == self._nv.NVML_DEVICE_MIG_ENABLE:
+                mig_instances = (
+                    self._attempt("MIG devices", problems, self._mig_instances, device.handle, problems) or ()
+                )
+        except _DeviceLost as lost:
+            return GpuReading(device.identity, None, (str(lost),))
+        return GpuReading(device.identity, GpuSample(**values), tuple(problems), mig_instances)
+
+    def _attempt(self, what: str, problems: list[str], call: Callable[..., T], *args: Any) -> T | None:
+        """call(*args), or None where NVML does not answer: silently when the device lacks the value,
+        with a line in `problems` on any other error. Raises _DeviceLost when the device is gone."""
+        try:
+            return call(*args)
+        except self._nv.NVMLError as error:
+            if error.value in self._lost_codes:
+                raise _DeviceLost(f"{what}: {error}") from error
+            if error.value not in self._absent_codes:
+                problems.append(f"{what}: {error}")
+            return None
+
+    def _mig_instances(self, handle: Any, problems: list[str]) -> tuple[MigReading, ...]:
+        """The GPU instances of a device in MIG mode, one reading each. A GPU instance split into several
+        compute instances is several MIG devices with one framebuffer: it is read once."""
+        nv = self._nv
+        memory = self._attempt("framebuffer size", problems, nv.nvmlDeviceGetMemoryInfo, handle)
+        device_bytes = 0 if memory is None else memory.total
+        instances: dict[int, MigReading] = {}
+        for index in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
             try:
-                values.update(reader(self._nv, device.handle))
-            except self._nv.NVMLError as error:
-                if error.value in self._lost_codes:
-                    return GpuReading(device.identity, None, (f"{what}: {error}",))
-                if error.value not in self._absent_codes:
-                    problems.append(f"{what}: {error}")
-        return GpuReading(device.identity, GpuSample(**values), tuple(problems))
+                mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+            except nv.NVMLError as error:
+                if error.value == nv.NVML_ERROR_NOT_FOUND:  # no MIG device at this index
+                    continue
+                raise
+            instance_id = nv.nvmlDeviceGetGpuInstanceId(mig)
+            if instance_id not in instances:
+                instances[instance_id] = self._mig_instance(mig, instance_id, device_bytes, problems)
+        return tuple(instances.values())
+
+    def _mig_instance(self, mig: Any, instance_id: int, device_bytes: int, problems: list[str]) -> MigReading:
+        nv = self._nv
+        where = f"MIG GPU instance {instance_id}"
+        attributes = self._attempt(f"{where} attributes", problems, nv.nvmlDeviceGetAttributes, mig)
+        profile = (
+            ""
+            if attributes is None
+            else mig_profile_name(attributes.gpuInstanceSliceCount, attributes.memorySizeMB, device_bytes)
+        )
+        framebuffer = self._attempt(f"{where} framebuffer", problems, _framebuffer, nv, mig) or {}
+        return MigReading(instance_id, profile, GpuSample(**framebuffer))
 
     def watch_xids(
         self, on_xid: Callable[[XidEvent], None], report: Callable[[str, str], None]
