@@ -1,7 +1,8 @@
 """The drain controller: firing alerts in, drain decisions out, within the policy's safety limits.
 
 Each step looks at the alerts firing now. A node with an alert the policy covers (its kind and severity,
-and for a straggler what it costs its job: policy.DrainRule.min_job_slowdown) is a candidate once
+for a straggler what it costs its job, for a GPU fault the action it recommends: policy.DrainRule's
+min_job_slowdown and actions) is a candidate once
 corroborated (policy.DrainRule); before anything is called, the controller checks, in order: a silence
 on the node's alert, the node's cooldown, the circuit breaker, then the limits (drained at once, share
 of the fleet, per job, per hour), counting drains waiting for approval as drained. What passes is
@@ -32,6 +33,7 @@ from alerts.errors import BackendError, DecisionError
 from alerts.model import Alert, DrainRequest
 from alerts.policy import DrainPolicy
 from alerts.rules import fingerprint
+from analytics.reports.remedy import recommended_action
 from analytics.reports.straggler import shown_figures, straggler_cost
 from analytics.store.records import ActionRow
 
@@ -135,8 +137,8 @@ class DrainController:
         kinds = {alert.labels.get("kind", "") for alert in alerts}
         for alert in sorted(alerts, key=lambda a: a.starts_at):
             kind, severity = alert.labels.get("kind", ""), alert.labels.get("severity", "")
-            cost = straggler_cost(alert.evidence)
-            rule = self.policy.rule_for(kind, severity, cost.job_slowdown)
+            cost, action = straggler_cost(alert.evidence), recommended_action(alert.evidence)
+            rule = self.policy.rule_for(kind, severity, cost.job_slowdown, action)
             if rule is None:
                 continue
             corroborated = not rule.needs_corroboration or (
@@ -146,9 +148,8 @@ class DrainController:
             if corroborated:
                 job = alert.labels.get("job") or node_jobs.get(node, "")
                 decision = uuid.uuid5(DECISION_NAMESPACE, f"{node}/{alert.fingerprint}/{alert.starts_at}")
-                return DrainRequest(
-                    str(decision), node, kind, alert.fingerprint, job, severity, shown_figures(cost)
-                )
+                details = {**shown_figures(cost), **({"action": action.value} if action else {})}
+                return DrainRequest(str(decision), node, kind, alert.fingerprint, job, severity, details)
         return None
 
     def _decide(

@@ -7,24 +7,40 @@ limits no decision may cross. Parsed from the `drain:` section of the config fil
       cooldown_s: 3600              # a node is drained at most once per cooldown
       return_after_healthy_s: null  # put a node back after this long without alerts (null: by hand)
       rules:
-        - {kinds: [gpu_fault], min_severity: critical}                             # at once
+        - {kinds: [gpu_fault], min_severity: critical,                             # at once, when
+           actions: [reset_gpu, reboot_node, drain_for_inspection]}                # the GPU needs it
         - {kinds: [slow_node], second_signal: true, after_s: 600,                  # either suffices,
            min_job_slowdown: 0.05}                                                 # when it costs >= 5%
       limits: {max_nodes: 4, max_fraction: 0.05, max_per_job: 1, max_per_hour: 4,
                breaker_fraction: 0.2, breaker_window_s: 300}
+
+A rule's `actions` match the action a gpu_fault's evidence recommends (analytics.reports.remedy: the
+most disruptive of what its Xids, per NVIDIA's catalog, and its other signals ask for), one of
+none, restart_job, reset_gpu, reboot_node, drain_for_inspection. So a critical Xid that a restart of the
+job clears leaves the node in service. gpu_app_error (Xids the application caused) is never drained: a
+rule that lists it is refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from alerts.errors import AlertConfigError
 from alerts.rules import SEVERITIES
+from analytics.reports.remedy import ACTION_KINDS
 from analytics.reports.straggler import COSTED_KINDS
+from analytics.xid_catalog import Action
 
 MODES = ("dry-run", "approve", "auto")
+ACTIONS = tuple(action.value for action in Action)
+DRAINING_ACTIONS = tuple(action.value for action in Action if action.drains)
+NEVER_DRAINED = {  # anomaly kinds no drain rule may list, and why
+    "gpu_app_error": "its Xids are the application's doing: restart the job; draining the node would "
+    "turn one crashing job into nodes lost to every job",
+}
+DRAINABLE_ACTION_KINDS = tuple(kind for kind in ACTION_KINDS if kind not in NEVER_DRAINED)
 
 
 @dataclass(frozen=True)
@@ -36,17 +52,27 @@ class DrainRule:
     only when its anomaly's evidence says the job's steps would be at least that fraction shorter without
     the node (analytics.reports.straggler); an anomaly that does not say (written before the detector
     reported it) does not meet a minimum. Only the COSTED_KINDS (slow_node) carry the figure, so a rule
-    with a minimum may list those kinds alone."""
+    with a minimum may list those kinds alone.
+
+    `actions` likewise covers an alert only when its anomaly's evidence recommends one of them
+    (analytics.reports.remedy; ACTIONS), so only gpu_fault may have them; evidence without one matches
+    none."""
 
     kinds: tuple[str, ...]
     min_severity: str = "warning"
     second_signal: bool = False
     after_s: float | None = None
     min_job_slowdown: float | None = None
+    actions: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not self.kinds:
             raise AlertConfigError("drain rule: needs at least one kind")
+        for kind in self.kinds:
+            if kind in NEVER_DRAINED:
+                raise AlertConfigError(
+                    f"drain rule {self.kinds}: {kind} is never drained: {NEVER_DRAINED[kind]}"
+                )
         if self.min_severity not in SEVERITIES:
             raise AlertConfigError(
                 f"drain rule {self.kinds}: min_severity must be one of {', '.join(SEVERITIES)}"
@@ -55,6 +81,8 @@ class DrainRule:
             raise AlertConfigError(f"drain rule {self.kinds}: after_s must be >= 0, got {self.after_s}")
         if self.min_job_slowdown is not None:
             self._check_min_job_slowdown(self.min_job_slowdown)
+        if self.actions is not None:
+            object.__setattr__(self, "actions", self._checked_actions(self.actions))
 
     def _check_min_job_slowdown(self, minimum: object) -> None:
         """A fraction in [0, 1), on a rule whose kinds all report job_slowdown (else it never matches)."""
@@ -70,14 +98,37 @@ class DrainRule:
                 "give them a rule of their own"
             )
 
+    def _checked_actions(self, actions: object) -> tuple[str, ...]:
+        """A list of known action names, on a rule whose kinds all carry an action (else it never matches)."""
+        if isinstance(actions, str) or not isinstance(actions, Iterable):
+            raise AlertConfigError(
+                f"drain rule {self.kinds}: actions must be a list of {', '.join(ACTIONS)}, got {actions!r}"
+            )
+        listed = tuple(actions)
+        if unknown := [action for action in listed if action not in ACTIONS]:
+            raise AlertConfigError(
+                f"drain rule {self.kinds}: unknown action(s) {unknown}; known: {', '.join(ACTIONS)}"
+            )
+        if without := [kind for kind in self.kinds if kind not in ACTION_KINDS]:
+            raise AlertConfigError(
+                f"drain rule {self.kinds}: actions apply to {', '.join(DRAINABLE_ACTION_KINDS)} only, whose "
+                "anomalies "
+                f"recommend an action; {', '.join(without)} would never match: give them a rule of their own"
+            )
+        return listed
+
     @property
     def needs_corroboration(self) -> bool:
         return self.second_signal or self.after_s is not None
 
-    def covers(self, kind: str, severity: str, job_slowdown: float | None = None) -> bool:
+    def covers(
+        self, kind: str, severity: str, job_slowdown: float | None = None, action: str | None = None
+    ) -> bool:
         """Whether the rule applies to an alert of `kind` and `severity` whose anomaly costs its job
-        `job_slowdown` (None: not known, which meets no minimum)."""
+        `job_slowdown` and recommends `action` (None: not known, which meets no minimum and no actions)."""
         if kind not in self.kinds or SEVERITIES.index(severity) < SEVERITIES.index(self.min_severity):
+            return False
+        if self.actions is not None and action not in self.actions:
             return False
         return self.min_job_slowdown is None or (
             job_slowdown is not None and job_slowdown >= self.min_job_slowdown
@@ -111,7 +162,7 @@ class DrainLimits:
 
 
 DEFAULT_DRAIN_RULES = (
-    DrainRule(("gpu_fault",), min_severity="critical"),
+    DrainRule(("gpu_fault",), min_severity="critical", actions=DRAINING_ACTIONS),
     DrainRule(("link_down",), second_signal=True, after_s=300),
     DrainRule(("slow_node",), second_signal=True, after_s=600, min_job_slowdown=0.05),
     DrainRule(("dma_degraded", "link_flap"), second_signal=True, after_s=900),
@@ -133,9 +184,12 @@ class DrainPolicy:
         if not self.cooldown_s >= 0:
             raise AlertConfigError(f"drain.cooldown_s: must be >= 0, got {self.cooldown_s}")
 
-    def rule_for(self, kind: str, severity: str, job_slowdown: float | None = None) -> DrainRule | None:
-        """The first rule that covers an alert of `kind` and `severity` costing its job `job_slowdown`."""
-        return next((rule for rule in self.rules if rule.covers(kind, severity, job_slowdown)), None)
+    def rule_for(
+        self, kind: str, severity: str, job_slowdown: float | None = None, action: str | None = None
+    ) -> DrainRule | None:
+        """The first rule that covers an alert of `kind` and `severity` costing its job `job_slowdown` and
+        recommending `action`."""
+        return next((rule for rule in self.rules if rule.covers(kind, severity, job_slowdown, action)), None)
 
 
 def parse_policy(section: Mapping[str, Any], where: str = "drain") -> DrainPolicy:

@@ -5,15 +5,18 @@ do: `alertname` (the rule's name), `node`, `kind`, `severity`, and `component` a
 anomaly has them, plus the rule's own labels. Annotations are templates over the anomaly's fields:
 
     {kind} {node} {component} {job} {severity} {score} {evidence} {detector} {where}
-    {job_slowdown} {lost_gpu_hours}
+    {job_slowdown} {lost_gpu_hours} {action} {action_text}
 
-where `where` is "vela-007 gpu:3" (node and component) and `evidence` the anomaly's JSON. The last two
-are what a straggler costs its job (analytics.reports.straggler), as people read them ("31%", "2.4"):
-only slow_node anomalies carry them, so an annotation that uses one falls back, for an anomaly without
+where `where` is "vela-007 gpu:3" (node and component) and `evidence` the anomaly's JSON. `job_slowdown`
+and `lost_gpu_hours` are what a straggler costs its job (analytics.reports.straggler), as people read
+them ("31%", "2.4"); `action` and `action_text` what a GPU fault asks an operator to do
+(analytics.reports.remedy: "reset_gpu", "drain the node and reset the GPU, ..."). Only some anomalies
+carry them (slow_node, gpu_fault), so an annotation that uses one falls back, for an anomaly without
 it, to the default annotation of the same name (left out when there is none). A rule's annotations
 override the defaults for its kinds (`default_annotations`): a slow_node rule states the cost, "vela-012
-slows job run-42 by 31% (2.4 GPU-hours lost so far)", and today's text for anomalies written before
-the detector reported it. The fingerprint is Alertmanager's (FNV-1a over the sorted labels), so an
+slows job run-42 by 31% (2.4 GPU-hours lost so far)", a gpu_fault rule the action in the summary and
+the description Alertmanager receives, and both today's text for anomalies written before the detector
+reported them. The fingerprint is Alertmanager's (FNV-1a over the sorted labels), so an
 alert has the same id here, in Alertmanager's API and in its UI.
 """
 
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alerts.errors import AlertConfigError
+from analytics.reports.remedy import ACTION, ACTION_KINDS, ACTION_TEXT_KEY, shown_action
 from analytics.reports.straggler import (
     COSTED_KINDS,
     JOB_SLOWDOWN,
@@ -36,8 +40,10 @@ from analytics.store.records import Anomaly
 
 SEVERITIES = ("info", "warning", "critical")
 COST_FIELDS = (JOB_SLOWDOWN, LOST_GPU_HOURS)  # only in the evidence of some anomalies: see the module doc
+ACTION_FIELDS = (ACTION, ACTION_TEXT_KEY)  # likewise
 TEMPLATE_FIELDS = (
     "kind", "node", "component", "job", "severity", "score", "evidence", "detector", "where", *COST_FIELDS,
+    *ACTION_FIELDS,
 )  # fmt: skip
 DEFAULT_ANNOTATIONS = {
     "summary": "{kind} on {where}",
@@ -49,6 +55,10 @@ COST_ANNOTATIONS = {  # the defaults of a rule that covers a kind whose anomalie
     "description": DEFAULT_ANNOTATIONS["description"]
     + "; the job's steps would be {job_slowdown} shorter without it",
 }
+ACTION_ANNOTATIONS = {  # the defaults of a rule that covers a kind whose anomalies recommend an action
+    "summary": "{kind} on {where}: {action_text}",
+    "description": DEFAULT_ANNOTATIONS["description"] + "; recommended action: {action} ({action_text})",
+}
 
 _FNV_OFFSET = 14695981039346656037
 _FNV_PRIME = 1099511628211
@@ -57,9 +67,12 @@ _SEPARATOR = 0xFF
 
 def default_annotations(kinds: Sequence[str]) -> dict[str, str]:
     """The annotations of a rule over `kinds` that sets none: the cost sentence when a kind may carry its
-    cost (the fallback covers the kinds that do not), the generic text otherwise."""
+    cost, else the recommended action when a kind may carry one (the fallback covers the kinds that do
+    not), the generic text otherwise."""
     if any(kind in COSTED_KINDS for kind in kinds):
         return {**DEFAULT_ANNOTATIONS, **COST_ANNOTATIONS}
+    if any(kind in ACTION_KINDS for kind in kinds):
+        return {**DEFAULT_ANNOTATIONS, **ACTION_ANNOTATIONS}
     return dict(DEFAULT_ANNOTATIONS)
 
 
@@ -136,13 +149,14 @@ class AlertRule:
 
 
 def _template_values(anomaly: Anomaly) -> dict[str, str]:
-    """What an annotation template may use for `anomaly`; the cost fields only when its evidence has them."""
+    """What an annotation template may use for `anomaly`; the cost and action fields only when its evidence
+    has them."""
     values = {name: getattr(anomaly, name) for name in TEMPLATE_FIELDS if hasattr(anomaly, name)}
     values.update(
         score=f"{anomaly.score:.3g}",
         where=" ".join(part for part in (anomaly.node, anomaly.component) if part),
     )
-    return {**values, **shown_figures(straggler_cost(anomaly.evidence))}
+    return {**values, **shown_figures(straggler_cost(anomaly.evidence)), **shown_action(anomaly.evidence)}
 
 
 DEFAULT_RULES = (

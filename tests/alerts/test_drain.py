@@ -39,14 +39,20 @@ class RecordingBackend:
         self.calls.append((verb, request.node, request.reason))
 
 
+HARD_FAULT = json.dumps({"action": "reset_gpu"})  # what a double-bit ECC error's gpu_fault recommends
+
+
 def anomaly(
     node: str,
     kind: str = "gpu_fault",
     start: float = 0.0,
     severity: str = "critical",
     job: str = "",
-    evidence: str = "{}",
+    evidence: str | None = None,
 ):
+    """An open anomaly; a gpu_fault recommends a GPU reset unless `evidence` says otherwise."""
+    if evidence is None:
+        evidence = HARD_FAULT if kind == "gpu_fault" else "{}"
     return Anomaly(
         f"{kind}/{node}/{start}",
         start,
@@ -292,6 +298,55 @@ def test_a_policy_from_config_takes_a_job_slowdown_minimum_and_names_it_when_wro
             parse_policy({"rules": [{"kinds": ["slow_node"], "min_job_slowdown": bad}]})
     with pytest.raises(AlertConfigError, match=r"drain.rules\[0\]: .*min_job_slowdown applies to slow_node"):
         parse_policy({"rules": [{"kinds": ["slow_node", "link_flap"], "min_job_slowdown": 0.05}]})
+
+
+def test_the_default_rules_drain_a_gpu_fault_only_for_an_action_that_needs_the_node_out_of_service():
+    limits = {"max_nodes": 8, "max_fraction": 1, "max_per_hour": 8, "breaker_fraction": 1}
+    drains, backend = controller_with(parse_policy({"mode": "auto", "limits": limits}))  # default rules
+    faults = {
+        "vela-001": "reset_gpu",
+        "vela-002": "reboot_node",
+        "vela-003": "drain_for_inspection",
+        "vela-004": "restart_job",  # a contained error: the job restarts, the node stays
+        "vela-005": "none",
+    }
+    alerts = firing(
+        *(anomaly(node, evidence=json.dumps({"action": action})) for node, action in faults.items()),
+        anomaly("vela-006", evidence="{}"),  # written before the detector recommended an action
+    )
+    rows = drains.step(alerts, now=10) + drains.step(alerts, now=10 + 3600)  # at once, or never
+
+    assert sorted(row.node for row in rows if row.outcome == "done") == ["vela-001", "vela-002", "vela-003"]
+    assert any("(severity critical, action reboot_node)" in row.reason for row in rows)
+    assert sorted(node for _, node, _ in backend.calls) == ["vela-001", "vela-002", "vela-003"]
+
+
+def test_a_drain_rule_takes_actions_from_config_and_names_what_is_wrong():
+    policy = parse_policy({"rules": [{"kinds": ["gpu_fault"], "actions": ["reboot_node"]}]})
+    [rule] = policy.rules
+    assert rule.actions == ("reboot_node",) and rule.covers("gpu_fault", "warning", action="reboot_node")
+    assert not rule.covers("gpu_fault", "critical", action="reset_gpu")
+    assert not rule.covers("gpu_fault", "critical")  # no action known matches no actions
+
+    known = "none, restart_job, reset_gpu, reboot_node, drain_for_inspection"
+    with pytest.raises(
+        AlertConfigError, match=rf"drain.rules\[0\]: .*unknown action\(s\) \['reboot'\]; known: {known}"
+    ):
+        parse_policy({"rules": [{"kinds": ["gpu_fault"], "actions": ["reboot"]}]})
+    with pytest.raises(AlertConfigError, match=r"drain.rules\[0\]: .*actions must be a list"):
+        parse_policy({"rules": [{"kinds": ["gpu_fault"], "actions": "reset_gpu"}]})
+    with pytest.raises(AlertConfigError, match=r"drain.rules\[0\]: .*actions apply to gpu_fault only"):
+        parse_policy({"rules": [{"kinds": ["gpu_fault", "link_down"], "actions": ["reset_gpu"]}]})
+
+
+def test_a_drain_rule_for_application_xids_is_refused_with_the_reason():
+    with pytest.raises(
+        AlertConfigError, match=r"drain.rules\[1\]: .*gpu_app_error is never drained: .*application"
+    ):
+        parse_policy(
+            {"rules": [{"kinds": ["gpu_fault"]}, {"kinds": ["gpu_app_error"], "min_severity": "info"}]}
+        )
+    assert DrainPolicy().rule_for("gpu_app_error", "critical", None, "restart_job") is None
 
 
 def test_a_config_file_sets_the_minimum_and_a_bad_one_is_refused_naming_the_key(tmp_path: Path):

@@ -127,6 +127,27 @@ def test_a_configured_rule_may_use_the_cost_and_falls_back_to_the_default_withou
     assert before.annotations["description"].startswith("detector slow_node reports slow_node")
 
 
+def test_a_gpu_fault_alert_says_what_to_do_in_its_summary_and_description():
+    evidence = '{"xid_codes": [48, 63, 94], "action": "reset_gpu", "action_text": "ignored: ours is shown"}'
+    [alert] = AlertEngine().evaluate([anomaly(evidence=evidence)], now=1010).to_send
+
+    assert alert.annotations["summary"] == (
+        "gpu_fault on vela-007 gpu:3: drain the node and reset the GPU, then return it if the GPU stays clean"
+    )
+    assert alert.annotations["description"] == (
+        "detector gpu_fault reports gpu_fault on vela-007 gpu:3, severity critical, score 2; recommended "
+        "action: reset_gpu (drain the node and reset the GPU, then return it if the GPU stays clean)"
+    )
+    [before] = AlertEngine().evaluate([anomaly(evidence='{"action": "reboot"}')], now=1010).to_send
+    assert before.annotations["summary"] == "gpu_fault on vela-007 gpu:3"  # no action known: as before
+
+
+def test_application_xids_make_no_alert_under_the_default_rules():
+    for severity in ("info", "critical"):  # the detector says info; no default rule covers the kind at all
+        app_error = anomaly("gpu_app_error", severity=severity, evidence='{"action": "restart_job"}')
+        assert AlertEngine().evaluate([app_error], now=1010).changes == []
+
+
 def test_the_fingerprint_is_alertmanagers():
     # model.LabelSet{"alertname": "TestAlert", "instance": "localhost"} per prometheus/common's FNV-1a scheme,
     # computed independently byte by byte here
