@@ -36,6 +36,7 @@ from analytics.detectors.counters import (
     signal_count,
     signal_findings,
 )
+from analytics.detectors.peers import NODE_JOBS
 from analytics.store.protocols import Reader
 
 PCIE_GEN = "fleetlens_gpu_pcie_link_generation"
@@ -141,12 +142,7 @@ FROM (
     FROM ({DMA_UNITS})
     GROUP BY node, component
 ) AS candidates
-LEFT JOIN (
-    SELECT node, argMax(job, ts) AS job
-    FROM steps
-    WHERE ts >= {{lookback:DateTime64(3)}} AND ts < {{end:DateTime64(3)}}
-    GROUP BY node
-) AS jobs ON candidates.node = jobs.node
+LEFT JOIN ({NODE_JOBS}) AS jobs ON candidates.node = jobs.node
 )
 WHERE is_port OR pcie_gen < pcie_max_gen OR pcie_width < pcie_max_width OR notEmpty(nccl_without_gdr)
 ORDER BY node, component

@@ -23,6 +23,14 @@ WHERE ts >= {start:DateTime64(3)} AND ts < {end:DateTime64(3)}
 GROUP BY job, node, stage
 ORDER BY job, node, stage
 """
+# Each node's job: the job of its latest step row since the lookback ("" for a node without one, after a
+# LEFT JOIN ... ON candidates.node = jobs.node), for detectors whose candidates are a node's parts.
+NODE_JOBS = """
+    SELECT node, argMax(job, ts) AS job
+    FROM steps
+    WHERE ts >= {lookback:DateTime64(3)} AND ts < {end:DateTime64(3)}
+    GROUP BY node
+"""
 
 
 def step_aggregates(source: Reader, window: Window) -> pd.DataFrame:

@@ -20,7 +20,7 @@ from alerts.notifiers import AlertmanagerNotifier
 from alerts.policy import DrainLimits, DrainPolicy
 from alerts.service import AlertService
 from alerts.silences import new_silence
-from analytics.detectors.gpu import GpuFault
+from analytics.detectors.gpu_fault import GpuFault
 from analytics.detectors.runner import DetectionRunner
 from analytics.store import Store
 from tests.support.alertmanager import alertmanager

@@ -5,7 +5,8 @@ clock (collectors.gpu.sim) and an exporter over the gpu, xid, infiniband, netcla
 collectors, as sim.fleet builds one. Each tick advances simulated time by one interval,
 renders every node's exposition, parses it as the hub does and stores it (samples, a targets row per
 node, and a step row per node that runs a job). Faults go in between ticks, through each node's
-`sysfs` and `gpus`, its `load` and `job`, or an NCCL log dropped into its `nccl_dir`.
+`sysfs` and `gpus`, its `load` and `job`, an NCCL log dropped into its `nccl_dir`, or lines written to
+the kernel log its xid collector follows (`kernel_logs`).
 
     with SimulatedFleet(store, tmp_path, nodes=4) as fleet:
         fleet.tick(3)
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from analytics.store.records import ScrapeBatch, TargetStatus
 from collectors import registry
 from collectors.base import CollectorOptions, ReadErrors
 from collectors.exporter import Exporter
+from collectors.follow import FollowedFile
 from collectors.gpu.collector import GpuCollector
 from collectors.gpu.sim import ManualClock, SimBackend
 from collectors.steprecord import StepRecord
@@ -67,7 +69,8 @@ class SimulatedFleet:
     """`nodes` simulated VMs with `gpus` GPUs and `nics` RoCE ports each, stored into `store` tick by tick.
 
     Samples are `interval_s` apart from an hour ago, at multiples of `interval_s` (as the detection
-    runner aligns its windows), so that the store's retention keeps them.
+    runner aligns its windows), so that the store's retention keeps them. `kernel_logs` names, per
+    node, the file its xid collector follows as its kernel log (as it follows /var/log/kern.log).
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class SimulatedFleet:
         nics: int = 2,
         interval_s: float = 10.0,
         seed: int = 0,
+        kernel_logs: Mapping[str, Path] | None = None,
     ) -> None:
         self.store = store
         self.interval_s = interval_s
@@ -88,6 +92,7 @@ class SimulatedFleet:
         self._gpus = gpus
         self._nics = nics
         self._seed = seed
+        self._kernel_logs = dict(kernel_logs or {})
         self._ticks = 0
         self._generations: dict[str, int] = {}
         self.nodes = [self._start_node(index) for index in range(nodes)]
@@ -168,9 +173,10 @@ class SimulatedFleet:
         )
         built = registry.build(SYSFS_COLLECTORS, options)
         gpu_errors, xid_errors = ReadErrors("gpu"), ReadErrors("xid")
+        kernel_log = FollowedFile(self._kernel_logs[name]) if name in self._kernel_logs else None
         built += [
             registry.BuiltCollector("gpu", GpuCollector(backend, name, gpu_errors), gpu_errors),
-            registry.BuiltCollector("xid", XidCollector(name, xid_errors, backend), xid_errors),
+            registry.BuiltCollector("xid", XidCollector(name, xid_errors, backend, kernel_log), xid_errors),
         ]
         return SimulatedNode(
             name, index, sysfs, backend, nccl_dir, Exporter(built), ExpositionParser(), load=load, job=job

@@ -1,7 +1,7 @@
 """No detector raises on any table of steps and samples the store can hold (hypothesis, every registered
 detector, next to the conformance test): missing phases and topology, one node or one stage, duplicate
 ranks, a node hosting ranks of two stages, zero and huge durations, aggregated OTLP rows, NaN and infinite
-samples, labels missing or odd, and records that stop mid-window.
+samples, labels missing or odd (Xid codes that are no number or no Xid), and records that stop mid-window.
 
 Each example writes its rows an hour apart from every other example's into one store, so examples do not
 see each other. Bounded for `make test`; FLEETLENS_FUZZ_EXAMPLES sets the count for a longer run.
@@ -63,10 +63,35 @@ METRICS = (
     "node_network_carrier",
     "node_network_carrier_down_changes_total",
 )
+LABEL_VALUES = st.sampled_from(
+    ["0", "1", "7", "mlx5_0", "eth0", "", "hw_slowdown", "yes", "NET/IB/GDRDMA", "x y"]
+)
+# Xid codes as the xid collector's `xid` label may hold them, and what a broken exporter might send
+XID_LABELS = st.one_of(
+    st.sampled_from(["13", "48", "79", "119", "-1", "99999999999999999999", "1e3", " 31", "abc"]),
+    st.integers(-(2**63), 2**64).map(str),
+)
 LABELS = st.dictionaries(
-    st.sampled_from(["gpu", "UUID", "device", "port", "reason", "status", "transport", "via", "netdev"]),
-    st.sampled_from(["0", "1", "7", "mlx5_0", "eth0", "", "hw_slowdown", "yes", "NET/IB/GDRDMA", "x y"]),
+    st.sampled_from(
+        [
+            "gpu",
+            "UUID",
+            "device",
+            "port",
+            "reason",
+            "status",
+            "transport",
+            "via",
+            "netdev",
+            "pci_bus_id",
+            "source",
+        ]
+    ),
+    st.one_of(LABEL_VALUES, st.sampled_from(["00000000:19:00.0", "nvml", "kernel_log"])),
     max_size=4,
+)
+LABELS = st.tuples(LABELS, st.dictionaries(st.just("xid"), XID_LABELS, max_size=1)).map(
+    lambda pair: {**pair[0], **pair[1]}
 )
 DURATIONS = st.one_of(
     st.sampled_from([0.0, 1e-9, 0.05, 1.0, 46.0, 600.0, 1e6]), st.floats(0, 1e4, allow_nan=False)

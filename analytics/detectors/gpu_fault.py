@@ -1,0 +1,234 @@
+"""A GPU that failed (gpu_fault), told apart from a job that crashed on it (gpu_app_error), by what
+NVIDIA's Xid catalog says of each code (analytics.xid_catalog).
+
+Most Xids in a real fleet are the application's doing (13 graphics engine exception, 31 MMU fault, 43
+a stopped channel) and come by the hundred from one crashing job: those alone are a `gpu_app_error`, at
+info severity, with the job and "restart the job" as the action, never alerted or drained by default.
+Anything else, an Xid caused by the hardware, the driver, power or heat or not in the catalog, a lost
+GPU, a failed row remap or new double-bit ECC errors, is a `gpu_fault`, as severe as the worst of those
+signals, with the most disruptive action any of them asks for (evidence `action`, which the drain policy
+matches: analytics.reports.remedy).
+
+Xids are counted per GPU and code in the window, from fleetlens_gpu_xid_errors_total (per `source`, nvml
+or kernel_log: the same Xid usually reaches both, so a code counts the most any source saw, never the
+sum) and from the times dcgm-exporter's last-Xid gauge (DCGM_FI_DEV_XID_ERRORS) turned to a code. A
+series first sampled in the window counts from zero when its node was sampled before it (the xid
+collector exports a code's counter only once that code happened); after a gap in the whole node's
+samples longer than `lookback_s`, nothing can tell history from news, so it counts nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from analytics.detectors import register
+from analytics.detectors.base import SEVERITIES, Detector, Finding, Window, frame
+from analytics.detectors.counters import (
+    INCREASE,
+    INSIDE_MAX,
+    INSIDE_MIN,
+    MAX_CANDIDATES,
+    Evidence,
+    evidence_number,
+    series_parameters,
+    series_sql,
+    signal_count,
+)
+from analytics.detectors.peers import NODE_JOBS
+from analytics.reports.remedy import ACTION, ACTION_TEXT, ACTION_TEXT_KEY
+from analytics.store.protocols import Reader
+from analytics.xid_catalog import Action, lookup, worst_action
+
+XID_COUNTER = "fleetlens_gpu_xid_errors_total"
+LAST_XID = "DCGM_FI_DEV_XID_ERRORS"
+FAULT_METRICS = (
+    XID_COUNTER,
+    LAST_XID,
+    "fleetlens_gpu_up",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+)
+FAULT_SERIES = series_sql(
+    f"{INCREASE} AS increase",
+    "length(inside) AS samples",
+    f"{INSIDE_MIN} AS low",
+    f"{INSIDE_MAX} AS high",
+    "arrayMap(step -> step.2.2, arrayFilter(step -> step.2.2 != step.1.2, steps)) AS turned_to",
+    "before_t > 0 AS seen_before",
+    "if(length(inside) > 0, inside[1].2, 0) AS first_value",
+)
+# Per series: the Xid codes it saw in the range and how many times each (`codes`, `counts`).
+XID_EVENTS = f"""
+SELECT node, labels['gpu'] AS gpu, labels['pci_bus_id'] AS pci_bus_id, metric, samples, low, high, increase,
+    toInt64OrNull(labels['xid']) AS counted_code,
+    increase + if(born, first_value, 0) AS events,
+    arrayMap(value -> toInt64(value), arrayFilter(
+        value -> isFinite(value) AND value >= 1 AND value < 1e9 AND value = floor(value),
+        if(born, arrayPushFront(turned_to, first_value), turned_to)
+    )) AS gauge_codes,
+    multiIf(
+        metric = '{XID_COUNTER}' AND isNotNull(counted_code) AND isFinite(events) AND events > 0,
+            [assumeNotNull(counted_code)],
+        metric = '{LAST_XID}', arrayDistinct(gauge_codes),
+        CAST([], 'Array(Int64)')
+    ) AS codes,
+    multiIf(
+        metric = '{XID_COUNTER}', arrayMap(code -> events, codes),
+        arrayMap(code -> toFloat64(countEqual(gauge_codes, code)), codes)
+    ) AS counts
+FROM (
+    SELECT *, samples > 0 AND NOT seen_before AND max(seen_before) OVER (PARTITION BY node) AS born
+    FROM ({FAULT_SERIES})
+)
+"""
+# A GPU is a candidate if any of its series was sampled since the lookback; `reported` says whether its
+# fleetlens_gpu_up was sampled in the window, `node_reported` whether any GPU of its node was.
+FAULT_SQL = f"""
+SELECT gpus.*, jobs.job AS job, max(reported) OVER (PARTITION BY gpus.node) AS node_reported
+FROM (
+    SELECT node, gpu != '' AS known_gpu, if(known_gpu, concat('gpu:', gpu), '') AS component, pci_bus_id,
+        maxMap(codes, counts) AS xids, xids.1 AS xid_codes, xids.2 AS xid_events,
+        countIf(metric = 'fleetlens_gpu_up' AND samples > 0) > 0 AS reported,
+        minIf(low, metric = 'fleetlens_gpu_up' AND samples > 0) AS gpu_up,
+        maxIf(high, metric = 'DCGM_FI_DEV_ROW_REMAP_FAILURE' AND samples > 0) AS row_remap_failure,
+        sumIf(increase, metric = 'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL' AND isFinite(increase)) AS dbe_errors
+    FROM ({XID_EVENTS})
+    GROUP BY node, gpu, pci_bus_id
+) AS gpus
+LEFT JOIN ({NODE_JOBS}) AS jobs ON gpus.node = jobs.node
+ORDER BY node, component, pci_bus_id
+"""
+APP_ERROR_SCORE = 0.5  # a GPU with application Xids alone: less than any failure signal
+# what each failure signal besides Xids asks for: NVIDIA's answer to a GPU off the bus (Xid 79) is a
+# reboot; a row that could not be remapped needs the GPU inspected; a DBE needs a reset to retire its row
+SIGNAL_ACTIONS = {
+    "lost": Action.REBOOT_NODE,
+    "row_remap_failure": Action.INSPECT,
+    "ecc_dbe": Action.RESET_GPU,
+}
+
+
+@register
+class GpuFault(Detector):
+    """Per GPU and window, the failure signals (module doc): Xids of causes other than the application,
+    lost (fleetlens_gpu_up 0, or its series gone while the node's other GPUs are still reported), a
+    failed row remap, new double-bit ECC errors; and the application's Xids.
+
+    Score: how many failure signals fired, or APP_ERROR_SCORE for a GPU with application Xids alone. A
+    lost GPU or a failed remap stays in every window it lasts; an Xid or ECC burst shows in its own
+    window, and `clear_windows` keeps the anomaly open a minute after it. `lookback_s` is how long a GPU
+    whose series vanished is remembered as lost, and how far back a series' last sample is looked for.
+    """
+
+    name: ClassVar[str] = "gpu_fault"
+    version: ClassVar[str] = "2"
+    kinds: ClassVar[tuple[str, ...]] = ("gpu_fault", "gpu_app_error")
+    min_windows: ClassVar[int] = 1
+    of_windows: ClassVar[int] = 1
+    clear_windows: ClassVar[int] = 6
+
+    def __init__(self, lookback_s: float = 300.0) -> None:
+        self.lookback_s = lookback_s
+
+    def features(self, source: Reader, window: Window) -> pd.DataFrame:
+        parameters = series_parameters(FAULT_METRICS, window.start, window.end, self.lookback_s)
+        features = frame(source.query(FAULT_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
+        if features.empty:
+            return features
+        counts = [
+            {int(code): round(events) for code, events in zip(codes, counted, strict=True) if events >= 1}
+            for codes, counted in zip(features["xid_codes"], features["xid_events"], strict=True)
+        ]
+        return features.assign(xid_counts=counts)
+
+    def score(self, features: pd.DataFrame) -> np.ndarray:
+        failures = signal_count(_fault_signals(features))
+        app_only = (failures == 0) & (features["xid_counts"].map(len) > 0).to_numpy()
+        return np.where(app_only, APP_ERROR_SCORE, failures)
+
+    def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
+        signals = _fault_signals(features)
+        found = []
+        for position, (row, score) in enumerate(zip(features.itertuples(), scores, strict=True)):
+            fired = sorted(name for name, signal in signals.items() if signal.iloc[position])
+            if fired:
+                found.append(_gpu_fault(row, score, fired))
+            elif score > 0:
+                found.append(_gpu_app_error(row, score))
+        return found
+
+
+def _fault_signals(features: pd.DataFrame) -> dict[str, pd.Series]:
+    """Each failure signal of gpu_fault, True per row where it fired."""
+    vanished = (
+        features["known_gpu"].astype(bool)
+        & ~features["reported"].astype(bool)
+        & features["node_reported"].astype(bool)
+    )
+    return {
+        "xid": features["xid_counts"].map(lambda counts: any(map(_not_by_application, counts))),
+        "lost": (features["reported"].astype(bool) & (features["gpu_up"] == 0)) | vanished,
+        "row_remap_failure": features["row_remap_failure"] > 0,
+        "ecc_dbe": features["dbe_errors"] > 0,
+    }
+
+
+def _not_by_application(code: int) -> bool:
+    return not lookup(code).by_application
+
+
+# the numbers behind each failure signal but Xids (whose evidence is _xid_evidence's, for every code)
+FAULT_EVIDENCE: dict[str, Evidence] = {
+    "lost": lambda row: {
+        "lost": "fleetlens_gpu_up 0" if row.reported else "no series while the node reports"
+    },
+    "row_remap_failure": lambda row: {"row_remap_failure": evidence_number(row.row_remap_failure)},
+    "ecc_dbe": lambda row: {"ecc_dbe_errors": evidence_number(row.dbe_errors)},
+}
+
+
+def _gpu_fault(row: Any, score: float, fired: list[str]) -> Finding:
+    """A failed GPU: as severe as the catalog says its worst non-application Xid is, critical for the
+    other signals; its action the most disruptive of what its Xids (all of them) and signals ask for."""
+    others = [name for name in fired if name != "xid"]
+    severities = [lookup(code).severity for code in row.xid_counts if _not_by_application(code)]
+    severity = max([*severities, *(["critical"] if others else [])], key=SEVERITIES.index)
+    action = max(
+        [worst_action(row.xid_counts), *(SIGNAL_ACTIONS[name] for name in others)], key=lambda a: a.rank
+    )
+    evidence: dict[str, Any] = {"signals": fired}
+    for name in others:
+        evidence.update(FAULT_EVIDENCE[name](row))
+    evidence.update(_xid_evidence(row, action))
+    return Finding("gpu_fault", row.node, row.component, "", float(score), severity, evidence)
+
+
+def _gpu_app_error(row: Any, score: float) -> Finding:
+    """Application Xids alone: the job's fault, reported with the job, at info severity."""
+    evidence = _xid_evidence(row, worst_action(row.xid_counts))
+    return Finding.at(row, "gpu_app_error", score, "info", evidence)
+
+
+def _xid_evidence(row: Any, action: Action) -> dict[str, Any]:
+    """The Xids of the window per code (JSON keys are strings): how many, what the catalog calls them
+    and who likely caused them; the recommended action; the GPU's PCI address when its labels had one."""
+    counts: Mapping[int, int] = row.xid_counts
+    codes = sorted(counts)
+    evidence: dict[str, Any] = {
+        ACTION: action.value,
+        ACTION_TEXT_KEY: ACTION_TEXT[action],
+    }
+    if codes:
+        evidence.update(
+            xid_codes=codes,
+            xid_counts={str(code): counts[code] for code in codes},
+            xid_causes={str(code): lookup(code).cause.value for code in codes},
+            xid_mnemonics={str(code): lookup(code).mnemonic for code in codes},
+        )
+    if row.pci_bus_id:
+        evidence["pci_bus_id"] = row.pci_bus_id
+    return evidence
