@@ -60,15 +60,14 @@ LINK_SERIES = (
     SeriesSpec("node_infiniband_state_id", "state (4 = active)", "port", 1),
     SeriesSpec("node_infiniband_link_downed_total", "link downs", "port", 1),
 )
+LAST_XID_SERIES = SeriesSpec("DCGM_FI_DEV_XID_ERRORS", "last Xid", "gpu", 1)
 KIND_SERIES: Mapping[str, tuple[SeriesSpec, ...]] = {
     "gpu_throttle": (
         SeriesSpec("DCGM_FI_DEV_SM_CLOCK", "MHz", "gpu", 50),
         SeriesSpec("DCGM_FI_DEV_GPU_TEMP", "°C", "gpu", 5),
     ),
-    "gpu_fault": (
-        SeriesSpec("fleetlens_gpu_up", "up (1 = on the bus)", "gpu", 1),
-        SeriesSpec("DCGM_FI_DEV_XID_ERRORS", "last Xid", "gpu", 1),
-    ),
+    "gpu_fault": (SeriesSpec("fleetlens_gpu_up", "up (1 = on the bus)", "gpu", 1), LAST_XID_SERIES),
+    "gpu_app_error": (LAST_XID_SERIES,),
     "link_flap": LINK_SERIES,
     "link_down": LINK_SERIES,
     "dma_degraded": (
