@@ -5,8 +5,16 @@ covers a fault is a detection however short, and a report that covers no fault i
 long. A report matches a fault when it names the same node, the same component where the fault has one
 (Fault.component; a node-level fault takes any), and its span [start, end, or the scenario end while open]
 meets [fault start, fault end + GRACE_INTERVALS scrape intervals] (the report needs a scrape or two to
-close). Each fault kind is detected by exactly one anomaly kind (DETECTED_BY), strictly: a link_flap report
-on a port that went down does not detect the link_down.
+close). Each fault is detected by exactly one anomaly kind (expected_kind: DETECTED_BY, and for an Xid
+what NVIDIA's catalog says caused its code: gpu_app_error for the application's, gpu_fault otherwise),
+strictly: a link_flap report on a port that went down does not detect the link_down.
+
+What the reports lead to is judged too, where a fault asks for it (expected_consequences): a GPU that
+needs a reset, a reboot or an inspection must raise an alert and a drain decision, and an application's
+Xids must raise neither. The anomalies are replayed, window by window, through the default alert rules
+(alerts.rules.DEFAULT_RULES) and drain policy with its safety limits lifted (they cap how many nodes go at
+once, not whether one should), in dry-run. A fault's consequences are those of its reports and of the
+reports on its node (and GPU) during it that detect no other fault.
 
 Reports that detect nothing are told apart, in this order, so that a person knows where to look:
 `other_fault` (during a fault of its node that it does not detect, by kind or by component: real
@@ -34,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from types import MappingProxyType
@@ -41,22 +50,29 @@ from typing import Any
 
 import numpy as np
 
+from alerts.drain import DrainController
+from alerts.engine import AlertEngine
+from alerts.policy import DrainLimits, DrainPolicy
 from analytics.store.records import Anomaly
+from analytics.xid_catalog import lookup
 from sim.jobs import JobModel
 from sim.scenario import Confounder, Fault, JobSpec, Scenario
 
-DETECTED_BY: Mapping[str, str] = MappingProxyType(
+DETECTED_BY: Mapping[str, tuple[str, ...]] = MappingProxyType(  # the anomaly kinds that may detect each
     {
-        "slow_node": "slow_node",
-        "thermal_throttle": "gpu_throttle",
-        "link_flap": "link_flap",
-        "link_down": "link_down",
-        "dma_degraded": "dma_degraded",
-        "gpu_lost": "gpu_fault",
-        "xid": "gpu_fault",
-        "congestion": "congestion",
+        "slow_node": ("slow_node",),
+        "thermal_throttle": ("gpu_throttle",),
+        "link_flap": ("link_flap",),
+        "link_down": ("link_down",),
+        "dma_degraded": ("dma_degraded",),
+        "gpu_lost": ("gpu_fault",),
+        "xid": ("gpu_fault", "gpu_app_error"),  # by the code's cause: expected_kind
+        "xid_storm": ("gpu_app_error",),
+        "dbe_remap": ("gpu_fault",),
+        "congestion": ("congestion",),
     }
 )
+DETECTING_KINDS = frozenset(kind for kinds in DETECTED_BY.values() for kind in kinds)
 GRACE_INTERVALS = 2
 NODE_DAY_S = 86_400.0
 
@@ -92,6 +108,8 @@ class FaultOutcome:
     report_ids: tuple[str, ...] = ()
     cost: JobCost | None = None  # a slow node in a job: what it costs the job
     estimated_job_slowdown: float | None = None  # the detector's, from its first report's evidence
+    alerted: bool = False  # its reports raised an alert under the default rules (module doc)
+    drained: bool = False  # ... and its node was drained while one fired
 
     @property
     def detected(self) -> bool:
@@ -221,8 +239,9 @@ def evaluate(
     """Match the detectors' anomalies (unix times; `epoch` is the scenario's time 0) to its faults."""
     reports = [_on_scenario_clock(anomaly, epoch, scenario.duration_s) for anomaly in _latest(anomalies)]
     costs = job_costs(scenario, scenario.faults)
+    led_to = _alerts_and_drains(scenario, reports, epoch, window_s)
     faults = tuple(
-        _fault_outcome(fault, cost, reports, scenario, window_s)
+        _fault_outcome(fault, cost, reports, scenario, window_s, led_to)
         for fault, cost in zip(scenario.faults, costs, strict=True)
     )
     judged = tuple(_judge(report, scenario) for report in reports)
@@ -350,12 +369,70 @@ def _overlaps_fault(report: Report, fault: Fault, scenario: Scenario) -> bool:
     return report.anomaly.node == fault.node and _meets(report, fault.start_s, end)
 
 
+def _on_component(report: Report, fault: Fault) -> bool:
+    """The report names the fault's component, or the fault has none (any of its node's will do)."""
+    return not fault.component or report.anomaly.component == fault.component
+
+
 def _detects(report: Report, fault: Fault, scenario: Scenario) -> bool:
     return (
-        report.anomaly.kind == DETECTED_BY[fault.kind]
-        and (not fault.component or report.anomaly.component == fault.component)
+        report.anomaly.kind == expected_kind(fault)
+        and _on_component(report, fault)
         and _overlaps_fault(report, fault, scenario)
     )
+
+
+def expected_kind(fault: Fault) -> str:
+    """The anomaly kind that detects `fault`: for an Xid, gpu_app_error where NVIDIA's catalog says the
+    application causes its code, gpu_fault otherwise."""
+    if fault.kind == "xid":
+        return "gpu_app_error" if lookup(fault.params["code"]).by_application else "gpu_fault"
+    return DETECTED_BY[fault.kind][0]
+
+
+def expected_consequences(fault: Fault) -> tuple[bool | None, bool | None]:
+    """Whether `fault` must lead to an alert, and to a drain decision: True must, False must not, None not
+    judged. A GPU that must leave service (lost, a double-bit ECC error, an Xid whose catalog action is a
+    reset, a reboot or an inspection) must do both; the application's Xids neither; other Xids must not
+    drain (a contained error asks for the job's restart, not the node's)."""
+    match fault.kind:
+        case "gpu_lost" | "dbe_remap":
+            return True, True
+        case "xid_storm":
+            return False, False
+        case "xid":
+            info = lookup(fault.params["code"])
+            if info.by_application:
+                return False, False
+            return (True, True) if info.action.drains else (None, False)
+    return None, None
+
+
+def _alerts_and_drains(
+    scenario: Scenario, reports: Sequence[Report], epoch: float, window_s: float
+) -> dict[str, tuple[bool, bool]]:
+    """Per anomaly id: whether it raised an alert, and whether its node was drained while that alert fired,
+    replaying every window's open reports through the default alert rules and drain policy (module doc)."""
+    nodes = scenario.fleet.nodes
+    unlimited = DrainLimits(nodes, 1.0, nodes, max_per_hour=sys.maxsize, breaker_fraction=1.0)
+    policy = DrainPolicy(limits=unlimited, cooldown_s=0.0, return_after_healthy_s=0.0)  # dry-run
+    engine, drains = AlertEngine(), DrainController(policy, [], fleet_size=nodes)
+    led_to: dict[str, tuple[bool, bool]] = {}
+    for step in range(1, math.ceil(scenario.duration_s / window_s) + 2):
+        now_s = step * window_s
+        current = [report for report in reports if report.start_s <= now_s <= report.end_s]
+        engine.evaluate([report.anomaly for report in current], epoch + now_s)
+        drains.step(engine.firing, epoch + now_s)
+        firing = {
+            tuple(alert.labels.get(label, "") for label in ("node", "kind", "component", "job"))
+            for alert in engine.firing
+        }
+        for report in current:
+            anomaly = report.anomaly
+            if (anomaly.node, anomaly.kind, anomaly.component, anomaly.job) in firing:
+                drained = led_to.get(anomaly.id, (False, False))[1] or anomaly.node in drains.drained
+                led_to[anomaly.id] = (True, drained)
+    return led_to
 
 
 def _onset(fault: Fault) -> float:
@@ -367,13 +444,36 @@ def _onset(fault: Fault) -> float:
 
 
 def _fault_outcome(
-    fault: Fault, cost: JobCost | None, reports: list[Report], scenario: Scenario, window_s: float
+    fault: Fault,
+    cost: JobCost | None,
+    reports: list[Report],
+    scenario: Scenario,
+    window_s: float,
+    led_to: Mapping[str, tuple[bool, bool]],
 ) -> FaultOutcome:
     found = sorted((r for r in reports if _detects(r, fault, scenario)), key=lambda report: report.start_s)
     latency = max(0.0, round(found[0].start_s - _onset(fault), 3)) if found else None
     ids = tuple(report.anomaly.id for report in found)
     estimate = _evidence_number(found[0].anomaly, "job_slowdown") if found else None
-    return FaultOutcome(fault, latency, window_s, scenario.interval_s, ids, cost, estimate)
+    led = [led_to.get(r.anomaly.id, (False, False)) for r in _consequential(fault, reports, scenario)]
+    alerted, drained = any(alert for alert, _ in led), any(drain for _, drain in led)
+    return FaultOutcome(fault, latency, window_s, scenario.interval_s, ids, cost, estimate, alerted, drained)
+
+
+def _consequential(fault: Fault, reports: list[Report], scenario: Scenario) -> list[Report]:
+    """The reports whose alerts and drains are the fault's (module doc); none for a fault not judged."""
+    if expected_consequences(fault) == (None, None):
+        return []
+    return [
+        report
+        for report in reports
+        if _overlaps_fault(report, fault, scenario)
+        and _on_component(report, fault)
+        and (
+            _detects(report, fault, scenario)
+            or not any(_detects(report, other, scenario) for other in scenario.faults)
+        )
+    ]
 
 
 # -- what a slow node costs its job ----------------------------------------------------------------------
@@ -443,7 +543,7 @@ def _evidence_number(anomaly: Anomaly, key: str) -> float | None:
 
 
 def _judge(report: Report, scenario: Scenario) -> ReportOutcome:
-    if report.anomaly.kind in DETECTED_BY.values():
+    if report.anomaly.kind in DETECTING_KINDS:
         detected = [fault for fault in scenario.faults if _detects(report, fault, scenario)]
     else:  # a catch-all is right about any fault of its node
         detected = [fault for fault in scenario.faults if _overlaps_fault(report, fault, scenario)]
@@ -487,20 +587,20 @@ def _stages(job: JobSpec, node: str, gpus_per_node: int) -> set[int]:
 def _kind_rows(faults: Sequence[FaultOutcome], reports: Sequence[ReportOutcome]) -> dict[str, KindStats]:
     """A row per fault kind that had faults or reports, then one per catch-all kind that had reports.
 
-    A fault kind's row holds the reports of its anomaly kind, except those that detected only faults of
-    another kind sharing that anomaly kind (gpu_fault detects both xid and gpu_lost)."""
+    A fault kind's row holds the reports of its anomaly kinds, except those that detected only faults of
+    another kind sharing that anomaly kind (gpu_fault detects xid, gpu_lost and dbe_remap)."""
     rows: dict[str, KindStats] = {}
-    for fault_kind, anomaly_kind in DETECTED_BY.items():
+    for fault_kind, anomaly_kinds in DETECTED_BY.items():
         outcomes = [o for o in faults if o.fault.kind == fault_kind]
         mine = [
             o
             for o in reports
-            if o.report.anomaly.kind == anomaly_kind
+            if o.report.anomaly.kind in anomaly_kinds
             and (not o.detected_kinds or fault_kind in o.detected_kinds)
         ]
         if outcomes or mine:
             rows[fault_kind] = _stats(fault_kind, False, outcomes, mine)
-    catch_all = sorted({o.report.anomaly.kind for o in reports} - set(DETECTED_BY.values()))
+    catch_all = sorted({o.report.anomaly.kind for o in reports} - DETECTING_KINDS)
     for kind in catch_all:
         rows[kind] = _stats(kind, True, [], [o for o in reports if o.report.anomaly.kind == kind])
     return rows
@@ -552,6 +652,7 @@ def _goals(results: Sequence[ScenarioResult], kinds: Mapping[str, KindStats]) ->
             lambda outcome: outcome.latency_s <= outcome.interval_s,
         ),
         _confounder_goal(results),
+        _consequence_goal(results),
     )
 
 
@@ -601,9 +702,36 @@ def _confounder_goal(results: Sequence[ScenarioResult]) -> Goal:
         f"{result.name}: {_describe_report(outcome.report)} during {', '.join(outcome.explained_by)}"
         for result in results
         for outcome in result.reports
-        if outcome.verdict == CONFOUNDER and outcome.report.anomaly.kind in DETECTED_BY.values()
+        if outcome.verdict == CONFOUNDER and outcome.report.anomaly.kind in DETECTING_KINDS
     ]
     return Goal("zero reports caused by confounders", not caused, "; ".join(caused) or "none")
+
+
+def _consequence_goal(results: Sequence[ScenarioResult]) -> Goal:
+    """Met when every fault judged by expected_consequences raised the alert and the drain it must, and
+    none it must not."""
+    name = "alerts and drains as each fault asks"
+    judged = [
+        (result.name, outcome)
+        for result in results
+        for outcome in result.faults
+        if expected_consequences(outcome.fault) != (None, None)
+    ]
+    if not judged:
+        return Goal(name, None, "no such fault in this run")
+    wrong = [
+        f"{scenario}: {_describe_fault(outcome.fault)} led to "
+        + (f"no {what}, which it must" if must else f"{article} {what}, which it must not")
+        for scenario, outcome in judged
+        for (article, what), must, did in zip(
+            (("an", "alert"), ("a", "drain decision")),
+            expected_consequences(outcome.fault),
+            (outcome.alerted, outcome.drained),
+            strict=True,
+        )
+        if must is not None and must != did
+    ]
+    return Goal(name, not wrong, "; ".join(wrong) or f"{len(judged)} faults as they ask")
 
 
 # -- words and numbers -------------------------------------------------------------------------------------
@@ -697,6 +825,10 @@ def _fault_json(outcome: FaultOutcome) -> dict[str, Any]:
         "true_job_slowdown": outcome.true_job_slowdown,
         "estimated_job_slowdown": outcome.estimated_job_slowdown,
         "reports": list(outcome.report_ids),
+        "alerted": outcome.alerted,
+        "drained": outcome.drained,
+        "must_alert": expected_consequences(fault)[0],
+        "must_drain": expected_consequences(fault)[1],
     }
 
 

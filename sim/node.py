@@ -33,6 +33,8 @@ FILE_COLLECTORS = ("infiniband", "netclass", "nccl_log")  # built from options; 
 GPU_BUSY_LOAD = 0.95  # a training job's GPU load (1 is gpu-burn)
 NIC_IDLE_LOAD = 0.01  # health checks and monitoring while no job runs
 NO_GDR_TRAFFIC = 0.6  # share of its healthy throughput a NIC keeps when NCCL stages through host memory
+STORM_XIDS = (13, 31, 43)  # what a crashing job's kernels raise: graphics engine exception, MMU fault, stop
+DBE_XID, REMAP_XID, CONTAINED_XID = 48, 63, 94  # a double-bit ECC error, its row remap, contained errors
 
 
 class SimulationError(CollectorError):
@@ -154,6 +156,14 @@ class SimNode:
         for job in self._running:
             self._write_nccl_log(job)
 
+    def double_bit_error(self, gpu: int, contained: int) -> None:
+        """A double-bit ECC error as a real GPU reports it (gpud's dmesg.0.log): Xid 48, the row marked for
+        remapping (Xid 63; pending until the GPU is reset), then `contained` contained errors (Xid 94) as
+        the job's channels hit it; the volatile DBE and uncorrectable remapped-row counters go up by one."""
+        self.gpus.set_fault(gpu, "ecc", dbe=1, sbe_per_second=0.0)
+        for code in (DBE_XID, REMAP_XID, *[CONTAINED_XID] * contained):
+            self.gpus.set_fault(gpu, "xid", code=code)
+
     def restart_exporter(self) -> None:
         """The exporter restarts with a driver reload: a fresh exporter, sysfs counters from zero."""
         self._exporter.close()
@@ -226,6 +236,14 @@ def _fault_events(fault: Fault) -> list[Event]:
             )
         case "xid":
             return [Event(fault.start_s, lambda n: n.gpus.set_fault(gpu, "xid", code=params["code"]))]
+        case "xid_storm":
+            return _xid_storm(fault)
+        case "dbe_remap":  # the fault's end is the GPU reset that applies the remap
+            return _span(
+                fault,
+                lambda n: n.double_bit_error(gpu, params["contained"]),
+                lambda n: n.gpus.clear_fault(gpu, "ecc"),
+            )
         case "link_flap":  # down and up again `flaps` times, every period_s
             period = params["period_s"]
             events = []
@@ -256,6 +274,22 @@ def _fault_events(fault: Fault) -> list[Event]:
                 lambda n: n.sysfs.set_congestion(nic, 0.0),
             )
     raise SimulationError(f"fault kind {fault.kind!r} on {fault.node} has no simulated effect")
+
+
+def _xid_storm(fault: Fault) -> list[Event]:
+    """A crashing job's Xids: `events` of them spread evenly over the fault's span and the node's GPUs,
+    the first third graphics engine exceptions (13), then MMU faults (31), then stopped channels (43)."""
+    events, end = fault.params["events"], fault.end_s
+    assert end is not None  # sim.scenario gives every storm an end
+    return [
+        Event(
+            fault.start_s + index * (end - fault.start_s) / events,
+            lambda n, index=index: n.gpus.set_fault(
+                index % len(n.gpus.identities()), "xid", code=STORM_XIDS[index * len(STORM_XIDS) // events]
+            ),
+        )
+        for index in range(events)
+    ]
 
 
 def _span(fault: Fault, begin: Callable[[SimNode], None], end: Callable[[SimNode], None]) -> list[Event]:

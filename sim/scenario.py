@@ -33,6 +33,8 @@ FAULT_KINDS = (
     "dma_degraded",
     "gpu_lost",
     "xid",
+    "xid_storm",
+    "dbe_remap",
     "congestion",
 )
 CONFOUNDER_KINDS = ("job_stall", "stage_imbalance", "exporter_restart", "scrape_gap", "job_restart")
@@ -50,8 +52,11 @@ _FAULT_KEYS: dict[str, dict[str, Any]] = {
     "dma_degraded": {"mode": "no_gdr", "nic": 0, "gpu": 0},
     "gpu_lost": {"gpu": None},
     "xid": {"gpu": None, "code": 79},
+    "xid_storm": {"events": 200},  # application Xids of a crashing job, spread over the node's GPUs
+    "dbe_remap": {"gpu": None, "contained": 9},  # Xid 48, 63, then `contained` Xid 94s, as a real GPU did
     "congestion": {"nic": None, "level": 1.0},
 }
+XID_STORM_S = 90.0  # how long an xid_storm lasts when its end is not given
 _CONFOUNDER_KEYS: dict[str, dict[str, Any]] = {
     "job_stall": {"job": None, "start_s": None, "end_s": None},
     "stage_imbalance": {"job": None, "stage": None, "severity": 0.2},
@@ -117,7 +122,8 @@ class Fault:
     end_s: float | None = None
     gpu: int | None = None
     nic: int | None = None
-    params: Mapping[str, Any] = field(default_factory=dict)  # severity, flaps, period_s, mode, code, level
+    params: Mapping[str, Any] = field(default_factory=dict)  # severity, flaps, period_s, mode, code, level,
+    # events (xid_storm), contained (dbe_remap)
 
     @property
     def component(self) -> str:
@@ -292,7 +298,7 @@ def _fault(reader: _Reader, item: object, where: str, fleet: FleetSpec, duration
             values[key] = reader.integer(doc, key, where, default=default, minimum=0, maximum=count - 1)
         elif key == "mode":
             values[key] = reader.choice(doc, key, where, DMA_MODES, default=default)
-        elif key in ("flaps", "code"):
+        elif key in ("flaps", "code", "events", "contained"):
             values[key] = reader.integer(doc, key, where, default=default, minimum=1)
         else:
             values[key] = reader.number(doc, key, where, default=default, minimum=0)
@@ -300,6 +306,8 @@ def _fault(reader: _Reader, item: object, where: str, fleet: FleetSpec, duration
         raise reader.error(f"{where}.severity", "want a slowdown within (0, 5], e.g. 0.15 for 15% slower")
     if kind == "link_flap" and end is None:
         end = min(duration, start + values["flaps"] * values["period_s"])
+    if kind == "xid_storm" and end is None:
+        end = min(duration, start + XID_STORM_S)
     gpu, nic = values.pop("gpu", None), values.pop("nic", None)
     return Fault(kind, node, start, end, gpu, nic, values)
 
@@ -445,7 +453,7 @@ def _join(where: str, key: str) -> str:
 
 # InfiniteHBD trace fault descriptions -> the simulated fault that shows what a fleet would see
 _TRACE_KINDS = {
-    "GPU DBE(Double Bit ECC) > Threshold": "xid",
+    "GPU DBE(Double Bit ECC) > Threshold": "dbe_remap",
     "GPU xid Error": "xid",
     "GPU Lost": "gpu_lost",
     "GPU device not found": "gpu_lost",
@@ -456,7 +464,7 @@ _TRACE_KINDS = {
     "NIC Link Speed low": "link_flap",
     "GPU P2P Bandwidth Low": "slow_node",
 }
-_XID_FOR = {"GPU DBE(Double Bit ECC) > Threshold": 48, "GPU xid Error": 79}
+_XID_FOR = {"GPU xid Error": 79}
 
 
 @dataclass(frozen=True)
@@ -524,6 +532,9 @@ def _from_trace(
     match drawn.kind:
         case "xid":
             return Fault("xid", node, start, end, gpu=gpu, params={"code": _XID_FOR[drawn.desc]})
+        case "dbe_remap":
+            contained = _FAULT_KEYS["dbe_remap"]["contained"]
+            return Fault("dbe_remap", node, start, end, gpu=gpu, params={"contained": contained})
         case "gpu_lost" | "thermal_throttle":
             return Fault(drawn.kind, node, start, end, gpu=gpu)
         case "dma_degraded":

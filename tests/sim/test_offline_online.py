@@ -49,6 +49,8 @@ EVERY_KIND = {
         {"kind": "dma_degraded", "node": "vela-001", "gpu": 5, "start_s": 60, "mode": "pcie_downgrade"},
         {"kind": "gpu_lost", "node": "vela-003", "gpu": 6, "start_s": 150},
         {"kind": "xid", "node": "vela-001", "gpu": 2, "code": 48, "start_s": 90},
+        {"kind": "xid_storm", "node": "vela-005", "start_s": 60, "end_s": 120, "events": 120},
+        {"kind": "dbe_remap", "node": "vela-006", "gpu": 4, "start_s": 90, "end_s": 180},
         {"kind": "congestion", "node": "vela-002", "nic": 3, "start_s": 100, "end_s": 200},
     ],
     "confounders": [
@@ -229,6 +231,36 @@ def test_gpu_faults_show_as_xids_and_a_lost_gpu(every_kind):
     assert {t for t, value in up.items() if value == 0} == {t for t in up if t >= 150}
     lost = series(every_kind, "fleetlens_gpu_xid_errors_total", "vela-003", gpu="6", xid="79", source="nvml")
     assert min(lost) == 150
+
+
+def test_an_xid_storm_spreads_application_xids_over_the_gpus_within_its_span(every_kind):
+    counts = {
+        (gpu, xid): series(
+            every_kind, "fleetlens_gpu_xid_errors_total", "vela-005", gpu=str(gpu), xid=str(xid)
+        )
+        for gpu in range(8)
+        for xid in (13, 31, 43)
+    }
+    assert sum(max(values.values(), default=0) for values in counts.values()) == 120
+    assert all(60 <= min(values) <= 120 for values in counts.values() if values)
+    assert {xid for (_, xid), values in counts.items() if values} == {13, 31, 43}
+
+
+def test_a_double_bit_error_shows_as_a_real_gpu_reported_it_until_the_reset(every_kind):
+    xids = {
+        xid: series(every_kind, "fleetlens_gpu_xid_errors_total", "vela-006", gpu="4", xid=str(xid))
+        for xid in (48, 63, 94)
+    }
+    assert {xid: (min(values), max(values.values())) for xid, values in xids.items()} == {
+        48: (90, 1),
+        63: (90, 1),
+        94: (90, 9),
+    }
+    for metric in ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"):
+        values = series(every_kind, metric, "vela-006", gpu="4")
+        assert (increase(values, 0, 90), increase(values, 80, 240)) == (0, 1), metric
+    pending = series(every_kind, "fleetlens_gpu_row_remap_pending", "vela-006", gpu="4")
+    assert {t for t, value in pending.items() if value == 1} == {t for t in pending if 90 <= t < 180}
 
 
 def test_congestion_marks_packets_on_its_port(every_kind):
