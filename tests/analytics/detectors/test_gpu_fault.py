@@ -21,11 +21,15 @@ from analytics.store.records import Anomaly, ScrapeBatch
 from analytics.xid_catalog import Action, lookup
 from collectors.gpu.sim import SimBackend
 from collectors.xid import parse_xid_line
-from tests.analytics.detectors.test_gpu import reported
 from tests.analytics.detectors.test_hostile_inputs import BASE, EXAMPLES, VALUES, XID_LABELS, examples
 from tests.support.fleetdata import SimulatedFleet
 
 APPLICATION_XIDS = (13, 31, 43)  # graphics engine exception, MMU fault, a channel stopped by the app
+
+
+def reported(store: Store, window: Window) -> set[tuple[str, str]]:
+    """The GPUs gpu_fault reports in `window`, by node and component."""
+    return {(finding.node, finding.component) for finding in GpuFault().detect(store, window)}
 
 
 def drain_rule_for(finding: Finding) -> object:
@@ -148,7 +152,7 @@ def test_xids_a_lost_gpu_and_a_failed_row_remap_are_each_reported_on_their_gpu(s
         assert found[("vela-003", "gpu:0")].evidence["ecc_dbe_errors"] == 2
         assert found[("vela-004", "gpu:3")].evidence["xid_causes"] == {"31": "application"}  # listed too
         # the Xid was a moment; the lost GPU and the failed remap last
-        assert reported(GpuFault(), store, later) == {("vela-002", "gpu:1"), ("vela-003", "gpu:0")}
+        assert reported(store, later) == {("vela-002", "gpu:1"), ("vela-003", "gpu:0")}
 
 
 def test_an_xid_both_nvml_and_the_kernel_log_saw_counts_once(store: Store, tmp_path: Path):
@@ -189,7 +193,7 @@ def test_a_gpu_missing_after_a_reboot_is_lost_while_its_node_reports(store: Stor
             "reboot_node",
         )
         assert finding.evidence["lost"] == "no series while the node reports"
-        assert reported(GpuFault(), store, fleet.tick(skip={"vela-003"})) == set()
+        assert reported(store, fleet.tick(skip={"vela-003"})) == set()
 
 
 def test_the_runner_keeps_a_lost_gpu_open_while_it_is_lost(store: Store, tmp_path: Path):
