@@ -25,7 +25,7 @@ class CollectorOptions:
 
     sysfs_root: Path = Path("/sys")
     node: str = socket.gethostname()
-    gpu_backend: str = "nvml"  # nvml | sim | none
+    gpu_backend: str = "nvml"  # nvml | sim | none | replay:FILE[#N] (an nvidia-smi -q capture)
     gpu_sim_seed: int = 0
     gpu_sim_count: int = 8
     kernel_log: Path | None = None  # a dmesg/kmsg file to follow for NVRM Xid lines; None: no file

@@ -47,7 +47,12 @@ RUN_ERRORS = (
 def _exporter_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML config file (flags and FLEETLENS_* variables override it)")
     parser.add_argument("--sysfs-root", help="the /sys tree to read (default /sys)")
-    parser.add_argument("--gpu-backend", choices=["nvml", "sim", "none"], help="where GPU metrics come from")
+    parser.add_argument(
+        "--gpu-backend",
+        metavar="{nvml,sim,none,replay:FILE[#N]}",
+        help="where GPU metrics come from: NVML, simulated GPUs, none, or NVML's code answered by an"
+        " `nvidia-smi -q` capture in FILE (its Nth snapshot, counted from 1; the first by default)",
+    )
     parser.add_argument("--node", help="node name for the Hostname label (default: this host's name)")
     parser.add_argument("--kernel-log", help="kernel log file to follow for NVRM Xid lines (e.g. /dev/kmsg)")
     parser.add_argument("--nccl-logs", help="glob of NCCL_DEBUG=INFO log files to watch for GPUDirect RDMA")

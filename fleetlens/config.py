@@ -30,7 +30,8 @@ class ConfigError(ValueError):
     """A configuration value is missing, unknown or of the wrong type; the message says where it came from."""
 
 
-GpuBackend = Literal["nvml", "sim", "none"]
+GpuBackend = str  # nvml, sim, none or replay:FILE[#N]: checked by check_gpu_backend
+GPU_BACKENDS = ("nvml", "sim", "none")
 
 
 def split_listen(listen: str, where: str) -> tuple[str, int]:
@@ -47,6 +48,22 @@ def parse_shard(shard: str) -> tuple[int, int]:
     if not (sep and index.isdigit() and count.isdigit() and 0 <= int(index) < int(count)):
         raise ConfigError(f"hub.shard: {shard!r} is not i/n with 0 <= i < n")
     return int(index), int(count)
+
+
+def check_gpu_backend(name: str, where: str) -> None:
+    """ConfigError naming `where` unless `name` is one of GPU_BACKENDS or replay:FILE[#N] (whether FILE
+    holds a capture is the backend's to say, when it opens)."""
+    if name in GPU_BACKENDS:
+        return
+    from collectors.errors import GpuBackendError  # the exporter's: loaded when a replay is named
+    from collectors.gpu.backend import is_replay, parse_replay_backend
+
+    if not is_replay(name):
+        raise ConfigError(f"{where}: {name!r} is not one of {', '.join(GPU_BACKENDS)}, or replay:FILE[#N]")
+    try:
+        parse_replay_backend(name)
+    except GpuBackendError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _check_range(where: str, value: float, low: float, high: float) -> None:
@@ -73,6 +90,7 @@ class ExporterConfig:
 
     def __post_init__(self) -> None:
         split_listen(self.listen, "exporter.listen")
+        check_gpu_backend(self.gpu_backend, "exporter.gpu_backend")
         try:
             re.compile(self.netclass_ignored_devices)
         except re.error as exc:

@@ -1,0 +1,698 @@
+"""A pynvml that answers from a real `nvidia-smi -q` capture, so that the real NVML path runs without a GPU.
+
+Why it exists: the exporter's NVML code (collectors.gpu.nvml.NvmlBackend, the gpu collector after it)
+needs a driver, and the machines that build and test fleetlens have none; hand-written fakes only say what
+their author believed NVML says. A capture is what a driver did say. `load_capture` parses one and returns
+a stand-in for the pynvml module that NvmlBackend takes as its `nvml` argument, so the same backend and
+collector code run unchanged on real values: `--gpu-backend replay:FILE[#N]` in the exporter, and the
+comparisons in tests/collectors/gpu/test_replay.py.
+
+The stand-in answers as the driver did when nvidia-smi printed the capture: a value nvidia-smi shows as
+N/A, or does not show, raises NVMLError(NVML_ERROR_NOT_SUPPORTED); an NVML error string in its place
+("Unknown Error", "GPU is lost") raises that error; a capture in the pre-R535 spelling ("Clocks Throttle
+Reasons") has no nvmlDeviceGetCurrentClocksEventReasons (NVML_ERROR_FUNCTION_NOT_FOUND), as those drivers
+had none. Its event set never delivers an event. nvidia-smi -q does not print the profile of a MIG
+device; an `nvidia-smi -L` listing in the same file does, and nvmlDeviceGetAttributes answers from it.
+
+The text: every `==============NVSMI LOG==============` block of a file is one snapshot (a bare
+`nvidia-smi -q` capture has one; nvidia_gpu_exporter's capture files have an idle and a load one), each a
+tree of `Key : Value` lines nested by indentation, one `GPU <PCI bus id>` section per device in NVML's
+index order. R535's and R590's spellings, and the older ECC ones, are read. `nvidia-smi -q -x` (XML) is
+not: no real XML capture was at hand to check it against.
+
+Bad input is a GpuBackendError naming the file, and the line where there is one; nothing else escapes.
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+import inspect
+import operator
+import os
+import re
+import stat
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from collectors.errors import GpuBackendError
+from collectors.gpu.model import MIB, normalize_pci_bus_id
+from collectors.gpu.nvml import handle_address
+
+BANNER = "==============NVSMI LOG=============="
+MAX_CAPTURE_BYTES = 64 * MIB  # a 64-GPU capture is under 1 MiB; past this it is no capture
+
+KeyPath = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Unanswered:
+    """What NVML says instead of a value: the error `code` the stand-in raises."""
+
+    code: int
+
+
+NOT_SHOWN = Unanswered(pynvml.NVML_ERROR_NOT_SUPPORTED)
+Answer = int | float | str | Unanswered
+
+# What nvidia-smi prints where NVML answered an error (N/A: not supported), by that error.
+NVML_ERROR_TEXT = {
+    "n/a": pynvml.NVML_ERROR_NOT_SUPPORTED,
+    "not supported": pynvml.NVML_ERROR_NOT_SUPPORTED,
+    "insufficient permissions": pynvml.NVML_ERROR_NO_PERMISSION,
+    "gpu is lost": pynvml.NVML_ERROR_GPU_IS_LOST,
+    "gpu requires restart": pynvml.NVML_ERROR_RESET_REQUIRED,
+    "requested functionality has been deprecated": pynvml.NVML_ERROR_DEPRECATED,
+    "unknown error": pynvml.NVML_ERROR_UNKNOWN,
+}
+FLAG_TEXT = {"yes": 1, "no": 0, "enabled": 1, "disabled": 0, "active": 1, "not active": 0}
+NUMBER = re.compile(r"(?P<number>-?\d{1,20}(?:\.\d{1,9})?) ?(?P<unit>\S*)")
+MAX_LISTED_LINE = 512  # an `nvidia-smi -L` line is under 120 characters; longer ones are not matched
+LISTED_GPU = re.compile(r"GPU \d+: .* \(UUID: (?P<uuid>[^)]+)\)")
+LISTED_MIG = re.compile(
+    r"\s+MIG (?:(?P<compute>\d{1,2})c\.)?(?P<gpu>\d{1,2})g\.\d{1,5}gb\S*\s+Device\s+(?P<index>\d{1,3}): .*"
+)
+
+
+class _CaptureProblem(Exception):
+    """Bad capture text at `line` (from 1; 0: the file as a whole)."""
+
+    def __init__(self, line: int, problem: str) -> None:
+        super().__init__(problem)
+        self.line = line
+
+
+@dataclass
+class Entry:
+    """One `Key : Value` line, or a section header (value None), with the lines indented under it."""
+
+    key: str
+    value: str | None
+    line: int
+    children: list[Entry] = field(default_factory=list)
+
+    def find(self, path: KeyPath) -> Entry | None:
+        """The first entry at `path` under this one; keys match whatever their case (R535's `Gpu` is
+        R590's `GPU`)."""
+        entry: Entry | None = self
+        for key in path:
+            wanted = key.casefold()
+            entry = next((child for child in entry.children if child.key.casefold() == wanted), None)
+            if entry is None:
+                return None
+        return entry
+
+    def named(self, key: str) -> list[Entry]:
+        """The children called `key` (a section may repeat one: `MIG Device`)."""
+        return [child for child in self.children if child.key.casefold() == key.casefold()]
+
+    def descendants(self) -> Iterator[Entry]:
+        """Every entry under this one, depth first (without recursion: hostile input nests deep)."""
+        pending = list(reversed(self.children))
+        while pending:
+            entry = pending.pop()
+            yield entry
+            pending.extend(reversed(entry.children))
+
+
+@dataclass
+class _OpenSection:
+    indent: int
+    entry: Entry
+    child_indent: int | None = None
+
+
+def parse_entries(lines: Sequence[str], first_line: int) -> Entry:
+    """The tree of one snapshot's lines (`lines[0]` is line `first_line` of the file), under a root entry."""
+    root = Entry("", None, first_line - 1)
+    open_sections = [_OpenSection(-1, root)]
+    for number, text in enumerate(lines, first_line):
+        if not text.strip():
+            continue
+        indent = len(text) - len(text.lstrip(" "))
+        if text[indent].isspace():
+            raise _CaptureProblem(number, "indented with something other than spaces")
+        while open_sections[-1].indent >= indent:
+            open_sections.pop()
+        parent = open_sections[-1]
+        if parent.child_indent is None:
+            parent.child_indent = indent
+        elif parent.child_indent != indent:
+            raise _CaptureProblem(
+                number, f"indented by {indent}, where the lines beside it are by {parent.child_indent}"
+            )
+        entry = _entry(text.strip(), number)
+        parent.entry.children.append(entry)
+        open_sections.append(_OpenSection(indent, entry))
+    return root
+
+
+def _entry(text: str, line: int) -> Entry:
+    """`Key   : Value` (nvidia-smi pads keys with spaces to the colon), else a section header."""
+    key, colon, value = text.partition(" :")
+    return Entry(key.rstrip(), value.strip(), line) if colon else Entry(text, None, line)
+
+
+def _value(entry: Entry, unit: str) -> Answer:
+    """The value of a `Key : Value` line, expected in `unit` ("MHz", "" for a count, "text", "flag")."""
+    text = entry.value
+    if text is None:
+        raise _CaptureProblem(entry.line, f"{entry.key}: a section where a value belongs")
+    if text.casefold() in NVML_ERROR_TEXT:
+        return Unanswered(NVML_ERROR_TEXT[text.casefold()])
+    if unit == "text":
+        return text
+    if unit == "flag":
+        if text.casefold() not in FLAG_TEXT:
+            raise _CaptureProblem(entry.line, f"{entry.key}: expected Yes/No or (Not) Active, got {text!r}")
+        return FLAG_TEXT[text.casefold()]
+    match = NUMBER.fullmatch(text)
+    if match is None or match["unit"] != unit:
+        expected = f"a number in {unit}" if unit else "a number"
+        raise _CaptureProblem(entry.line, f"{entry.key}: expected {expected}, got {text!r}")
+    number = match["number"]
+    return float(number) if "." in number else int(number)
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One NVML answer and where nvidia-smi prints it: `spellings` are the alternatives (one driver's,
+    an older one's), the first that the section holds wins; a spelling of several lines is their sum."""
+
+    unit: str
+    spellings: tuple[tuple[KeyPath, ...], ...]
+
+    def answer(self, section: Entry) -> Answer:
+        for spelling in self.spellings:
+            entries = [section.find(path) for path in spelling]
+            if all(entry is not None for entry in entries):
+                values = [_value(entry, self.unit) for entry in entries if entry is not None]
+                unanswered = [value for value in values if isinstance(value, Unanswered)]
+                if unanswered:
+                    return unanswered[0]
+                return values[0] if len(values) == 1 else sum(values)
+        return _section_error(section, self.spellings[0][0])
+
+
+def _section_error(section: Entry, path: KeyPath) -> Unanswered:
+    """Why a value is not in the capture: the error its section prints in place of its lines (`Remapped
+    Rows : N/A` in MIG mode), else NOT_SUPPORTED: nvidia-smi -q omits what the driver does not support."""
+    for depth in range(1, len(path)):
+        entry = section.find(path[:depth])
+        if entry is None:
+            break
+        if entry.value is not None and not entry.children:
+            return _unanswered(entry)
+    return NOT_SHOWN
+
+
+def _at(unit: str, *paths: KeyPath) -> Fact:
+    """A fact printed on one line, at the first of `paths` that the section holds."""
+    return Fact(unit, tuple((path,) for path in paths))
+
+
+def _ecc(counter: str, *spellings: tuple[str, ...]) -> Fact:
+    """ECC errors under `ECC Errors/<counter>`: the sum of a spelling's lines (`a/b`: b under a)."""
+    return Fact(
+        "",
+        tuple(tuple(("ECC Errors", counter, *line.split("/")) for line in lines) for lines in spellings),
+    )
+
+
+CLOCKS = {
+    pynvml.NVML_CLOCK_GRAPHICS: "Graphics",
+    pynvml.NVML_CLOCK_SM: "SM",
+    pynvml.NVML_CLOCK_MEM: "Memory",
+    pynvml.NVML_CLOCK_VIDEO: "Video",
+}
+ECC_COUNTERS = {pynvml.NVML_VOLATILE_ECC: "Volatile", pynvml.NVML_AGGREGATE_ECC: "Aggregate"}
+ECC_TYPES = {
+    pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED: "corrected",
+    pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED: "uncorrected",
+}
+FB_PARTS = ("Total", "Reserved", "Used", "Free")
+POWER_SECTIONS = ("GPU Power Readings", "Power Readings")  # R535 and later; before
+
+# Every fact a GPU or MIG device section may hold, by the name the stand-in asks for it.
+FACTS: dict[str, Fact] = {
+    "name": _at("text", ("Product Name",)),
+    "uuid": _at("text", ("GPU UUID",)),
+    "minor number": _at("", ("Minor Number",)),
+    **{f"clock {name}": _at("MHz", ("Clocks", name)) for name in CLOCKS.values()},
+    **{f"max clock {name}": _at("MHz", ("Max Clocks", name)) for name in CLOCKS.values()},
+    "gpu temperature": _at("C", ("Temperature", "GPU Current Temp")),
+    "memory temperature": _at("C", ("Temperature", "Memory Current Temp")),
+    "power draw": _at(
+        "W", *((section, key) for section in POWER_SECTIONS for key in ("Power Draw", "Average Power Draw"))
+    ),
+    "power limit": _at(
+        "W",
+        *(
+            (section, key)
+            for section in POWER_SECTIONS
+            for key in ("Current Power Limit", "Enforced Power Limit")
+        ),
+    ),
+    "gpu utilization": _at("%", ("Utilization", "GPU")),
+    "memory utilization": _at("%", ("Utilization", "Memory")),
+    # a MIG device's own framebuffer is `Shared FB Memory Usage` (R590) or `FB Memory Usage` (before)
+    **{
+        f"fb {part.lower()}": _at("MiB", ("Shared FB Memory Usage", part), ("FB Memory Usage", part))
+        for part in FB_PARTS
+    },
+    "pcie replays": _at("", ("PCI", "Replays Since Reset")),
+    "pcie tx": _at("KB/s", ("PCI", "Tx Throughput")),
+    "pcie rx": _at("KB/s", ("PCI", "Rx Throughput")),
+    "pcie generation": _at("", ("PCI", "GPU Link Info", "PCIe Generation", "Current")),
+    "pcie max generation": _at("", ("PCI", "GPU Link Info", "PCIe Generation", "Max")),
+    "pcie width": _at("x", ("PCI", "GPU Link Info", "Link Width", "Current")),
+    "pcie max width": _at("x", ("PCI", "GPU Link Info", "Link Width", "Max")),
+    # NVML's totals: R535 splits SRAM and DRAM, R470 to R525 too without the parity/SEC-DED split, older
+    # drivers (and GPUs without HBM still) print Single Bit and Double Bit per memory with a Total.
+    **{
+        f"ecc corrected {counter}": _ecc(
+            counter, ("SRAM Correctable", "DRAM Correctable"), ("Single Bit/Total",)
+        )
+        for counter in ECC_COUNTERS.values()
+    },
+    **{
+        f"ecc uncorrected {counter}": _ecc(
+            counter,
+            ("SRAM Uncorrectable Parity", "SRAM Uncorrectable SEC-DED", "DRAM Uncorrectable"),
+            ("SRAM Uncorrectable", "DRAM Uncorrectable"),
+            ("Double Bit/Total",),
+        )
+        for counter in ECC_COUNTERS.values()
+    },
+    "remapped correctable": _at("", ("Remapped Rows", "Correctable Error")),
+    "remapped uncorrectable": _at("", ("Remapped Rows", "Uncorrectable Error")),
+    "remap pending": _at("flag", ("Remapped Rows", "Pending")),
+    "remap failure": _at("flag", ("Remapped Rows", "Remapping Failure Occurred")),
+    "mig mode": _at("flag", ("MIG Mode", "Current")),
+    "mig mode pending": _at("flag", ("MIG Mode", "Pending")),
+    # a MIG device section's
+    "mig index": _at("", ("Index",)),
+    "gpu instance id": _at("", ("GPU Instance ID",)),
+    **{
+        f"shared {engine}": _at("", ("Device Attributes", "Shared", f"{engine} count"))
+        for engine in ("Multiprocessor", "Copy Engine", "Decoder", "Encoder", "JPG", "OFA")
+    },
+}
+
+# The reasons NVML's clock reason bitmask holds, by their line in `Clocks Event Reasons` (R535 and later)
+# or `Clocks Throttle Reasons` (before); nvidia-smi nests the HW Slowdown causes under HW Slowdown.
+CLOCK_REASON_BITS = {
+    "idle": pynvml.nvmlClocksEventReasonGpuIdle,
+    "applications clocks setting": pynvml.nvmlClocksEventReasonApplicationsClocksSetting,
+    "sw power cap": pynvml.nvmlClocksEventReasonSwPowerCap,
+    "hw slowdown": pynvml.nvmlClocksEventReasonHwSlowdown,
+    "sync boost": pynvml.nvmlClocksEventReasonSyncBoost,
+    "sw thermal slowdown": pynvml.nvmlClocksEventReasonSwThermalSlowdown,
+    "hw thermal slowdown": pynvml.nvmlClocksEventReasonHwThermalSlowdown,
+    "hw power brake slowdown": pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown,
+    "display clock setting": pynvml.nvmlClocksEventReasonDisplayClockSetting,
+}
+CLOCK_REASON_SECTIONS = {
+    "Clocks Event Reasons": "clock event reasons",
+    "Clocks Throttle Reasons": "clock throttle reasons",
+}
+
+
+def _clock_reasons(gpu: Entry) -> dict[str, Answer]:
+    """The active reasons as NVML's bitmask, under the name of the function this capture's driver had."""
+    for section_key, answer_name in CLOCK_REASON_SECTIONS.items():
+        section = gpu.find((section_key,))
+        if section is not None:
+            return {answer_name: _reason_mask(section)}
+    return {}
+
+
+def _reason_mask(section: Entry) -> Answer:
+    states = [
+        (CLOCK_REASON_BITS[entry.key.casefold()], _value(entry, "flag"))
+        for entry in section.descendants()
+        if entry.key.casefold() in CLOCK_REASON_BITS
+    ]
+    if not states:  # `Clocks Event Reasons : N/A`, or a section without a reason NVML has a bit for
+        return NOT_SHOWN if section.value is None else _unanswered(section)
+    answered = [(bit, state) for bit, state in states if not isinstance(state, Unanswered)]
+    if not answered:  # every reason N/A: the error NVML gave
+        return states[0][1]
+    return functools.reduce(operator.or_, (bit for bit, state in answered if state), 0)
+
+
+def _unanswered(entry: Entry) -> Unanswered:
+    """The NVML error a line prints in place of a value that is no `Key : Value` value."""
+    answer = _value(entry, "text")
+    if not isinstance(answer, Unanswered):
+        raise _CaptureProblem(entry.line, f"{entry.key}: expected the lines under it, or N/A; got {answer!r}")
+    return answer
+
+
+@dataclass(frozen=True)
+class ReplayDevice:
+    """What a capture says of one GPU, or one MIG device of it, by FACTS' names."""
+
+    answers: Mapping[str, Answer]
+    mig_devices: tuple[ReplayDevice, ...] = ()
+    slices: tuple[int, int] | None = None  # a MIG device's GPU and compute instance slices (nvidia-smi -L)
+
+
+def _devices(root: Entry, listed_slices: Mapping[tuple[str, int], tuple[int, int]]) -> list[ReplayDevice]:
+    """The GPU sections of a snapshot, in order; `listed_slices` by (GPU UUID, MIG device index)."""
+    devices: list[ReplayDevice] = []
+    first_seen: dict[str, int] = {}
+    for section in root.children:
+        if not section.key.startswith("GPU ") or section.value is not None:
+            continue
+        try:
+            bus_id = normalize_pci_bus_id(section.key.removeprefix("GPU "))
+        except ValueError:
+            raise _CaptureProblem(section.line, f"{section.key!r} is not `GPU <PCI bus id>`") from None
+        if bus_id in first_seen:
+            raise _CaptureProblem(section.line, f"GPU {bus_id} again (first at line {first_seen[bus_id]})")
+        first_seen[bus_id] = section.line
+        devices.append(_gpu(section, bus_id, listed_slices))
+    return devices
+
+
+def _gpu(
+    section: Entry, bus_id: str, listed_slices: Mapping[tuple[str, int], tuple[int, int]]
+) -> ReplayDevice:
+    answers: dict[str, Answer] = {name: fact.answer(section) for name, fact in FACTS.items()}
+    answers.update(_clock_reasons(section))
+    answers["bus id"] = bus_id
+    holder = section.find(("MIG Devices",))  # before R590 the MIG Device sections are under MIG Devices
+    migs = section.named("MIG Device") + (holder.named("MIG Device") if holder else [])
+    return ReplayDevice(answers, tuple(_mig(mig, answers["uuid"], listed_slices) for mig in migs))
+
+
+def _mig(
+    section: Entry, gpu_uuid: Answer, listed_slices: Mapping[tuple[str, int], tuple[int, int]]
+) -> ReplayDevice:
+    answers = {name: fact.answer(section) for name, fact in FACTS.items()}
+    index = answers["mig index"]
+    slices = (
+        listed_slices.get((gpu_uuid, index)) if isinstance(gpu_uuid, str) and isinstance(index, int) else None
+    )
+    return ReplayDevice(answers, slices=slices)
+
+
+def _listed_slices(lines: Sequence[str]) -> dict[tuple[str, int], tuple[int, int]]:
+    """(GPU instance slices, compute instance slices) of each MIG device an `nvidia-smi -L` listing in
+    the file names ("MIG 3g.40gb Device 0", "MIG 1c.3g.40gb Device 1"), by (GPU UUID, MIG device index)."""
+    slices: dict[tuple[str, int], tuple[int, int]] = {}
+    uuid = None
+    for line in (line for line in lines if len(line) < MAX_LISTED_LINE):
+        if gpu := LISTED_GPU.fullmatch(line):
+            uuid = gpu["uuid"]
+        elif (mig := LISTED_MIG.fullmatch(line)) and uuid is not None:
+            gpu_slices = int(mig["gpu"])
+            slices[uuid, int(mig["index"])] = (gpu_slices, int(mig["compute"] or gpu_slices))
+    return slices
+
+
+def _snapshot_spans(lines: Sequence[str]) -> list[tuple[int, int]]:
+    """(first, end) line indexes of each snapshot's lines: after its banner, up to the next banner, the
+    next `#` section header of a multi-section capture, or the end of the file."""
+    starts = [index + 1 for index, line in enumerate(lines) if line.strip() == BANNER]
+    ends = [
+        next(
+            (i for i in range(start, len(lines)) if lines[i].startswith("#") or lines[i].strip() == BANNER),
+            len(lines),
+        )
+        for start in starts
+    ]
+    return list(zip(starts, ends, strict=True))
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, up to one past the limit. Opened without blocking, and refused unless a regular
+    file: reading a FIFO (or a terminal) would wait for a writer, and the exporter's start with it."""
+    try:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY), "rb") as capture:
+            if not stat.S_ISREG(os.fstat(capture.fileno()).st_mode):
+                raise _CaptureProblem(0, "not a regular file")
+            return capture.read(MAX_CAPTURE_BYTES + 1)
+    except OSError as error:
+        raise _CaptureProblem(0, f"cannot read the capture: {error.strerror or error}") from None
+
+
+def _read_lines(path: Path) -> list[str]:
+    data = _read_bytes(path)
+    if len(data) > MAX_CAPTURE_BYTES:
+        raise _CaptureProblem(0, f"larger than {MAX_CAPTURE_BYTES // MIB} MiB: not an nvidia-smi capture")
+    data = data.removeprefix(codecs.BOM_UTF8)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise _CaptureProblem(line, f"not UTF-8 text (byte {data[error.start]:#04x})") from None
+    return text.replace("\r\n", "\n").split("\n")
+
+
+def load_capture(path: Path, snapshot: int = 1) -> ReplayNvml:
+    """A pynvml stand-in for NvmlBackend that answers from the `snapshot`th (from 1) `nvidia-smi -q`
+    snapshot in the file at `path`. Raises GpuBackendError naming the file, and the line where one is
+    at fault, when the file cannot be read, holds no such snapshot or a line that is not nvidia-smi's."""
+    try:
+        lines = _read_lines(path)
+        spans = _snapshot_spans(lines)
+        if not spans:
+            raise _CaptureProblem(0, f"no nvidia-smi -q output in it (no {BANNER} line)")
+        if not 1 <= snapshot <= len(spans):
+            raise _CaptureProblem(0, f"no nvidia-smi -q snapshot #{snapshot}: it holds {len(spans)}")
+        first, end = spans[snapshot - 1]
+        root = parse_entries(lines[first:end], first + 1)
+        devices = _devices(root, _listed_slices(lines))
+    except _CaptureProblem as problem:
+        where = f"{path}:{problem.line}" if problem.line else str(path)
+        raise GpuBackendError(f"{where}: {problem}") from None
+    return ReplayNvml(devices)
+
+
+class ReplayNvml:
+    """pynvml as a driver would have answered when the capture was taken: the calls NvmlBackend makes,
+    under pynvml's names and parameters, with pynvml's constants, structs and NVMLError."""
+
+    def __init__(self, gpus: Sequence[ReplayDevice]) -> None:
+        self._targets: list[Any] = []  # what the handles point at, kept alive with them
+        self._devices: dict[int | None, ReplayDevice] = {}
+        self._gpu_handles = [self._new_handle(gpu) for gpu in gpus]
+        self._mig_handles = {
+            handle_address(handle): [self._new_handle(mig) for mig in gpu.mig_devices]
+            for handle, gpu in zip(self._gpu_handles, gpus, strict=True)
+        }
+        self._initialized = 0
+
+    def __getattr__(self, name: str) -> Any:
+        """pynvml's constants, structs and NVMLError; never one of its functions, which would ask a driver."""
+        value = getattr(pynvml, name)
+        if inspect.isfunction(value):
+            raise AttributeError(f"the replay does not answer pynvml.{name}")
+        return value
+
+    def _new_handle(self, device: ReplayDevice) -> Any:
+        target = pynvml.struct_c_nvmlDevice_t()
+        self._targets.append(target)
+        handle = pynvml.c_nvmlDevice_t(target)
+        self._devices[handle_address(handle)] = device
+        return handle
+
+    def _device(self, handle: Any) -> ReplayDevice:
+        if not self._initialized:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        device = self._devices.get(handle_address(handle))
+        if device is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return device
+
+    def _answer(self, handle: Any, name: str) -> Any:
+        answer = self._device(handle).answers.get(name, NOT_SHOWN)
+        if isinstance(answer, Unanswered):
+            raise pynvml.NVMLError(answer.code)
+        return answer
+
+    def _int(self, handle: Any, name: str) -> int:
+        return int(self._answer(handle, name))
+
+    def _milli(self, handle: Any, name: str) -> int:
+        return round(self._answer(handle, name) * 1000)
+
+    def nvmlInit(self) -> None:
+        self._initialized += 1
+
+    def nvmlShutdown(self) -> None:
+        if not self._initialized:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        self._initialized -= 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        if not self._initialized:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        return len(self._gpu_handles)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        if not 0 <= index < self.nvmlDeviceGetCount():
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._gpu_handles[index]
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        return self._answer(handle, "uuid")
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        return self._answer(handle, "name")
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        return self._int(handle, "minor number")
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
+        bus_id = self._answer(handle, "bus id")
+        domain, bus, device = (int(part, 16) for part in re.split(r"[:.]", bus_id)[:3])
+        return pynvml.nvmlPciInfo_t(busId=bus_id.encode(), domain=domain, bus=bus, device=device)
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, type: int) -> int:
+        return self._int(handle, f"clock {CLOCKS.get(type)}")
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: Any, type: int) -> int:
+        return self._int(handle, f"max clock {CLOCKS.get(type)}")
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._int(handle, "gpu temperature")
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: Sequence[int | tuple[int, int]]) -> Any:
+        """Only the memory temperature: nvidia-smi -q prints no other field NvmlBackend asks for."""
+        device = self._device(handle)
+        values = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        for entry, requested in zip(values, fieldIds, strict=True):
+            entry.fieldId, entry.scopeId = requested if isinstance(requested, tuple) else (requested, 0)
+            memory_temperature = (entry.fieldId, entry.scopeId) == (pynvml.NVML_FI_DEV_MEMORY_TEMP, 0)
+            answer = device.answers["memory temperature"] if memory_temperature else NOT_SHOWN
+            if isinstance(answer, Unanswered):
+                entry.nvmlReturn = answer.code
+            else:
+                entry.nvmlReturn = pynvml.NVML_SUCCESS
+                entry.valueType = pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG
+                entry.value.sllVal = int(answer)
+        return values
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        return self._milli(handle, "power draw")
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
+        return self._milli(handle, "power limit")
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
+        """nvidia-smi -q does not print it."""
+        self._device(handle)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
+        gpu, memory = self._int(handle, "gpu utilization"), self._int(handle, "memory utilization")
+        return pynvml.c_nvmlUtilization_t(gpu=gpu, memory=memory)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
+        total, free, used = (self._int(handle, f"fb {part}") * MIB for part in ("total", "free", "used"))
+        if not version:
+            return pynvml.c_nvmlMemory_t(total=total, free=free, used=used)
+        reserved = self._int(handle, "fb reserved") * MIB
+        return pynvml.c_nvmlMemory_v2_t(version=version, total=total, reserved=reserved, free=free, used=used)
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:
+        return self._int(handle, "pcie replays")
+
+    def nvmlDeviceGetPcieThroughput(self, device: Any, counter: int) -> int:
+        directions = {pynvml.NVML_PCIE_UTIL_TX_BYTES: "pcie tx", pynvml.NVML_PCIE_UTIL_RX_BYTES: "pcie rx"}
+        if counter not in directions:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._int(device, directions[counter])
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any) -> int:
+        return self._int(handle, "pcie generation")
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> int:
+        return self._int(handle, "pcie max generation")
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any) -> int:
+        return self._int(handle, "pcie width")
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int:
+        return self._int(handle, "pcie max width")
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
+        answers = self._device(handle).answers
+        if "clock throttle reasons" in answers:  # a driver before R535: no such function
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return self._int(handle, "clock event reasons")
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
+        answers = self._device(handle).answers
+        return self._int(
+            handle, "clock throttle reasons" if "clock throttle reasons" in answers else "clock event reasons"
+        )
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int:
+        if errorType not in ECC_TYPES or counterType not in ECC_COUNTERS:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._int(handle, f"ecc {ECC_TYPES[errorType]} {ECC_COUNTERS[counterType]}")
+
+    def nvmlDeviceGetRemappedRows(self, device: Any) -> tuple[int, int, int, int]:
+        names = ("remapped correctable", "remapped uncorrectable", "remap pending", "remap failure")
+        correctable, uncorrectable, pending, failure = (self._int(device, name) for name in names)
+        return correctable, uncorrectable, pending, failure
+
+    def nvmlDeviceGetMigMode(self, device: Any) -> list[int]:
+        return [self._int(device, "mig mode"), self._int(device, "mig mode pending")]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: Any) -> int:
+        """As many as the capture shows (a driver says how many the GPU could hold, 7 on an H100)."""
+        self._answer(device, "mig mode")
+        return len(self._device(device).mig_devices)
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: Any, index: int) -> Any:
+        self._device(device)
+        handles = self._mig_handles.get(handle_address(device), [])
+        if not 0 <= index < len(handles):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return handles[index]
+
+    def nvmlDeviceGetGpuInstanceId(self, device: Any) -> int:
+        return self._int(device, "gpu instance id")
+
+    def nvmlDeviceGetAttributes(self, device: Any) -> Any:
+        """A MIG device's, where an `nvidia-smi -L` listing in the capture gives its slices."""
+        slices = self._device(device).slices
+        if slices is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return pynvml.c_nvmlDeviceAttributes(
+            multiprocessorCount=self._int(device, "shared Multiprocessor"),
+            sharedCopyEngineCount=self._int(device, "shared Copy Engine"),
+            sharedDecoderCount=self._int(device, "shared Decoder"),
+            sharedEncoderCount=self._int(device, "shared Encoder"),
+            sharedJpegCount=self._int(device, "shared JPG"),
+            sharedOfaCount=self._int(device, "shared OFA"),
+            gpuInstanceSliceCount=slices[0],
+            computeInstanceSliceCount=slices[1],
+            memorySizeMB=self._int(device, "fb total"),
+        )
+
+    def nvmlEventSetCreate(self) -> object:
+        return object()
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: object) -> None:
+        self._device(handle)
+
+    def nvmlEventSetWait(self, eventSet: object, timeoutms: int) -> Any:
+        """A capture holds no events: the wait times out, as on a quiet driver, after as long."""
+        time.sleep(max(timeoutms, 0) / 1000)
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+
+    def nvmlEventSetFree(self, eventSet: object) -> None:
+        """Nothing to free."""
