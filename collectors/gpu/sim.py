@@ -19,6 +19,10 @@ Driving it (the fleet simulator's API):
 Fault kinds, their parameters and defaults (FAULTS):
 
     thermal_throttle  temp_c, clock_factor       hot GPU, SM clock cut, SW and HW thermal slowdown set
+    power_brake       clock_factor               the system asserted the power brake: SM clock cut, HW
+                                                 Slowdown and HW Power Brake Slowdown set (the 8-H100
+                                                 capture in ../shared/fixtures/gpud idles at 86 MHz, a
+                                                 healthy H100 at 345: 0.25); set on every GPU of a node
     slow              clock_factor               SM clock cut with no reason reported: a silent straggler
     pcie_downgrade    gen, width, replays_per_second   link trained below its max, replays grow
     ecc               sbe_per_second, dbe, remap_failure   SBEs grow; `dbe` DBEs at once, each remapping
@@ -47,12 +51,20 @@ XID_FALLEN_OFF_THE_BUS = 79
 
 FAULTS: dict[str, dict[str, Any]] = {
     "thermal_throttle": {"temp_c": 90.0, "clock_factor": 0.6},
+    "power_brake": {"clock_factor": 0.25},
     "slow": {"clock_factor": 0.7},
     "pcie_downgrade": {"gen": 4, "width": 8, "replays_per_second": 5.0},
     "ecc": {"sbe_per_second": 0.5, "dbe": 1, "remap_failure": False},
     "host_staged": {"pcie_factor": 2.0},
     "gpu_lost": {},
     "xid": {"code": 13},
+}
+
+
+# The clocks-event reasons NVML reports while each fault lasts.
+SLOWDOWNS = {
+    "thermal_throttle": ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown"),
+    "power_brake": ("hw_slowdown", "hw_power_brake_slowdown"),
 }
 
 
@@ -241,7 +253,9 @@ class SimBackend:
         return [self._gpus[gpu]]
 
     def _clock_factor(self, gpu: _Gpu) -> float:
-        return gpu.param("thermal_throttle", "clock_factor", 1.0) * gpu.param("slow", "clock_factor", 1.0)
+        return math.prod(
+            gpu.param(kind, "clock_factor", 1.0) for kind in ("thermal_throttle", "power_brake", "slow")
+        )
 
     def _power_w(self, gpu: _Gpu) -> float:
         return gpu.power_scale * between(self.profile.power_w, gpu.load * self._clock_factor(gpu))
@@ -272,10 +286,9 @@ class SimBackend:
         load = gpu.load
         fb_used = round(between(p.fb_used_mib, load))
         reasons = THROTTLE_REASONS["gpu_idle"] if load == 0 else 0
-        if "thermal_throttle" in gpu.faults:
-            reasons |= sum(
-                THROTTLE_REASONS[r] for r in ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown")
-            )
+        for kind, slowdowns in SLOWDOWNS.items():
+            if kind in gpu.faults:
+                reasons |= sum(THROTTLE_REASONS[reason] for reason in slowdowns)
         gpu_temp = gpu.param("thermal_throttle", "temp_c", between(p.gpu_temp_c, load) + gpu.temp_offset_c)
         pcie_factor = gpu.param("host_staged", "pcie_factor", 1.0)
         sample = GpuSample(

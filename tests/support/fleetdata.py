@@ -31,6 +31,7 @@ from collectors.base import CollectorOptions, ReadErrors
 from collectors.exporter import Exporter
 from collectors.follow import FollowedFile
 from collectors.gpu.collector import GpuCollector
+from collectors.gpu.model import GpuBackend
 from collectors.gpu.sim import ManualClock, SimBackend
 from collectors.steprecord import StepRecord
 from collectors.textformat import render
@@ -50,7 +51,7 @@ class SimulatedNode:
     name: str
     index: int
     sysfs: SimSysfs
-    gpus: SimBackend
+    gpus: SimBackend  # the fault hooks; a node given real GPUs (`real_gpus`) is read from those instead
     nccl_dir: Path
     exporter: Exporter
     parser: ExpositionParser
@@ -70,7 +71,9 @@ class SimulatedFleet:
 
     Samples are `interval_s` apart from an hour ago, at multiples of `interval_s` (as the detection
     runner aligns its windows), so that the store's retention keeps them. `kernel_logs` names, per
-    node, the file its xid collector follows as its kernel log (as it follows /var/log/kern.log).
+    node, the file its xid collector follows as its kernel log (as it follows /var/log/kern.log);
+    `real_gpus`, per node, a GPU backend its collectors read instead of simulated GPUs (a replayed
+    nvidia-smi capture through the real NVML code).
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class SimulatedFleet:
         interval_s: float = 10.0,
         seed: int = 0,
         kernel_logs: Mapping[str, Path] | None = None,
+        real_gpus: Mapping[str, GpuBackend] | None = None,
     ) -> None:
         self.store = store
         self.interval_s = interval_s
@@ -93,6 +97,7 @@ class SimulatedFleet:
         self._nics = nics
         self._seed = seed
         self._kernel_logs = dict(kernel_logs or {})
+        self._real_gpus = dict(real_gpus or {})
         self._ticks = 0
         self._generations: dict[str, int] = {}
         self.nodes = [self._start_node(index) for index in range(nodes)]
@@ -174,9 +179,10 @@ class SimulatedFleet:
         built = registry.build(SYSFS_COLLECTORS, options)
         gpu_errors, xid_errors = ReadErrors("gpu"), ReadErrors("xid")
         kernel_log = FollowedFile(self._kernel_logs[name]) if name in self._kernel_logs else None
+        read = self._real_gpus.get(name, backend)
         built += [
-            registry.BuiltCollector("gpu", GpuCollector(backend, name, gpu_errors), gpu_errors),
-            registry.BuiltCollector("xid", XidCollector(name, xid_errors, backend, kernel_log), xid_errors),
+            registry.BuiltCollector("gpu", GpuCollector(read, name, gpu_errors), gpu_errors),
+            registry.BuiltCollector("xid", XidCollector(name, xid_errors, read, kernel_log), xid_errors),
         ]
         return SimulatedNode(
             name, index, sysfs, backend, nccl_dir, Exporter(built), ExpositionParser(), load=load, job=job

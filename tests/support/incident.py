@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from analytics.detectors.gpu import GpuThrottle
+from analytics.detectors.gpu_throttle import GpuThrottle
 from analytics.detectors.runner import DetectionRunner, store_anomalies
 from analytics.store import Store
 from analytics.store.records import ActionRow, AlertChange, Anomaly

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from analytics.detectors.base import Detector, Window
-from analytics.detectors.gpu import GpuThrottle
 from analytics.detectors.gpu_fault import GpuFault
+from analytics.detectors.gpu_throttle import GpuThrottle
 from analytics.store import Store
+from collectors.base import CollectorOptions
+from collectors.gpu.backend import open_backend
 from tests.support.fleetdata import SimulatedFleet
 
 
@@ -32,14 +36,74 @@ def test_a_thermally_throttled_gpu_is_named_with_its_reasons_and_its_clock_again
     assert finding.score >= 0.25
 
 
-def test_a_node_whose_every_gpu_throttles_still_stands_out_against_the_fleet(store: Store, tmp_path: Path):
+def test_a_node_whose_every_gpu_throttles_is_one_finding_on_the_node_against_the_fleet(
+    store: Store, tmp_path: Path
+):
     with SimulatedFleet(store, tmp_path) as fleet:
         fleet.tick(2)
         for gpu in range(4):
             fleet["vela-004"].gpus.set_fault(gpu, "thermal_throttle")
         window = fleet.tick()
 
-        assert reported(GpuThrottle(), store, window) == {("vela-004", f"gpu:{gpu}") for gpu in range(4)}
+        [finding] = GpuThrottle().detect(store, window)
+    assert (finding.node, finding.component) == ("vela-004", "")
+    assert finding.evidence["gpus_throttled"] == 4
+    assert "HW Thermal Slowdown" in finding.evidence["reason_names"]
+    assert finding.evidence["sm_clock_mhz"] < 0.75 * finding.evidence["fleet_peers_sm_clock_mhz"]
+
+
+def test_a_power_brake_on_a_whole_node_names_the_brake_against_its_model_on_other_nodes(
+    store: Store, tmp_path: Path
+):
+    with SimulatedFleet(store, tmp_path, gpus=8) as fleet:
+        fleet.tick(2)
+        for gpu in range(8):
+            fleet["vela-001"].gpus.set_fault(gpu, "power_brake")
+        fleet["vela-002"].gpus.set_fault(5, "power_brake")  # one GPU braked: that GPU alone
+        window = fleet.tick()
+
+        found = {
+            (finding.node, finding.component): finding for finding in GpuThrottle().detect(store, window)
+        }
+    assert found.keys() == {("vela-001", ""), ("vela-002", "gpu:5")}
+    node = found["vela-001", ""]
+    assert node.evidence["reasons"] == ["hw_power_brake_slowdown", "hw_slowdown"]
+    assert node.evidence["reason_names"] == ["HW Power Brake Slowdown", "HW Slowdown"]
+    assert node.evidence["gpus_throttled"] == 8 and node.score >= 0.7
+
+
+def test_a_node_alone_of_its_model_is_judged_against_its_own_recent_past(store: Store, tmp_path: Path):
+    with SimulatedFleet(store, tmp_path, nodes=1, gpus=8) as fleet:
+        fleet.tick(6)
+        for gpu in range(8):
+            fleet["vela-001"].gpus.set_fault(gpu, "power_brake")
+        window = fleet.tick()
+
+        [finding] = GpuThrottle().detect(store, window)
+    assert (finding.node, finding.component) == ("vela-001", "")
+    assert finding.evidence["fleet_peers_sm_clock_mhz"] is None
+    assert finding.evidence["past_sm_clock_mhz"] == 1980
+    assert finding.evidence["sm_clock_mhz"] == 495
+
+
+def test_the_real_power_braked_8_h100_node_stands_out_in_a_simulated_idle_h100_fleet(
+    store: Store, tmp_path: Path, fixtures: Path
+):
+    """gpud's capture of 8 H100s, HW Slowdown and HW Power Brake Slowdown active on all, replayed through
+    the real NVML code as one node among simulated idle H100s (345 MHz idle, as a healthy capture shows)."""
+    capture = fixtures / "gpud/nvidia-smi-query.535.161.08.out.0.valid"
+    braked = open_backend(CollectorOptions(gpu_backend=f"replay:{capture}"))
+    with SimulatedFleet(store, tmp_path, gpus=8, real_gpus={"vela-002": braked}) as fleet:
+        for node in fleet.nodes:
+            fleet.set_load(node.name, 0.0)
+        window = fleet.tick(3)
+
+        [finding] = GpuThrottle().detect(store, window)
+    assert (finding.node, finding.component) == ("vela-002", "")
+    assert finding.evidence["gpus_throttled"] == 8
+    assert finding.evidence["reason_names"] == ["HW Power Brake Slowdown", "HW Slowdown"]
+    assert (finding.evidence["sm_clock_mhz"], finding.evidence["fleet_peers_sm_clock_mhz"]) == (86, 345)
+    assert finding.evidence["peers"] == "idle GPUs" and finding.score == pytest.approx(1 - 86 / 345, abs=0.01)
 
 
 def test_a_thermal_fault_on_an_idle_node_is_reported_against_the_idle_gpus(store: Store, tmp_path: Path):

@@ -1,0 +1,229 @@
+"""gpu_throttle: GPUs that slow themselves down, one at a time or a whole node at once.
+
+A GPU is throttled when NVML reports a slowdown reason (fleetlens_gpu_clock_throttle_reason) and its SM
+clock is well below what it should run at. What it should run at is the highest of three references,
+each over GPUs as busy as it is (an idle GPU's clock is not a busy one's):
+- its node's GPUs (one hot GPU among cool ones),
+- GPUs of the same model on other nodes (a node whose every GPU is slowed: a chassis power brake, a
+  cooling failure, invisible to the first),
+- when no other node has its model, its own clock in the hour before the window. Only then: a GPU's
+  clock moves with its job's phases, and peers seen at the same moment are the fairer yardstick.
+A node whose every GPU is throttled is one finding on the node, naming the reasons all of them share,
+instead of one per GPU: it has one cause and one fix.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+import pandas as pd
+
+from analytics.detectors import register
+from analytics.detectors.base import Detector, Finding, Window, frame
+from analytics.detectors.counters import MAX_CANDIDATES, evidence_number
+from analytics.store.protocols import Reader
+
+# NVML's clocks-event reasons (fleetlens_gpu_clock_throttle_reason{reason}) that mean the GPU lowered its
+# own clocks, as nvidia-smi -q names them, and what to look at. Idle, application clock settings and sync
+# boost are choices, not trouble.
+SLOWDOWN_REASONS = {
+    "sw_power_cap": ("SW Power Cap", "the power limit: a low power cap, or the node's power budget"),
+    "hw_slowdown": ("HW Slowdown", "a hardware slowdown signal: thermal or the power brake"),
+    "sw_thermal_slowdown": ("SW Thermal Slowdown", "GPU or memory temperature over its limit: cooling"),
+    "hw_thermal_slowdown": ("HW Thermal Slowdown", "the GPU overheating: cooling, fans, airflow"),
+    "hw_power_brake_slowdown": (
+        "HW Power Brake Slowdown",
+        "the power brake asserted by the system: power supplies, the chassis or its BMC",
+    ),
+}
+THROTTLE_METRICS = (
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "fleetlens_gpu_clock_throttle_reason",
+)
+# Every GPU with an SM clock in the window: the candidates and their peers.
+GPUS_SQL = """
+SELECT node, concat('gpu:', labels['gpu']) AS component, '' AS job, any(labels['modelName']) AS model,
+    avgIf(value, metric = 'DCGM_FI_DEV_SM_CLOCK') AS sm_clock_mhz,
+    avgIf(value, metric = 'DCGM_FI_DEV_GPU_UTIL') AS util_percent,
+    maxIf(value, metric = 'DCGM_FI_DEV_GPU_TEMP') AS temp_c,
+    arraySort(groupUniqArrayIf(
+        labels['reason'],
+        metric = 'fleetlens_gpu_clock_throttle_reason' AND value = 1
+            AND has({slowdown_reasons:Array(String)}, labels['reason'])
+    )) AS reasons
+FROM metrics
+WHERE metric IN {metrics:Array(String)} AND ts >= {start:DateTime64(3)} AND ts < {end:DateTime64(3)}
+    AND labels['gpu'] != ''
+GROUP BY node, component
+HAVING countIf(metric = 'DCGM_FI_DEV_SM_CLOCK') > 0
+ORDER BY node, component
+"""
+# The candidates' own clocks before the window, busy and idle apart (util and clock of one scrape).
+PAST_SQL = """
+SELECT node, component,
+    medianExactIf(sm_clock_mhz, util_percent >= {busy_util_percent:Float64}) AS past_busy_mhz,
+    medianExactIf(sm_clock_mhz, util_percent < {busy_util_percent:Float64}) AS past_idle_mhz
+FROM (
+    SELECT node, concat('gpu:', labels['gpu']) AS component, ts,
+        anyIf(value, metric = 'DCGM_FI_DEV_SM_CLOCK') AS sm_clock_mhz,
+        anyIf(value, metric = 'DCGM_FI_DEV_GPU_UTIL') AS util_percent
+    FROM metrics
+    WHERE metric IN ('DCGM_FI_DEV_SM_CLOCK', 'DCGM_FI_DEV_GPU_UTIL') AND node IN {nodes:Array(String)}
+        AND ts >= {past_start:DateTime64(3)} AND ts < {start:DateTime64(3)} AND labels['gpu'] != ''
+    GROUP BY node, component, ts
+    HAVING countIf(metric = 'DCGM_FI_DEV_SM_CLOCK') > 0 AND countIf(metric = 'DCGM_FI_DEV_GPU_UTIL') > 0
+)
+GROUP BY node, component
+"""
+REFERENCES = ("node_peers_mhz", "fleet_peers_mhz", "past_mhz")
+
+
+@register
+class GpuThrottle(Detector):
+    """GPUs that report a slowdown reason and run their SM clock below the best of their references
+    (the module docstring says which). Score: the clock drop below that reference (0..1) while a
+    slowdown reason is set, else 0; a finding from `min_clock_drop` on. A node of at least
+    `min_node_gpus` GPUs that are all throttled is one node finding (component "")."""
+
+    name: ClassVar[str] = "gpu_throttle"
+    version: ClassVar[str] = "3"
+    kinds: ClassVar[tuple[str, ...]] = ("gpu_throttle",)
+    min_windows: ClassVar[int] = 2
+    of_windows: ClassVar[int] = 3
+    clear_windows: ClassVar[int] = 3
+
+    def __init__(
+        self,
+        min_clock_drop: float = 0.1,
+        busy_util_percent: float = 20.0,
+        past_s: float = 3600.0,
+        min_node_gpus: int = 2,
+    ) -> None:
+        self.min_clock_drop = min_clock_drop
+        self.busy_util_percent = busy_util_percent
+        self.past_s = past_s
+        self.min_node_gpus = min_node_gpus
+
+    def features(self, source: Reader, window: Window) -> pd.DataFrame:
+        parameters = {
+            **window.parameters,
+            "metrics": list(THROTTLE_METRICS),
+            "slowdown_reasons": list(SLOWDOWN_REASONS),
+        }
+        gpus = frame(source.query(GPUS_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
+        gpus["busy"] = gpus["util_percent"] >= self.busy_util_percent
+        gpus["node_gpus"] = gpus.groupby("node")["component"].transform("size")
+        gpus["node_peers_mhz"] = gpus.groupby(["node", "busy"])["sm_clock_mhz"].transform("median")
+        candidates = gpus[gpus["reasons"].map(len) > 0].copy()
+        candidates["fleet_peers_mhz"] = _other_nodes_median(candidates, gpus)
+        candidates["past_mhz"] = self._past(source, window, candidates)
+        return candidates.reset_index(drop=True)
+
+    def _past(self, source: Reader, window: Window, candidates: pd.DataFrame) -> pd.Series:
+        """The own median clock, in the `past_s` before the window and for its busy state, of each
+        candidate that has no GPU of its model on another node to compare with (NaN for the others)."""
+        past = pd.Series(np.nan, index=candidates.index, dtype=float)
+        alone = candidates[candidates["fleet_peers_mhz"].isna()]
+        if alone.empty or self.past_s <= 0:
+            return past
+        parameters = {
+            **window.parameters,
+            "past_start": Window(window.start - self.past_s, window.start).parameters["start"],
+            "nodes": sorted(set(alone["node"])),
+            "busy_util_percent": self.busy_util_percent,
+        }
+        clocks = frame(source.query(PAST_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
+        own = alone.merge(clocks, on=["node", "component"], how="left").set_index(alone.index)
+        past[alone.index] = own["past_busy_mhz"].where(own["busy"], own["past_idle_mhz"]).astype(float)
+        return past
+
+    def score(self, features: pd.DataFrame) -> np.ndarray:
+        if features.empty:
+            return np.zeros(0)
+        reference = features[list(REFERENCES)].astype(float).max(axis=1, skipna=True)
+        drop = (1 - features["sm_clock_mhz"].astype(float) / reference).fillna(0).clip(lower=0, upper=1)
+        throttled = features["reasons"].map(len) > 0
+        return np.where(throttled, drop, 0.0).astype(float)
+
+    def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
+        throttled = features.assign(score=scores)[scores >= self.min_clock_drop]
+        found = []
+        for node, rows in throttled.groupby("node", sort=True):
+            if len(rows) >= max(self.min_node_gpus, int(rows["node_gpus"].iloc[0])):
+                found.append(_node_finding(str(node), rows))
+            else:
+                found += [_gpu_finding(row) for row in rows.itertuples()]
+        return found
+
+
+def _other_nodes_median(candidates: pd.DataFrame, gpus: pd.DataFrame) -> pd.Series:
+    """Per candidate, the median SM clock of the GPUs of its model and busy state on other nodes (NaN
+    when there are none)."""
+    medians = pd.Series(np.nan, index=candidates.index, dtype=float)
+    for (node, model, busy), own in candidates.groupby(["node", "model", "busy"]):
+        others = gpus[(gpus["model"] == model) & (gpus["busy"] == busy) & (gpus["node"] != node)]
+        medians[own.index] = others["sm_clock_mhz"].median()
+    return medians
+
+
+def _reference(row: object) -> float:
+    values = [getattr(row, name) for name in REFERENCES]
+    return max((value for value in values if not pd.isna(value)), default=np.nan)
+
+
+def _named(reasons: list[str]) -> dict[str, object]:
+    return {
+        "reasons": reasons,
+        "reason_names": [SLOWDOWN_REASONS[reason][0] for reason in reasons],
+        "look_at": [SLOWDOWN_REASONS[reason][1] for reason in reasons],
+    }
+
+
+def _gpu_finding(row: object) -> Finding:
+    return Finding.at(
+        row,
+        "gpu_throttle",
+        row.score,
+        "warning",
+        {
+            **_named(list(row.reasons)),
+            "sm_clock_mhz": evidence_number(row.sm_clock_mhz),
+            "peers_sm_clock_mhz": evidence_number(_reference(row)),
+            "node_peers_sm_clock_mhz": evidence_number(row.node_peers_mhz),
+            "fleet_peers_sm_clock_mhz": evidence_number(row.fleet_peers_mhz),
+            "past_sm_clock_mhz": evidence_number(row.past_mhz),
+            "clock_drop": evidence_number(row.score),
+            "gpu_temp_c": evidence_number(row.temp_c),
+            "gpu_util_percent": evidence_number(row.util_percent),
+            "peers": "busy GPUs" if row.busy else "idle GPUs",
+        },
+    )
+
+
+def _node_finding(node: str, rows: pd.DataFrame) -> Finding:
+    """Every GPU of `node` throttled: one finding naming the reasons they all share."""
+    shared = sorted(set.intersection(*(set(reasons) for reasons in rows["reasons"])))
+    references = rows[list(REFERENCES)].astype(float)
+    return Finding(
+        "gpu_throttle",
+        node,
+        "",
+        "",
+        float(rows["score"].median()),
+        "warning",
+        {
+            **_named(shared or sorted(set().union(*rows["reasons"]))),
+            "gpus_throttled": len(rows),
+            "components": sorted(rows["component"]),
+            "sm_clock_mhz": evidence_number(rows["sm_clock_mhz"].median()),
+            "fleet_peers_sm_clock_mhz": evidence_number(references["fleet_peers_mhz"].median()),
+            "past_sm_clock_mhz": evidence_number(references["past_mhz"].median()),
+            "clock_drop": evidence_number(rows["score"].median()),
+            "gpu_temp_c": evidence_number(rows["temp_c"].max()),
+            "gpu_util_percent": evidence_number(rows["util_percent"].median()),
+            "peers": "busy GPUs" if rows["busy"].all() else "idle GPUs",
+        },
+    )
