@@ -62,6 +62,7 @@ DETECTED_BY: Mapping[str, tuple[str, ...]] = MappingProxyType(  # the anomaly ki
     {
         "slow_node": ("slow_node",),
         "thermal_throttle": ("gpu_throttle",),
+        "power_brake": ("gpu_throttle",),
         "link_flap": ("link_flap",),
         "link_down": ("link_down",),
         "dma_degraded": ("dma_degraded",),

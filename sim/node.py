@@ -141,6 +141,16 @@ class SimNode:
             else:
                 self.gpus.set_fault(gpu, "slow", clock_factor=factor)
 
+    def power_brake(self, gpu: int | None, on: bool) -> None:
+        """The system asserts (or releases) the power brake on `gpu`, None: on every GPU of the node, as a
+        chassis whose power supply failed does (gpud's 8-H100 capture: all eight braked)."""
+        gpus = range(self._scenario.fleet.gpus_per_node) if gpu is None else (gpu,)
+        for index in gpus:
+            if on:
+                self.gpus.set_fault(index, "power_brake")
+            else:
+                self.gpus.clear_fault(index, "power_brake")
+
     def stage_through_host(self, nic: int, staged: bool) -> None:
         """GPUDirect RDMA lost (or back) on `nic`: it moves less, its GPUs' PCIe carries the bounce, and
         the ranks on it re-initialise NCCL, whose logs say so."""
@@ -234,6 +244,8 @@ def _fault_events(fault: Fault) -> list[Event]:
             return _span(
                 fault, lambda n: n.gpus.set_fault(gpu, kind), lambda n: n.gpus.clear_fault(gpu, kind)
             )
+        case "power_brake":
+            return _span(fault, lambda n: n.power_brake(gpu, True), lambda n: n.power_brake(gpu, False))
         case "xid":
             return [Event(fault.start_s, lambda n: n.gpus.set_fault(gpu, "xid", code=params["code"]))]
         case "xid_storm":

@@ -78,6 +78,7 @@ def verdicts(result: ScenarioResult) -> list[str]:
 EVERY_FAULT = [
     {"kind": "slow_node", "node": "vela-001", "start_s": 300, "end_s": 600, "severity": 0.1},
     {"kind": "thermal_throttle", "node": "vela-002", "gpu": 3, "start_s": 300, "end_s": 600},
+    {"kind": "power_brake", "node": "vela-003", "start_s": 900, "end_s": 1100},
     {"kind": "link_flap", "node": "vela-003", "nic": 2, "start_s": 300, "flaps": 3, "period_s": 30},
     {"kind": "link_down", "node": "vela-004", "nic": 0, "start_s": 300, "end_s": 500},
     {"kind": "dma_degraded", "node": "vela-005", "nic": 1, "start_s": 300, "end_s": 900, "mode": "no_gdr"},
