@@ -19,6 +19,9 @@ from analytics.reports.remedy import ACTION_TEXT
 from analytics.store import Store
 from analytics.store.records import Anomaly, ScrapeBatch
 from analytics.xid_catalog import Action, lookup
+from collectors.base import CollectorOptions
+from collectors.gpu.backend import open_backend
+from collectors.gpu.model import GpuBackend
 from collectors.gpu.sim import SimBackend
 from collectors.xid import parse_xid_line
 from tests.analytics.detectors.test_hostile_inputs import BASE, EXAMPLES, VALUES, XID_LABELS, examples
@@ -50,12 +53,23 @@ def xid_lines(path: Path) -> Counter[tuple[str, int]]:
     return Counter((event.pci_bus_id, event.xid) for event in events if event is not None)
 
 
-def follow_log(store: Store, tmp_path: Path, lines: str, *, gpus: int = 4, job: str = "") -> Window:
+def follow_log(
+    store: Store,
+    tmp_path: Path,
+    lines: str,
+    *,
+    gpus: int = 4,
+    job: str = "",
+    real_gpus: GpuBackend | None = None,
+) -> Window:
     """One node whose xid collector follows a kernel log, scraped twice before `lines` reach the log and
-    once after; the window of that last scrape."""
+    once after; the window of that last scrape. `real_gpus`: the node's GPUs, instead of simulated ones."""
     log = tmp_path / "kern.log"
     log.touch()
-    with SimulatedFleet(store, tmp_path, nodes=1, gpus=gpus, kernel_logs={"vela-001": log}) as fleet:
+    real = {"vela-001": real_gpus} if real_gpus is not None else {}
+    with SimulatedFleet(
+        store, tmp_path, nodes=1, gpus=gpus, kernel_logs={"vela-001": log}, real_gpus=real
+    ) as fleet:
         fleet["vela-001"].job = job
         fleet.tick(2)
         with log.open("a") as kernel:
@@ -85,6 +99,22 @@ def test_the_real_double_bit_ecc_sequence_is_one_critical_fault_to_reset_the_gpu
         ACTION_TEXT[Action.RESET_GPU],
     )
     assert drain_rule_for(finding) is not None and alerted(finding)
+
+
+def test_the_real_sequence_on_gpuds_real_h100_node_names_the_gpu_its_address_belongs_to(
+    store: Store, tmp_path: Path, fixtures: Path
+):
+    """The same project's nvidia-smi capture of 8 H100s has GPU 0 at 19:00: replayed through the real NVML
+    code as the node's GPUs, the kernel log's address meets NVML's and the fault lands on gpu:0."""
+    capture = fixtures / "gpud" / "nvidia-smi-query.535.161.08.out.0.valid"
+    h100s = open_backend(CollectorOptions(gpu_backend=f"replay:{capture}"))
+    window = follow_log(store, tmp_path, (fixtures / "gpud" / "dmesg.0.log").read_text(), real_gpus=h100s)
+
+    [finding] = GpuFault().detect(store, window)
+    assert (finding.kind, finding.severity, finding.component) == ("gpu_fault", "critical", "gpu:0")
+    assert finding.evidence["pci_bus_id"] == "00000000:19:00.0"
+    assert finding.evidence["xid_counts"] == {"48": 1, "63": 1, "94": 9}
+    assert finding.evidence["action"] == "reset_gpu" and drain_rule_for(finding) is not None
 
 
 def test_gsp_rpc_timeouts_are_a_fault_with_the_catalogs_action(store: Store, tmp_path: Path, fixtures: Path):
