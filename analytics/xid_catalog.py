@@ -527,11 +527,17 @@ _OVERRIDES: dict[int, tuple[Cause | None, Action | None, str]] = {
 }
 
 
+MACHINE_CAUSES = (Cause.HARDWARE, Cause.DRIVER, Cause.THERMAL_POWER)
+
+
 def severity_for(cause: Cause, action: Action) -> str:
-    """The rule, step 5: application -> info; an action that drains -> critical; otherwise warning."""
+    """The rule, step 5: application -> info; an action that drains -> critical; the GPU, its driver or
+    its power erring and asking for any action -> critical too (a contained ECC error needs only the
+    job's restart, but a person should hear of failing hardware; the drain rules follow the action, not
+    the severity); otherwise (no action, or an unknown cause) warning."""
     if cause is Cause.APPLICATION:
         return "info"
-    if action.drains:
+    if action.drains or (cause in MACHINE_CAUSES and action is not Action.NONE):
         return "critical"
     return "warning"
 

@@ -84,9 +84,10 @@ def test_fallen_off_the_bus_reboots_the_node() -> None:
     assert lookup(79).severity == "critical"
 
 
-def test_a_contained_ecc_error_restarts_the_job_only() -> None:
+def test_a_contained_ecc_error_restarts_the_job_only_but_is_critical_news_of_the_hardware() -> None:
     row = lookup(94)
-    assert (row.cause, row.severity, row.action) == (Cause.HARDWARE, "warning", Action.RESTART_JOB)
+    assert (row.cause, row.severity, row.action) == (Cause.HARDWARE, "critical", Action.RESTART_JOB)
+    assert not row.action.drains
 
 
 def test_an_uncontained_ecc_error_drains() -> None:
@@ -151,7 +152,7 @@ def test_rows_are_frozen() -> None:
 def test_severity_follows_cause_and_action(row: XidInfo) -> None:
     if row.cause is Cause.APPLICATION:
         assert row.severity == "info"
-    elif row.action.drains:
+    elif row.action.drains or (row.cause is not Cause.UNKNOWN and row.action is not Action.NONE):
         assert row.severity == "critical"
     else:
         assert row.severity == "warning"
