@@ -18,6 +18,7 @@ counters whose value after a reset is not new events.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -97,8 +98,9 @@ def series_parameters(
 
 def evidence_number(value: Any) -> float | None:
     """A number of a query result as evidence takes it: a plain float, rounded for people; None for
-    NULL or NaN (an aggregate over no samples), which JSON cannot carry."""
-    if value is None or pd.isna(value):
+    NULL or NaN (an aggregate over no samples) and for an infinite value (a sample that said +Inf),
+    which JSON cannot carry."""
+    if value is None or pd.isna(value) or not math.isfinite(float(value)):
         return None
     return round(float(value), 3)
 

@@ -4,6 +4,7 @@ gpud's real dmesg logs followed as a node's kernel log, stored and read back as 
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -295,3 +296,25 @@ def test_any_xid_label_count_or_last_xid_gives_well_formed_findings(
         for finding in GpuFault().detect(store, Window(base + 10 * index, base + 10 * (index + 1))):
             assert finding.kind in GpuFault.kinds and finding.severity in SEVERITIES
             assert json.loads(json.dumps(finding.evidence, allow_nan=False))["action"] in set(Action)
+
+
+def test_an_infinite_row_remap_failure_is_a_fault_whose_evidence_json_can_carry(store: Store):
+    """Regression (found by the hostile-input suite): a gauge reading +Inf made evidence JSON refused."""
+    base = BASE - 3 * 3600
+    gpu = {"gpu": "0", "pci_bus_id": "00000000:19:00.0"}
+    batches = [
+        ScrapeBatch(
+            "vela-001:9400",
+            "vela-001",
+            base + 10 * tick,
+            ["fleetlens_gpu_up", "DCGM_FI_DEV_ROW_REMAP_FAILURE"],
+            [gpu, gpu],
+            [1.0, math.inf],
+        )
+        for tick in range(2)
+    ]
+    store.insert_samples(batches, token=f"inf-{base}")
+
+    [finding] = GpuFault().detect(store, Window(base + 10, base + 20))
+    assert finding.evidence["signals"] == ["row_remap_failure"]
+    assert json.loads(json.dumps(finding.evidence, allow_nan=False))["row_remap_failure"] is None
