@@ -44,11 +44,12 @@ NOISE_MODELS = ("tidy", "pai")  # step-time noise (sim.jobs): the original +-1%,
 _STEP_MODEL_KEYS = ("noise", "imbalance", "rank_offset", "warmup_steps", "warmup_slowdown")  # job keys
 DEFAULT_FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures"
 
+EVERY_GPU = "every GPU"  # a fault's `gpu` default where leaving it out means every GPU of the node
 # keys each fault kind takes besides kind, node, start_s, end_s; `required` ones have no default
 _FAULT_KEYS: dict[str, dict[str, Any]] = {
     "slow_node": {"severity": 0.15},
     "thermal_throttle": {"gpu": None},
-    "power_brake": {"gpu": None},  # left out: every GPU of the node, as a chassis power brake does
+    "power_brake": {"gpu": EVERY_GPU},  # as a chassis power brake does
     "link_flap": {"nic": None, "flaps": 3, "period_s": 30.0},
     "link_down": {"nic": None},
     "dma_degraded": {"mode": "no_gdr", "nic": 0, "gpu": 0},
@@ -58,7 +59,6 @@ _FAULT_KEYS: dict[str, dict[str, Any]] = {
     "dbe_remap": {"gpu": None, "contained": 9},  # Xid 48, 63, then `contained` Xid 94s, as a real GPU did
     "congestion": {"nic": None, "level": 1.0},
 }
-NODE_WIDE_GPU_FAULTS = ("power_brake",)  # faults whose `gpu` may be left out: then every GPU of the node
 XID_STORM_S = 90.0  # how long an xid_storm lasts when its end is not given
 _CONFOUNDER_KEYS: dict[str, dict[str, Any]] = {
     "job_stall": {"job": None, "start_s": None, "end_s": None},
@@ -296,8 +296,8 @@ def _fault(reader: _Reader, item: object, where: str, fleet: FleetSpec, duration
     start, end = _span(reader, doc, where, duration, end_required=False)
     values: dict[str, Any] = {}
     for key, default in extra.items():
-        if key == "gpu" and kind in NODE_WIDE_GPU_FAULTS and key not in doc:
-            values[key] = None  # every GPU of the node
+        if default == EVERY_GPU and key not in doc:
+            values[key] = None  # Fault.gpu None: the whole node
         elif key in ("gpu", "nic"):
             count = fleet.gpus_per_node if key == "gpu" else fleet.nics_per_node
             values[key] = reader.integer(doc, key, where, default=default, minimum=0, maximum=count - 1)

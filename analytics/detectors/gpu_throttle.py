@@ -115,9 +115,14 @@ class GpuThrottle(Detector):
         }
         gpus = frame(source.query(GPUS_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
         gpus["busy"] = gpus["util_percent"] >= self.busy_util_percent
-        gpus["node_gpus"] = gpus.groupby("node")["component"].transform("size")
-        gpus["node_peers_mhz"] = gpus.groupby(["node", "busy"])["sm_clock_mhz"].transform("median")
-        candidates = gpus[gpus["reasons"].map(len) > 0].copy()
+        throttling = gpus["reasons"].map(len) > 0
+        # the per-node figures only for nodes with a candidate: most windows have none
+        on_their_nodes = gpus[gpus["node"].isin(gpus.loc[throttling, "node"])].copy()
+        on_their_nodes["node_gpus"] = on_their_nodes.groupby("node")["component"].transform("size")
+        on_their_nodes["node_peers_mhz"] = on_their_nodes.groupby(["node", "busy"])["sm_clock_mhz"].transform(
+            "median"
+        )
+        candidates = on_their_nodes[throttling[on_their_nodes.index]].copy()
         candidates["fleet_peers_mhz"] = _other_nodes_median(candidates, gpus)
         candidates["past_mhz"] = self._past(source, window, candidates)
         return candidates.reset_index(drop=True)

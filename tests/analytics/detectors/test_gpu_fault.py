@@ -54,6 +54,20 @@ def xid_lines(path: Path) -> Counter[tuple[str, int]]:
     return Counter((event.pci_bus_id, event.xid) for event in events if event is not None)
 
 
+def store_gpu_scrapes(
+    store: Store, base: float, series: list[tuple[str, dict[str, str]]], ticks: list[list[float]]
+) -> None:
+    """Scrapes of vela-001's GPU 0 (at 19:00), 10 s apart from `base`: each of `series` (a metric and its
+    labels besides the GPU's) taking, per scrape, the value at its position in `ticks`."""
+    gpu = {"gpu": "0", "pci_bus_id": "00000000:19:00.0"}
+    names, labels = [name for name, _ in series], [{**gpu, **extra} for _, extra in series]
+    batches = [
+        ScrapeBatch("vela-001:9400", "vela-001", base + 10 * tick, names, labels, values)
+        for tick, values in enumerate(ticks)
+    ]
+    store.insert_samples(batches, token=f"gpu-scrapes-{base}")
+
+
 def follow_log(
     store: Store,
     tmp_path: Path,
@@ -279,19 +293,17 @@ def test_any_xid_label_count_or_last_xid_gives_well_formed_findings(
     """A GPU reported three times, its Xid counters (any `xid` label, any value, growing) and dcgm's
     last-Xid gauge taking any values: findings of the two kinds, with evidence JSON can carry."""
     base = BASE - next(examples) * 7200 - 3600  # apart from the hostile suite's examples and each other's
-    gpu = {"gpu": "0", "pci_bus_id": "00000000:19:00.0"}
-    batches = [
-        ScrapeBatch(
-            "vela-001:9400",
-            "vela-001",
-            base + 10 * tick,
-            ["fleetlens_gpu_up", "DCGM_FI_DEV_XID_ERRORS", *[XID_COUNTER] * len(counters)],
-            [gpu, gpu, *({**gpu, "xid": xid, "source": source} for xid, source, _ in counters)],
-            [1.0, last_xids[tick], *(value * tick for _, _, value in counters)],
-        )
-        for tick in range(3)
+    series = [
+        ("fleetlens_gpu_up", {}),
+        ("DCGM_FI_DEV_XID_ERRORS", {}),
+        *((XID_COUNTER, {"xid": xid, "source": source}) for xid, source, _ in counters),
     ]
-    store.insert_samples(batches, token=f"xids-{base}")
+    store_gpu_scrapes(
+        store,
+        base,
+        series,
+        [[1.0, last_xids[tick], *(value * tick for _, _, value in counters)] for tick in range(3)],
+    )
     for index in range(4):
         for finding in GpuFault().detect(store, Window(base + 10 * index, base + 10 * (index + 1))):
             assert finding.kind in GpuFault.kinds and finding.severity in SEVERITIES
@@ -301,19 +313,8 @@ def test_any_xid_label_count_or_last_xid_gives_well_formed_findings(
 def test_an_infinite_row_remap_failure_is_a_fault_whose_evidence_json_can_carry(store: Store):
     """Regression (found by the hostile-input suite): a gauge reading +Inf made evidence JSON refused."""
     base = BASE - 3 * 3600
-    gpu = {"gpu": "0", "pci_bus_id": "00000000:19:00.0"}
-    batches = [
-        ScrapeBatch(
-            "vela-001:9400",
-            "vela-001",
-            base + 10 * tick,
-            ["fleetlens_gpu_up", "DCGM_FI_DEV_ROW_REMAP_FAILURE"],
-            [gpu, gpu],
-            [1.0, math.inf],
-        )
-        for tick in range(2)
-    ]
-    store.insert_samples(batches, token=f"inf-{base}")
+    series = [("fleetlens_gpu_up", {}), ("DCGM_FI_DEV_ROW_REMAP_FAILURE", {})]
+    store_gpu_scrapes(store, base, series, [[1.0, math.inf]] * 2)
 
     [finding] = GpuFault().detect(store, Window(base + 10, base + 20))
     assert finding.evidence["signals"] == ["row_remap_failure"]

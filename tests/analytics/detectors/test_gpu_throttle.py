@@ -13,7 +13,12 @@ from analytics.detectors.gpu_throttle import GpuThrottle
 from analytics.store import Store
 from collectors.base import CollectorOptions
 from collectors.gpu.backend import open_backend
-from tests.support.fleetdata import SimulatedFleet
+from tests.support.fleetdata import SimulatedFleet, SimulatedNode
+
+
+def brake_every_gpu(node: SimulatedNode) -> None:
+    for gpu in range(len(node.gpus.identities())):
+        node.gpus.set_fault(gpu, "power_brake")
 
 
 def reported(detector: Detector, store: Store, window: Window) -> set[tuple[str, str]]:
@@ -57,8 +62,7 @@ def test_a_power_brake_on_a_whole_node_names_the_brake_against_its_model_on_othe
 ):
     with SimulatedFleet(store, tmp_path, gpus=8) as fleet:
         fleet.tick(2)
-        for gpu in range(8):
-            fleet["vela-001"].gpus.set_fault(gpu, "power_brake")
+        brake_every_gpu(fleet["vela-001"])
         fleet["vela-002"].gpus.set_fault(5, "power_brake")  # one GPU braked: that GPU alone
         window = fleet.tick()
 
@@ -75,8 +79,7 @@ def test_a_power_brake_on_a_whole_node_names_the_brake_against_its_model_on_othe
 def test_a_node_alone_of_its_model_is_judged_against_its_own_recent_past(store: Store, tmp_path: Path):
     with SimulatedFleet(store, tmp_path, nodes=1, gpus=8) as fleet:
         fleet.tick(6)
-        for gpu in range(8):
-            fleet["vela-001"].gpus.set_fault(gpu, "power_brake")
+        brake_every_gpu(fleet["vela-001"])
         window = fleet.tick()
 
         [finding] = GpuThrottle().detect(store, window)
