@@ -33,7 +33,7 @@ from alerts.errors import BackendError, DecisionError
 from alerts.model import Alert, DrainRequest
 from alerts.policy import DrainPolicy
 from alerts.rules import fingerprint
-from analytics.reports.remedy import recommended_action
+from analytics.reports.remedy import ACTION, recommended_action
 from analytics.reports.straggler import shown_figures, straggler_cost
 from analytics.store.records import ActionRow
 
@@ -148,7 +148,7 @@ class DrainController:
             if corroborated:
                 job = alert.labels.get("job") or node_jobs.get(node, "")
                 decision = uuid.uuid5(DECISION_NAMESPACE, f"{node}/{alert.fingerprint}/{alert.starts_at}")
-                details = {**shown_figures(cost), **({"action": action.value} if action else {})}
+                details = {**shown_figures(cost), **({ACTION: action.value} if action else {})}
                 return DrainRequest(str(decision), node, kind, alert.fingerprint, job, severity, details)
         return None
 
