@@ -132,6 +132,13 @@ class HubConfig:
     query_max_seconds: float = 30.0
     detectors: str = "all"  # comma-separated detector names, "all", or "none" (no detection in the hub)
     detect_window_s: float = 10.0
+    # how long after a window ends detection waits for its samples: default the interval plus the scrape
+    # timeout; remote write senders batch and retry, so a hub fed by them waits longer (e.g. 30)
+    detect_lag_s: float | None = None
+    # which series label names a node, first present wins (`instance` loses its port): remote write
+    node_labels: tuple[str, ...] = ("node", "Hostname", "instance")
+    remote_write_max_series: int = 50_000  # series in one remote write request
+    remote_write_max_samples: int = 100_000  # samples in one remote write request
     token_file: Path | None = None  # scoped API tokens: lines of "<read|write|act|all,...> <token>"
 
     def __post_init__(self) -> None:
@@ -140,6 +147,10 @@ class HubConfig:
         _check_range("hub.detect_window_s", self.detect_window_s, 1, 3600)
         if self.scrape_timeout_s is not None:
             _check_range("hub.scrape_timeout_s", self.scrape_timeout_s, 0.1, self.interval_s)
+        if self.detect_lag_s is not None:
+            _check_range("hub.detect_lag_s", self.detect_lag_s, 0, 3600)
+        if not self.node_labels:
+            raise ConfigError("hub.node_labels: name at least one label (e.g. node, Hostname, instance)")
         parse_shard(self.shard)
         for name in (
             "raw_retention_days",
@@ -152,6 +163,8 @@ class HubConfig:
             "max_label_length",
             "max_rows_per_request",
             "query_max_rows",
+            "remote_write_max_series",
+            "remote_write_max_samples",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"hub.{name}: must be positive, got {getattr(self, name)}")
@@ -168,6 +181,11 @@ class HubConfig:
     def timeout_s(self) -> float:
         """Per-target scrape timeout: as configured, else the interval up to 5 s (as Prometheus's default)."""
         return self.scrape_timeout_s if self.scrape_timeout_s is not None else min(self.interval_s, 5.0)
+
+    @property
+    def lag_s(self) -> float:
+        """How long detection waits after a window's end for its samples to arrive."""
+        return self.interval_s + self.timeout_s if self.detect_lag_s is None else self.detect_lag_s
 
     @property
     def shard_index_count(self) -> tuple[int, int]:

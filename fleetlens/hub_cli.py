@@ -36,6 +36,7 @@ from hub.bodies import ReceiverLimits
 from hub.detect import DetectionLoop
 from hub.errors import TokenFileError
 from hub.otlp import OtlpStepReceiver
+from hub.remote_write import NodeIdentity, RemoteWriteLimits, RemoteWriteReceiver
 from hub.scraper import ScrapeLimits, Scraper, Shard, TargetsFile
 from hub.spool import Spool
 from hub.writer import Writer
@@ -73,7 +74,7 @@ def build_hub(settings: Config, tokens: Tokens) -> Hub:
             DetectionRunner(build_detectors(config.detector_names), config.detect_window_s),
             detection_store,
             window_s=config.detect_window_s,
-            lag_s=config.interval_s + config.timeout_s,
+            lag_s=config.lag_s,
             then=alerting.cycle,
         )
     return Hub(
@@ -82,6 +83,15 @@ def build_hub(settings: Config, tokens: Tokens) -> Hub:
         OtlpStepReceiver(limits),
         scraper,
         detection=detection,
+        remote_write=RemoteWriteReceiver(
+            RemoteWriteLimits(
+                config.max_body_bytes,
+                config.remote_write_max_series,
+                config.remote_write_max_samples,
+                config.max_label_length,
+            ),
+            NodeIdentity(config.node_labels),
+        ),
         closing=closing,
         tokens=tokens,
         max_body_bytes=config.max_body_bytes,

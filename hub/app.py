@@ -1,6 +1,7 @@
 """The hub: scrapes the fleet's exporters, receives step times, and is the only writer of the store.
 
     scraper ──(ScrapeBatch, TargetStatus every interval)──▶ writer ──▶ store
+    POST /api/v1/write (Prometheus remote write) ─(ScrapeBatch, TargetStatus from `up`)─▶ writer
     POST /v1/metrics (OTLP) ─┐                               │ (store down: spool on disk, replay in order)
     POST /api/v1/steps ──────┴──(StepRecord)──▶ writer          ▼
     POST /api/v1/query ◀───────── read-only SQL ────────── store (read sessions of its own)
@@ -17,6 +18,11 @@ before the spool, never taken and then dropped by a TTL: /api/v1/steps answers 4
 stores nothing of the request, unless `?keep_days=N` keeps its records N days from now; /v1/metrics
 stores the rest and reports the old points as an OTLP partial success. Both count in
 fleetlens_hub_refused_rows{reason="retention"}.
+
+/api/v1/write (hub.remote_write) answers as remote write senders expect: 204 once the rows are stored or
+spooled, 4xx (never retried by the sender) for a body that will never be taken, 503 (retried) when
+neither the store nor the spool could keep it. Old samples are refused by the store's cutoff and
+counted, as the scraper's; a retried request is stored once (its token is a digest of its body).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from hub.auth import Tokens
 from hub.detect import DetectionLoop
 from hub.errors import PayloadError
 from hub.otlp import OtlpStepReceiver, otlp_error_response
+from hub.remote_write import RemoteWriteReceiver
 from hub.scraper import Scraper
 from hub.steplines import parse_steps_jsonl
 from hub.writer import Writer
@@ -57,6 +64,7 @@ JSON = "application/json"
 PENDING_ROUNDS = 2  # scraped rounds that may wait for the insert thread; later ones go to the spool
 MAX_JSON_DEPTH = 32  # nesting of the API's JSON bodies, far more than any of them needs
 OTHER_PATH = "other"  # what unknown paths count as in fleetlens_hub_refused_requests
+NO_CONTENT = (b"", "")  # a handler's answer that is a 204: taken, nothing to say
 
 
 class HttpError(Exception):
@@ -73,6 +81,7 @@ class HttpError(Exception):
 
 _REASONS = {
     200: "OK",
+    204: "No Content",
     400: "Bad Request",
     401: "Unauthorized",
     403: "Forbidden",
@@ -101,6 +110,7 @@ class Hub:
         scraper: Scraper | None = None,
         *,
         detection: DetectionLoop | None = None,
+        remote_write: RemoteWriteReceiver | None = None,
         closing: Sequence[Callable[[], None]] = (),
         tokens: Tokens | None = None,
         max_body_bytes: int = 16 << 20,
@@ -114,6 +124,7 @@ class Hub:
         self.otlp = otlp
         self.scraper = scraper
         self.detection = detection
+        self.remote_write = remote_write or RemoteWriteReceiver()
         self._closing = list(closing)  # run once the loops stopped, before the store closes
         self._tokens = tokens or Tokens()
         self._max_body_bytes = max_body_bytes
@@ -249,6 +260,7 @@ class Hub:
         for (endpoint, status), count in sorted(self.refused.items()):
             refused.add_metric([endpoint, str(status)], count)
         yield refused
+        yield from self.remote_write.collect()
         yield from self.writer.collect()
         if self.detection is not None:
             yield from self.detection.collect()
@@ -258,7 +270,8 @@ class Hub:
     def app(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "/")
         try:
-            status, body, content_type = 200, *self._answer(method, path, environ)
+            answer = self._answer(method, path, environ)
+            status, body, content_type = 204 if answer == NO_CONTENT else 200, *answer
         except HttpError as exc:
             status, body, content_type = exc.status, exc.body, exc.content_type
             self._note_refused(method, path, status, str(exc))
@@ -320,6 +333,23 @@ class Hub:
         if result.rows:
             self.writer.write("steps", result.rows)
         return result.response.body, result.response.content_type
+
+    def _remote_write(self, body: bytes, environ: dict) -> tuple[bytes, str]:
+        """Prometheus remote write 1.0: 204 once stored or spooled; 503 when the spool is full too."""
+        try:
+            received = self.remote_write.receive(
+                body,
+                environ.get("CONTENT_TYPE"),
+                environ.get("HTTP_CONTENT_ENCODING"),
+                environ.get("HTTP_X_PROMETHEUS_REMOTE_WRITE_VERSION"),
+            )
+        except PayloadError as exc:
+            raise HttpError(exc.status, str(exc)) from None
+        kept = self.writer.write("samples", received.batches, token=received.token)
+        kept = self.writer.write("targets", received.statuses, token=received.token) and kept
+        if not kept:
+            raise HttpError(503, "the store is down and the hub's spool is full; retry later")
+        return NO_CONTENT
 
     def _steps(self, body: bytes, environ: dict) -> tuple[bytes, str]:
         """Step JSON lines, taken whole or refused whole: a request holding a record older than the steps
@@ -420,6 +450,7 @@ class Hub:
     # path -> (scope, handler)
     _posts: ClassVar[dict[str, tuple[str, Callable[[Hub, bytes, dict], tuple[bytes, str]]]]] = {
         "/v1/metrics": ("write", _otlp),
+        "/api/v1/write": ("write", _remote_write),
         "/api/v1/steps": ("write", _steps),
         "/api/v1/query": ("read", _query),
         "/api/v1/silences": ("act", _silences),

@@ -120,21 +120,27 @@ class Writer:
         )
         self._replayer.start()
 
-    def write(self, kind: Kind, rows: Sequence[Row], *, keep_until: float | None = None) -> None:
+    def write(
+        self, kind: Kind, rows: Sequence[Row], *, keep_until: float | None = None, token: str | None = None
+    ) -> bool:
         """Store `rows` now, or spool them behind what is already spooled; never raises a StoreError.
-        `keep_until` (unix seconds) keeps step rows until then whatever their age (imported history)."""
+        False only when neither the store nor the spool could keep them (a full spool dropped them).
+
+        `keep_until` (unix seconds) keeps step rows until then whatever their age (imported history).
+        `token` names the batch for the store's deduplication: a sender that retries a request gives
+        the same token, and the retry is dropped; by default every write is new."""
         if not rows:
-            return
-        token = uuid.uuid4().hex
+            return True
+        token = token or uuid.uuid4().hex
         if self.spool.pending_entries:
-            self._spool(kind, token, rows, keep_until)
-            return
+            return self._spool(kind, token, rows, keep_until)
         try:
             self._insert(kind, rows, token, keep_until)
         except StoreUnavailable:
-            self._spool(kind, token, rows, keep_until)
+            return self._spool(kind, token, rows, keep_until)
         except StoreRejected as error:
             self.spool.reject(kind, token, rows, str(error), keep_until)
+        return True
 
     def refused(self, kind: Kind, rows: int, why: str, reason: str = "retention") -> None:
         """Count `rows` of `kind` that were refused rather than stored (at the hub's door or by the
@@ -211,9 +217,10 @@ class Writer:
         yield from (inserted, refused, failures, latency)
         yield from self.spool.collect()
 
-    def _spool(self, kind: Kind, token: str, rows: Sequence[Row], keep_until: float | None = None) -> None:
-        self.spool.put(kind, token, rows, keep_until)
+    def _spool(self, kind: Kind, token: str, rows: Sequence[Row], keep_until: float | None = None) -> bool:
+        kept = self.spool.put(kind, token, rows, keep_until)
         self._spooled.set()
+        return kept
 
     def _insert(self, kind: Kind, rows: Sequence[Row], token: str, keep_until: float | None = None) -> None:
         """One insert into the store, timed and counted, with what it refused; raises its StoreError."""
