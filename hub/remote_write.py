@@ -274,7 +274,7 @@ class RemoteWriteReceiver:
             name = labels.pop("__name__")
             node = self.identity.node_of(labels)
             labels.pop("node", None)  # a column of its own
-            if name != "up" and node:
+            if node and not _target_level(name):
                 self._remember(labels, node)
             kept = []
             for sample in series.samples:
@@ -339,6 +339,12 @@ class RemoteWriteReceiver:
             if len(self._target_nodes) >= MAX_REMEMBERED_TARGETS:
                 self._target_nodes.pop(next(iter(self._target_nodes)))
             self._target_nodes[target] = node
+
+
+def _target_level(name: str) -> bool:
+    """Whether Prometheus made the series about the scrape itself (up, scrape_*): it carries the target's
+    labels only, never the exporter's, so it does not say which node the target belongs to."""
+    return name == "up" or name.startswith("scrape_")
 
 
 def _target_of(labels: Mapping[str, str]) -> tuple[str, str]:
