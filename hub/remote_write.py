@@ -12,7 +12,9 @@ answered 5xx. The decoded size is read from the snappy header and checked before
 
 Each series' node is the first of `NodeIdentity.labels` it carries (`instance` with its port stripped),
 so that one node's dcgm-exporter series (Hostname) and node_exporter series (a file_sd `node` label)
-meet under one node. `node` itself is a column, never a stored label; every other label is kept.
+meet under one node. A series that only its `instance` names (an exporter's process metrics, `up`)
+joins the node its target's other series named, once one has. `node` itself is a column, never a
+stored label; every other label is kept.
 Samples become ScrapeBatches per (instance, node, timestamp): Prometheus stamps every sample of one
 scrape with the scrape's time, so a batch is what the hub's own scraper would have made of that scrape.
 
@@ -78,12 +80,13 @@ class NodeIdentity:
 
     labels: tuple[str, ...] = ("node", "Hostname", "instance")
 
-    def node_of(self, labels: Mapping[str, str]) -> str:
-        """The node `labels` name, "" when none of the configured labels is there."""
+    def node_of(self, labels: Mapping[str, str]) -> tuple[str, bool]:
+        """The node `labels` name ("" when none of the configured labels is there), and whether only the
+        target's address (`instance`) named it: a weaker claim than a node label or Hostname."""
         for name in self.labels:
             if value := labels.get(name):
-                return strip_port(value) if name == "instance" else value
-        return ""
+                return (strip_port(value), True) if name == "instance" else (value, False)
+        return "", True
 
 
 def strip_port(address: str) -> str:
@@ -267,15 +270,20 @@ class RemoteWriteReceiver:
         groups: dict[tuple[str, str, int], ScrapeBatch] = {}
         ups: list[tuple[dict[str, str], str, int, float]] = []
         scrape_info: dict[tuple[str, str, str, int], float] = {}
-        for labels, series in labelled:
+        named = []
+        for labels, _ in labelled:
+            name = labels.pop("__name__")
+            node, weak = self.identity.node_of(labels)
+            labels.pop("node", None)  # a column of its own
+            if node and not weak and not _target_level(name):
+                self._remember(labels, node)
+            named.append((name, node, weak))
+        for (labels, series), (name, node, weak) in zip(labelled, named, strict=True):
             received.series += 1
             if series.histograms:
                 received.dropped["native_histogram"] += len(series.histograms)
-            name = labels.pop("__name__")
-            node = self.identity.node_of(labels)
-            labels.pop("node", None)  # a column of its own
-            if node and not _target_level(name):
-                self._remember(labels, node)
+            if weak:  # an exporter's own series (process, build info) join the node its others named
+                node = self._known_node(labels) or node
             kept = []
             for sample in series.samples:
                 value, ts_ms = sample.value, sample.timestamp
@@ -320,8 +328,7 @@ class RemoteWriteReceiver:
         """A target status from one `up` sample; its node is the one the target's series named, else the
         one `up`'s own labels name."""
         job, instance = _target_of(labels)
-        with self._lock:
-            node = self._target_nodes.get((job, instance)) or own_node
+        node = self._known_node(labels) or own_node
         up = value == 1
         duration = scrape_info.get((SCRAPE_DURATION, job, instance, ts_ms), 0.0)
         samples = scrape_info.get((SCRAPE_SAMPLES, job, instance, ts_ms), 0.0)
@@ -329,6 +336,11 @@ class RemoteWriteReceiver:
         return TargetStatus(
             ts_ms / 1000, instance, node, up, _finite(duration), int(_finite(samples)) if up else 0, error
         )
+
+    def _known_node(self, labels: Mapping[str, str]) -> str | None:
+        """The node this target's series last named with a node label or Hostname, if any did."""
+        with self._lock:
+            return self._target_nodes.get(_target_of(labels))
 
     def _remember(self, labels: Mapping[str, str], node: str) -> None:
         """The node a target's series named, for its `up` (a dcgm-exporter target's `up` has no Hostname)."""

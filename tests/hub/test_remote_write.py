@@ -345,6 +345,6 @@ def test_every_sample_kept_is_one_sent_under_its_series_node_and_nothing_is_inve
         sources = [
             s for s in sent if sorted((k, v) for k, v in s[0].items() if k != "__name__") == list(labels)
         ]
-        assert node == receiver.identity.node_of(sources[0][0]) != ""
+        assert node == receiver.identity.node_of(sources[0][0])[0] != ""
         assert any((ts_ms, value) in samples for _, samples in sources)
     assert received.samples + sum(received.dropped.values()) == sum(len(samples) for _, samples in sent)
