@@ -339,12 +339,16 @@ class RemoteWriteReceiver:
 
     def _known_node(self, labels: Mapping[str, str]) -> str | None:
         """The node this target's series last named with a node label or Hostname, if any did."""
+        if not labels.get("instance"):
+            return None  # not from a scrape target
         with self._lock:
             return self._target_nodes.get(_target_of(labels))
 
     def _remember(self, labels: Mapping[str, str], node: str) -> None:
         """The node a target's series named, for its `up` (a dcgm-exporter target's `up` has no Hostname)."""
         target = _target_of(labels)
+        if not target[1]:
+            return
         with self._lock:
             if self._target_nodes.get(target) == node:
                 return
