@@ -52,6 +52,7 @@ bench: install-test
 	$(PY) bench/parser.py
 	$(PY) bench/storage_layout.py
 	$(PY) bench/ingest.py --nodes 192
+	$(PY) bench/remote_write.py --nodes 48
 	$(PY) bench/detect.py --nodes 192
 	$(PY) bench/query_vs_ingest.py
 	$(PY) bench/hostile_targets.py
