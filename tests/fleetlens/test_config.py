@@ -115,3 +115,25 @@ drain:
 def test_bad_alerting_config_names_the_key(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message):
         load_config(write(tmp_path, text), env={})
+
+
+def test_remote_write_settings_node_labels_and_detection_lag(tmp_path):
+    path = write(tmp_path, "hub:\n  node_labels: [cluster_node, Hostname]\n  detect_lag_s: 30\n")
+    config = load_config(path, env={"FLEETLENS_HUB_REMOTE_WRITE_MAX_SERIES": "1000"})
+    assert config.hub.node_labels == ("cluster_node", "Hostname")
+    assert config.hub.remote_write_max_series == 1000
+    assert config.hub.lag_s == 30
+    assert load_config(env={}).hub.lag_s == 10 + 5  # a scraping hub: the interval and the scrape timeout
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("hub: {node_labels: []}\n", "hub.node_labels: name at least one label"),
+        ("hub: {remote_write_max_samples: 0}\n", "hub.remote_write_max_samples: must be positive"),
+        ("hub: {detect_lag_s: -1}\n", "hub.detect_lag_s"),
+    ],
+)
+def test_bad_remote_write_settings_name_the_key(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text), env={})
