@@ -31,6 +31,11 @@ down); the goal "link_flap within one interval of the first flap" is measured fr
 Anomaly kinds that detect no fault kind (peer_outlier, the catch-all Isolation Forest) are shown in the
 table but kept out of the goals; their reports count as true when they overlap any fault of their node.
 
+A scenario played in the stock flavour (`exporters: stock`) is read by stock exporters only, and the faults
+those cannot show (sim.stock.UNOBSERVABLE) are kept out of the recall and of the goals, each listed with
+the reason and whether it was detected anyway (which would mean the list is wrong). They are still faults:
+a report during one is judged against it as against any other.
+
 A slow node's truth is also what it costs its job (true_job_slowdown): the share of the job's step time
 due to it, from two runs of the job model that differ by that fault alone. The detector's estimate, the
 `job_slowdown` of the first report that detected it (its evidence), stands next to it in the results, and
@@ -57,6 +62,7 @@ from analytics.store.records import Anomaly
 from analytics.xid_catalog import lookup
 from sim.jobs import JobModel
 from sim.scenario import Confounder, Fault, JobSpec, Scenario
+from sim.stock import Unobservable, unobservable
 
 DETECTED_BY: Mapping[str, tuple[str, ...]] = MappingProxyType(  # the anomaly kinds that may detect each
     {
@@ -146,6 +152,14 @@ class JobCost:
 
 
 @dataclass(frozen=True)
+class Excluded:
+    """A fault kept out of the recall because the scenario's exporters cannot show it, and why."""
+
+    outcome: FaultOutcome
+    unobservable: Unobservable
+
+
+@dataclass(frozen=True)
 class ReportOutcome:
     """A report's verdict (TRUE, CONFOUNDER, OTHER_FAULT or FALSE), the fault kinds it detected and what
     explains it, in words."""
@@ -217,6 +231,8 @@ class ScenarioResult:
     faults: tuple[FaultOutcome, ...]
     reports: tuple[ReportOutcome, ...]
     kinds: Mapping[str, KindStats]
+    exporters: str = "fleetlens"
+    excluded: tuple[Excluded, ...] = ()  # faults its exporters cannot show: not in `faults` nor the recall
 
     @property
     def node_days(self) -> float:
@@ -233,6 +249,10 @@ class SuiteResult:
     def node_days(self) -> float:
         return sum(result.node_days for result in self.scenarios)
 
+    @property
+    def excluded(self) -> tuple[Excluded, ...]:
+        return tuple(excluded for result in self.scenarios for excluded in result.excluded)
+
 
 def evaluate(
     scenario: Scenario, anomalies: Sequence[Anomaly], epoch: float, window_s: float = 10.0
@@ -241,10 +261,14 @@ def evaluate(
     reports = [_on_scenario_clock(anomaly, epoch, scenario.duration_s) for anomaly in _latest(anomalies)]
     costs = job_costs(scenario, scenario.faults)
     led_to = _alerts_and_drains(scenario, reports, epoch, window_s)
-    faults = tuple(
-        _fault_outcome(fault, cost, reports, scenario, window_s, led_to)
-        for fault, cost in zip(scenario.faults, costs, strict=True)
-    )
+    faults, excluded = [], []
+    for fault, cost in zip(scenario.faults, costs, strict=True):
+        outcome = _fault_outcome(fault, cost, reports, scenario, window_s, led_to)
+        hidden = unobservable(fault) if scenario.exporters == "stock" else None
+        if hidden is None:
+            faults.append(outcome)
+        else:
+            excluded.append(Excluded(outcome, hidden))
     judged = tuple(_judge(report, scenario) for report in reports)
     return ScenarioResult(
         name=scenario.name,
@@ -252,9 +276,11 @@ def evaluate(
         duration_s=scenario.duration_s,
         interval_s=scenario.interval_s,
         window_s=window_s,
-        faults=faults,
+        faults=tuple(faults),
         reports=judged,
         kinds=_kind_rows(faults, judged),
+        exporters=scenario.exporters,
+        excluded=tuple(excluded),
     )
 
 
@@ -285,11 +311,26 @@ def to_markdown(suite: SuiteResult) -> str:
             f"| {_number(_per_node_day(stats.false_reports, suite.node_days), 2)} "
             f"| {stats.confounder_reports} |"
         )
+    flavours = sorted({result.exporters for result in suite.scenarios})
     scenarios = f"{len(suite.scenarios)} scenario(s), {suite.node_days:.2f} node-days"
+    scenarios += f", read by {' and '.join(flavours)} exporters" if flavours != ["fleetlens"] else ""
     goals = "; ".join(f"{goal.name}: {_verdict(goal)}" for goal in suite.goals)
     costs = slowdown_estimates(suite)
     cost_line = [] if not costs["faults"] else [_describe_estimates(costs)]
-    return "\n".join([*lines, "", f"{scenarios}. Goals: {goals}.", *cost_line]) + "\n"
+    excluded = [f"Not shown by stock exporters, out of the recall: {row}" for row in _excluded_rows(suite)]
+    return "\n".join([*lines, "", f"{scenarios}. Goals: {goals}.", *cost_line, *excluded]) + "\n"
+
+
+def _excluded_rows(suite: SuiteResult) -> list[str]:
+    """One line per unobservable kind the run had: how many faults, how many detected anyway, and why."""
+    by_entry: dict[Unobservable, list[FaultOutcome]] = {}
+    for excluded in suite.excluded:
+        by_entry.setdefault(excluded.unobservable, []).append(excluded.outcome)
+    return [
+        f"{entry.name}: {len(outcomes)} fault(s), {sum(o.detected for o in outcomes)} detected anyway; "
+        f"{entry.reason}"
+        for entry, outcomes in by_entry.items()
+    ]
 
 
 def slowdown_estimates(suite: SuiteResult) -> dict[str, Any]:
@@ -333,6 +374,7 @@ def to_json(suite: SuiteResult) -> dict[str, Any]:
         "kinds": {kind: _stats_json(stats, suite.node_days) for kind, stats in suite.kinds.items()},
         "goals": [{"name": goal.name, "met": goal.met, "detail": goal.detail} for goal in suite.goals],
         "job_slowdown": slowdown_estimates(suite),
+        "unobservable": [_excluded_json(excluded) for excluded in suite.excluded],
         "scenarios": [_scenario_json(result) for result in suite.scenarios],
     }
 
@@ -803,8 +845,10 @@ def _scenario_json(result: ScenarioResult) -> dict[str, Any]:
         "interval_s": result.interval_s,
         "window_s": result.window_s,
         "node_days": result.node_days,
+        "exporters": result.exporters,
         "kinds": {kind: _stats_json(stats, result.node_days) for kind, stats in result.kinds.items()},
         "faults": [_fault_json(outcome) for outcome in result.faults],
+        "unobservable": [_excluded_json(excluded) for excluded in result.excluded],
         "reports_detecting_nothing": [_report_json(o) for o in result.reports if o.verdict != TRUE],
     }
 
@@ -831,6 +875,10 @@ def _fault_json(outcome: FaultOutcome) -> dict[str, Any]:
         "must_alert": expected_consequences(fault)[0],
         "must_drain": expected_consequences(fault)[1],
     }
+
+
+def _excluded_json(excluded: Excluded) -> dict[str, Any]:
+    return {**_fault_json(excluded.outcome), "reason": excluded.unobservable.reason}
 
 
 def _report_json(outcome: ReportOutcome) -> dict[str, Any]:

@@ -3,6 +3,10 @@ by a real Exporter with the gpu, xid, infiniband, netclass and nccl_log collecto
 act on those sources as a real fleet would show them (see `_fault_events`). Simulated time t (seconds from
 the scenario's start) is the unix time epoch + t, and tick k, a scrape of every node, happens at
 t = k x interval_s. sim.offline and sim.online play a scenario of these nodes into a store.
+
+In the stock flavour (Scenario.exporters "stock", sim.stock) the same sources are read as a fleet that
+runs only stock exporters reads them: the GPUs by dcgm-exporter's rendering (sim.dcgm), the /sys tree by
+a real node_exporter process (sim.nodeexporter) that the node starts and close() ends.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from collectors.gpu.collector import GpuCollector
 from collectors.gpu.sim import ManualClock, SimBackend
 from collectors.registry import BuiltCollector
 from collectors.xid import XidCollector
+from sim.dcgm import DcgmExporter
 from sim.fleet import SEED_STRIDE
 from sim.jobs import downtimes, nccl_log, nic_of_gpu
+from sim.nodeexporter import NodeExporter
 from sim.scenario import Fault, Scenario
 from sim.sysfs import SimSysfs
 
@@ -95,6 +101,10 @@ class SimNode:
         self._exporter = self._build_exporter()
         self._app = make_app(make_registry(self._exporter, process_metrics=False))
         self._events = timeline(scenario, self.name)
+        self.node_exporter: NodeExporter | None = None  # stock flavour: a real one on the /sys tree
+        if scenario.exporters == "stock":
+            log = workdir / self.name / "node_exporter.log"
+            self.node_exporter = NodeExporter(self.sysfs.root, log).start()
 
     def play_until(self, t: float) -> None:
         """Apply every event up to simulated time `t`, letting traffic flow in between."""
@@ -105,7 +115,8 @@ class SimNode:
         self._advance_to(t)
 
     def body(self) -> bytes:
-        """One scrape of the exporter, in the Prometheus text format the hub asks for."""
+        """One scrape of the exporter (in the stock flavour: of dcgm-exporter), in the Prometheus text
+        format the hub asks for."""
         return textformat.render(self._exporter.collect())
 
     def wsgi(self, environ: dict, start_response: Callable) -> list[bytes]:
@@ -117,6 +128,8 @@ class SimNode:
 
     def close(self) -> None:
         self._exporter.close()
+        if self.node_exporter is not None:
+            self.node_exporter.stop()
 
     # -- what events do ------------------------------------------------------------------------------------
 
@@ -175,7 +188,9 @@ class SimNode:
             self.gpus.set_fault(gpu, "xid", code=code)
 
     def restart_exporter(self) -> None:
-        """The exporter restarts with a driver reload: a fresh exporter, sysfs counters from zero."""
+        """The exporter restarts with a driver reload: a fresh exporter, sysfs counters from zero. In the
+        stock flavour dcgm-exporter restarts (it forgets the last Xids); node_exporter keeps no state
+        between scrapes, so the driver reload is all its restart would show, and it keeps running."""
         self._exporter.close()
         self.sysfs.reload_driver()
         self._exporter = self._build_exporter()
@@ -189,7 +204,11 @@ class SimNode:
             self.clock.now = self._epoch + t
             self._t = t
 
-    def _build_exporter(self) -> Exporter:
+    def _build_exporter(self) -> Exporter | DcgmExporter:
+        """fleetlens's exporter on every source of the node; in the stock flavour, dcgm-exporter's
+        rendering of its GPUs (its /sys tree is node_exporter's, its NCCL logs nobody's)."""
+        if self._scenario.exporters == "stock":
+            return DcgmExporter(self.gpus, self.name)
         gpu_errors, xid_errors = ReadErrors("gpu"), ReadErrors("xid")
         built = [
             BuiltCollector("gpu", GpuCollector(self.gpus, self.name, gpu_errors), gpu_errors),

@@ -1,6 +1,11 @@
 """A scenario played offline: every node's exporter rendered, parsed and inserted straight into the store,
 as fast as it goes (in worker processes for large fleets). Same rows as sim.online but for the targets'
-duration_s (offline: 0, the simulated time a scrape takes)."""
+duration_s (offline: 0, the simulated time a scrape takes).
+
+In the stock flavour (sim.stock) each node is two targets: its dcgm-exporter rendering, read in process,
+and its node_exporter process, read over loopback HTTP once the node is played to the tick; their
+samples carry the `job` and `instance` labels Prometheus would add, and the node column is the node's
+name, as a hub receiving Prometheus's remote write stores them."""
 
 from __future__ import annotations
 
@@ -9,8 +14,9 @@ import os
 import time
 import traceback
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from multiprocessing.queues import Queue
 from pathlib import Path
 from queue import Empty
@@ -22,6 +28,7 @@ from hub.expfmt import ExpositionParser
 from sim.jobs import JobModel
 from sim.node import SCENARIO_EPOCH, SCRAPE_GAP_ERROR, SimNode, SimSummary, SimulationError, tick_times
 from sim.scenario import Scenario
+from sim.stock import DCGM_EXPORTER, NODE_EXPORTER
 
 FLUSH_SAMPLES = 250_000  # offline: samples gathered before one insert, with their targets and steps rows
 PARALLEL_NODE_TICKS = 2_000  # offline: smaller scenarios are simulated in-process (a worker starts in ~1 s)
@@ -68,28 +75,56 @@ Round = tuple[list[ScrapeBatch], list[TargetStatus]]  # one tick: the batches of
 
 
 def node_rounds(scenario: Scenario, indices: Iterable[int], workdir: Path, epoch: float) -> Iterator[Round]:
-    """Per tick, the scrape of every node in `indices` (its place in the fleet)."""
+    """Per tick, the scrape of every target of every node in `indices` (its place in the fleet)."""
     nodes = [SimNode(scenario, index, workdir, epoch) for index in indices]
-    parsers = [ExpositionParser() for _ in nodes]
     try:
+        targets = [(node, _targets(node)) for node in nodes]
         for t in tick_times(scenario):
             ts = epoch + t
             batches, statuses = [], []
-            for node, parser in zip(nodes, parsers, strict=True):
+            for node, node_targets in targets:
                 node.play_until(t)
-                if not node.answering:
-                    statuses.append(TargetStatus(ts, node.target, node.name, False, 0.0, 0, SCRAPE_GAP_ERROR))
-                    continue
-                exposition = parser.parse(node.body().decode())
-                batch = ScrapeBatch(
-                    node.target, node.name, ts, exposition.names, exposition.labels, exposition.values
-                )
-                batches.append(batch)
-                statuses.append(TargetStatus(ts, node.target, node.name, True, 0.0, len(batch)))
+                for target in node_targets:
+                    if not node.answering:
+                        down = TargetStatus(ts, target.name, node.name, False, 0.0, 0, SCRAPE_GAP_ERROR)
+                        statuses.append(down)
+                        continue
+                    batch = target.scrape(node.name, ts)
+                    batches.append(batch)
+                    statuses.append(TargetStatus(ts, target.name, node.name, True, 0.0, len(batch)))
             yield batches, statuses
     finally:
         for node in nodes:
             node.close()
+
+
+@dataclass
+class _Target:
+    """One scrape target of a node: how to read it, and the labels a scraper adds to its samples (stock
+    flavour: Prometheus's job and instance; none for the hub's own scraper)."""
+
+    name: str
+    read: Callable[[], bytes]
+    labels: dict[str, str]
+    parser: ExpositionParser = field(default_factory=ExpositionParser)
+
+    def scrape(self, node: str, ts: float) -> ScrapeBatch:
+        exposition = self.parser.parse(self.read().decode())
+        labels = exposition.labels
+        if self.labels:  # the parser's label dicts are shared between parses: new ones
+            labels = [{**sample_labels, **self.labels} for sample_labels in labels]
+        return ScrapeBatch(self.name, node, ts, exposition.names, labels, exposition.values)
+
+
+def _targets(node: SimNode) -> list[_Target]:
+    """fleetlens's exporter; or in the stock flavour dcgm-exporter (rendered here) and node_exporter
+    (the node's process, over HTTP), as Prometheus scrapes them."""
+    if node.node_exporter is None:
+        return [_Target(node.target, node.body, {})]
+    return [
+        _Target(DCGM_EXPORTER.target(node.name), node.body, DCGM_EXPORTER.labels(node.name)),
+        _Target(NODE_EXPORTER.target(node.name), node.node_exporter.scrape, NODE_EXPORTER.labels(node.name)),
+    ]
 
 
 class _Workers:

@@ -8,6 +8,7 @@ process, and two cores evaluate two scenarios at once.
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from collections.abc import Sequence
@@ -20,10 +21,10 @@ from analytics.store import Store
 from analytics.store.records import Anomaly
 from analytics.store.schema import Retention
 from sim.evaluation import ScenarioResult, evaluate
-from sim.node import SCENARIO_EPOCH, SimSummary
+from sim.node import SCENARIO_EPOCH, SimSummary, SimulationError
 from sim.offline import simulate_offline
 from sim.online import simulate_online
-from sim.scenario import Scenario, load_scenario
+from sim.scenario import EXPORTER_FLAVOURS, Scenario, ScenarioError, load_scenario
 
 DEFAULT_WINDOW_S = 10.0
 # evaluation stores hold scenarios stamped from SCENARIO_EPOCH on, which may be older than the default
@@ -37,6 +38,12 @@ def simulate(scenario: Scenario, store: Store, workdir: Path, *, offline: bool, 
     Simulated time is placed where the store keeps it and readers look: offline runs end now, online
     runs start now."""
     now = time.time() // scenario.interval_s * scenario.interval_s
+    if not offline and scenario.exporters == "stock":
+        raise SimulationError(
+            f"{scenario.name}: exporters: stock plays offline (sim run --offline, eval) or on the wall clock "
+            "(sim serve); the online mode scrapes with the hub's own scraper, which is not how a stock "
+            "fleet reaches a hub"
+        )
     if offline:
         return simulate_offline(scenario, store, workdir, epoch=now - scenario.duration_s)
     return simulate_online(scenario, store, workdir, speed=speed, epoch=now)
@@ -52,9 +59,12 @@ def detect_scenario(store: Store, scenario: Scenario, window_s: float = DEFAULT_
     return result
 
 
-def evaluate_file(path: Path, window_s: float = DEFAULT_WINDOW_S) -> ScenarioResult:
-    """Simulate one scenario file offline into a throwaway store, detect, and score the detectors."""
-    scenario = load_scenario(path)
+def evaluate_file(
+    path: Path, window_s: float = DEFAULT_WINDOW_S, exporters: str | None = None
+) -> ScenarioResult:
+    """Simulate one scenario file offline into a throwaway store, detect, and score the detectors;
+    `exporters` (a flavour of sim.scenario.EXPORTER_FLAVOURS) overrides the file's."""
+    scenario = with_exporters(load_scenario(path), exporters)
     with tempfile.TemporaryDirectory(prefix=f"fleetlens-eval-{scenario.name}-", dir=scratch_dir()) as tmp:
         work = Path(tmp)
         with Store.open(f"chdb://{work / 'store'}", retention=EVAL_RETENTION) as store:
@@ -64,11 +74,20 @@ def evaluate_file(path: Path, window_s: float = DEFAULT_WINDOW_S) -> ScenarioRes
 
 
 def evaluate_files(
-    paths: Sequence[Path], workers: int = 2, window_s: float = DEFAULT_WINDOW_S
+    paths: Sequence[Path], workers: int = 2, window_s: float = DEFAULT_WINDOW_S, exporters: str | None = None
 ) -> list[ScenarioResult]:
     """evaluate_file for each path, `workers` at a time, each in a fresh process; results in path order."""
     with ProcessPoolExecutor(max_workers=max(1, workers), max_tasks_per_child=1) as pool:
-        return list(pool.map(evaluate_file, paths, [window_s] * len(paths)))
+        return list(pool.map(evaluate_file, paths, [window_s] * len(paths), [exporters] * len(paths)))
+
+
+def with_exporters(scenario: Scenario, exporters: str | None) -> Scenario:
+    """The scenario read by `exporters` (None: as its file says); ScenarioError for an unknown flavour."""
+    if exporters is None:
+        return scenario
+    if exporters not in EXPORTER_FLAVOURS:
+        raise ScenarioError(f"--exporters: {exporters!r} is not one of {', '.join(EXPORTER_FLAVOURS)}")
+    return dataclasses.replace(scenario, exporters=exporters)
 
 
 def scratch_dir() -> str | None:

@@ -40,6 +40,7 @@ FAULT_KINDS = (
 )
 CONFOUNDER_KINDS = ("job_stall", "stage_imbalance", "exporter_restart", "scrape_gap", "job_restart")
 DMA_MODES = ("no_gdr", "pcie_downgrade")
+EXPORTER_FLAVOURS = ("fleetlens", "stock")  # what reads a node: fleetlens's exporter, or stock exporters only
 NOISE_MODELS = ("tidy", "pai")  # step-time noise (sim.jobs): the original +-1%, or calibrated on Alibaba PAI
 _STEP_MODEL_KEYS = ("noise", "imbalance", "rank_offset", "warmup_steps", "warmup_slowdown")  # job keys
 DEFAULT_FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures"
@@ -168,6 +169,7 @@ class Scenario:
     jobs: tuple[JobSpec, ...]
     faults: tuple[Fault, ...]
     confounders: tuple[Confounder, ...] = ()
+    exporters: str = "fleetlens"  # EXPORTER_FLAVOURS: fleetlens's exporter, or dcgm-exporter + node_exporter
 
     def until(self, t: float) -> Scenario:
         """The scenario with only the faults and confounders that start before `t`: what a run cut
@@ -195,11 +197,14 @@ def parse_scenario(
     """A Scenario from parsed YAML; `source` prefixes every error message."""
     reader = _Reader(source)
     top = reader.mapping(
-        document, "", {"seed", "duration_s", "interval_s", "fleet", "jobs", "faults", "confounders"}
+        document,
+        "",
+        {"seed", "duration_s", "interval_s", "exporters", "fleet", "jobs", "faults", "confounders"},
     )
     seed = reader.integer(top, "seed", "", default=0)
     duration = reader.number(top, "duration_s", "", minimum=1)
     interval = reader.number(top, "interval_s", "", default=10.0, minimum=1)
+    exporters = reader.choice(top, "exporters", "", EXPORTER_FLAVOURS, default="fleetlens")
     if interval > duration:
         raise reader.error("interval_s", f"{interval:g} is longer than duration_s {duration:g}")
     fleet_doc = reader.mapping(
@@ -239,7 +244,7 @@ def parse_scenario(
         _confounder(reader, item, f"confounders[{i}]", names, job_names, jobs, duration)
         for i, item in enumerate(reader.sequence(top.get("confounders") or [], "confounders"))
     )
-    return Scenario(name, seed, duration, interval, fleet, jobs, faults, confounders)
+    return Scenario(name, seed, duration, interval, fleet, jobs, faults, confounders, exporters)
 
 
 def _job(reader: _Reader, item: object, where: str, fleet: FleetSpec) -> JobSpec:

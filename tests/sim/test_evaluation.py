@@ -467,3 +467,27 @@ def test_a_storm_taken_for_a_gpu_fault_and_a_dbe_too_mild_to_drain_are_caught() 
         "hand-built: dbe_remap on vela-003 gpu:4 400-end s led to no alert, which it must",
         "hand-built: dbe_remap on vela-003 gpu:4 400-end s led to no drain decision, which it must",
     ]
+
+
+def test_stock_exporters_keep_what_they_cannot_show_out_of_the_recall_and_say_why() -> None:
+    downgrade = {"kind": "dma_degraded", "node": "vela-002", "gpu": 4, "start_s": 300, "end_s": 900}
+    faults = [*EVERY_FAULT, {**downgrade, "mode": "pcie_downgrade"}]
+    fleetlens = scenario(faults)
+    stock = replace(fleetlens, exporters="stock")
+    seen = [perfect_report(f) for f in fleetlens.faults if f.params.get("mode") != "pcie_downgrade"]
+
+    as_fleetlens = combine([evaluate(fleetlens, seen, EPOCH)])
+    assert as_fleetlens.kinds["dma_degraded"].recall == 0.5, "fleetlens's exporter shows the downgrade"
+    assert not as_fleetlens.excluded
+
+    suite = combine([evaluate(stock, seen, EPOCH)])
+    assert suite.kinds["dma_degraded"].faults == 1 and suite.kinds["dma_degraded"].recall == 1.0
+    assert [goal.met for goal in suite.goals] == [True, True, True, True, True]
+    (excluded,) = suite.excluded
+    assert (excluded.outcome.fault.params["mode"], excluded.outcome.detected) == ("pcie_downgrade", False)
+    text = to_markdown(suite)
+    assert "read by stock exporters" in text
+    assert "dma_degraded pcie_downgrade: 1 fault(s), 0 detected anyway; dcgm-exporter's default set" in text
+    listed = to_json(suite)["unobservable"]
+    assert [(item["kind"], item["detected"]) for item in listed] == [("dma_degraded", False)]
+    assert "DCGM_FI_DEV_PCIE_LINK_GEN" in listed[0]["reason"]

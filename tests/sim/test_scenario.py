@@ -136,6 +136,7 @@ def test_a_pcie_downgrade_is_reported_on_the_gpu(tmp_path: Path) -> None:
             "confounders[0].end_s",
             "missing",
         ),
+        ("exporters: dcgm\n", "exporters", "'dcgm' is not one of fleetlens, stock"),
     ],
 )
 def test_an_error_names_the_file_and_the_key(tmp_path: Path, extra: str, key: str, words: str) -> None:
@@ -168,6 +169,11 @@ def test_ranks_that_do_not_fill_the_job_are_refused(tmp_path: Path) -> None:
         ScenarioError, match=r"ranks\.yaml: jobs\[0\]: dp x pp x tp = 3 x 2 x 8 must equal the job's 64"
     ):
         load_scenario(path)
+
+
+def test_exporters_are_fleetlens_unless_the_file_says_stock(tmp_path: Path) -> None:
+    assert load_scenario(write(tmp_path, SMALL)).exporters == "fleetlens"
+    assert load_scenario(write(tmp_path, SMALL + "exporters: stock\n")).exporters == "stock"
 
 
 def test_an_unknown_top_level_key_is_refused(tmp_path: Path) -> None:
