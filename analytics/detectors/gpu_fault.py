@@ -15,6 +15,17 @@ sum) and from the times dcgm-exporter's last-Xid gauge (DCGM_FI_DEV_XID_ERRORS) 
 series first sampled in the window counts from zero when its node was sampled before it (the xid
 collector exports a code's counter only once that code happened); after a gap in the whole node's
 samples longer than `lookback_s`, nothing can tell history from news, so it counts nothing.
+
+Every signal has a reading from the series stock dcgm-exporter serves (docs/stock-exporters.md):
+- Xids from the last-Xid gauge alone: two Xids between scrapes count as the last one, a repeat of the
+  same code between scrapes is not seen, and an Xid repeating the gauge's value shows nothing.
+- Lost: fleetlens_gpu_up says per scrape whether NVML answered. Without it, a GPU is lost when DCGM has
+  not answered for it (analytics.detectors.dcgm.ANSWERS) in `lost_after_scrapes` scrapes in which its
+  node's other GPUs answered: dcgm-exporter leaves out a field DCGM answers blank for (as it does for a
+  while after its watches start), so one or two scrapes without a GPU are no loss, and a node whose
+  every GPU went quiet (a scrape gap, an exporter restart) has no GPU to tell a loss by.
+- DBEs: the volatile or aggregate ECC counters, else a new row remapped for an uncorrectable error
+  (DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS, in the default counter set), which each DBE causes.
 """
 
 from __future__ import annotations
@@ -32,12 +43,14 @@ from analytics.detectors.counters import (
     INSIDE_MAX,
     INSIDE_MIN,
     MAX_CANDIDATES,
+    STEADY_INCREASE,
     Evidence,
     evidence_number,
     series_parameters,
     series_sql,
     signal_count,
 )
+from analytics.detectors.dcgm import ANSWERS, GPU_UP, metric_in
 from analytics.detectors.peers import NODE_JOBS
 from analytics.reports.remedy import ACTION, ACTION_TEXT, ACTION_TEXT_KEY
 from analytics.store.protocols import Reader
@@ -45,25 +58,31 @@ from analytics.xid_catalog import Action, lookup, worst_action
 
 XID_COUNTER = "fleetlens_gpu_xid_errors_total"
 LAST_XID = "DCGM_FI_DEV_XID_ERRORS"
-FAULT_METRICS = (
-    XID_COUNTER,
-    LAST_XID,
-    "fleetlens_gpu_up",
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-)
+ROW_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
+# double-bit ECC errors: volatile (since the driver loaded) and aggregate (the GPU's life); each DBE counts
+# in both, so the larger increase is the count. dcgm-exporter's default set has neither.
+DBE_COUNTERS = ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL")
+# rows remapped for uncorrectable (double-bit) errors, over the GPU's life: in the default set, and a new
+# one is a new DBE where the ECC counters are not exported
+REMAPPED_ROWS = "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"
+FAULT_METRICS = (XID_COUNTER, LAST_XID, GPU_UP, ROW_REMAP_FAILURE, *DBE_COUNTERS, REMAPPED_ROWS, *ANSWERS)
 FAULT_SERIES = series_sql(
     f"{INCREASE} AS increase",
+    f"{STEADY_INCREASE} AS steady_increase",
     "length(inside) AS samples",
     f"{INSIDE_MIN} AS low",
     f"{INSIDE_MAX} AS high",
     "arrayMap(step -> step.2.2, arrayFilter(step -> step.2.2 != step.1.2, steps)) AS turned_to",
     "before_t > 0 AS seen_before",
     "if(length(inside) > 0, inside[1].2, 0) AS first_value",
+    "first_t",
+    "sampled_at",
+    lookback_aggregates=("min(t) AS first_t", "groupUniqArray(t) AS sampled_at"),
 )
 # Per series: the Xid codes it saw in the range and how many times each (`codes`, `counts`).
 XID_EVENTS = f"""
 SELECT node, labels['gpu'] AS gpu, labels['pci_bus_id'] AS pci_bus_id, metric, samples, low, high, increase,
+    steady_increase, first_t, sampled_at,
     toInt64OrNull(labels['xid']) AS counted_code,
     increase + if(born, first_value, 0) AS events,
     arrayMap(value -> toInt64(value), arrayFilter(
@@ -85,17 +104,34 @@ FROM (
     FROM ({FAULT_SERIES})
 )
 """
-# A GPU is a candidate if any of its series was sampled since the lookback; `reported` says whether its
-# fleetlens_gpu_up was sampled in the window, `node_reported` whether any GPU of its node was.
+ANSWERED = metric_in(ANSWERS)
+DBE_INCREASES = ", ".join(
+    f"sumIf(increase, metric = '{name}' AND isFinite(increase))" for name in DBE_COUNTERS
+)
+# A GPU is a candidate if any of its series was sampled since the lookback. `has_up`: fleetlens's exporter
+# reports it (fleetlens_gpu_up), and `reported` is then whether that was sampled in the window; else
+# whether DCGM answered for it (ANSWERS) in the window. `node_reported`: whether any GPU of its node was.
+# `answered_at`: the times DCGM answered for it since the lookback; `silent_scrapes`: the times its node's
+# other GPUs answered after its own last answer (after its first series, when it never answered).
 FAULT_SQL = f"""
-SELECT gpus.*, jobs.job AS job, max(reported) OVER (PARTITION BY gpus.node) AS node_reported
+SELECT gpus.*, jobs.job AS job, max(reported) OVER (PARTITION BY gpus.node) AS node_reported,
+    arrayCount(
+        t -> t > if(notEmpty(answered_at), arrayMax(answered_at), first_seen - 0.001),
+        groupUniqArrayArray(answered_at) OVER (PARTITION BY gpus.node)
+    ) AS silent_scrapes
 FROM (
     SELECT node, gpu != '' AS known_gpu, if(known_gpu, concat('gpu:', gpu), '') AS component, pci_bus_id,
         maxMap(codes, counts) AS xids, xids.1 AS xid_codes, xids.2 AS xid_events,
-        countIf(metric = 'fleetlens_gpu_up' AND samples > 0) > 0 AS reported,
-        minIf(low, metric = 'fleetlens_gpu_up' AND samples > 0) AS gpu_up,
-        maxIf(high, metric = 'DCGM_FI_DEV_ROW_REMAP_FAILURE' AND samples > 0) AS row_remap_failure,
-        sumIf(increase, metric = 'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL' AND isFinite(increase)) AS dbe_errors
+        countIf(metric = '{GPU_UP}') > 0 AS has_up,
+        if(
+            has_up, countIf(metric = '{GPU_UP}' AND samples > 0), countIf({ANSWERED} AND samples > 0)
+        ) > 0 AS reported,
+        minIf(low, metric = '{GPU_UP}' AND samples > 0) AS gpu_up,
+        arraySort(groupUniqArrayArrayIf(sampled_at, {ANSWERED})) AS answered_at,
+        min(first_t) AS first_seen,
+        maxIf(high, metric = '{ROW_REMAP_FAILURE}' AND samples > 0) AS row_remap_failure,
+        greatest({DBE_INCREASES}) AS dbe_errors,
+        sumIf(steady_increase, metric = '{REMAPPED_ROWS}' AND isFinite(steady_increase)) AS remapped_rows
     FROM ({XID_EVENTS})
     GROUP BY node, gpu, pci_bus_id
 ) AS gpus
@@ -116,23 +152,26 @@ SIGNAL_ACTIONS = {
 class GpuFault(Detector):
     """Per GPU and window, the failure signals (module doc): Xids of causes other than the application,
     lost (fleetlens_gpu_up 0, or its series gone while the node's other GPUs are still reported), a
-    failed row remap, new double-bit ECC errors; and the application's Xids.
+    failed row remap, new double-bit ECC errors or uncorrectable remapped rows; and the application's
+    Xids.
 
     Score: how many failure signals fired, or APP_ERROR_SCORE for a GPU with application Xids alone. A
     lost GPU or a failed remap stays in every window it lasts; an Xid or ECC burst shows in its own
     window, and `clear_windows` keeps the anomaly open a minute after it. `lookback_s` is how long a GPU
-    whose series vanished is remembered as lost, and how far back a series' last sample is looked for.
+    whose series vanished is remembered as lost, and how far back a series' last sample is looked for;
+    `lost_after_scrapes` how many scrapes of its node a GPU without fleetlens_gpu_up must miss to be lost.
     """
 
     name: ClassVar[str] = "gpu_fault"
-    version: ClassVar[str] = "2"
+    version: ClassVar[str] = "3"
     kinds: ClassVar[tuple[str, ...]] = ("gpu_fault", "gpu_app_error")
     min_windows: ClassVar[int] = 1
     of_windows: ClassVar[int] = 1
     clear_windows: ClassVar[int] = 6
 
-    def __init__(self, lookback_s: float = 300.0) -> None:
+    def __init__(self, lookback_s: float = 300.0, lost_after_scrapes: int = 3) -> None:
         self.lookback_s = lookback_s
+        self.lost_after_scrapes = lost_after_scrapes
 
     def features(self, source: Reader, window: Window) -> pd.DataFrame:
         parameters = series_parameters(FAULT_METRICS, window.start, window.end, self.lookback_s)
@@ -146,12 +185,12 @@ class GpuFault(Detector):
         return features.assign(xid_counts=counts)
 
     def score(self, features: pd.DataFrame) -> np.ndarray:
-        failures = signal_count(_fault_signals(features))
+        failures = signal_count(self._signals(features))
         app_only = (failures == 0) & (features["xid_counts"].map(len) > 0).to_numpy()
         return np.where(app_only, APP_ERROR_SCORE, failures)
 
     def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
-        signals = _fault_signals(features)
+        signals = self._signals(features)
         found = []
         for position, (row, score) in enumerate(zip(features.itertuples(), scores, strict=True)):
             fired = sorted(name for name, signal in signals.items() if signal.iloc[position])
@@ -161,20 +200,41 @@ class GpuFault(Detector):
                 found.append(_gpu_app_error(row, score))
         return found
 
+    def _signals(self, features: pd.DataFrame) -> dict[str, pd.Series]:
+        """Each failure signal of gpu_fault, True per row where it fired."""
+        return {
+            "xid": features["xid_counts"].map(lambda counts: any(map(_not_by_application, counts))),
+            "lost": _down(features) | _vanished(features) | self._silent(features),
+            "row_remap_failure": features["row_remap_failure"] > 0,
+            "ecc_dbe": (features["dbe_errors"] > 0) | (features["remapped_rows"] > 0),
+        }
 
-def _fault_signals(features: pd.DataFrame) -> dict[str, pd.Series]:
-    """Each failure signal of gpu_fault, True per row where it fired."""
-    vanished = (
+    def _silent(self, features: pd.DataFrame) -> pd.Series:
+        """GPUs without fleetlens_gpu_up that DCGM stopped answering for while their node's other GPUs
+        answered, for `lost_after_scrapes` scrapes and up to this window."""
+        return (
+            features["known_gpu"].astype(bool)
+            & ~features["has_up"].astype(bool)
+            & ~features["reported"].astype(bool)
+            & features["node_reported"].astype(bool)
+            & (features["silent_scrapes"] >= self.lost_after_scrapes)
+        )
+
+
+def _down(features: pd.DataFrame) -> pd.Series:
+    """GPUs whose fleetlens_gpu_up said 0 in the window."""
+    return features["has_up"].astype(bool) & features["reported"].astype(bool) & (features["gpu_up"] == 0)
+
+
+def _vanished(features: pd.DataFrame) -> pd.Series:
+    """GPUs whose fleetlens_gpu_up was not sampled in the window while their node's other GPUs' were:
+    fleetlens's exporter reads every GPU in every scrape, so one scrape without it is a GPU gone."""
+    return (
         features["known_gpu"].astype(bool)
+        & features["has_up"].astype(bool)
         & ~features["reported"].astype(bool)
         & features["node_reported"].astype(bool)
     )
-    return {
-        "xid": features["xid_counts"].map(lambda counts: any(map(_not_by_application, counts))),
-        "lost": (features["reported"].astype(bool) & (features["gpu_up"] == 0)) | vanished,
-        "row_remap_failure": features["row_remap_failure"] > 0,
-        "ecc_dbe": features["dbe_errors"] > 0,
-    }
 
 
 def _not_by_application(code: int) -> bool:
@@ -183,12 +243,23 @@ def _not_by_application(code: int) -> bool:
 
 # the numbers behind each failure signal but Xids (whose evidence is _xid_evidence's, for every code)
 FAULT_EVIDENCE: dict[str, Evidence] = {
-    "lost": lambda row: {
-        "lost": "fleetlens_gpu_up 0" if row.reported else "no series while the node reports"
-    },
+    "lost": lambda row: _lost_evidence(row),
     "row_remap_failure": lambda row: {"row_remap_failure": evidence_number(row.row_remap_failure)},
-    "ecc_dbe": lambda row: {"ecc_dbe_errors": evidence_number(row.dbe_errors)},
+    "ecc_dbe": lambda row: {
+        "ecc_dbe_errors": evidence_number(row.dbe_errors),
+        "uncorrectable_remapped_rows": evidence_number(row.remapped_rows),
+    },
 }
+
+
+def _lost_evidence(row: Any) -> dict[str, Any]:
+    """How the GPU was found lost: fleetlens_gpu_up, or the scrapes DCGM had no reading of it."""
+    if not row.has_up:
+        return {
+            "lost": "no DCGM readings while the node's other GPUs answer",
+            "silent_scrapes": row.silent_scrapes,
+        }
+    return {"lost": "fleetlens_gpu_up 0" if row.reported else "no series while the node reports"}
 
 
 def _gpu_fault(row: Any, score: float, fired: list[str]) -> Finding:

@@ -10,6 +10,16 @@ each over GPUs as busy as it is (an idle GPU's clock is not a busy one's):
   clock moves with its job's phases, and peers seen at the same moment are the fairer yardstick.
 A node whose every GPU is throttled is one finding on the node, naming the reasons all of them share,
 instead of one per GPU: it has one cause and one fix.
+
+The reasons come from fleetlens's exporter, or from dcgm-exporter's clocks-event bitmask where a user
+enabled it (analytics.detectors.dcgm). dcgm-exporter's default counter set exports no reason at all,
+nor the violation counters that would stand for them; for a GPU without any reason series the reason is
+"unknown", and only what cannot be a choice is reported: a busy GPU (an idle GPU's clock is the driver's
+to choose: gpud's power-braked H100s idle at 86 MHz, healthy ones at 345, dcgm-exporter's README shows a
+GPU idling at 139) running at least `min_unknown_drop` below its references, well past the drop a power
+cap makes under load. What is lost without reasons: idle GPUs are not judged, a drop smaller than
+`min_unknown_drop` is not reported, and thermal, power brake and a silent straggler are told apart
+only by the temperature and power in the evidence.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import pandas as pd
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, frame
 from analytics.detectors.counters import MAX_CANDIDATES, evidence_number
+from analytics.detectors.dcgm import CLOCK_EVENT_MASKS, CLOCK_EVENT_REASONS, mask_reasons, metric_in
 from analytics.store.protocols import Reader
 
 # NVML's clocks-event reasons (fleetlens_gpu_clock_throttle_reason{reason}) that mean the GPU lowered its
@@ -37,25 +48,38 @@ SLOWDOWN_REASONS = {
         "the power brake asserted by the system: power supplies, the chassis or its BMC",
     ),
 }
+UNKNOWN = "unknown"  # the reason of a GPU whose exporter reports none
+UNKNOWN_REASON = (
+    "Unknown (no clock-event reasons exported)",
+    "temperature and power in the evidence; enable DCGM_FI_DEV_CLOCKS_EVENT_REASONS in dcgm-exporter",
+)
+REASON_SERIES = (CLOCK_EVENT_REASONS, *CLOCK_EVENT_MASKS)
 THROTTLE_METRICS = (
     "DCGM_FI_DEV_SM_CLOCK",
     "DCGM_FI_DEV_GPU_UTIL",
     "DCGM_FI_DEV_GPU_TEMP",
-    "fleetlens_gpu_clock_throttle_reason",
+    "DCGM_FI_DEV_POWER_USAGE",
+    *REASON_SERIES,
 )
-# Every GPU with an SM clock in the window: the candidates and their peers.
-GPUS_SQL = """
+# Every GPU with an SM clock in the window: the candidates and their peers. `reasons`: the slowdown
+# reasons set at any sample, named (fleetlens) or as bits of a mask (DCGM); `reasons_known`: whether the
+# GPU has any reason series at all.
+GPUS_SQL = f"""
 SELECT node, concat('gpu:', labels['gpu']) AS component, '' AS job, any(labels['modelName']) AS model,
     avgIf(value, metric = 'DCGM_FI_DEV_SM_CLOCK') AS sm_clock_mhz,
     avgIf(value, metric = 'DCGM_FI_DEV_GPU_UTIL') AS util_percent,
     maxIf(value, metric = 'DCGM_FI_DEV_GPU_TEMP') AS temp_c,
-    arraySort(groupUniqArrayIf(
-        labels['reason'],
-        metric = 'fleetlens_gpu_clock_throttle_reason' AND value = 1
-            AND has({slowdown_reasons:Array(String)}, labels['reason'])
+    avgIf(value, metric = 'DCGM_FI_DEV_POWER_USAGE') AS power_w,
+    countIf({metric_in(REASON_SERIES)}) > 0 AS reasons_known,
+    arraySort(arrayFilter(
+        reason -> has({{slowdown_reasons:Array(String)}}, reason),
+        arrayDistinct(arrayConcat(
+            groupUniqArrayIf(labels['reason'], metric = '{CLOCK_EVENT_REASONS}' AND value = 1),
+            groupUniqArrayArrayIf({mask_reasons("value")}, {metric_in(CLOCK_EVENT_MASKS)})
+        ))
     )) AS reasons
 FROM metrics
-WHERE metric IN {metrics:Array(String)} AND ts >= {start:DateTime64(3)} AND ts < {end:DateTime64(3)}
+WHERE metric IN {{metrics:Array(String)}} AND ts >= {{start:DateTime64(3)}} AND ts < {{end:DateTime64(3)}}
     AND labels['gpu'] != ''
 GROUP BY node, component
 HAVING countIf(metric = 'DCGM_FI_DEV_SM_CLOCK') > 0
@@ -83,13 +107,14 @@ REFERENCES = ("node_peers_mhz", "fleet_peers_mhz", "past_mhz")
 
 @register
 class GpuThrottle(Detector):
-    """GPUs that report a slowdown reason and run their SM clock below the best of their references
-    (the module docstring says which). Score: the clock drop below that reference (0..1) while a
-    slowdown reason is set, else 0; a finding from `min_clock_drop` on. A node of at least
-    `min_node_gpus` GPUs that are all throttled is one node finding (component "")."""
+    """GPUs that report a slowdown reason, or busy GPUs whose exporter reports no reasons at all, and run
+    their SM clock below the best of their references (the module docstring says which). Score: the
+    clock drop below that reference (0..1) while a slowdown reason is set or the reasons are unknown,
+    else 0; a finding from `min_clock_drop` on, from `min_unknown_drop` on for unknown reasons. A node
+    of at least `min_node_gpus` GPUs that are all throttled is one node finding (component "")."""
 
     name: ClassVar[str] = "gpu_throttle"
-    version: ClassVar[str] = "3"
+    version: ClassVar[str] = "4"
     kinds: ClassVar[tuple[str, ...]] = ("gpu_throttle",)
     min_windows: ClassVar[int] = 2
     of_windows: ClassVar[int] = 3
@@ -101,11 +126,13 @@ class GpuThrottle(Detector):
         busy_util_percent: float = 20.0,
         past_s: float = 3600.0,
         min_node_gpus: int = 2,
+        min_unknown_drop: float = 0.25,
     ) -> None:
         self.min_clock_drop = min_clock_drop
         self.busy_util_percent = busy_util_percent
         self.past_s = past_s
         self.min_node_gpus = min_node_gpus
+        self.min_unknown_drop = min_unknown_drop
 
     def features(self, source: Reader, window: Window) -> pd.DataFrame:
         parameters = {
@@ -115,6 +142,11 @@ class GpuThrottle(Detector):
         }
         gpus = frame(source.query(GPUS_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
         gpus["busy"] = gpus["util_percent"] >= self.busy_util_percent
+        gpus["unknown"] = ~gpus["reasons_known"].astype(bool) & gpus["busy"]
+        gpus["reasons"] = [
+            [UNKNOWN] if unknown else list(reasons)
+            for reasons, unknown in zip(gpus["reasons"], gpus["unknown"], strict=True)
+        ]
         throttling = gpus["reasons"].map(len) > 0
         # the per-node figures only for nodes with a candidate: most windows have none
         on_their_nodes = gpus[gpus["node"].isin(gpus.loc[throttling, "node"])].copy()
@@ -154,7 +186,8 @@ class GpuThrottle(Detector):
         return np.where(throttled, drop, 0.0).astype(float)
 
     def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
-        throttled = features.assign(score=scores)[scores >= self.min_clock_drop]
+        minimum = np.where(features["unknown"].astype(bool), self.min_unknown_drop, self.min_clock_drop)
+        throttled = features.assign(score=scores)[scores >= minimum]
         found = []
         for node, rows in throttled.groupby("node", sort=True):
             if len(rows) >= max(self.min_node_gpus, int(rows["node_gpus"].iloc[0])):
@@ -180,10 +213,11 @@ def _reference(row: object) -> float:
 
 
 def _named(reasons: list[str]) -> dict[str, object]:
+    known = {**SLOWDOWN_REASONS, UNKNOWN: UNKNOWN_REASON}
     return {
         "reasons": reasons,
-        "reason_names": [SLOWDOWN_REASONS[reason][0] for reason in reasons],
-        "look_at": [SLOWDOWN_REASONS[reason][1] for reason in reasons],
+        "reason_names": [known[reason][0] for reason in reasons],
+        "look_at": [known[reason][1] for reason in reasons],
     }
 
 
@@ -202,6 +236,7 @@ def _gpu_finding(row: object) -> Finding:
             "past_sm_clock_mhz": evidence_number(row.past_mhz),
             "clock_drop": evidence_number(row.score),
             "gpu_temp_c": evidence_number(row.temp_c),
+            "gpu_power_w": evidence_number(row.power_w),
             "gpu_util_percent": evidence_number(row.util_percent),
             "peers": "busy GPUs" if row.busy else "idle GPUs",
         },
@@ -228,6 +263,7 @@ def _node_finding(node: str, rows: pd.DataFrame) -> Finding:
             "past_sm_clock_mhz": evidence_number(references["past_mhz"].median()),
             "clock_drop": evidence_number(rows["score"].median()),
             "gpu_temp_c": evidence_number(rows["temp_c"].max()),
+            "gpu_power_w": evidence_number(rows["power_w"].median()),
             "gpu_util_percent": evidence_number(rows["util_percent"].median()),
             "peers": "busy GPUs" if rows["busy"].all() else "idle GPUs",
         },

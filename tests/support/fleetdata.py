@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +41,7 @@ from sim.fleet import node_name
 from sim.sysfs import SimSysfs
 
 SYSFS_COLLECTORS = ("infiniband", "netclass", "nccl_log")
+View = Callable[[ScrapeBatch], list[ScrapeBatch]]  # one node's scrape -> what the hub stores of it
 HOUR_S = 3600.0
 
 
@@ -73,7 +74,8 @@ class SimulatedFleet:
     runner aligns its windows), so that the store's retention keeps them. `kernel_logs` names, per
     node, the file its xid collector follows as its kernel log (as it follows /var/log/kern.log);
     `real_gpus`, per node, a GPU backend its collectors read instead of simulated GPUs (a replayed
-    nvidia-smi capture through the real NVML code).
+    nvidia-smi capture through the real NVML code); `view`, what the hub receives of each node's scrape
+    (as it is, by default; tests.support.stock.StockExporters: what stock exporters would have sent).
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class SimulatedFleet:
         seed: int = 0,
         kernel_logs: Mapping[str, Path] | None = None,
         real_gpus: Mapping[str, GpuBackend] | None = None,
+        view: View | None = None,
     ) -> None:
         self.store = store
         self.interval_s = interval_s
@@ -98,6 +101,7 @@ class SimulatedFleet:
         self._seed = seed
         self._kernel_logs = dict(kernel_logs or {})
         self._real_gpus = dict(real_gpus or {})
+        self._view: View = view or (lambda batch: [batch])
         self._ticks = 0
         self._generations: dict[str, int] = {}
         self.nodes = [self._start_node(index) for index in range(nodes)]
@@ -131,7 +135,8 @@ class SimulatedFleet:
                 node.sysfs.advance(self.interval_s, node.load)
             scraped = [node for node in self.nodes if node.name not in skip]
             token = f"fleetdata/{now}"
-            self.store.insert_samples([node.scrape(now) for node in scraped], token=token)
+            batches = [batch for node in scraped for batch in self._view(node.scrape(now))]
+            self.store.insert_samples(batches, token=token)
             self.store.insert_targets(
                 [
                     TargetStatus(now, f"{node.name}:9400", node.name, node.name not in skip, 0.01, 0)
