@@ -240,24 +240,17 @@ class RemoteWriteReceiver:
 
     def _labels(self, series: object, index: int) -> dict[str, str]:
         """A series' labels; PayloadError naming the series when one is empty, too long or repeated."""
+        pairs = [(label.name, label.value) for label in series.labels]
+        labels = dict(pairs)
         limit = self.limits.max_label_length
-        labels: dict[str, str] = {}
-        for label in series.labels:
-            name, value = label.name, label.value
-            if not name:
-                raise PayloadError(HTTPStatus.BAD_REQUEST, f"timeseries[{index}]: a label has an empty name")
-            if len(name) > limit or len(value) > limit:
-                raise PayloadError(
-                    HTTPStatus.BAD_REQUEST,
-                    f"timeseries[{index}]: label {name[:64]!r} is over the limit of {limit} characters",
-                )
-            if name in labels:
-                raise PayloadError(
-                    HTTPStatus.BAD_REQUEST, f"timeseries[{index}]: label {name[:64]!r} given twice"
-                )
-            labels[name] = value
-        if not labels.get("__name__"):
-            raise PayloadError(HTTPStatus.BAD_REQUEST, f"timeseries[{index}]: no __name__ label")
+        if (
+            len(labels) != len(pairs)
+            or "" in labels
+            or max(map(len, labels), default=0) > limit
+            or max(map(len, labels.values()), default=0) > limit
+            or not labels.get("__name__")
+        ):
+            raise _label_problem(pairs, index, limit)
         return labels
 
     # -- conversion --------------------------------------------------------------------------------------
@@ -270,14 +263,15 @@ class RemoteWriteReceiver:
         groups: dict[tuple[str, str, int], ScrapeBatch] = {}
         ups: list[tuple[dict[str, str], str, int, float]] = []
         scrape_info: dict[tuple[str, str, str, int], float] = {}
-        named = []
+        named, claims = [], {}
         for labels, _ in labelled:
             name = labels.pop("__name__")
             node, weak = self.identity.node_of(labels)
             labels.pop("node", None)  # a column of its own
-            if node and not weak and not _target_level(name):
-                self._remember(labels, node)
+            if node and not weak and not _target_level(name) and labels.get("instance"):
+                claims[_target_of(labels)] = node
             named.append((name, node, weak))
+        self._remember(claims)
         for (labels, series), (name, node, weak) in zip(labelled, named, strict=True):
             received.series += 1
             if series.histograms:
@@ -344,17 +338,34 @@ class RemoteWriteReceiver:
         with self._lock:
             return self._target_nodes.get(_target_of(labels))
 
-    def _remember(self, labels: Mapping[str, str], node: str) -> None:
-        """The node a target's series named, for its `up` (a dcgm-exporter target's `up` has no Hostname)."""
-        target = _target_of(labels)
-        if not target[1]:
+    def _remember(self, claims: Mapping[tuple[str, str], str]) -> None:
+        """The node each target's series named, for its `up` and its series that name none (a
+        dcgm-exporter target's `up` has no Hostname); the oldest targets are forgotten past a bound."""
+        if not claims:
             return
         with self._lock:
-            if self._target_nodes.get(target) == node:
-                return
-            if len(self._target_nodes) >= MAX_REMEMBERED_TARGETS:
-                self._target_nodes.pop(next(iter(self._target_nodes)))
-            self._target_nodes[target] = node
+            for target, node in claims.items():
+                if self._target_nodes.get(target) != node:
+                    if len(self._target_nodes) >= MAX_REMEMBERED_TARGETS:
+                        self._target_nodes.pop(next(iter(self._target_nodes)))
+                    self._target_nodes[target] = node
+
+
+def _label_problem(pairs: list[tuple[str, str]], index: int, limit: int) -> PayloadError:
+    """What is wrong with the labels of timeseries[index], found wrong by the quick checks."""
+    seen: set[str] = set()
+    for name, value in pairs:
+        if not name:
+            problem = "a label has an empty name"
+        elif len(name) > limit or len(value) > limit:
+            problem = f"label {name[:64]!r} is over the limit of {limit} characters"
+        elif name in seen:
+            problem = f"label {name[:64]!r} given twice"
+        else:
+            seen.add(name)
+            continue
+        return PayloadError(HTTPStatus.BAD_REQUEST, f"timeseries[{index}]: {problem}")
+    return PayloadError(HTTPStatus.BAD_REQUEST, f"timeseries[{index}]: no __name__ label")
 
 
 def _target_level(name: str) -> bool:
