@@ -75,6 +75,15 @@ def _exporter_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _exporters_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--exporters",
+        metavar="FLAVOUR",
+        help="what reads each simulated node, overriding the scenario's `exporters`: fleetlens (its "
+        "exporter) or stock (dcgm-exporter and a real node_exporter, as a fleet without fleetlens's)",
+    )
+
+
 def _hub_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML config file (flags and FLEETLENS_* variables override it)")
     parser.add_argument(
@@ -147,16 +156,23 @@ def build_parser() -> argparse.ArgumentParser:
     sim_run.add_argument("scenario", help="scenario YAML (format in the README)")
     sim_run.add_argument("--speed", type=float, default=1.0, help="simulated seconds per real second")
     sim_run.add_argument("--offline", action="store_true", help="write the rows straight into the store")
+    _exporters_flag(sim_run)
     sim_run.set_defaults(run="fleetlens.sim_cli:cmd_sim_run")
     sim_serve = sim_sub.add_parser(
         "serve", help="serve a scenario's nodes on loopback in real time for a hub to scrape"
     )
     sim_serve.add_argument("scenario", help="scenario YAML (format in the README)")
-    sim_serve.add_argument("--file-sd", required=True, help="write the nodes' targets here (file_sd JSON)")
+    sim_serve.add_argument(
+        "--file-sd",
+        required=True,
+        help="write the nodes' targets here (file_sd JSON); with stock exporters, one file per exporter "
+        "beside it instead (targets.json: targets.dcgm-exporter.json and targets.node-exporter.json)",
+    )
     sim_serve.add_argument("--hub", help="hub URL to send the simulated jobs' step records to")
     sim_serve.add_argument("--epoch", type=time_argument, help="scenario time 0 (default: now)")
     sim_serve.add_argument("--until", type=float, help="leave out faults and confounders starting later (s)")
     sim_serve.add_argument("--workdir", help="where the /sys trees go (default: a new directory on tmpfs)")
+    _exporters_flag(sim_serve)
     sim_serve.set_defaults(run="fleetlens.sim_cli:cmd_sim_serve")
 
     detect_cmd = sub.add_parser("detect", help="run the detectors once over a time range and print anomalies")
@@ -187,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     eval_cmd.add_argument("scenarios", nargs="+", metavar="SCENARIO", help="scenario YAML files")
     eval_cmd.add_argument("--json", help="also write the full results (every miss and false report) here")
     eval_cmd.add_argument("--workers", type=int, default=2, help="scenarios evaluated at once (default 2)")
+    _exporters_flag(eval_cmd)
     eval_cmd.set_defaults(run="fleetlens.sim_cli:cmd_eval")
 
     nccl = sub.add_parser("nccl", help="per-rank GPUDirect RDMA verdict and proof from NCCL_DEBUG=INFO logs")

@@ -22,7 +22,7 @@ from sim.scenario import load_scenario
 
 
 def cmd_sim_run(args: argparse.Namespace) -> int:
-    scenario = load_scenario(args.scenario)
+    scenario = pipeline.with_exporters(load_scenario(args.scenario), args.exporters)
     store = open_store(hub_config(args))
     try:
         with tempfile.TemporaryDirectory(prefix="fleetlens-sim-", dir=pipeline.scratch_dir()) as tmp:
@@ -38,7 +38,7 @@ def cmd_sim_run(args: argparse.Namespace) -> int:
 
 def cmd_sim_serve(args: argparse.Namespace) -> int:
     """Serve the scenario's nodes on loopback in real time until SIGTERM or SIGINT."""
-    scenario = load_scenario(args.scenario)
+    scenario = pipeline.with_exporters(load_scenario(args.scenario), args.exporters)
     if args.until is not None:
         scenario = scenario.until(args.until)
     epoch = time.time() if args.epoch is None else args.epoch
@@ -52,10 +52,13 @@ def cmd_sim_serve(args: argparse.Namespace) -> int:
             workdir = stack.enter_context(scratch)
         fleet = LiveFleet(scenario, Path(workdir), epoch).start()
         stack.callback(fleet.close)
-        write_file_sd(Path(args.file_sd), fleet.targets)
+        files = fleet.file_sd(Path(args.file_sd))
+        for path, groups in files.items():
+            write_file_sd(path, groups)
         print(
-            f"fleetlens sim: {len(fleet.targets)} nodes of {scenario.name} on loopback, targets in "
-            f"{args.file_sd}, scenario time 0 at {datetime.fromtimestamp(epoch, UTC):%H:%M:%S} UTC",
+            f"fleetlens sim: {len(fleet.addresses)} nodes of {scenario.name} on loopback "
+            f"({scenario.exporters} exporters), targets in {', '.join(map(str, files))}, scenario time 0 at "
+            f"{datetime.fromtimestamp(epoch, UTC):%H:%M:%S} UTC",
             flush=True,
         )
         if args.hub:
@@ -66,7 +69,8 @@ def cmd_sim_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    suite = combine(pipeline.evaluate_files([Path(p) for p in args.scenarios], workers=args.workers))
+    paths = [Path(p) for p in args.scenarios]
+    suite = combine(pipeline.evaluate_files(paths, workers=args.workers, exporters=args.exporters))
     print(to_markdown(suite))
     if args.json:
         Path(args.json).write_text(json.dumps(to_json(suite), indent=1) + "\n")

@@ -9,11 +9,18 @@ restarts) are kept and sent with the next ones, up to MAX_PENDING_STEPS.
 
     fleet = LiveFleet(scenario, workdir, epoch=time.time())
     fleet.start()
-    write_file_sd(Path("targets.json"), fleet.targets)
+    for path, groups in fleet.file_sd(Path("targets.json")).items():
+        write_file_sd(path, groups)
     fleet.post_steps_until(stop_event, "127.0.0.1:9500")   # returns when stop_event is set
     fleet.close()
 
 After the scenario's duration the nodes go on in the state it left them in.
+
+In the stock flavour (sim.stock) each node answers on two ports: dcgm-exporter's rendering of its GPUs,
+and its real node_exporter process, reached through a pass-through on the loopback server so that the
+scrape first plays the node to that moment (node_exporter reads the /sys tree directly; without a
+scrape nothing would write it) and a scrape_gap refuses both exporters alike (503). Prometheus scrapes
+them as two jobs from two file_sd files (LiveFleet.file_sd).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from sim.loopserver import LoopServer
 from sim.node import SimNode
 from sim.online import STEPS_PER_POST, StepPoster
 from sim.scenario import Scenario
+from sim.stock import DCGM_EXPORTER, NODE_EXPORTER
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +47,7 @@ MAX_PENDING_STEPS = 200_000  # step records kept for a hub that does not answer;
 
 
 class _LiveNode:
-    """A SimNode behind a lock, played to the wall clock whenever it is scraped."""
+    """A SimNode behind a lock, played to the wall clock whenever one of its exporters is scraped."""
 
     def __init__(self, node: SimNode, epoch: float, clock: Callable[[], float]) -> None:
         self.node = node
@@ -48,9 +56,16 @@ class _LiveNode:
         self._lock = threading.Lock()
 
     def wsgi(self, environ: dict, start_response: Callable) -> list[bytes]:
+        return self._played(self.node.wsgi, environ, start_response)
+
+    def node_exporter_wsgi(self, environ: dict, start_response: Callable) -> list[bytes]:
+        """node_exporter's answer, read while the lock keeps the tree still."""
+        return self._played(self.node.node_exporter_wsgi, environ, start_response)
+
+    def _played(self, app: Callable, environ: dict, start_response: Callable) -> list[bytes]:
         with self._lock:
             self.node.play_until(max(0.0, self._clock() - self._epoch))
-            return self.node.wsgi(environ, start_response)
+            return app(environ, start_response)
 
 
 class LiveFleet:
@@ -65,24 +80,53 @@ class LiveFleet:
         self._clock = clock
         self._server = LoopServer()
         self._nodes: list[_LiveNode] = []
-        self.addresses: dict[str, str] = {}  # node name -> 127.0.0.1:port
+        self.addresses: dict[str, str] = {}  # node name -> 127.0.0.1:port (stock: dcgm-exporter's)
+        self.node_exporter_addresses: dict[str, str] = {}  # stock flavour: node name -> its node_exporter
         self._jobs = [JobModel(job, scenario, epoch) for job in scenario.jobs]
         self._pending: list[StepRecord] = []
 
     def start(self) -> LiveFleet:
-        """Build every node and serve it on a free loopback port."""
+        """Build every node and serve each of its exporters on a free loopback port."""
         self._server.start()
-        for index in range(self.scenario.fleet.nodes):
-            node = SimNode(self.scenario, index, self._workdir, self.epoch)
-            live = _LiveNode(node, self.epoch, self._clock)
-            self._nodes.append(live)
-            self.addresses[live.node.name] = f"{LOOPBACK}:{self._server.serve(live.wsgi, LOOPBACK)}"
+        try:
+            for index in range(self.scenario.fleet.nodes):
+                node = SimNode(self.scenario, index, self._workdir, self.epoch)
+                live = _LiveNode(node, self.epoch, self._clock)
+                self._nodes.append(live)
+                self.addresses[node.name] = self._serve(live.wsgi)
+                if node.node_exporter is not None:
+                    self.node_exporter_addresses[node.name] = self._serve(live.node_exporter_wsgi)
+        except BaseException:
+            self.close()
+            raise
         return self
+
+    def _serve(self, app: Callable) -> str:
+        return f"{LOOPBACK}:{self._server.serve(app, LOOPBACK)}"
 
     @property
     def targets(self) -> list[dict]:
-        """The fleet as Prometheus file_sd JSON: one group per node, labelled with its name."""
+        """The nodes' exporters (stock flavour: dcgm-exporter) as Prometheus file_sd JSON: one group per
+        node, labelled with its name."""
         return [{"targets": [address], "labels": {"node": name}} for name, address in self.addresses.items()]
+
+    def file_sd(self, path: Path) -> dict[Path, list[dict]]:
+        """The file_sd files to write for `path`, with their target groups: `path` itself with `targets`;
+        in the stock flavour one file per exporter instead, named after its Prometheus job
+        (targets.json: targets.dcgm-exporter.json, targets.node-exporter.json). node_exporter's groups
+        are labelled with the node's name; dcgm-exporter's are not, as its series carry Hostname, the
+        node label a hub's remote-write receiver looks at after `node`."""
+        if not self.node_exporter_addresses:
+            return {path: self.targets}
+        return {
+            _job_file(path, DCGM_EXPORTER.job): [
+                {"targets": [address], "labels": {}} for address in self.addresses.values()
+            ],
+            _job_file(path, NODE_EXPORTER.job): [
+                {"targets": [address], "labels": {"node": name}}
+                for name, address in self.node_exporter_addresses.items()
+            ],
+        }
 
     def post_steps_until(self, stop: threading.Event, hub_address: str) -> None:
         """Every interval, send the step records the jobs made since the last send, until `stop` is set."""
@@ -107,6 +151,13 @@ class LiveFleet:
             del self._pending[: len(chunk)]
 
     def close(self) -> None:
+        """Stop serving and close every node (its node_exporter process included)."""
         self._server.stop()
         for live in self._nodes:
             live.node.close()
+        self._nodes = []
+
+
+def _job_file(path: Path, job: str) -> Path:
+    """`path` with the job's name before its suffix: targets.json -> targets.<job>.json."""
+    return path.with_name(f"{path.stem}.{job}{path.suffix}")

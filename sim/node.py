@@ -120,11 +120,22 @@ class SimNode:
         return textformat.render(self._exporter.collect())
 
     def wsgi(self, environ: dict, start_response: Callable) -> list[bytes]:
-        """The node's HTTP face: its exporter's app, or 503 while it does not answer (scrape_gap)."""
+        """The node's HTTP face: its exporter's app (stock flavour: dcgm-exporter's), or 503 while it
+        does not answer (scrape_gap)."""
+        return self._answer(self._app, environ, start_response)
+
+    def node_exporter_wsgi(self, environ: dict, start_response: Callable) -> list[bytes]:
+        """Its node_exporter's HTTP face (stock flavour): node_exporter's own answers, passed through, or
+        503 while the node does not answer. A scrape_gap takes every exporter of the node away at once."""
+        if self.node_exporter is None:
+            raise SimulationError(f"{self.name} runs fleetlens's exporter, not node_exporter")
+        return self._answer(self.node_exporter.wsgi, environ, start_response)
+
+    def _answer(self, app: Callable, environ: dict, start_response: Callable) -> list[bytes]:
         if not self.answering:
             start_response(f"503 {SCRAPE_GAP}", [("Content-Type", "text/plain")])
             return [f"{SCRAPE_GAP}\n".encode()]
-        return self._app(environ, start_response)
+        return app(environ, start_response)
 
     def close(self) -> None:
         self._exporter.close()

@@ -13,6 +13,7 @@ a free loopback port with only the infiniband and netclass collectors, and ended
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
 import socket
@@ -20,6 +21,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from collectors.errors import CollectorError
@@ -31,6 +33,10 @@ START_TIMEOUT_S = 20.0
 SCRAPE_TIMEOUT_S = 10.0
 PORT_ATTEMPTS = 5  # a free port can be taken by someone else before node_exporter binds it: try another
 TEXT_FORMAT = "text/plain;version=0.0.4"
+# what wsgi() passes on: the request headers that choose the format and compression (WSGI environ keys),
+# and the response headers that say which were chosen
+FORWARDED_HEADERS = (("Accept", "HTTP_ACCEPT"), ("Accept-Encoding", "HTTP_ACCEPT_ENCODING"))
+PASSED_BACK = ("content-type", "content-encoding")
 
 
 class NodeExporterError(CollectorError):
@@ -90,6 +96,26 @@ class NodeExporter:
                 f"node_exporter at {self.address} on {self.sysfs_root} did not answer: {error}; "
                 f"{self._log_tail()}"
             ) from None
+
+    def wsgi(self, environ: dict, start_response: Callable) -> list[bytes]:
+        """One request passed through to node_exporter, so that a scraper of another address gets its own
+        answer: status, Content-Type, Content-Encoding and body as it sent them (502 if it did not)."""
+        query = environ.get("QUERY_STRING")
+        path = environ.get("PATH_INFO", "/") + (f"?{query}" if query else "")
+        headers = {name: environ[key] for name, key in FORWARDED_HEADERS if key in environ}
+        connection = http.client.HTTPConnection(self.address, timeout=SCRAPE_TIMEOUT_S)
+        try:
+            connection.request(environ.get("REQUEST_METHOD", "GET"), path, headers=headers)
+            response = connection.getresponse()
+            body = response.read()
+        except (OSError, http.client.HTTPException) as error:
+            start_response("502 Bad Gateway", [("Content-Type", "text/plain")])
+            return [f"node_exporter at {self.address} did not answer: {error}\n".encode()]
+        finally:
+            connection.close()
+        kept = [(name, value) for name, value in response.getheaders() if name.lower() in PASSED_BACK]
+        start_response(f"{response.status} {response.reason}", kept)
+        return [body]
 
     def stop(self) -> None:
         """End the process we started, by its PID: SIGTERM, then SIGKILL if it lingers. Safe to call twice."""

@@ -77,6 +77,7 @@ def evaluate_files(
     paths: Sequence[Path], workers: int = 2, window_s: float = DEFAULT_WINDOW_S, exporters: str | None = None
 ) -> list[ScenarioResult]:
     """evaluate_file for each path, `workers` at a time, each in a fresh process; results in path order."""
+    check_exporters(exporters)
     with ProcessPoolExecutor(max_workers=max(1, workers), max_tasks_per_child=1) as pool:
         return list(pool.map(evaluate_file, paths, [window_s] * len(paths), [exporters] * len(paths)))
 
@@ -85,9 +86,14 @@ def with_exporters(scenario: Scenario, exporters: str | None) -> Scenario:
     """The scenario read by `exporters` (None: as its file says); ScenarioError for an unknown flavour."""
     if exporters is None:
         return scenario
-    if exporters not in EXPORTER_FLAVOURS:
-        raise ScenarioError(f"--exporters: {exporters!r} is not one of {', '.join(EXPORTER_FLAVOURS)}")
+    check_exporters(exporters)
     return dataclasses.replace(scenario, exporters=exporters)
+
+
+def check_exporters(exporters: str | None) -> None:
+    """ScenarioError unless `exporters` is None or one of EXPORTER_FLAVOURS."""
+    if exporters is not None and exporters not in EXPORTER_FLAVOURS:
+        raise ScenarioError(f"--exporters: {exporters!r} is not one of {', '.join(EXPORTER_FLAVOURS)}")
 
 
 def scratch_dir() -> str | None:

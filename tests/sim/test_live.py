@@ -4,9 +4,12 @@ and step records that wait for a hub that does not take them yet."""
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from email.message import Message
 from pathlib import Path
+
+import pytest
 
 from hub.expfmt import ExpositionParser
 from sim.live import LiveFleet
@@ -14,6 +17,7 @@ from sim.online import StepPoster
 from sim.scenario import parse_scenario
 from tests.support.clock import FakeClock
 from tests.support.loopback import LoopbackPostServer
+from tests.support.peers import require_binary
 
 EPOCH = 1_800_000_000.0
 SCENARIO = {
@@ -80,3 +84,44 @@ def test_step_records_a_hub_refused_are_sent_with_the_next_ones_and_none_twice(t
     for steps in per_rank.values():
         first = steps[0]  # every step once, in order, 2 s each over the 60 s
         assert steps == list(range(first, first + len(steps))) and len(steps) >= 25
+
+
+@pytest.mark.integration
+def test_stock_nodes_serve_dcgm_exporter_and_node_exporter_each_played_to_the_scrape(tmp_path: Path):
+    require_binary("prometheus-node-exporter")
+    stock = {
+        **SCENARIO,
+        "exporters": "stock",
+        "confounders": [{"kind": "scrape_gap", "node": "live-002", "start_s": 80, "end_s": 100}],
+    }
+    clock = FakeClock(EPOCH + 5)
+    fleet = LiveFleet(parse_scenario(stock, "live"), tmp_path, EPOCH, clock=clock).start()
+    try:
+        files = fleet.file_sd(tmp_path / "targets.json")
+        names = ("live-001", "live-002")
+        assert [path.name for path in files] == ["targets.dcgm-exporter.json", "targets.node-exporter.json"]
+        dcgm, node = files.values()
+        assert dcgm == [{"targets": [fleet.addresses[name]], "labels": {}} for name in names]
+        assert node == [
+            {"targets": [fleet.node_exporter_addresses[name]], "labels": {"node": name}} for name in names
+        ]
+        exporter = fleet.node_exporter_addresses["live-002"]
+        assert port_states(exporter) == {"mlx5_0:1": 4, "mlx5_1:1": 4}
+        clock.advance(30)  # 35 s: the link is down, and node_exporter reads it from the tree
+        assert port_states(exporter) == {"mlx5_0:1": 4, "mlx5_1:1": 1}
+        gpu_temps = scrape_names(fleet.addresses["live-002"])
+        assert "DCGM_FI_DEV_GPU_TEMP" in gpu_temps and not any(n.startswith("fleetlens_") for n in gpu_temps)
+        assert "node_scrape_collector_success" in scrape_names(exporter), "node_exporter's own answer"
+        clock.advance(50)  # 85 s: a scrape gap takes both exporters away
+        for address in (exporter, fleet.addresses["live-002"]):
+            with pytest.raises(urllib.error.HTTPError, match="503"):
+                scrape_names(address)
+        clock.advance(20)  # 105 s: back, the link too
+        assert port_states(exporter)["mlx5_1:1"] == 4
+    finally:
+        fleet.close()
+
+
+def scrape_names(address: str) -> set[str]:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+        return set(ExpositionParser().parse(response.read().decode()).names)
