@@ -27,6 +27,7 @@ EXTRA_OF_MODULE = {
     "pandas": "hub",
     "sklearn": "hub",
     "httpx": "hub",
+    "cramjam": "hub",
     "streamlit": "ui",
     "altair": "ui",
     "kubernetes": "k8s",
