@@ -6,6 +6,9 @@ what they cannot show is asserted missing, not assumed."""
 
 from __future__ import annotations
 
+import json
+import math
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,11 +16,20 @@ from pathlib import Path
 import pytest
 
 from analytics.detectors.base import Detector, Finding, Window
+from analytics.detectors.congestion import Congestion
 from analytics.detectors.dcgm import CLOCK_EVENT_BITS
+from analytics.detectors.dma import DmaDegraded
 from analytics.detectors.gpu_fault import GpuFault
 from analytics.detectors.gpu_throttle import GpuThrottle
+from analytics.detectors.links import LinkDown, LinkFlap
+from analytics.detectors.peer_outlier import PeerOutlier
+from analytics.detectors.runner import DetectionRunner, detect
 from analytics.store import Store
+from analytics.xid_catalog import Action, lookup
 from collectors.gpu.model import THROTTLE_REASONS
+from sim.node import NO_GDR_TRAFFIC
+from tests.analytics.detectors import SyncJob
+from tests.analytics.detectors.test_dma import GDR_LOG, NO_GDR_LOG
 from tests.support.fleetdata import SimulatedFleet
 from tests.support.stock import CLOCK_EVENT_MASKS, StockExporters
 
@@ -68,7 +80,9 @@ def test_gpu_faults_from_the_default_counter_set_xid_gauge_remapped_rows_and_a_g
         fleet.tick(3)
         fleet["vela-001"].gpus.set_fault(2, "xid", code=48)  # a DBE: hardware
         fleet["vela-002"].gpus.set_fault(1, "gpu_lost")  # DCGM loses it: all its series go
-        fleet["vela-003"].gpus.set_fault(0, "ecc", dbe=2)  # no ECC counters by default: remapped rows
+        fleet["vela-003"].gpus.set_fault(0, "ecc", dbe=1)  # no ECC counters by default: remapped rows
+        for code in (48, 63, 94, 94):  # a DBE as gpud's real dmesg.0 shows it: the gauge keeps the last
+            fleet["vela-003"].gpus.set_fault(0, "xid", code=code)
         fleet["vela-004"].gpus.set_fault(3, "xid", code=13)  # the application's
         onset = by_place(GpuFault().detect(store, fleet.tick()))
         fleet.tick()
@@ -77,12 +91,13 @@ def test_gpu_faults_from_the_default_counter_set_xid_gauge_remapped_rows_and_a_g
     assert set(onset) == {("vela-001", "gpu:2"), ("vela-003", "gpu:0"), ("vela-004", "gpu:3")}
     xid, dbe, app = onset["vela-001", "gpu:2"], onset["vela-003", "gpu:0"], onset["vela-004", "gpu:3"]
     assert (xid.kind, xid.severity, xid.evidence["xid_counts"]) == ("gpu_fault", "critical", {"48": 1})
-    assert (dbe.kind, dbe.evidence["signals"], dbe.evidence["action"]) == (
+    assert (dbe.kind, dbe.evidence["signals"], dbe.evidence["xid_counts"]) == (
         "gpu_fault",
-        ["ecc_dbe"],
-        "reset_gpu",
+        ["ecc_dbe", "xid"],
+        {"94": 1},
     )
-    assert (dbe.evidence["uncorrectable_remapped_rows"], dbe.evidence["ecc_dbe_errors"]) == (2, 0)
+    assert (dbe.evidence["uncorrectable_remapped_rows"], dbe.evidence["ecc_dbe_errors"]) == (1, 0)
+    assert dbe.evidence["action"] == max(Action.RESET_GPU, lookup(94).action, key=lambda a: a.rank).value
     assert (app.kind, app.severity, app.evidence["xid_counts"]) == ("gpu_app_error", "info", {"13": 1})
     # the lost GPU after lost_after_scrapes scrapes without it, with a reboot asked for
     lost = third["vela-002", "gpu:1"]
@@ -199,3 +214,174 @@ def test_without_reasons_idle_gpus_at_any_clock_and_an_evenly_loaded_fleet_are_n
             assert reported(GpuThrottle(), store, window) == set()
         idle_clocks = GpuThrottle().features(store, idle[-1])
         assert idle_clocks.empty  # not even a candidate: no reason series, not busy
+
+
+# -- dma_degraded ------------------------------------------------------------------------------------------
+
+PCIE_FIELDS = frozenset(
+    {
+        "DCGM_FI_DEV_PCIE_LINK_GEN",
+        "DCGM_FI_DEV_PCIE_LINK_WIDTH",
+        "DCGM_FI_DEV_PCIE_MAX_LINK_GEN",
+        "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH",
+    }
+)
+
+
+@pytest.mark.parametrize(("fields", "found"), [(PCIE_FIELDS, {("vela-004", "gpu:2")}), (frozenset(), set())])
+def test_a_downgraded_pcie_link_is_read_from_dcgms_link_fields_and_unseen_without_them(
+    store: Store, tmp_path: Path, fixtures: Path, fields: frozenset[str], found: set[tuple[str, str]]
+):
+    with stock_fleet(store, tmp_path, fixtures, dcgm_fields=fields) as (fleet, _):
+        fleet.tick(2)
+        fleet["vela-004"].gpus.set_fault(2, "pcie_downgrade", gen=4, width=8, replays_per_second=2.0)
+        fleet["vela-001"].gpus.set_fault(0, "pcie_downgrade", gen=3, width=16, replays_per_second=0.0)
+        findings = by_place(DmaDegraded().detect(store, fleet.tick()))
+
+    assert set(findings) == found
+    for finding in findings.values():
+        assert finding.evidence == {
+            "signals": ["pcie"],
+            "pcie_link": "gen4 x8",
+            "pcie_max_link": "gen5 x16",
+            "pcie_replays": 20,
+        }
+
+
+def test_without_nccl_logs_a_rank_without_gpudirect_rdma_shows_only_as_its_port_moving_less(
+    store: Store, tmp_path: Path, fixtures: Path
+):
+    """The rank's NCCL log says it runs without GPUDirect RDMA, but only fleetlens reads NCCL logs."""
+    with stock_fleet(store, tmp_path, fixtures, gpus=1) as (fleet, _):
+        for node in fleet.nodes:
+            node.job = "llm"
+            log = NO_GDR_LOG if node.name == "vela-002" else GDR_LOG
+            shutil.copy(fixtures / "nccl" / log, node.nccl_dir / "rank.log")
+        fleet["vela-002"].sysfs.set_traffic(0, NO_GDR_TRAFFIC)  # its messages staged through host memory
+        [finding] = DmaDegraded().detect(store, fleet.tick(2))
+
+    assert (finding.kind, finding.node, finding.component, finding.job) == (
+        "dma_degraded",
+        "vela-002",
+        "mlx5_0:1",
+        "llm",
+    )
+    assert finding.evidence["signals"] == ["roce_bytes"]  # no `nccl` signal: no verdict on GPUDirect RDMA
+    assert finding.evidence["roce_ratio"] == pytest.approx(NO_GDR_TRAFFIC, abs=0.1)
+    assert finding.evidence["transmit_wait_per_s"] == 0  # node_exporter 1.5 reads no ECN counters
+
+
+# -- congestion, and what dma_degraded makes of it ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("hw_counters", "signal"), [(False, "transmit_wait"), (True, "notifications")])
+def test_a_congested_port_is_congestion_with_or_without_ecn_counters_and_no_dma_fault(
+    store: Store, tmp_path: Path, fixtures: Path, hw_counters: bool, signal: str
+):
+    """node_exporter 1.5 reads no hw_counters (no ECN marks or CNPs): transmit wait tells instead."""
+    with stock_fleet(store, tmp_path, fixtures, gpus=1, hw_counters=hw_counters) as (fleet, _):
+        for node in fleet.nodes:
+            node.job = "llm"
+        fleet.tick(2)
+        fleet["vela-003"].sysfs.set_congestion(1, 1.0)  # throughput halved
+        window = fleet.tick()
+
+        [finding] = Congestion().detect(store, window)
+        ports = DmaDegraded().features(store, window).set_index(["node", "component"])
+        assert DmaDegraded().detect(store, window) == []
+        assert reported(
+            DmaDegraded(max_transmit_wait_per_s=math.inf, max_ecn_marks_per_s=math.inf), store, window
+        )
+
+    assert (finding.kind, finding.node, finding.component, finding.severity) == (
+        "congestion",
+        "vela-003",
+        "mlx5_1:1",
+        "info",
+    )
+    assert finding.evidence["signal"] == signal and finding.score >= Congestion().min_score
+    assert ports.loc[("vela-003", "mlx5_1:1"), "has_ecn"] == hw_counters
+
+
+def test_a_quiet_or_evenly_congested_fabric_without_ecn_counters_is_no_congestion(
+    store: Store, tmp_path: Path, fixtures: Path
+):
+    with stock_fleet(store, tmp_path, fixtures, gpus=0) as (fleet, _):
+        quiet = [fleet.tick() for _ in range(3)]
+        for node in fleet.nodes:
+            for nic in range(2):
+                node.sysfs.set_congestion(nic, 0.5)
+        everywhere = [fleet.tick() for _ in range(3)]
+        fleet.restart("vela-002")
+        restarted = [fleet.tick() for _ in range(2)]
+
+        for window in quiet + everywhere + restarted:
+            assert reported(Congestion(), store, window) == set()
+
+
+# -- link_flap and link_down -------------------------------------------------------------------------------
+
+
+def test_flaps_and_a_link_down_are_found_on_node_exporters_series(
+    store: Store, tmp_path: Path, fixtures: Path
+):
+    with stock_fleet(store, tmp_path, fixtures, gpus=0) as (fleet, _):
+        fleet.tick(3)
+        fleet["vela-002"].sysfs.set_link(1, up=False)  # down and back between two scrapes
+        fleet["vela-002"].sysfs.set_link(1, up=True)
+        fleet["vela-004"].sysfs.set_link(0, up=False)
+        flapped = fleet.tick()
+        down = [fleet.tick() for _ in range(6)]
+        gap = [fleet.tick(skip={"vela-001"}) for _ in range(3)] + [fleet.tick()]
+
+        [flap] = LinkFlap().detect(store, flapped)
+        assert (flap.node, flap.component, flap.evidence["link_downed"]) == ("vela-002", "mlx5_1:1", 1)
+        assert reported(LinkDown(), store, down[-1]) == {("vela-004", "mlx5_0:1")}
+        for window in gap:
+            assert reported(LinkFlap(), store, window) == set()
+            assert reported(LinkDown(), store, window) == {("vela-004", "mlx5_0:1")}
+
+
+# -- slow_node and peer_outlier ----------------------------------------------------------------------------
+
+
+def test_without_phase_times_the_slow_node_is_found_by_its_stock_sm_clocks(
+    store: Store, tmp_path: Path, fixtures: Path
+):
+    """Step records come from the step SDK or OTLP, never from an exporter; the GPU signal is stock."""
+    with stock_fleet(store, tmp_path, fixtures, nodes=8) as (fleet, _):
+        start = fleet.clock() + fleet.interval_s
+        fleet.tick(5)
+        for gpu in range(4):
+            fleet["vela-003"].gpus.set_fault(gpu, "slow", clock_factor=0.85)
+        fleet.tick(5)
+    job = SyncJob(
+        slowdown=lambda node, stage, t: 1.18 if node == "vela-003" and t >= start + 50 else 1.0, phases=False
+    )
+    store.insert_steps(job.steps(start, 100), token="steps")
+
+    (anomaly,) = detect(store, start, start + 100, names=["slow_node"])
+    evidence = json.loads(anomaly.evidence)
+    assert (anomaly.node, anomaly.kind, evidence["signal"]) == ("vela-003", "slow_node", "sm_clock_mhz")
+    assert evidence["ratio"] == pytest.approx(1 / 0.85, abs=0.02)
+    assert evidence["power_w"] < evidence["peer_power_w"]
+
+
+def test_a_node_unlike_its_peers_on_stock_series_is_a_peer_outlier_and_no_node_is_without_steps(
+    store: Store, tmp_path: Path, fixtures: Path
+):
+    nodes, ticks = 16, 10
+    with stock_fleet(store, tmp_path, fixtures, nodes=nodes) as (fleet, _):
+        start = fleet.clock() + fleet.interval_s
+        fleet.tick(2)
+        for gpu in range(4):
+            fleet["vela-005"].gpus.set_fault(gpu, "thermal_throttle")
+        fleet.tick(ticks - 2)
+    span = (start, start + ticks * fleet.interval_s)
+    assert DetectionRunner([PeerOutlier()]).run(store, *span) == []  # no step records: no job, no peers
+
+    store.insert_steps(SyncJob(nodes=nodes).steps(start, ticks * fleet.interval_s), token="steps")
+    (anomaly,) = DetectionRunner([PeerOutlier()]).run(store, *span)
+    drivers = {driver["feature"] for driver in json.loads(anomaly.evidence)["features"]}
+    assert (anomaly.node, anomaly.kind, anomaly.job) == ("vela-005", "peer_outlier", "llm")
+    assert {"sm_clock_mhz", "gpu_temp_c"} <= drivers
