@@ -6,6 +6,7 @@ what they cannot show is asserted missing, not assumed."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import shutil
@@ -14,10 +15,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from analytics.detectors.base import Detector, Finding, Window
 from analytics.detectors.congestion import Congestion
-from analytics.detectors.dcgm import CLOCK_EVENT_BITS
+from analytics.detectors.dcgm import CLOCK_EVENT_BITS, mask_reasons
 from analytics.detectors.dma import DmaDegraded
 from analytics.detectors.gpu_fault import GpuFault
 from analytics.detectors.gpu_throttle import GpuThrottle
@@ -25,13 +28,18 @@ from analytics.detectors.links import LinkDown, LinkFlap
 from analytics.detectors.peer_outlier import PeerOutlier
 from analytics.detectors.runner import DetectionRunner, detect
 from analytics.store import Store
+from analytics.store.records import ScrapeBatch
 from analytics.xid_catalog import Action, lookup
 from collectors.gpu.model import THROTTLE_REASONS
 from sim.node import NO_GDR_TRAFFIC
 from tests.analytics.detectors import SyncJob
 from tests.analytics.detectors.test_dma import GDR_LOG, NO_GDR_LOG
+from tests.analytics.detectors.test_hostile_inputs import BASE, EXAMPLES, WINDOW_S
 from tests.support.fleetdata import SimulatedFleet
 from tests.support.stock import CLOCK_EVENT_MASKS, StockExporters
+
+FIXTURE_CHECKS = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+EXAMPLE_HOURS = itertools.count(100)  # each example an hour apart, after the hostile suite's
 
 
 @contextmanager
@@ -148,11 +156,64 @@ def test_gpus_whose_series_stop_with_their_node_or_start_late_are_not_lost(
         assert GpuFault(lost_after_scrapes=2).detect(store, windows[-4])  # the late ones would count at 2
 
 
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=FIXTURE_CHECKS)
+@given(ticks=st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=12))
+@example(ticks=[(True, True), (True, False), (True, False), (True, False), (True, False)])  # lost
+@example(ticks=[(True, True), (False, False), (False, False), (True, False), (True, True)])  # gap, late
+@example(ticks=[(True, False), (True, False), (True, False), (True, True), (True, True)])  # first seen late
+def test_a_gpu_is_lost_exactly_when_it_missed_enough_scrapes_its_node_answered(
+    store: Store, ticks: list[tuple[bool, bool]]
+):
+    """Any pattern of scrapes of a node (answering or not) and of its GPU 1 in them (answering or not),
+    GPU 0 answering whenever its node does: gpu_fault calls GPU 1 lost in a scrape's window exactly when
+    its node answered then, GPU 1 did not, and GPU 1 answered before but not in the last
+    `lost_after_scrapes` scrapes its node answered in."""
+    base = BASE - next(EXAMPLE_HOURS) * 3600
+    batches = [
+        ScrapeBatch(
+            "10.0.0.1:9400",
+            "vela-001",
+            base + WINDOW_S * tick,
+            ["DCGM_FI_DEV_SM_CLOCK"] * (1 + gpu_answers),
+            [
+                {"gpu": gpu, "job": "dcgm", "instance": "10.0.0.1:9400"}
+                for gpu in ("0", "1")[: 1 + gpu_answers]
+            ],
+            [1980.0] * (1 + gpu_answers),
+        )
+        for tick, (node_answers, gpu_answers) in enumerate(ticks)
+        if node_answers
+    ]
+    store.insert_samples(batches, token=f"lost-{base}")
+    detector = GpuFault()
+    for tick, (node_answers, gpu_answers) in enumerate(ticks):
+        window = Window(base + WINDOW_S * tick, base + WINDOW_S * (tick + 1))
+        earlier = [gpu for up, gpu in ticks[:tick] if up]
+        answered_before = any(earlier)
+        missed = len(earlier) - max((i + 1 for i, gpu in enumerate(earlier) if gpu), default=0)
+        expected = node_answers and not gpu_answers and answered_before
+        expected = expected and missed + 1 >= detector.lost_after_scrapes
+        assert (("vela-001", "gpu:1") in reported(detector, store, window)) == expected
+
+
 # -- gpu_throttle ------------------------------------------------------------------------------------------
 
 
 def test_the_reasons_decoding_matches_nvmls_bits_as_the_exporter_knows_them():
     assert CLOCK_EVENT_BITS == THROTTLE_REASONS
+
+
+@settings(max_examples=50, deadline=None, derandomize=True, suppress_health_check=FIXTURE_CHECKS)
+@given(mask=st.one_of(st.integers(0, 2**32 - 1).map(float), st.floats()))
+def test_a_reasons_mask_decodes_to_the_names_of_its_nvml_bits_and_anything_else_to_none(
+    store: Store, mask: float
+):
+    [(decoded,)] = store.query(
+        f"SELECT {mask_reasons('mask')} FROM (SELECT {{mask:Float64}} AS mask)", parameters={"mask": mask}
+    ).rows
+    valid = math.isfinite(mask) and 0 <= mask < 2**32
+    bits = int(mask) if valid else 0
+    assert decoded == [name for name, bit in THROTTLE_REASONS.items() if bits & bit]
 
 
 @pytest.mark.parametrize("mask", CLOCK_EVENT_MASKS)
