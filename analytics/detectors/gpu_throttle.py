@@ -15,8 +15,8 @@ The reasons come from fleetlens's exporter, or from dcgm-exporter's clocks-event
 enabled it (analytics.detectors.dcgm). dcgm-exporter's default counter set exports no reason at all,
 nor the violation counters that would stand for them; for a GPU without any reason series the reason is
 "unknown", and only what cannot be a choice is reported: a busy GPU (an idle GPU's clock is the driver's
-to choose: gpud's power-braked H100s idle at 86 MHz, healthy ones at 345, dcgm-exporter's README shows a
-GPU idling at 139) running at least `min_unknown_drop` below its references, well past the drop a power
+to choose: gpud's power-braked H100s idle at 86 MHz, healthy ones at 345, and dcgm-exporter's README
+sample reads 139) running at least `min_unknown_drop` below its references, well past the drop a power
 cap makes under load. What is lost without reasons: idle GPUs are not judged, a drop smaller than
 `min_unknown_drop` is not reported, and thermal, power brake and a silent straggler are told apart
 only by the temperature and power in the evidence.

@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -50,12 +51,12 @@ def stock_fleet(
     *,
     dcgm_fields: frozenset[str] = frozenset(),
     hw_counters: bool = False,
-    **fleet: object,
+    **fleet: Any,
 ) -> Iterator[tuple[SimulatedFleet, StockExporters]]:
     """A simulated fleet whose scrapes reach the store as stock exporters would have sent them; on leaving,
     checks that the store holds nothing else."""
     stock = StockExporters(fixtures, dcgm_fields=dcgm_fields, hw_counters=hw_counters)
-    with SimulatedFleet(store, tmp_path, view=stock, **fleet) as simulated:  # type: ignore[arg-type]
+    with SimulatedFleet(store, tmp_path, view=stock, **fleet) as simulated:
         yield simulated, stock
     assert_stock_only(store)
 
@@ -194,6 +195,39 @@ def test_a_gpu_is_lost_exactly_when_it_missed_enough_scrapes_its_node_answered(
         expected = node_answers and not gpu_answers and answered_before
         expected = expected and missed + 1 >= detector.lost_after_scrapes
         assert (("vela-001", "gpu:1") in reported(detector, store, window)) == expected
+
+
+def test_a_lost_gpu_whose_last_xid_gauge_is_still_served_stays_lost_past_the_lookback(store: Store):
+    """dcgm-exporter may keep serving a GPU's last-Xid gauge (it holds its value until a restart) while
+    DCGM reads nothing else of it: the gauge keeps the GPU a candidate, and it stays lost."""
+    base, detector = BASE - 99 * 3600, GpuFault(lookback_s=60)
+
+    def scrape(tick: int, gpu_1_answers: bool, gpu_1_xid: bool) -> ScrapeBatch:
+        target = {"job": "dcgm", "instance": "10.0.0.1:9400"}
+        series = [("DCGM_FI_DEV_SM_CLOCK", "0", 1980.0), ("DCGM_FI_DEV_XID_ERRORS", "0", 0.0)]
+        series += [("DCGM_FI_DEV_SM_CLOCK", "1", 1980.0)] * gpu_1_answers
+        series += [("DCGM_FI_DEV_XID_ERRORS", "1", 79.0 if tick >= 3 else 0.0)] * gpu_1_xid
+        return ScrapeBatch(
+            target["instance"],
+            "vela-001",
+            base + WINDOW_S * tick,
+            [name for name, _, _ in series],
+            [{"gpu": gpu, **target} for _, gpu, _ in series],
+            [value for _, _, value in series],
+        )
+
+    ticks = range(16)
+    store.insert_samples([scrape(tick, tick < 3, tick < 10) for tick in ticks], token=f"sticky-{base}")
+    signals = [
+        [
+            f.evidence["signals"]
+            for f in detector.detect(store, Window(base + WINDOW_S * t, base + WINDOW_S * (t + 1)))
+        ]
+        for t in ticks
+    ]
+    # Xid 79 when the gauge turns; silent from tick 3, lost from its third silent scrape while the gauge
+    # is served, and for the lookback after the gauge went too (ticks 10-15: its last series at tick 9)
+    assert signals == [[]] * 3 + [[["xid"]]] + [[]] + [[["lost"]]] * 11
 
 
 # -- gpu_throttle ------------------------------------------------------------------------------------------
