@@ -115,15 +115,18 @@ class LiveFleet:
         in the stock flavour one file per exporter instead, named after its Prometheus job
         (targets.json: targets.dcgm-exporter.json, targets.node-exporter.json). node_exporter's groups
         are labelled with the node's name; dcgm-exporter's are not, as its series carry Hostname, the
-        node label a hub's remote-write receiver looks at after `node`."""
+        node label a hub's remote-write receiver looks at after `node`. Each group sets `instance` to the
+        name the target has in a real fleet (vela-001:9400, vela-001:9100, as sim.offline names them),
+        not to its loopback address, which would make every simulated node one host."""
         if not self.node_exporter_addresses:
             return {path: self.targets}
         return {
             _job_file(path, DCGM_EXPORTER.job): [
-                {"targets": [address], "labels": {}} for address in self.addresses.values()
+                {"targets": [address], "labels": {"instance": DCGM_EXPORTER.target(name)}}
+                for name, address in self.addresses.items()
             ],
             _job_file(path, NODE_EXPORTER.job): [
-                {"targets": [address], "labels": {"node": name}}
+                {"targets": [address], "labels": {"node": name, "instance": NODE_EXPORTER.target(name)}}
                 for name, address in self.node_exporter_addresses.items()
             ],
         }

@@ -5,7 +5,10 @@ duration_s (offline: 0, the simulated time a scrape takes).
 In the stock flavour (sim.stock) each node is two targets: its dcgm-exporter rendering, read in process,
 and its node_exporter process, read over loopback HTTP once the node is played to the tick; their
 samples carry the `job` and `instance` labels Prometheus would add, and the node column is the node's
-name, as a hub receiving Prometheus's remote write stores them."""
+name, as a hub receiving Prometheus's remote write stores them. Prometheus's own series about each
+scrape are left out: `up` is the TargetStatus row (the hub's receiver makes the same of it), and no
+detector reads scrape_*. node_exporter's go_* and process_* series are its process's, so they, unlike
+every other row, differ from run to run."""
 
 from __future__ import annotations
 

@@ -40,6 +40,12 @@ def simulate_online(
     with the simulation, paced at interval_s / speed real seconds (speed 0 or inf: no pause)."""
     if math.isnan(speed) or speed < 0:
         raise SimulationError(f"speed must be 0 (no pause), positive or inf, got {speed}")
+    if scenario.exporters == "stock":
+        raise SimulationError(
+            f"{scenario.name}: exporters: stock plays offline (sim run --offline, eval) or on the wall clock "
+            "(sim serve); the online mode scrapes with the hub's own scraper, which is not how a stock "
+            "fleet reaches a hub"
+        )
     started = time.perf_counter()
     workdir = Path(workdir)
     fleet_clock = ManualClock(epoch)

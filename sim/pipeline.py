@@ -21,7 +21,7 @@ from analytics.store import Store
 from analytics.store.records import Anomaly
 from analytics.store.schema import Retention
 from sim.evaluation import ScenarioResult, evaluate
-from sim.node import SCENARIO_EPOCH, SimSummary, SimulationError
+from sim.node import SCENARIO_EPOCH, SimSummary
 from sim.offline import simulate_offline
 from sim.online import simulate_online
 from sim.scenario import EXPORTER_FLAVOURS, Scenario, ScenarioError, load_scenario
@@ -38,12 +38,6 @@ def simulate(scenario: Scenario, store: Store, workdir: Path, *, offline: bool, 
     Simulated time is placed where the store keeps it and readers look: offline runs end now, online
     runs start now."""
     now = time.time() // scenario.interval_s * scenario.interval_s
-    if not offline and scenario.exporters == "stock":
-        raise SimulationError(
-            f"{scenario.name}: exporters: stock plays offline (sim run --offline, eval) or on the wall clock "
-            "(sim serve); the online mode scrapes with the hub's own scraper, which is not how a stock "
-            "fleet reaches a hub"
-        )
     if offline:
         return simulate_offline(scenario, store, workdir, epoch=now - scenario.duration_s)
     return simulate_online(scenario, store, workdir, speed=speed, epoch=now)

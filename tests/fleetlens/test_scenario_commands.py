@@ -71,3 +71,13 @@ def test_detect_names_a_time_it_cannot_read(tmp_path: Path, flag: str) -> None:
     result = fleetlens("detect", "--store", f"chdb://{tmp_path / 'store'}", flag, "yesterday")
     assert result.returncode != 0
     assert "'yesterday' is neither unix seconds nor an ISO 8601 time" in result.stderr
+
+
+def test_exporters_flavour_is_checked_and_stock_is_not_played_online(tmp_path: Path) -> None:
+    links = str(SCENARIOS / "ci-links.yaml")
+    unknown = fleetlens("eval", links, "--exporters", "dcgm")
+    assert unknown.returncode == 1
+    assert "--exporters: 'dcgm' is not one of fleetlens, stock" in unknown.stderr
+    online = fleetlens("sim", "run", links, "--exporters", "stock", "--store", f"chdb://{tmp_path / 'store'}")
+    assert online.returncode == 1
+    assert "ci-links: exporters: stock plays offline" in online.stderr

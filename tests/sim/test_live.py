@@ -101,9 +101,15 @@ def test_stock_nodes_serve_dcgm_exporter_and_node_exporter_each_played_to_the_sc
         names = ("live-001", "live-002")
         assert [path.name for path in files] == ["targets.dcgm-exporter.json", "targets.node-exporter.json"]
         dcgm, node = files.values()
-        assert dcgm == [{"targets": [fleet.addresses[name]], "labels": {}} for name in names]
+        assert dcgm == [
+            {"targets": [fleet.addresses[name]], "labels": {"instance": f"{name}:9400"}} for name in names
+        ]
         assert node == [
-            {"targets": [fleet.node_exporter_addresses[name]], "labels": {"node": name}} for name in names
+            {
+                "targets": [fleet.node_exporter_addresses[name]],
+                "labels": {"node": name, "instance": f"{name}:9100"},
+            }
+            for name in names
         ]
         exporter = fleet.node_exporter_addresses["live-002"]
         assert port_states(exporter) == {"mlx5_0:1": 4, "mlx5_1:1": 4}
