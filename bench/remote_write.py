@@ -65,6 +65,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=48)
     parser.add_argument("--seconds", type=float, default=30)
+    parser.add_argument(
+        "--max-samples-per-send",
+        type=int,
+        default=2000,
+        help="Prometheus's queue_config (2.42's default: 500)",
+    )
     args = parser.parse_args()
     prometheus = shutil.which("prometheus")
     if prometheus is None:
@@ -94,7 +100,10 @@ def main() -> int:
                 "remote_write": [
                     {
                         "url": f"{base}/api/v1/write",
-                        "queue_config": {"max_samples_per_send": 2000, "batch_send_deadline": "1s"},
+                        "queue_config": {
+                            "max_samples_per_send": args.max_samples_per_send,
+                            "batch_send_deadline": "1s",
+                        },
                     }
                 ],
             }
@@ -116,7 +125,10 @@ def main() -> int:
         finally:
             fleet.stop()
 
-    print(f"{args.nodes} nodes, 1 s interval, {args.seconds:.0f} s windows after {WARMUP_S} s warm-up each")
+    print(
+        f"{args.nodes} nodes, 1 s interval, {args.seconds:.0f} s windows after {WARMUP_S} s warm-up each; "
+        f"remote write max_samples_per_send {args.max_samples_per_send}"
+    )
     print(f"{'':36} {'samples/s':>10} {'hub cores':>10} {'hub us/sample':>14} {'Prometheus':>11}")
     for name, phase in (("hub scraping the fleet", scraped), ("Prometheus agent -> remote write", written)):
         print(
