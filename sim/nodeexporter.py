@@ -3,7 +3,9 @@
 In the stock flavour (sim.stock) a node's RoCE ports and netdevs are read by the program a real fleet
 runs, not by fleetlens's own infiniband and netclass collectors, so that whatever node_exporter 1.5 shows
 or leaves out (it reads no mlx5 hw_counters) is what the detectors get. Each process is started by us on
-a free loopback port with only the infiniband and netclass collectors, and ended by its own PID.
+a free loopback port with only the infiniband and netclass collectors, and ended by its own PID; on
+Linux the kernel also ends it (SIGTERM) when the process that started it dies without stopping it (a
+worker process terminated, a simulator killed), so that no node_exporter outlives its simulation.
 
     exporter = NodeExporter(Path("/dev/shm/sim/vela-001/sys"), log=Path("vela-001.node_exporter.log"))
     exporter.start()
@@ -13,11 +15,14 @@ a free loopback port with only the infiniband and netclass collectors, and ended
 
 from __future__ import annotations
 
+import ctypes
 import http.client
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -37,6 +42,17 @@ TEXT_FORMAT = "text/plain;version=0.0.4"
 # and the response headers that say which were chosen
 FORWARDED_HEADERS = (("Accept", "HTTP_ACCEPT"), ("Accept-Encoding", "HTTP_ACCEPT_ENCODING"))
 PASSED_BACK = ("content-type", "content-encoding")
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal the calling process gets when its parent thread dies
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None  # loaded before any fork
+
+
+def _end_with_parent() -> None:
+    """Runs in the child between fork and exec: SIGTERM it when its parent dies (one libc call, nothing
+    that could take a lock another thread of the parent held at the fork)."""
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class NodeExporterError(CollectorError):
@@ -80,6 +96,7 @@ class NodeExporter:
                     stdout=output,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
+                    preexec_fn=_end_with_parent,  # one libc call: safe beside threads
                 )
             if self._wait_ready():
                 return self

@@ -18,7 +18,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from dataclasses import dataclass, field
 from multiprocessing.queues import Queue
 from pathlib import Path
@@ -65,7 +65,9 @@ def simulate_offline(
     inserts = _Inserts(store)
     with ExitStack() as stack:
         if workers == 1:
-            rounds = node_rounds(scenario, range(scenario.fleet.nodes), Path(workdir), epoch)
+            rounds = stack.enter_context(
+                closing(node_rounds(scenario, range(scenario.fleet.nodes), Path(workdir), epoch))
+            )
         else:
             rounds = stack.enter_context(_Workers(scenario, Path(workdir), epoch, workers)).rounds()
         for t, (batches, statuses) in zip(ticks, rounds, strict=True):
@@ -78,9 +80,12 @@ Round = tuple[list[ScrapeBatch], list[TargetStatus]]  # one tick: the batches of
 
 
 def node_rounds(scenario: Scenario, indices: Iterable[int], workdir: Path, epoch: float) -> Iterator[Round]:
-    """Per tick, the scrape of every target of every node in `indices` (its place in the fleet)."""
-    nodes = [SimNode(scenario, index, workdir, epoch) for index in indices]
+    """Per tick, the scrape of every target of every node in `indices` (its place in the fleet). Close
+    the iterator when done with it early: the nodes hold node_exporter processes in the stock flavour."""
+    nodes: list[SimNode] = []
     try:
+        for index in indices:
+            nodes.append(SimNode(scenario, index, workdir, epoch))
         targets = [(node, _targets(node)) for node in nodes]
         for t in tick_times(scenario):
             ts = epoch + t
