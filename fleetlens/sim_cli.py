@@ -18,11 +18,11 @@ from sim import pipeline
 from sim.evaluation import combine, to_json, to_markdown
 from sim.fleet import write_file_sd
 from sim.live import LiveFleet
-from sim.scenario import load_scenario
+from sim.scenario import load_scenario, with_exporters
 
 
 def cmd_sim_run(args: argparse.Namespace) -> int:
-    scenario = pipeline.with_exporters(load_scenario(args.scenario), args.exporters)
+    scenario = with_exporters(load_scenario(args.scenario), args.exporters)
     store = open_store(hub_config(args))
     try:
         with tempfile.TemporaryDirectory(prefix="fleetlens-sim-", dir=pipeline.scratch_dir()) as tmp:
@@ -38,7 +38,7 @@ def cmd_sim_run(args: argparse.Namespace) -> int:
 
 def cmd_sim_serve(args: argparse.Namespace) -> int:
     """Serve the scenario's nodes on loopback in real time until SIGTERM or SIGINT."""
-    scenario = pipeline.with_exporters(load_scenario(args.scenario), args.exporters)
+    scenario = with_exporters(load_scenario(args.scenario), args.exporters)
     if args.until is not None:
         scenario = scenario.until(args.until)
     epoch = time.time() if args.epoch is None else args.epoch

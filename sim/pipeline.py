@@ -8,7 +8,6 @@ process, and two cores evaluate two scenarios at once.
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 import time
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ from sim.evaluation import ScenarioResult, evaluate
 from sim.node import SCENARIO_EPOCH, SimSummary
 from sim.offline import simulate_offline
 from sim.online import simulate_online
-from sim.scenario import EXPORTER_FLAVOURS, Scenario, ScenarioError, load_scenario
+from sim.scenario import Scenario, check_exporters, load_scenario, with_exporters
 
 DEFAULT_WINDOW_S = 10.0
 # evaluation stores hold scenarios stamped from SCENARIO_EPOCH on, which may be older than the default
@@ -74,20 +73,6 @@ def evaluate_files(
     check_exporters(exporters)
     with ProcessPoolExecutor(max_workers=max(1, workers), max_tasks_per_child=1) as pool:
         return list(pool.map(evaluate_file, paths, [window_s] * len(paths), [exporters] * len(paths)))
-
-
-def with_exporters(scenario: Scenario, exporters: str | None) -> Scenario:
-    """The scenario read by `exporters` (None: as its file says); ScenarioError for an unknown flavour."""
-    if exporters is None:
-        return scenario
-    check_exporters(exporters)
-    return dataclasses.replace(scenario, exporters=exporters)
-
-
-def check_exporters(exporters: str | None) -> None:
-    """ScenarioError unless `exporters` is None or one of EXPORTER_FLAVOURS."""
-    if exporters is not None and exporters not in EXPORTER_FLAVOURS:
-        raise ScenarioError(f"--exporters: {exporters!r} is not one of {', '.join(EXPORTER_FLAVOURS)}")
 
 
 def scratch_dir() -> str | None:

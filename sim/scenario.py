@@ -247,6 +247,21 @@ def parse_scenario(
     return Scenario(name, seed, duration, interval, fleet, jobs, faults, confounders, exporters)
 
 
+def with_exporters(scenario: Scenario, exporters: str | None) -> Scenario:
+    """The scenario read by `exporters` (None: as its file says), as a command's --exporters asks;
+    ScenarioError for an unknown flavour."""
+    if exporters is None:
+        return scenario
+    check_exporters(exporters)
+    return dataclasses.replace(scenario, exporters=exporters)
+
+
+def check_exporters(exporters: str | None) -> None:
+    """ScenarioError unless `exporters` is None or one of EXPORTER_FLAVOURS."""
+    if exporters is not None and exporters not in EXPORTER_FLAVOURS:
+        raise ScenarioError(f"--exporters: {exporters!r} is not one of {', '.join(EXPORTER_FLAVOURS)}")
+
+
 def _job(reader: _Reader, item: object, where: str, fleet: FleetSpec) -> JobSpec:
     doc = reader.mapping(item, where, {"name", "nodes", "step_s", "dp", "pp", "tp", *_STEP_MODEL_KEYS})
     raw_nodes = doc.get("nodes")
