@@ -264,7 +264,7 @@ def evaluate(
     faults, excluded = [], []
     for fault, cost in zip(scenario.faults, costs, strict=True):
         outcome = _fault_outcome(fault, cost, reports, scenario, window_s, led_to)
-        hidden = unobservable(fault) if scenario.exporters == "stock" else None
+        hidden = unobservable(fault, scenario) if scenario.exporters == "stock" else None
         if hidden is None:
             faults.append(outcome)
         else:

@@ -491,3 +491,25 @@ def test_stock_exporters_keep_what_they_cannot_show_out_of_the_recall_and_say_wh
     listed = to_json(suite)["unobservable"]
     assert [(item["kind"], item["detected"]) for item in listed] == [("dma_degraded", False)]
     assert "DCGM_FI_DEV_PCIE_LINK_GEN" in listed[0]["reason"]
+
+
+def test_stock_exporters_cannot_show_an_idle_gpu_throttled_but_a_busy_one_counts() -> None:
+    document = {
+        "duration_s": 1200,
+        "fleet": {"nodes": 10},
+        "jobs": [{"name": "llm", "nodes": 8, "step_s": 4.0, "pp": 2, "tp": 8}],  # vela-009, -010 idle
+        "faults": [
+            {"kind": "thermal_throttle", "node": "vela-002", "gpu": 3, "start_s": 300, "end_s": 600},
+            {"kind": "thermal_throttle", "node": "vela-009", "gpu": 1, "start_s": 300, "end_s": 600},
+            {"kind": "power_brake", "node": "vela-010", "start_s": 300, "end_s": 600},
+        ],
+        "exporters": "stock",
+    }
+    idle = parse_scenario(document, "idle")
+    result = evaluate(idle, [], EPOCH)
+    assert [outcome.fault.node for outcome in result.faults] == ["vela-002"]
+    assert [(e.outcome.fault.node, e.unobservable.name) for e in result.excluded] == [
+        ("vela-009", "thermal_throttle on idle GPUs"),
+        ("vela-010", "power_brake on idle GPUs"),
+    ]
+    assert "an idle GPU's SM clock is the driver's to choose" in result.excluded[0].unobservable.reason
