@@ -22,7 +22,8 @@ fleetlens_hub_refused_rows{reason="retention"}.
 /api/v1/write (hub.remote_write) answers as remote write senders expect: 204 once the rows are stored or
 spooled, 4xx (never retried by the sender) for a body that will never be taken, 503 (retried) when
 neither the store nor the spool could keep it. Old samples are refused by the store's cutoff and
-counted, as the scraper's; a retried request is stored once (its token is a digest of its body).
+counted, as the scraper's; requests that arrive together are written together and a retried request is
+stored once (hub.groupcommit).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from collectors.logtext import printable
 from hub.auth import Tokens
 from hub.detect import DetectionLoop
 from hub.errors import PayloadError
+from hub.groupcommit import GroupCommit
 from hub.otlp import OtlpStepReceiver, otlp_error_response
 from hub.remote_write import RemoteWriteReceiver
 from hub.scraper import Scraper
@@ -125,6 +127,7 @@ class Hub:
         self.scraper = scraper
         self.detection = detection
         self.remote_write = remote_write or RemoteWriteReceiver()
+        self._remote_writes = GroupCommit(writer)
         self._closing = list(closing)  # run once the loops stopped, before the store closes
         self._tokens = tokens or Tokens()
         self._max_body_bytes = max_body_bytes
@@ -345,9 +348,7 @@ class Hub:
             )
         except PayloadError as exc:
             raise HttpError(exc.status, str(exc)) from None
-        kept = self.writer.write("samples", received.batches, token=received.token)
-        kept = self.writer.write("targets", received.statuses, token=received.token) and kept
-        if not kept:
+        if not self._remote_writes.commit(received):
             raise HttpError(503, "the store is down and the hub's spool is full; retry later")
         return NO_CONTENT
 

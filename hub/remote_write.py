@@ -27,8 +27,8 @@ Samples dropped without refusing the request are counted by reason (DROP_REASONS
 (Prometheus's "this series ended", not a value), timestamps outside what the store can hold, series
 with none of the node labels, native histograms (not stored by this hub).
 
-Replays are idempotent: `token` is a digest of the body, and the store drops an insert whose token it
-has already taken, so a request the sender retries (a timeout after the hub had stored it) counts once.
+Replays are idempotent: `token` is a digest of the body, by which hub.groupcommit answers a request the
+sender retries (a timeout after the hub had stored it) without storing it twice.
 """
 
 from __future__ import annotations
