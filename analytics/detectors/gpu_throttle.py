@@ -142,7 +142,9 @@ class GpuThrottle(Detector):
         }
         gpus = frame(source.query(GPUS_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
         gpus["busy"] = gpus["util_percent"] >= self.busy_util_percent
-        gpus["unknown"] = ~gpus["reasons_known"].astype(bool) & gpus["busy"]
+        # without reasons, only busy GPUs that some reference could put `min_unknown_drop` above
+        could_drop = _below_ceiling(gpus, self.min_unknown_drop)
+        gpus["unknown"] = ~gpus["reasons_known"].astype(bool) & gpus["busy"] & could_drop
         gpus["reasons"] = [
             [UNKNOWN] if unknown else list(reasons)
             for reasons, unknown in zip(gpus["reasons"], gpus["unknown"], strict=True)
@@ -195,6 +197,16 @@ class GpuThrottle(Detector):
             else:
                 found += [_gpu_finding(row) for row in rows.itertuples()]
         return found
+
+
+def _below_ceiling(gpus: pd.DataFrame, drop: float) -> pd.Series:
+    """Whether each GPU's clock is at least `drop` below the fastest GPU of its model and busy state in the
+    fleet, which no reference exceeds: its node's and other nodes' medians are at most that; its own past
+    is read only when no other node has its model (then every such GPU is kept)."""
+    group = gpus.groupby(["model", "busy"])
+    alone = group["node"].transform("nunique") <= 1
+    ceiling = group["sm_clock_mhz"].transform("max").where(~alone, np.inf)
+    return gpus["sm_clock_mhz"] <= (1 - drop) * ceiling
 
 
 def _other_nodes_median(candidates: pd.DataFrame, gpus: pd.DataFrame) -> pd.Series:

@@ -294,6 +294,20 @@ def test_without_reasons_a_busy_gpu_far_below_its_peers_is_throttled_for_unknown
     assert ("vela-003", "gpu:0") in reported(GpuThrottle(min_unknown_drop=0.1), store, window)
 
 
+def test_without_reasons_a_node_alone_of_its_model_is_judged_against_its_own_past(
+    store: Store, tmp_path: Path, fixtures: Path
+):
+    with stock_fleet(store, tmp_path, fixtures, nodes=1, gpus=8) as (fleet, _):
+        fleet.tick(6)
+        for gpu in range(8):
+            fleet["vela-001"].gpus.set_fault(gpu, "power_brake")
+        [finding] = GpuThrottle().detect(store, fleet.tick())
+
+    assert (finding.node, finding.component, finding.evidence["reasons"]) == ("vela-001", "", ["unknown"])
+    assert finding.evidence["fleet_peers_sm_clock_mhz"] is None
+    assert finding.evidence["sm_clock_mhz"] < 0.3 * finding.evidence["past_sm_clock_mhz"]
+
+
 def test_without_reasons_idle_gpus_at_any_clock_and_an_evenly_loaded_fleet_are_no_throttling(
     store: Store, tmp_path: Path, fixtures: Path
 ):
