@@ -36,8 +36,10 @@ CLOCK_EVENT_BITS = {
 MASK_LIMIT = 1 << 32  # a mask reading at or above this (or negative, NaN, infinite) is no mask: no reason
 
 # Readings of dcgm-exporter's default counter set that every GPU has, one series each per GPU: while
-# any of them is exported, DCGM still reads the GPU.
-ANSWERS = ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_FB_USED")
+# either is exported, DCGM still reads the GPU. Two basic ones, not every field: each one more is read
+# over gpu_fault's whole lookback for every GPU, and DCGM blanks the utilisation fields after some Xids
+# (NVIDIA/DCGM#202), not the clock and temperature.
+ANSWERS = ("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_GPU_TEMP")
 GPU_UP = "fleetlens_gpu_up"
 
 # Each PCIe link figure: fleetlens's gauge and DCGM's field (fields 235-238), the first one present read.

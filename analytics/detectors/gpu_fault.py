@@ -77,7 +77,8 @@ FAULT_SERIES = series_sql(
     "if(length(inside) > 0, inside[1].2, 0) AS first_value",
     "first_t",
     "sampled_at",
-    lookback_aggregates=("min(t) AS first_t", "groupUniqArray(t) AS sampled_at"),
+    # when DCGM answered for the GPU: only its readings' times are kept
+    lookback_aggregates=("min(t) AS first_t", f"groupUniqArrayIf(t, {metric_in(ANSWERS)}) AS sampled_at"),
 )
 # Per series: the Xid codes it saw in the range and how many times each (`codes`, `counts`).
 XID_EVENTS = f"""
@@ -127,7 +128,7 @@ FROM (
             has_up, countIf(metric = '{GPU_UP}' AND samples > 0), countIf({ANSWERED} AND samples > 0)
         ) > 0 AS reported,
         minIf(low, metric = '{GPU_UP}' AND samples > 0) AS gpu_up,
-        arraySort(groupUniqArrayArrayIf(sampled_at, {ANSWERED})) AS answered_at,
+        arraySort(groupUniqArrayArray(sampled_at)) AS answered_at,
         min(first_t) AS first_seen,
         maxIf(high, metric = '{ROW_REMAP_FAILURE}' AND samples > 0) AS row_remap_failure,
         greatest({DBE_INCREASES}) AS dbe_errors,
