@@ -34,6 +34,7 @@ sender retries (a timeout after the hub had stored it) without storing it twice.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import struct
 import threading
@@ -61,6 +62,7 @@ FUTURE_SLACK_S = 3600.0  # samples stamped further ahead than this are a broken 
 TARGET_LABELS = ("job", "instance")  # what names one scrape target in Prometheus
 SCRAPE_DURATION, SCRAPE_SAMPLES = "scrape_duration_seconds", "scrape_samples_scraped"
 MAX_REMEMBERED_TARGETS = 100_000  # targets whose node the receiver remembers for their `up`
+MAX_CACHED_SERIES = 500_000  # series whose decoded labels the receiver keeps (a Vela-sized fleet: 126k)
 DROP_REASONS = ("stale_marker", "timestamp_out_of_range", "no_node_label", "native_histogram")
 
 
@@ -102,10 +104,14 @@ def strip_port(address: str) -> str:
     return host
 
 
-def _message_classes() -> type:
-    """WriteRequest of prometheus/prompb (types.proto, remote.proto), built from its descriptor here, so
-    the real protobuf parser decodes it without generated code. Histograms are kept as raw bytes: this
-    hub counts and drops them; exemplars and metadata are skipped as unknown fields."""
+def _message_classes() -> tuple[type, type]:
+    """WriteRequest and Label of prometheus/prompb (types.proto, remote.proto), built from their
+    descriptors here, so the real protobuf parser decodes them without generated code.
+
+    A series' labels are kept as their encoded Label messages (bytes, the same wire format): the tuple of
+    them is the key of the receiver's series cache, and only a series not seen before has its labels
+    decoded (and their UTF-8 checked) as Labels. Histograms are kept as raw bytes: this hub counts and
+    drops them; exemplars and metadata are skipped as unknown fields."""
     proto = descriptor_pb2.FieldDescriptorProto
     file = descriptor_pb2.FileDescriptorProto(
         name="fleetlens/prompb_remote.proto", package="fleetlens.prompb", syntax="proto3"
@@ -125,17 +131,38 @@ def _message_classes() -> type:
     )
     message(
         "TimeSeries",
-        ("labels", 1, proto.TYPE_MESSAGE, ".fleetlens.prompb.Label", True),
+        ("labels", 1, proto.TYPE_BYTES, "", True),
         ("samples", 2, proto.TYPE_MESSAGE, ".fleetlens.prompb.Sample", True),
         ("histograms", 4, proto.TYPE_BYTES, "", True),
     )
     message("WriteRequest", ("timeseries", 1, proto.TYPE_MESSAGE, ".fleetlens.prompb.TimeSeries", True))
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("fleetlens.prompb.WriteRequest"))
+    classes = (
+        message_factory.GetMessageClass(pool.FindMessageTypeByName(f"fleetlens.prompb.{name}"))
+        for name in ("WriteRequest", "Label")
+    )
+    return tuple(classes)
 
 
-WriteRequest = _message_classes()
+WriteRequest, Label = _message_classes()
+
+
+@dataclass(frozen=True, slots=True)
+class _Series:
+    """What one series' labels say, decoded once: its name, its stored labels (shared by all its samples,
+    never changed), its node, whether only `instance` named it, and its scrape target."""
+
+    name: str
+    labels: dict[str, str]
+    node: str
+    weak: bool
+    target: tuple[str, str]
+
+    @property
+    def claims_node(self) -> bool:
+        """Whether the series says which node its target belongs to (a node label or Hostname)."""
+        return bool(self.node) and not self.weak and not _target_level(self.name) and bool(self.target[1])
 
 
 @dataclass
@@ -166,6 +193,7 @@ class RemoteWriteReceiver:
         self._wall_clock = wall_clock
         self._lock = threading.Lock()
         self._target_nodes: dict[tuple[str, str], str] = {}
+        self._series: dict[tuple[bytes, ...], _Series] = {}  # by the series' encoded labels
         self.requests = 0
         self.samples = 0
         self.dropped: Counter[str] = Counter()
@@ -238,9 +266,17 @@ class RemoteWriteReceiver:
             )
         return request
 
-    def _labels(self, series: object, index: int) -> dict[str, str]:
-        """A series' labels; PayloadError naming the series when one is empty, too long or repeated."""
-        pairs = [(label.name, label.value) for label in series.labels]
+    def _describe(self, encoded: tuple[bytes, ...], index: int) -> _Series:
+        """The series whose labels are `encoded`; PayloadError naming timeseries[index] when a label is
+        not a valid Label, is empty, too long or repeated, or there is no __name__."""
+        if (known := self._series.get(encoded)) is not None:
+            return known
+        try:
+            pairs = [(label.name, label.value) for label in map(Label.FromString, encoded)]
+        except DecodeError as error:
+            raise PayloadError(
+                HTTPStatus.BAD_REQUEST, f"timeseries[{index}]: a label is not a valid Label: {error}"
+            ) from None
         labels = dict(pairs)
         limit = self.limits.max_label_length
         if (
@@ -251,33 +287,35 @@ class RemoteWriteReceiver:
             or not labels.get("__name__")
         ):
             raise _label_problem(pairs, index, limit)
-        return labels
+        name = labels.pop("__name__")
+        node, weak = self.identity.node_of(labels)
+        labels.pop("node", None)  # a column of its own
+        series = _Series(name, labels, node, weak, _target_of(labels))
+        with self._lock:
+            if len(self._series) >= MAX_CACHED_SERIES:  # the oldest tenth goes: a fleet that changed
+                for stale in list(itertools.islice(self._series, MAX_CACHED_SERIES // 10)):
+                    del self._series[stale]
+            self._series[encoded] = series
+        return series
 
     # -- conversion --------------------------------------------------------------------------------------
 
     def _convert(self, request: WriteRequest, received: Received) -> None:
         """Fill `received`: samples grouped by (instance, node, ts), and `up` as target statuses. The whole
         request is validated before anything of it is kept."""
-        labelled = [(self._labels(series, i), series) for i, series in enumerate(request.timeseries)]
+        described = [self._describe(tuple(series.labels), i) for i, series in enumerate(request.timeseries)]
+        self._remember({info.target: info.node for info in described if info.claims_node})
         newest_ms = (self._wall_clock() + FUTURE_SLACK_S) * 1000
         groups: dict[tuple[str, str, int], ScrapeBatch] = {}
-        ups: list[tuple[dict[str, str], str, int, float]] = []
+        ups: list[tuple[_Series, str, int, float]] = []
         scrape_info: dict[tuple[str, str, str, int], float] = {}
-        named, claims = [], {}
-        for labels, _ in labelled:
-            name = labels.pop("__name__")
-            node, weak = self.identity.node_of(labels)
-            labels.pop("node", None)  # a column of its own
-            if node and not weak and not _target_level(name) and labels.get("instance"):
-                claims[_target_of(labels)] = node
-            named.append((name, node, weak))
-        self._remember(claims)
-        for (labels, series), (name, node, weak) in zip(labelled, named, strict=True):
+        for series, info in zip(request.timeseries, described, strict=True):
             received.series += 1
             if series.histograms:
                 received.dropped["native_histogram"] += len(series.histograms)
-            if weak:  # an exporter's own series (process, build info) join the node its others named
-                node = self._known_node(labels) or node
+            name, labels, node = info.name, info.labels, info.node
+            if info.weak:  # an exporter's own series (process, build info) join the node its others named
+                node = self._known_node(info.target) or node
             kept = []
             for sample in series.samples:
                 value, ts_ms = sample.value, sample.timestamp
@@ -288,11 +326,11 @@ class RemoteWriteReceiver:
                 else:
                     kept.append((ts_ms, value))
             if name == "up":
-                ups.extend((labels, node, ts_ms, value) for ts_ms, value in kept)
+                ups.extend((info, node, ts_ms, value) for ts_ms, value in kept)
                 continue
             if name in (SCRAPE_DURATION, SCRAPE_SAMPLES):
                 for ts_ms, value in kept:
-                    scrape_info[(name, *_target_of(labels), ts_ms)] = value
+                    scrape_info[(name, *info.target, ts_ms)] = value
             if not node:
                 received.dropped["no_node_label"] += len(kept)
                 continue
@@ -312,17 +350,12 @@ class RemoteWriteReceiver:
         received.samples += len(received.statuses)
 
     def _status(
-        self,
-        labels: dict[str, str],
-        own_node: str,
-        ts_ms: int,
-        value: float,
-        scrape_info: Mapping[tuple, float],
+        self, info: _Series, own_node: str, ts_ms: int, value: float, scrape_info: Mapping[tuple, float]
     ) -> TargetStatus:
         """A target status from one `up` sample; its node is the one the target's series named, else the
         one `up`'s own labels name."""
-        job, instance = _target_of(labels)
-        node = self._known_node(labels) or own_node
+        job, instance = info.target
+        node = self._known_node(info.target) or own_node
         up = value == 1
         duration = scrape_info.get((SCRAPE_DURATION, job, instance, ts_ms), 0.0)
         samples = scrape_info.get((SCRAPE_SAMPLES, job, instance, ts_ms), 0.0)
@@ -331,12 +364,12 @@ class RemoteWriteReceiver:
             ts_ms / 1000, instance, node, up, _finite(duration), int(_finite(samples)) if up else 0, error
         )
 
-    def _known_node(self, labels: Mapping[str, str]) -> str | None:
+    def _known_node(self, target: tuple[str, str]) -> str | None:
         """The node this target's series last named with a node label or Hostname, if any did."""
-        if not labels.get("instance"):
+        if not target[1]:
             return None  # not from a scrape target
         with self._lock:
-            return self._target_nodes.get(_target_of(labels))
+            return self._target_nodes.get(target)
 
     def _remember(self, claims: Mapping[tuple[str, str], str]) -> None:
         """The node each target's series named, for its `up` and its series that name none (a

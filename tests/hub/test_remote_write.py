@@ -21,7 +21,14 @@ from hub.app import Hub
 from hub.auth import Tokens
 from hub.errors import PayloadError
 from hub.otlp import OtlpStepReceiver
-from hub.remote_write import NodeIdentity, RemoteWriteLimits, RemoteWriteReceiver, WriteRequest, strip_port
+from hub.remote_write import (
+    Label,
+    NodeIdentity,
+    RemoteWriteLimits,
+    RemoteWriteReceiver,
+    WriteRequest,
+    strip_port,
+)
 from hub.spool import Spool
 from hub.writer import Writer
 from tests.hub.test_app import Outage
@@ -245,13 +252,14 @@ def test_bodies_that_can_never_be_taken_get_a_4xx_naming_why_and_store_nothing(
 def test_invalid_utf8_and_a_repeated_label_are_refused():
     receiver = RemoteWriteReceiver()
     raw = encode([({"__name__": "m", "node": "n"}, [(1, 1.0)])]).replace(b"\x01m", b"\x01\xff", 1)
-    with pytest.raises(PayloadError, match="not a remote write WriteRequest"):
+    with pytest.raises(PayloadError, match=r"timeseries\[0\]: a label is not a valid Label"):
         receiver.receive(snappy(raw), *HEADERS.values())
     request = WriteRequest()
     series = request.timeseries.add()
-    for name, value in (("__name__", "m"), ("gpu", "0"), ("gpu", "1")):
-        label = series.labels.add()
-        label.name, label.value = name, value
+    series.labels.extend(
+        Label(name=name, value=value).SerializeToString()
+        for name, value in (("__name__", "m"), ("gpu", "0"), ("gpu", "1"))
+    )
     with pytest.raises(PayloadError, match="'gpu' given twice"):
         receiver.receive(snappy(request.SerializeToString()), *HEADERS.values())
 

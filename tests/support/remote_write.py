@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import cramjam
 
-from hub.remote_write import CONTENT_TYPE, VERSION, WriteRequest
+from hub.remote_write import CONTENT_TYPE, VERSION, Label, WriteRequest
 
 Series = tuple[Mapping[str, str], Sequence[tuple[int, float]]]  # labels with __name__, (ts ms, value)
 HEADERS = {
@@ -23,9 +23,9 @@ def encode(series: Iterable[Series]) -> bytes:
     request = WriteRequest()
     for labels, samples in series:
         one = request.timeseries.add()
-        for name, value in sorted(labels.items()):
-            label = one.labels.add()
-            label.name, label.value = name, value
+        one.labels.extend(
+            Label(name=name, value=value).SerializeToString() for name, value in sorted(labels.items())
+        )
         for ts_ms, value in samples:
             sample = one.samples.add()
             sample.timestamp, sample.value = ts_ms, value
