@@ -4,9 +4,8 @@ exporter runs beside (docs/stock-exporters.md says what each detector reads and 
 - Clock-event reasons: fleetlens's exporter names each active reason (fleetlens_gpu_clock_throttle_reason
   {reason} = 1); dcgm-exporter can export the raw NVML bitmask instead, as DCGM field 112, named
   DCGM_FI_DEV_CLOCK_THROTTLE_REASONS before DCGM 3.3 and DCGM_FI_DEV_CLOCKS_EVENT_REASONS since. Neither
-  is in dcgm-exporter's default counter set. The bits are NVML's nvmlClocksEventReason* values; they are
-  written out here because analytics may not import collectors (collectors.gpu.model.THROTTLE_REASONS
-  holds the same table for the exporter, and a test keeps the two equal).
+  is in dcgm-exporter's default counter set. The bits are NVML's nvmlClocksEventReason* values, the
+  exporter's table (collectors.gpu.model.THROTTLE_REASONS, the one arrow from analytics to collectors).
 - A GPU that answers: fleetlens's exporter says so per scrape (fleetlens_gpu_up). dcgm-exporter skips a
   field DCGM answers blank for, and exports nothing of a GPU DCGM lost, so the series of a few readings
   every GPU has stand for "it answered" (ANSWERS). The last-Xid gauge is not one of them: it keeps its
@@ -18,21 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from collectors.gpu.model import THROTTLE_REASONS
+
 CLOCK_EVENT_REASONS = "fleetlens_gpu_clock_throttle_reason"  # {reason} = 1 while NVML reports it
 CLOCK_EVENT_MASKS = ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
-# NVML's clocks-event reason bits (nvml.h, nvmlClocksEventReason*), under the reason names fleetlens's
-# exporter gives them
-CLOCK_EVENT_BITS = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-    "display_clock_setting": 0x100,
-}
+# NVML's clocks-event reason bits, under the reason names fleetlens's exporter gives them: defined once,
+# beside the GPU collectors (standard library only; the one module of collectors analytics may import)
+CLOCK_EVENT_BITS = THROTTLE_REASONS
 MASK_LIMIT = 1 << 32  # a mask reading at or above this (or negative, NaN, infinite) is no mask: no reason
 
 # Readings of dcgm-exporter's default counter set that every GPU has, one series each per GPU: while

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from analytics.detectors.base import Detector, Finding, Window
 from analytics.detectors.congestion import Congestion
-from analytics.detectors.dcgm import CLOCK_EVENT_BITS, mask_reasons
+from analytics.detectors.dcgm import mask_reasons
 from analytics.detectors.dma import DmaDegraded
 from analytics.detectors.gpu_fault import GpuFault
 from analytics.detectors.gpu_throttle import GpuThrottle
@@ -231,10 +231,6 @@ def test_a_lost_gpu_whose_last_xid_gauge_is_still_served_stays_lost_past_the_loo
 
 
 # -- gpu_throttle ------------------------------------------------------------------------------------------
-
-
-def test_the_reasons_decoding_matches_nvmls_bits_as_the_exporter_knows_them():
-    assert CLOCK_EVENT_BITS == THROTTLE_REASONS
 
 
 @settings(max_examples=50, deadline=None, derandomize=True, suppress_health_check=FIXTURE_CHECKS)
