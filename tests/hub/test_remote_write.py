@@ -4,7 +4,6 @@ labels, `up` as target statuses, retries stored once, the spool, limits, and ref
 from __future__ import annotations
 
 import struct
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -16,7 +15,6 @@ from hypothesis import strategies as st
 
 from analytics.store import Store
 from analytics.store.hubclient import HubClient
-from collectors.httpserver import serve_app
 from hub.app import Hub
 from hub.auth import Tokens
 from hub.errors import PayloadError
@@ -33,6 +31,7 @@ from hub.spool import Spool
 from hub.writer import Writer
 from tests.hub.test_app import Outage
 from tests.support.exposition import key, parse_samples
+from tests.support.hubserver import on_loopback
 from tests.support.remote_write import HEADERS, encode, post, snappy
 
 STALE_NAN = struct.unpack("<d", struct.pack("<Q", 0x7FF0000000000002))[0]
@@ -45,12 +44,8 @@ def served(store: Store, tmp_path: Path) -> Iterator[tuple[Hub, str, Outage]]:
     hub = Hub(
         store, Writer(switch, Spool(tmp_path / "spool", 64 << 20)), OtlpStepReceiver(), remote_write=receiver
     )
-    server = serve_app(hub.app, "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield hub, f"http://127.0.0.1:{server.server_port}", switch
-    server.shutdown()
-    server.server_close()
-    hub.writer.close()
+    with on_loopback(hub) as url:
+        yield hub, url, switch
 
 
 def now_ms() -> int:
@@ -161,10 +156,7 @@ def test_stale_markers_future_samples_and_nodeless_series_are_dropped_and_counte
     hub = Hub(
         store, Writer(store, Spool(tmp_path / "spool", 1 << 20)), OtlpStepReceiver(), remote_write=receiver
     )
-    server = serve_app(hub.app, "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}"
-    try:
+    with on_loopback(hub) as url:
         ts = now_ms()
         series = dcgm(0, ts, 40.0)[0]
         body = encode(
@@ -180,10 +172,6 @@ def test_stale_markers_future_samples_and_nodeless_series_are_dropped_and_counte
         for reason in ("stale_marker", "timestamp_out_of_range", "no_node_label"):
             assert exposed[key(dropped, reason=reason)] == 1
         assert exposed[key("fleetlens_hub_remote_write_samples_total")] == 1
-    finally:
-        server.shutdown()
-        server.server_close()
-        hub.writer.close()
 
 
 def _get(url: str) -> str:
@@ -282,18 +270,11 @@ def test_write_needs_the_write_scope_when_tokens_are_set(store, tmp_path):
         OtlpStepReceiver(),
         tokens=Tokens.load(None, token_file),
     )
-    server = serve_app(hub.app, "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}"
-    try:
+    with on_loopback(hub) as url:
         body = snappy(encode([dcgm(0, now_ms(), 40.0)]))
         assert post(url, body)[0] == 401
         assert post(url, body, {**HEADERS, "Authorization": "Bearer reader-token"})[0] == 403
         assert post(url, body, {**HEADERS, "Authorization": "Bearer writer-token"})[0] == 204
-    finally:
-        server.shutdown()
-        server.server_close()
-        hub.writer.close()
 
 
 @pytest.mark.parametrize(

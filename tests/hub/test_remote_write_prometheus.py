@@ -5,7 +5,6 @@ and values Prometheus's own API returns for the same timestamps; in agent mode, 
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -16,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from analytics.store import Store
-from collectors.httpserver import serve_app
 from hub.app import Hub
 from hub.expfmt import ExpositionParser
 from hub.otlp import OtlpStepReceiver
 from hub.spool import Spool
 from hub.writer import Writer
 from tests.support.exposition import scrape
+from tests.support.hubserver import on_loopback
 from tests.support.peers import fleetlens_exporter, free_port, node_exporter, peer, require_binary
 
 pytestmark = pytest.mark.integration
@@ -33,14 +32,8 @@ NODE = "vela-001"
 @contextmanager
 def hub_on_loopback(store: Store, tmp_path: Path) -> Iterator[tuple[Hub, str]]:
     hub = Hub(store, Writer(store, Spool(tmp_path / "spool", 64 << 20)), OtlpStepReceiver())
-    server = serve_app(hub.app, "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield hub, f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        hub.writer.close()
+    with on_loopback(hub) as url:
+        yield hub, url
 
 
 @contextmanager

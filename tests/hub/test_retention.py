@@ -5,7 +5,6 @@ refused by the store and counted, all on a real chDB store."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -25,7 +24,6 @@ from analytics.store.hubclient import HubClient
 from analytics.store.records import ScrapeBatch
 from analytics.store.retention import DAY_S
 from analytics.store.schema import Retention
-from collectors.httpserver import serve_app
 from collectors.steprecord import StepRecord
 from hub.app import Hub
 from hub.auth import Tokens
@@ -34,6 +32,7 @@ from hub.spool import HEADER, MAGIC, Spool, decode_entry, encode_entry
 from hub.writer import Writer
 from tests.hub.test_app import Outage
 from tests.support.exposition import samples_of
+from tests.support.hubserver import on_loopback
 from tests.support.otlp import export, histogram, step_point
 
 NOW = time.time() // 60 * 60
@@ -46,12 +45,8 @@ def served(store: Store, tmp_path: Path) -> Iterator[tuple[Hub, str, Outage]]:
     switch = Outage(store)
     writer = Writer(switch, Spool(tmp_path / "spool", 64 << 20))
     hub = Hub(store, writer, OtlpStepReceiver(), tokens=Tokens.load(None), retention=Retention(steps_days=30))
-    server = serve_app(hub.app, "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield hub, f"http://127.0.0.1:{server.server_port}", switch
-    server.shutdown()
-    server.server_close()
-    hub.writer.close()
+    with on_loopback(hub) as url:
+        yield hub, url, switch
 
 
 def lines(start: float, count: int, job: str = "old-job") -> bytes:
