@@ -112,3 +112,18 @@ class SyncJob:
             )
             for rank, (compute, duration) in enumerate(zip(computes, durations, strict=True))
         ]
+
+
+def gpu_clock_straggler(fleet: object, store: object, node: str = "vela-003") -> float:
+    """Play `fleet` 10 ticks, `node`'s four GPUs at 85% clock from the sixth, and store a job's steps
+    (no phase times) in which that node slows every step by 18% from then; returns the steps' start."""
+    start = fleet.clock() + fleet.interval_s
+    fleet.tick(5)
+    for gpu in range(4):
+        fleet[node].gpus.set_fault(gpu, "slow", clock_factor=0.85)
+    fleet.tick(5)
+    job = SyncJob(
+        slowdown=lambda name, stage, t: 1.18 if name == node and t >= start + 50 else 1.0, phases=False
+    )
+    store.insert_steps(job.steps(start, 100), token="steps")
+    return start

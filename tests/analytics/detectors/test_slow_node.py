@@ -12,7 +12,7 @@ from analytics.detectors.runner import DetectionRunner, detect
 from analytics.detectors.slow_node import SlowNode
 from analytics.store import Store
 from analytics.store.records import Anomaly
-from tests.analytics.detectors import T0, SyncJob, window
+from tests.analytics.detectors import T0, SyncJob, gpu_clock_straggler, window
 from tests.support.fleetdata import SimulatedFleet
 
 ONSET = 5  # the window in which the slow node starts
@@ -129,15 +129,7 @@ def test_step_times_alone_find_the_node_whose_ranks_take_longer(store: Store) ->
 def test_without_phase_times_the_gpu_clocks_find_the_slow_node(store: Store, tmp_path: Path) -> None:
     """Step durations alone cannot tell (a barrier makes every rank's step as long), the SM clocks can."""
     with SimulatedFleet(store, tmp_path, nodes=8, gpus=4) as fleet:
-        start = fleet.clock() + fleet.interval_s
-        fleet.tick(5)
-        for gpu in range(4):
-            fleet["vela-003"].gpus.set_fault(gpu, "slow", clock_factor=0.85)
-        fleet.tick(5)
-    job = SyncJob(
-        slowdown=lambda node, stage, t: 1.18 if node == "vela-003" and t >= start + 50 else 1.0, phases=False
-    )
-    store.insert_steps(job.steps(start, 100), token="steps")
+        start = gpu_clock_straggler(fleet, store)
     (anomaly,) = detect(store, start, start + 100, names=["slow_node"])
     assert anomaly.node == "vela-003" and start + 40 <= anomaly.start <= start + 60
     evidence = json.loads(anomaly.evidence)

@@ -33,7 +33,7 @@ from analytics.store.records import ScrapeBatch
 from analytics.xid_catalog import Action, lookup
 from collectors.gpu.model import THROTTLE_REASONS
 from sim.node import NO_GDR_TRAFFIC
-from tests.analytics.detectors import SyncJob
+from tests.analytics.detectors import SyncJob, gpu_clock_straggler
 from tests.analytics.detectors.test_dma import GDR_LOG, NO_GDR_LOG
 from tests.analytics.detectors.test_hostile_inputs import BASE, EXAMPLES, WINDOW_S
 from tests.support.fleetdata import SimulatedFleet
@@ -455,16 +455,7 @@ def test_without_phase_times_the_slow_node_is_found_by_its_stock_sm_clocks(
 ):
     """Step records come from the step SDK or OTLP, never from an exporter; the GPU signal is stock."""
     with stock_fleet(store, tmp_path, fixtures, nodes=8) as (fleet, _):
-        start = fleet.clock() + fleet.interval_s
-        fleet.tick(5)
-        for gpu in range(4):
-            fleet["vela-003"].gpus.set_fault(gpu, "slow", clock_factor=0.85)
-        fleet.tick(5)
-    job = SyncJob(
-        slowdown=lambda node, stage, t: 1.18 if node == "vela-003" and t >= start + 50 else 1.0, phases=False
-    )
-    store.insert_steps(job.steps(start, 100), token="steps")
-
+        start = gpu_clock_straggler(fleet, store)
     (anomaly,) = detect(store, start, start + 100, names=["slow_node"])
     evidence = json.loads(anomaly.evidence)
     assert (anomaly.node, anomaly.kind, evidence["signal"]) == ("vela-003", "slow_node", "sm_clock_mhz")
