@@ -172,7 +172,6 @@ class Received:
     token: str
     batches: list[ScrapeBatch] = field(default_factory=list)
     statuses: list[TargetStatus] = field(default_factory=list)
-    series: int = 0
     samples: int = 0  # in batches
     dropped: Counter[str] = field(default_factory=Counter)
 
@@ -310,7 +309,6 @@ class RemoteWriteReceiver:
         ups: list[tuple[_Series, str, int, float]] = []
         scrape_info: dict[tuple[str, str, str, int], float] = {}
         for series, info in zip(request.timeseries, described, strict=True):
-            received.series += 1
             if series.histograms:
                 received.dropped["native_histogram"] += len(series.histograms)
             name, labels, node = info.name, info.labels, info.node

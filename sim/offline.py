@@ -19,7 +19,6 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, closing
-from dataclasses import dataclass, field
 from multiprocessing.queues import Queue
 from pathlib import Path
 from queue import Empty
@@ -106,22 +105,19 @@ def node_rounds(scenario: Scenario, indices: Iterable[int], workdir: Path, epoch
             node.close()
 
 
-@dataclass
 class _Target:
     """One scrape target of a node: how to read it, and the labels a scraper adds to its samples (stock
-    flavour: Prometheus's job and instance; none for the hub's own scraper)."""
+    flavour: Prometheus's job and instance, attached as target labels by the parser; none for the hub's
+    own scraper)."""
 
-    name: str
-    read: Callable[[], bytes]
-    labels: dict[str, str]
-    parser: ExpositionParser = field(default_factory=ExpositionParser)
+    def __init__(self, name: str, read: Callable[[], bytes], labels: dict[str, str]) -> None:
+        self.name = name
+        self.read = read
+        self.parser = ExpositionParser(target_labels=labels)
 
     def scrape(self, node: str, ts: float) -> ScrapeBatch:
         exposition = self.parser.parse(self.read().decode())
-        labels = exposition.labels
-        if self.labels:  # the parser's label dicts are shared between parses: new ones
-            labels = [{**sample_labels, **self.labels} for sample_labels in labels]
-        return ScrapeBatch(self.name, node, ts, exposition.names, labels, exposition.values)
+        return ScrapeBatch(self.name, node, ts, exposition.names, exposition.labels, exposition.values)
 
 
 def _targets(node: SimNode) -> list[_Target]:

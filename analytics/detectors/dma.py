@@ -29,6 +29,7 @@ import pandas as pd
 
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, frame
+from analytics.detectors.congestion import ECN_MARKED, TRANSMIT_WAIT
 from analytics.detectors.counters import (
     LAST,
     LOOKBACK_S,
@@ -50,8 +51,6 @@ from analytics.store.protocols import Reader
 PCIE_REPLAYS = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
 RECEIVED = "node_infiniband_port_data_received_bytes_total"
 TRANSMITTED = "node_infiniband_port_data_transmitted_bytes_total"
-ECN_MARKED = "node_infiniband_np_ecn_marked_roce_packets_received_total"
-TRANSMIT_WAIT = "node_infiniband_port_transmit_wait_total"
 STATE = "node_infiniband_state_id"
 LINK_DOWNED = "node_infiniband_link_downed_total"
 NCCL_GDR = "fleetlens_nccl_gpudirect_rdma_status"
@@ -71,11 +70,11 @@ DMA_METRICS = (
     NCCL_NET_DEVICES,
 )
 ACTIVE = 4
-NET_WITHOUT_GDR = "^NET/[^/]+/([0-9]+)$"
+NET_WITHOUT_GDR = "^NET/[^/]+/([0-9]+)$"  # a connection `via NET/IB/1`, where GPUDirect RDMA adds `/GDRDMA`
 # a GPU's link figures (pcie_gen, pcie_width, pcie_max_gen, pcie_max_width): fleetlens's or DCGM's
 PCIE_FIGURES = ",\n    ".join(
     f"maxIf(last, {metric_in(names)} AND samples > 0) AS pcie_{figure}" for figure, names in PCIE_LINK.items()
-)  # a connection `via NET/IB/1`, where GPUDirect RDMA adds `/GDRDMA`
+)
 DMA_SERIES = series_sql(
     f"{LAST} AS last",
     "length(inside) AS samples",

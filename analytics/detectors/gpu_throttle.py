@@ -53,6 +53,7 @@ UNKNOWN_REASON = (
     "Unknown (no clock-event reasons exported)",
     "temperature and power in the evidence; enable DCGM_FI_DEV_CLOCKS_EVENT_REASONS in dcgm-exporter",
 )
+REASON_TEXTS = {**SLOWDOWN_REASONS, UNKNOWN: UNKNOWN_REASON}  # reason -> (its name, what to look at)
 REASON_SERIES = (CLOCK_EVENT_REASONS, *CLOCK_EVENT_MASKS)
 THROTTLE_METRICS = (
     "DCGM_FI_DEV_SM_CLOCK",
@@ -225,11 +226,10 @@ def _reference(row: object) -> float:
 
 
 def _named(reasons: list[str]) -> dict[str, object]:
-    known = {**SLOWDOWN_REASONS, UNKNOWN: UNKNOWN_REASON}
     return {
         "reasons": reasons,
-        "reason_names": [known[reason][0] for reason in reasons],
-        "look_at": [known[reason][1] for reason in reasons],
+        "reason_names": [REASON_TEXTS[reason][0] for reason in reasons],
+        "look_at": [REASON_TEXTS[reason][1] for reason in reasons],
     }
 
 
