@@ -5,8 +5,10 @@ Tables and views (docs/schema.md has every column, with example queries):
     series        one row per series: series_id, metric, node, labels, first_seen
     samples       raw samples: metric, node, series_id, ts, value; TTL raw_days
     samples_1m    1-minute rollup (min, max, sum, count, last), filled by samples_1m_mv; TTL rollup_days
+    samples_1h    1-hour rollup, the same columns, filled by samples_1h_mv; TTL rollup_days
     metrics       VIEW (ts, metric, node, labels, value): the stable interface for postmortem SQL and Grafana
     metrics_1m    VIEW (ts, metric, node, labels, min, max, avg, sum, count, last) over the rollup
+    metrics_1h    VIEW, the same columns over the hourly rollup
     steps         training steps per rank: ts, job, rank, node, step, duration_s, compute_s, comm_s, data_s,
                   dp_rank, pp_stage, tp_rank, steps, source, keep_until; TTL steps_days, or keep_until
                   when later (imported history kept on purpose: `fleetlens steps import --keep-days`)
@@ -49,6 +51,10 @@ per series, so grouping inside the insert reduces nothing, and it cost half the 
 AggregatingMergeTree folds a minute's rows together in background merges; readers aggregate whatever
 is not merged yet (metrics_1m does). `last` is the max of (ts, value) tuples: the value at the latest
 ts, as exact as argMax, with no aggregate state to merge.
+
+The hourly rollup is the same projection into hours, for ranges of days: a week of the Fleet page's
+port matrix reads 60 times fewer rows than from samples_1m (bench/ui.py). Stores from before it get it by
+migration 6, which fills it from samples_1m (Backfill) before its materialized view starts taking inserts.
 
 Cluster mode: every table is a Replicated*MergeTree `<name>_local` on each shard plus a Distributed
 `<name>` over them (sharded by series_id where a view joins, so that each join is shard-local); views are
@@ -238,7 +244,25 @@ class AddColumn:
         ]
 
 
-SchemaObject = Table | View | MaterializedView | AddColumn
+@dataclass(frozen=True)
+class Backfill:
+    """Fills `target` from `source` (`select`, with {source} and {target} placeholders) once, when a
+    migration adds a table that derives from data already stored. `select` must leave out what `target`
+    already holds, so that a migration interrupted halfway and applied again adds nothing twice. Run
+    before the materialized view that fills `target` from then on: rows written by another writer
+    between the two are missing from `target` (Store.open migrates before the hub writes)."""
+
+    source: str
+    target: str
+    select: str
+
+    def create(self, layout: Layout) -> list[str]:
+        # through the Distributed tables in a cluster: the rows land on the shard of their sharding key
+        select = self.select.format(source=layout.name(self.source), target=layout.name(self.target))
+        return [f"INSERT INTO {layout.name(self.target)}\n{select}"]
+
+
+SchemaObject = Table | View | MaterializedView | AddColumn | Backfill
 
 
 @dataclass(frozen=True)
@@ -288,32 +312,75 @@ SAMPLES = Table(
     sharding_key="series_id",
 )
 
-SAMPLES_1M = Table(
-    name="samples_1m",
-    columns=f"""    metric LowCardinality(String),
+
+def rollup_table(name: str, time: str) -> Table:
+    """A rollup of samples into periods named by `time` (their start): min, max, sum, count and last."""
+    return Table(
+        name=name,
+        columns=f"""    metric LowCardinality(String),
     node LowCardinality(String),
     series_id UInt64,
-    minute DateTime('UTC') CODEC(DoubleDelta, ZSTD(1)),
+    {time} DateTime('UTC') CODEC(DoubleDelta, ZSTD(1)),
     min SimpleAggregateFunction(min, Float64) CODEC(FPC, ZSTD(1)),
     max SimpleAggregateFunction(max, Float64) CODEC(FPC, ZSTD(1)),
     sum SimpleAggregateFunction(sum, Float64) CODEC(FPC, ZSTD(1)),
     count SimpleAggregateFunction(sum, UInt64) CODEC(T64, ZSTD(1)),
     last SimpleAggregateFunction(max, Tuple(ts {TS}, value Float64)) CODEC(ZSTD(1))""",
-    engine="AggregatingMergeTree",
-    order_by="metric, node, series_id, minute",
-    partition_by="toDate(minute)",
-    expiry=Expiry("minute", "rollup_days"),
-    ttl_drops_whole_parts=True,
-    sharding_key="series_id",
-)
+        engine="AggregatingMergeTree",
+        order_by=f"metric, node, series_id, {time}",
+        partition_by=f"toDate({time})",
+        expiry=Expiry(time, "rollup_days"),
+        ttl_drops_whole_parts=True,
+        sharding_key="series_id",
+    )
 
-SAMPLES_1M_MV = MaterializedView(
-    name="samples_1m_mv",
-    source="samples",
-    target="samples_1m",
-    select="""SELECT metric, node, series_id, toStartOfMinute(ts) AS minute,
+
+def rollup_view(table: Table, start_of: str) -> MaterializedView:
+    """Every sample inserted, as one row of `table` (a rollup_table) for its period (`start_of` its ts)."""
+    time = table.order_by.rsplit(", ", 1)[1]
+    return MaterializedView(
+        name=f"{table.name}_mv",
+        source="samples",
+        target=table.name,
+        select=f"""SELECT metric, node, series_id, {start_of}(ts) AS {time},
     value AS min, value AS max, value AS sum, toUInt64(1) AS count, (ts, value) AS last
-FROM {source}""",
+FROM {{source}}""",
+    )
+
+
+def rollup_metrics(name: str, table: Table) -> View:
+    """The rollup `table` as the metrics view's rows: one per series and period, labels joined."""
+    time = table.order_by.rsplit(", ", 1)[1]
+    return View(
+        name=name,
+        select=f"""SELECT m.{time} AS ts, CAST(m.metric, 'String') AS metric, CAST(m.node, 'String') AS node,
+    CAST(r.labels, 'Map(String, String)') AS labels,
+    CAST(m.min, 'Float64') AS min, CAST(m.max, 'Float64') AS max, m.sum / m.count AS avg,
+    m.sum AS sum, m.count AS count, m.last.value AS last
+FROM (
+    SELECT metric, node, series_id, {time}, min(min) AS min, max(max) AS max, sum(sum) AS sum,
+        sum(count) AS count, max(last) AS last
+    FROM {{{table.name}}}
+    GROUP BY metric, node, series_id, {time}
+) AS m
+ANY LEFT JOIN {{series}} AS r ON m.series_id = r.series_id""",
+        sources=(table.name, "series"),
+    )
+
+
+SAMPLES_1M = rollup_table("samples_1m", "minute")
+SAMPLES_1M_MV = rollup_view(SAMPLES_1M, "toStartOfMinute")
+SAMPLES_1H = rollup_table("samples_1h", "hour")
+SAMPLES_1H_MV = rollup_view(SAMPLES_1H, "toStartOfHour")
+# The minutes a store holds, into hours; those already in samples_1h (a migration applied again) left out.
+SAMPLES_1H_BACKFILL = Backfill(
+    source="samples_1m",
+    target="samples_1h",
+    select="""SELECT metric, node, series_id, toStartOfHour(minute) AS hour, min(min) AS min, max(max) AS max,
+    sum(sum) AS sum, sum(count) AS count, max(last) AS last
+FROM {source}
+WHERE (series_id, toStartOfHour(minute)) GLOBAL NOT IN (SELECT series_id, hour FROM {target})
+GROUP BY metric, node, series_id, hour""",
 )
 
 METRICS = View(
@@ -325,21 +392,8 @@ ANY LEFT JOIN {series} AS r ON s.series_id = r.series_id""",
     sources=("samples", "series"),
 )
 
-METRICS_1M = View(
-    name="metrics_1m",
-    select="""SELECT m.minute AS ts, CAST(m.metric, 'String') AS metric, CAST(m.node, 'String') AS node,
-    CAST(r.labels, 'Map(String, String)') AS labels,
-    CAST(m.min, 'Float64') AS min, CAST(m.max, 'Float64') AS max, m.sum / m.count AS avg,
-    m.sum AS sum, m.count AS count, m.last.value AS last
-FROM (
-    SELECT metric, node, series_id, minute, min(min) AS min, max(max) AS max, sum(sum) AS sum,
-        sum(count) AS count, max(last) AS last
-    FROM {samples_1m}
-    GROUP BY metric, node, series_id, minute
-) AS m
-ANY LEFT JOIN {series} AS r ON m.series_id = r.series_id""",
-    sources=("samples_1m", "series"),
-)
+METRICS_1M = rollup_metrics("metrics_1m", SAMPLES_1M)
+METRICS_1H = rollup_metrics("metrics_1h", SAMPLES_1H)
 
 # Imported history kept on purpose (`fleetlens steps import --keep-days N`): a row expires at the later of
 # ts + steps_days and keep_until; the default (1970) leaves steps_days alone.
@@ -467,6 +521,11 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "silences and notifications", (SILENCES, NOTIFICATIONS)),
     Migration(
         5, "steps.keep_until: imported history kept past steps_days", (AddColumn("steps", STEPS_KEEP_UNTIL),)
+    ),
+    Migration(
+        6,
+        "1-hour rollup, filled from the 1-minute rollup, and the metrics_1h view",
+        (SAMPLES_1H, SAMPLES_1H_BACKFILL, SAMPLES_1H_MV, METRICS_1H),
     ),
 )
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -4,13 +4,15 @@ is new enough to run, so it is checked as text and parsed by ClickHouse's own pa
 from __future__ import annotations
 
 import re
+import uuid
 from pathlib import Path
 
 import clickhouse_connect
 import pytest
 
 from analytics.errors import SchemaError
-from analytics.store import schema
+from analytics.store import Store, schema
+from analytics.store.records import ScrapeBatch
 from analytics.store.schema import Layout, Retention, ddl, retention_changes
 
 CLUSTER = "fleet-prod"
@@ -18,6 +20,7 @@ CREATE = re.compile(
     r"CREATE (?:TABLE|DATABASE|VIEW|MATERIALIZED VIEW|OR REPLACE VIEW)(?: IF NOT EXISTS)? (\S+)"
 )
 ADD_COLUMN = re.compile(r"ALTER TABLE (\S+)(?: ON CLUSTER '[^']+')? ADD COLUMN IF NOT EXISTS (\w+) ")
+BACKFILL = re.compile(r"INSERT INTO (\S+)\n.*?\nFROM (\S+)\n", re.DOTALL)
 
 
 def created(statements: list[str]) -> list[str | None]:
@@ -31,9 +34,18 @@ def by_name(statements: list[str]) -> dict[str, str]:
 
 
 def test_cluster_ddl_runs_every_create_on_the_cluster() -> None:
-    statements = ddl("fleet", cluster=CLUSTER)
+    """Every statement but a backfill's INSERT, which goes through the Distributed tables from one node."""
+    statements = [s for s in ddl("fleet", cluster=CLUSTER) if not BACKFILL.match(s)]
     assert all(CREATE.match(s) or ADD_COLUMN.match(s) for s in statements)
     assert all(f"ON CLUSTER '{CLUSTER}'" in s.splitlines()[0] for s in statements)
+
+
+def test_a_backfill_reads_and_writes_the_tables_readers_use_before_its_view_fills_them() -> None:
+    for cluster in (None, CLUSTER):
+        statements = ddl("fleet", cluster=cluster)
+        [(at, backfill)] = [(i, m) for i, s in enumerate(statements) if (m := BACKFILL.match(s))]
+        assert backfill.groups() == ("fleet.samples_1h", "fleet.samples_1m")
+        assert created(statements).index("fleet.samples_1h_mv") > at
 
 
 def test_a_column_added_later_is_in_the_create_and_added_to_local_and_distributed_tables() -> None:
@@ -76,16 +88,18 @@ def test_cluster_distributed_tables_sit_on_local_tables_created_before_them() ->
 def test_cluster_views_and_rollup_read_shard_local_tables() -> None:
     """A view or materialized view on a shard must read that shard's data, never a Distributed table."""
     statements = by_name(ddl("fleet", cluster=CLUSTER))
-    for name in ("fleet.metrics_local", "fleet.metrics_1m_local", "fleet.samples_1m_mv"):
+    views = ("metrics_local", "metrics_1m_local", "metrics_1h_local", "samples_1m_mv", "samples_1h_mv")
+    for name in (f"fleet.{view}" for view in views):
         sources = re.findall(r"(?:FROM|JOIN) (fleet\.\w+)", statements[name])
         assert sources and all(source.endswith("_local") for source in sources), (name, sources)
     assert " TO fleet.samples_1m_local " in statements["fleet.samples_1m_mv"]
+    assert " TO fleet.samples_1h_local " in statements["fleet.samples_1h_mv"]
 
 
 def test_tables_joined_by_a_view_are_sharded_by_the_join_key() -> None:
     """metrics joins samples with series on each shard: both must put a series on the same shard."""
     statements = by_name(ddl("fleet", cluster=CLUSTER))
-    for table in ("samples", "series", "samples_1m"):
+    for table in ("samples", "series", "samples_1m", "samples_1h"):
         assert statements[f"fleet.{table}"].rstrip().endswith("_local, series_id)")
 
 
@@ -111,6 +125,7 @@ def test_ttls_follow_the_retention() -> None:
     )
     assert "TTL toDateTime(ts) + toIntervalDay(3)\n" in statements["fleet.samples"]
     assert "TTL minute + toIntervalDay(30)\n" in statements["fleet.samples_1m"]
+    assert "TTL hour + toIntervalDay(30)\n" in statements["fleet.samples_1h"]
     assert "TTL greatest(toDateTime(ts) + toIntervalDay(7), keep_until)\n" in statements["fleet.steps"]
     assert "TTL toDateTime(ts) + toIntervalDay(2)\n" in statements["fleet.targets"]
     assert "TTL" not in statements["fleet.actions"]  # the audit trail is kept
@@ -160,3 +175,72 @@ def test_names_that_could_inject_sql_are_refused(database: str, cluster: str | N
 def test_migrations_are_numbered_in_order() -> None:
     versions = [migration.version for migration in schema.MIGRATIONS]
     assert versions == sorted(set(versions)) and versions[0] == 1
+
+
+# --- the hourly rollup's migration ------------------------------------------------------------------------
+
+HOUR_S = 3600
+HOURLY_AGGREGATES = """
+SELECT series_id, hour, min(min), max(max), sum(sum), sum(count), max(last)
+FROM samples_1h GROUP BY series_id, hour ORDER BY series_id, hour
+"""
+MINUTES_BY_HOUR = """
+SELECT series_id, toStartOfHour(minute) AS hour, min(min), max(max), sum(sum), sum(count), max(last)
+FROM samples_1m GROUP BY series_id, hour ORDER BY series_id, hour
+"""
+
+
+def open_store_from_before_the_hourly_rollup(chdb_dir: Path, samples: list[list]) -> str:
+    """A database as fleetlens built it before migration 6, at schema version 5, holding `samples` (rows
+    of metric, node, series_id, ts in ms, value) in samples and the 1-minute rollup; returns its name."""
+    database = f"test_{uuid.uuid4().hex[:12]}"
+    layout = Layout(database)
+    old = [m for m in schema.MIGRATIONS if m.version <= 5]
+    client = clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir))
+    try:
+        for statement in schema.bootstrap(layout) + [s for m in old for s in m.statements(layout)]:
+            client.command(statement)
+        client.insert(
+            f"{database}.schema_migrations",
+            [[m.version, m.description, 0] for m in old],
+            column_names=["version", "description", "applied_at"],
+        )
+        client.insert(
+            f"{database}.samples", samples, column_names=["metric", "node", "series_id", "ts", "value"]
+        )
+        tables = client.query(f"SHOW TABLES FROM {database}").result_rows
+    finally:
+        client.close()
+    assert ("samples_1h",) not in tables
+    return database
+
+
+def test_a_store_from_before_the_hourly_rollup_gets_it_filled_from_its_minutes(chdb_dir: Path) -> None:
+    """Migration 6 fills samples_1h with the hours of what samples_1m holds (the same min, max, sum, count
+    and last per series and hour); applying its backfill again adds nothing; new samples reach both."""
+    start = 1_764_000_000 // HOUR_S * HOUR_S - 1_234  # not on an hour: the first hour is partial
+    samples = [
+        ["DCGM_FI_DEV_GPU_TEMP", "vela-001", series, (start + 37 * i + series) * 1000, (i * 7919 % 101) / 3]
+        for series in (1, 2)
+        for i in range(400)  # over 4 hours
+    ]
+    database = open_store_from_before_the_hourly_rollup(chdb_dir, samples)
+    with Store.open(f"chdb://{chdb_dir}", database=database) as store:
+        assert store.query("SELECT max(version) FROM schema_migrations").rows == [(schema.LATEST_VERSION,)]
+        minutes_by_hour = store.query(MINUTES_BY_HOUR).rows
+        assert len(minutes_by_hour) == 2 * 5
+        assert store.query(HOURLY_AGGREGATES).rows == minutes_by_hour
+        [backfill] = [s for s in ddl(database) if s.startswith(f"INSERT INTO {database}.samples_1h")]
+        client = clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir))
+        try:
+            client.command(backfill)  # a migration interrupted after its backfill is applied again
+        finally:
+            client.close()
+        assert store.query(HOURLY_AGGREGATES).rows == minutes_by_hour
+        later = start + 400 * 37 + 600
+        store.insert_samples(
+            [ScrapeBatch("t:9400", "vela-001", later, ["DCGM_FI_DEV_GPU_TEMP"], [{"gpu": "0"}], [99.0])],
+            token="after",
+        )
+        assert store.query(HOURLY_AGGREGATES).rows == store.query(MINUTES_BY_HOUR).rows
+        assert store.query("SELECT sum(count), max(max) FROM samples_1h").rows == [(801, 99.0)]
