@@ -1,22 +1,34 @@
-"""Hub CPU per sample through Prometheus remote write, next to the same fleet scraped by the hub itself.
+"""Hub CPU per sample through Prometheus remote write, next to a real Prometheus receiving the same stream.
 
-One simulated fleet (sim.fleet, real exporters on loopback) is ingested twice, one way after the other so
-that the two do not share the cores: first `fleetlens hub --targets` scrapes it every second; then a
-fresh hub takes no targets and Debian's Prometheus 2.42 scrapes the fleet every second and remote-writes
-into it. Each phase measures, after a warm-up, the samples the hub stored per second and the CPU of the
-hub (and of Prometheus, which now does the scraping).
+One simulated fleet (sim.fleet, real exporters on loopback) is ingested three ways, one after the other
+so that they do not share the cores:
 
-    .venv/bin/python bench/remote_write.py [--nodes 48] [--seconds 30]
+  hub scraping       `fleetlens hub --targets` scrapes the fleet every second;
+  -> hub             a Prometheus 2.42 agent scrapes it every second and remote-writes into a fresh hub;
+  -> Prometheus      the same kind of agent remote-writes into Debian's Prometheus 2.42 started as a
+                     receiver (--web.enable-remote-write-receiver, /api/v1/write): Prometheus's own CPU
+                     per sample for remote write ingest, the peer the hub is held to.
+
+Each phase measures, after a warm-up, the samples the receiver stored per second (the hub's
+fleetlens_hub_*samples_total, Prometheus's prometheus_tsdb_head_samples_appended_total), the CPU of the
+receiver and of the sender, and whether the receiver kept up: the sender's samples sent per second equal
+to those it read from its WAL, its pending samples not growing, no failed sample.
+
+    .venv/bin/python bench/remote_write.py [--nodes 48] [--seconds 30] [--profile DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,17 +40,103 @@ from sim.fleet import SimFleet
 from tests.support.peers import free_port, peer
 
 WARMUP_S = 15
+SENT = "prometheus_remote_storage_samples_total"  # the sender's samples sent (2.42's name)
+READ = "prometheus_remote_storage_samples_in_total"  # samples the sender's WAL watcher read
+PENDING = "prometheus_remote_storage_samples_pending"
+FAILED = "prometheus_remote_storage_samples_failed_total"
+SHARDS = "prometheus_remote_storage_shards"
+HUB_RECEIVED = "fleetlens_hub_remote_write_samples_total"
+PROM_RECEIVED = "prometheus_tsdb_head_samples_appended_total"
 
 
 @dataclass(frozen=True)
 class Phase:
+    """One receiver's window: its stored samples/s and cores, the sender's cores and queue."""
+
     samples_per_s: float
-    hub_cores: float
-    prometheus_cores: float = 0.0
+    receiver_cores: float
+    sender_cores: float = 0.0
+    sent_per_s: float = 0.0
+    read_per_s: float = 0.0
+    pending: tuple[float, float] = (0.0, 0.0)  # at the window's start and end
+    failed: float = 0.0
+    shards: float = 0.0
 
     @property
-    def hub_us_per_sample(self) -> float:
-        return self.hub_cores / self.samples_per_s * 1e6
+    def us_per_sample(self) -> float:
+        return self.receiver_cores / self.samples_per_s * 1e6 if self.samples_per_s else float("nan")
+
+    @property
+    def kept_up(self) -> bool:
+        """Whether the receiver took what the sender read, without a queue that grows or failures."""
+        growing = self.pending[1] > max(2 * self.pending[0], self.read_per_s)
+        return (
+            not self.failed
+            and not growing
+            and abs(self.sent_per_s - self.read_per_s) < 0.02 * self.read_per_s
+        )
+
+
+class Window:
+    """Counters and CPU read at a window's start, and the phase they make at its end."""
+
+    def __init__(self, receiver: tuple[int, str, str], sender: tuple[int, str] | None) -> None:
+        self.receiver, self.sender = receiver, sender
+        self.start = time.monotonic()
+        self.first = self._read()
+
+    def _read(self) -> dict[str, float]:
+        pid, base, counter = self.receiver
+        read = {"receiver_cpu": cpu_seconds(pid), "stored": own_metric(base, counter)}
+        if self.sender:
+            pid, base = self.sender
+            read["sender_cpu"] = cpu_seconds(pid)
+            read.update({name: own_metric(base, name) for name in (SENT, READ, PENDING, FAILED, SHARDS)})
+        return read
+
+    def end(self) -> Phase:
+        last = self._read()
+        span = time.monotonic() - self.start
+
+        def rate(name: str) -> float:
+            return (last.get(name, 0.0) - self.first.get(name, 0.0)) / span
+
+        return Phase(
+            rate("stored"),
+            rate("receiver_cpu"),
+            rate("sender_cpu"),
+            rate(SENT),
+            rate(READ),
+            (self.first.get(PENDING, 0.0), last.get(PENDING, 0.0)),
+            last.get(FAILED, 0.0) - self.first.get(FAILED, 0.0),
+            last.get(SHARDS, 0.0),
+        )
+
+
+@contextlib.contextmanager
+def profiled(pid: int, out: Path | None, seconds: float) -> Iterator[None]:
+    """py-spy samples `pid` for the block when `out` is given (a flame graph SVG there)."""
+    if out is None:
+        yield
+        return
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    args = [spy, "record", "--nonblocking", "-p", str(pid), "-d", str(int(seconds)), "-o", str(out)]
+    process = subprocess.Popen([*args, "-f", {".json": "speedscope", ".txt": "raw"}.get(out.suffix, "flamegraph")])
+    try:
+        yield
+    finally:
+        process.wait(timeout=seconds + 60)
+
+
+def measure(
+    receiver: tuple[int, str, str], sender: tuple[int, str] | None, seconds: float, profile: Path | None
+) -> Phase:
+    """The receiver's phase over `seconds` after the warm-up."""
+    time.sleep(WARMUP_S)
+    window = Window(receiver, sender)
+    with profiled(receiver[0], profile, seconds):
+        time.sleep(seconds)
+    return window.end()
 
 
 def hub_args(work: Path, port: int, *extra: str) -> list[str]:
@@ -48,17 +146,54 @@ def hub_args(work: Path, port: int, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def measure(hub_pid: int, hub_base: str, counter: str, seconds: float, prometheus_pid: int | None) -> Phase:
-    """Samples/s the hub counted in `counter` and the CPU of hub (and Prometheus) over `seconds`."""
-    time.sleep(WARMUP_S)
-    start, hub0 = time.monotonic(), cpu_seconds(hub_pid)
-    prom0 = cpu_seconds(prometheus_pid) if prometheus_pid else 0.0
-    samples0 = own_metric(hub_base, counter)
-    time.sleep(seconds)
-    window = time.monotonic() - start
-    rate = (own_metric(hub_base, counter) - samples0) / window
-    prom = (cpu_seconds(prometheus_pid) - prom0) / window if prometheus_pid else 0.0
-    return Phase(rate, (cpu_seconds(hub_pid) - hub0) / window, prom)
+def agent_args(
+    prometheus: str, work: Path, targets: Path, write_url: str, per_send: int
+) -> tuple[list[str], str]:
+    """A Prometheus agent scraping `targets` every second and remote-writing to `write_url`, and its
+    base URL."""
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+        "scrape_configs": [{"job_name": "fleet", "file_sd_configs": [{"files": [str(targets)]}]}],
+        "remote_write": [
+            {
+                "url": write_url,
+                "queue_config": {"max_samples_per_send": per_send, "batch_send_deadline": "1s"},
+            }
+        ],
+    }
+    (work / "agent.yml").write_text(json.dumps(config))
+    address = f"127.0.0.1:{free_port()}"
+    return [
+        prometheus,
+        "--enable-feature=agent",
+        f"--config.file={work / 'agent.yml'}",
+        f"--storage.agent.path={work / 'wal'}",
+        f"--web.listen-address={address}",
+    ], f"http://{address}"
+
+
+def receiver_args(prometheus: str, work: Path, port: int) -> list[str]:
+    """Prometheus as a remote write receiver that scrapes nothing."""
+    (work / "receiver.yml").write_text(json.dumps({"global": {"scrape_interval": "1m"}}))
+    return [
+        prometheus,
+        "--web.enable-remote-write-receiver",
+        f"--config.file={work / 'receiver.yml'}",
+        f"--storage.tsdb.path={work / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
+
+
+def through_agent(
+    receiver: tuple[list[str], str, str], agent: tuple[list[str], str], work: Path, seconds: float,
+    profile: Path | None,
+) -> Phase:  # fmt: skip
+    """Run a receiver (command, ready URL, samples counter) and an agent (command, base URL) writing into
+    it; the receiver's phase."""
+    receiver_cmd, ready, counter = receiver
+    receiver_base = ready.rsplit("/", 2)[0] if ready.endswith("/-/ready") else ready.rsplit("/", 1)[0]
+    with peer(receiver_cmd, ready, cwd=work) as receiving, peer(agent[0], f"{agent[1]}/-/ready") as sending:
+        return measure((receiving.pid, receiver_base, counter), (sending.pid, agent[1]), seconds, profile)
 
 
 def main() -> int:
@@ -69,75 +204,84 @@ def main() -> int:
         "--max-samples-per-send",
         type=int,
         default=2000,
-        help="Prometheus's queue_config (2.42's default: 500)",
+        help="the agents' queue_config (2.42's default: 500)",
     )
+    parser.add_argument("--profile", type=Path, help="directory for py-spy flame graphs of the hub's phases")
+    parser.add_argument("--skip-scrape", action="store_true", help="leave out the hub scraping phase")
     args = parser.parse_args()
     prometheus = shutil.which("prometheus")
     if prometheus is None:
         print("prometheus not installed (Debian package prometheus)")
         return 1
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+    phases: dict[str, Phase] = {}
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir=shm) as trees:
         work = Path(tmp)
         targets = work / "targets.json"
         fleet = SimFleet(args.nodes, Path(trees), cache_s=30.0).start()
         try:
             fleet.write_file_sd(targets)
-            scrape_dir, write_dir = work / "scrape", work / "write"
-            scrape_dir.mkdir()
-            write_dir.mkdir()
-            port = free_port()
-            base = f"http://127.0.0.1:{port}"
-            with peer(
-                hub_args(scrape_dir, port, "--targets", str(targets)), f"{base}/healthz", cwd=scrape_dir
-            ) as hub:
-                scraped = measure(hub.pid, base, "fleetlens_hub_samples_total", args.seconds, None)
-            port, prom_port = free_port(), free_port()
-            base = f"http://127.0.0.1:{port}"
-            config = {
-                "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-                "scrape_configs": [{"job_name": "fleet", "file_sd_configs": [{"files": [str(targets)]}]}],
-                "remote_write": [
-                    {
-                        "url": f"{base}/api/v1/write",
-                        "queue_config": {
-                            "max_samples_per_send": args.max_samples_per_send,
-                            "batch_send_deadline": "1s",
-                        },
-                    }
-                ],
-            }
-            (write_dir / "prometheus.yml").write_text(json.dumps(config))
-            prom_args = [
-                prometheus,
-                "--enable-feature=agent",
-                f"--config.file={write_dir / 'prometheus.yml'}",
-                f"--storage.agent.path={write_dir / 'wal'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-            ]
-            with (
-                peer(hub_args(write_dir, port), f"{base}/healthz", cwd=write_dir) as hub,
-                peer(prom_args, f"http://127.0.0.1:{prom_port}/-/ready") as prom,
-            ):
-                written = measure(
-                    hub.pid, base, "fleetlens_hub_remote_write_samples_total", args.seconds, prom.pid
-                )
+            if not args.skip_scrape:
+                (work / "scrape").mkdir()
+                port = free_port()
+                base = f"http://127.0.0.1:{port}"
+                scrape = hub_args(work / "scrape", port, "--targets", str(targets))
+                with peer(scrape, f"{base}/healthz", cwd=work / "scrape") as hub:
+                    profile = args.profile / "hub-scraping.svg" if args.profile else None
+                    counter = "fleetlens_hub_samples_total"
+                    phases["hub scraping"] = measure((hub.pid, base, counter), None, args.seconds, profile)
+            for name in ("-> hub", "-> Prometheus"):
+                phase_dir = work / name.strip("-> ")
+                phase_dir.mkdir()
+                port = free_port()
+                base = f"http://127.0.0.1:{port}"
+                per_send = args.max_samples_per_send
+                agent = agent_args(prometheus, phase_dir, targets, f"{base}/api/v1/write", per_send)
+                profile = None
+                if name == "-> hub":
+                    receiver = (hub_args(phase_dir, port), f"{base}/healthz", HUB_RECEIVED)
+                    profile = args.profile / "hub-remote-write.svg" if args.profile else None
+                else:
+                    receiver = (receiver_args(prometheus, phase_dir, port), f"{base}/-/ready", PROM_RECEIVED)
+                phases[name] = through_agent(receiver, agent, phase_dir, args.seconds, profile)
         finally:
             fleet.stop()
+    report(args, phases)
+    return 0
 
+
+def report(args: argparse.Namespace, phases: dict[str, Phase]) -> None:
+    load = os.getloadavg()
     print(
         f"{args.nodes} nodes, 1 s interval, {args.seconds:.0f} s windows after {WARMUP_S} s warm-up each; "
-        f"remote write max_samples_per_send {args.max_samples_per_send}"
+        f"agents' max_samples_per_send {args.max_samples_per_send}; "
+        f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
-    print(f"{'':36} {'samples/s':>10} {'hub cores':>10} {'hub us/sample':>14} {'Prometheus':>11}")
-    for name, phase in (("hub scraping the fleet", scraped), ("Prometheus agent -> remote write", written)):
+    print(
+        f"{'receiver':16} {'samples/s':>10} {'cores':>6} {'us/sample':>10} {'sender cores':>13} "
+        f"{'sender us/sample':>17} {'sent/s':>8} {'read/s':>8} {'pending':>15} {'shards':>6} "
+        f"{'failed':>6} kept up"
+    )
+    for name, phase in phases.items():
+        sender = phase.sender_cores / phase.samples_per_s * 1e6 if phase.sender_cores else 0.0
+        kept = "" if name == "hub scraping" else ("yes" if phase.kept_up else "NO")
+        pending = f"{phase.pending[0]:.0f}->{phase.pending[1]:.0f}" if kept else ""
         print(
-            f"{name:36} {phase.samples_per_s:10.0f} {phase.hub_cores:10.2f} "
-            f"{phase.hub_us_per_sample:14.2f} {phase.prometheus_cores:11.2f}"
+            f"{name:16} {phase.samples_per_s:10.0f} {phase.receiver_cores:6.2f} {phase.us_per_sample:10.2f} "
+            f"{phase.sender_cores:13.2f} {sender:17.2f} {phase.sent_per_s:8.0f} {phase.read_per_s:8.0f} "
+            f"{pending:>15} {phase.shards:6.0f} {phase.failed:6.0f} {kept}"
         )
-    ratio = written.hub_us_per_sample / scraped.hub_us_per_sample
-    print(f"hub CPU per sample, remote write / scraping: {ratio:.2f}x")
-    return 0
+    hub, prom = phases["-> hub"], phases["-> Prometheus"]
+    print(
+        f"hub receiver / Prometheus receiver, CPU per sample: {hub.us_per_sample / prom.us_per_sample:.2f}x"
+    )
+    if "hub scraping" in phases:
+        scraped = phases["hub scraping"]
+        print(
+            f"hub receiver / hub scraping, CPU per sample: {hub.us_per_sample / scraped.us_per_sample:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -72,3 +72,14 @@ def test_every_request_of_a_group_the_spool_could_not_keep_is_told_so(store: Sto
     assert groups.commit(request(1))  # not remembered as written: its retry is written
     assert store.query("SELECT count() FROM metrics").rows == [(1,)]
     writer.writer.close()
+
+
+def test_a_group_is_written_once_it_holds_enough_samples_without_waiting_out_the_linger(
+    store: Store, tmp_path: Path
+):
+    writer = CountingWriter(Writer(store, Spool(tmp_path / "spool", 1 << 20)))
+    groups = GroupCommit(writer, linger_s=3600, full_samples=6 * 2)
+    assert commit_at_once(groups, [request(i) for i in range(6)]) == [True] * 6
+    assert writer.writes == [("samples", 6), ("targets", 6)]
+    assert store.query("SELECT count() FROM metrics").rows == [(6,)]
+    writer.writer.close()
