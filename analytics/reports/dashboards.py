@@ -10,7 +10,8 @@ A frame whose query hit the row limit says so in `frame.attrs["truncated"]`.
 
 The metric queries read the tables behind the `metrics` views (samples, samples_1m, series), as the
 detectors do: grouping samples by series id and joining each series' labels once costs a fraction of
-grouping the view's rows. Ranges longer than RAW_MAX_S read the 1-minute rollup.
+grouping the view's rows. Ranges longer than RAW_MAX_S read the 1-minute rollup; over MINUTES_MAX_S,
+the hourly one for the whole hours of the range (see HOURLY), when the query needs no finer buckets.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from analytics.reports.straggler import JOB_SLOWDOWN, LOST_GPU_HOURS, straggler_
 from analytics.store.protocols import Reader
 
 RAW_MAX_S = 6 * 3600.0  # longer ranges read samples_1m
+MINUTES_MAX_S = 86400.0  # longer ranges read samples_1h for their whole hours
+HOUR_S = 3600
 MAX_POINTS = 360  # per series in a time series plot: buckets are widened to stay under this
 DOWN_AFTER_S = 300.0  # a node whose last scrape failed, or with no scrape for this long, is down
 KNOWN_FOR_S = 86400.0  # the fleet is every node scraped within this long
@@ -36,6 +39,8 @@ PORT_BUCKETS, PORT_BUCKET_S = 60, 60  # the port matrix reads counters in 60 buc
 START = "toDateTime64({start:Float64}, 3, 'UTC')"
 END = "toDateTime64({end:Float64}, 3, 'UTC')"
 NOW = "toDateTime64({now:Float64}, 3, 'UTC')"
+FIRST_HOUR = "toDateTime(ceil({start:Float64} / 3600) * 3600, 'UTC')"  # the first whole hour's start
+LAST_HOUR = "toDateTime(floor({end:Float64} / 3600) * 3600, 'UTC')"  # the start of the hour of `end`
 SEVERITY_RANK = "multiIf(severity = 'critical', 3, severity = 'warning', 2, 1)"
 STATUSES = ("drained", "down", "draining", "anomalous", "healthy")  # a node shows the first that applies
 PORT_STATES = {1: "down", 2: "init", 3: "armed", 4: "active", 5: "active_defer"}  # InfiniBand state ids
@@ -107,13 +112,33 @@ class Resolution:
     aggregates a series' rows into total, samples, low and high; `ends` into the value and time (unix
     seconds) of its first and last sample: earliest_value, earliest_ts, latest_value, latest_ts. The
     rollup keeps no first value: its minimum and the start of its first minute stand in, which for a
-    counter that did not reset is the same value. `time` is the table's time column."""
+    counter that did not reset is the same value. `time` is the time column of the rows `scan` reads."""
 
     table: str
     time: str
     summary: str
     ends: str
     step_s: float
+
+    def scan(self, where: str) -> str:
+        """FROM the rows in [start, end) that match `where` (on metric, node or series_id)."""
+        return f"FROM {self.table} WHERE {where} AND {_in_range(self.time)}"
+
+
+class Hourly(Resolution):
+    """The 1-minute rollup's rows, the range's whole hours read from the hourly rollup instead: the same
+    aggregates as the minute rows of [start, end) (the minutes before the first whole hour and from the
+    last one on come from samples_1m), from 60 times fewer rows. Buckets must be whole hours."""
+
+    def scan(self, where: str) -> str:
+        columns = "metric, node, series_id, {time} AS minute, min, max, sum, count, last"
+        minutes = f"SELECT {columns.format(time='minute')} FROM samples_1m WHERE {where} AND minute"
+        hours = f"SELECT {columns.format(time='hour')} FROM samples_1h WHERE {where} AND hour"
+        return f"""FROM (
+        {minutes} >= {START} AND minute < {FIRST_HOUR}
+        UNION ALL {hours} >= {FIRST_HOUR} AND hour < {LAST_HOUR}
+        UNION ALL {minutes} >= {LAST_HOUR} AND minute < {END}
+    )"""
 
 
 RAW = Resolution(
@@ -132,16 +157,20 @@ ROLLUP = Resolution(
     f" argMax(last.2, last.1) AS latest_value, {_unix('max(last.1)')} AS latest_ts",
     step_s=60.0,
 )
+HOURLY = Hourly("", "minute", ROLLUP.summary, ROLLUP.ends, float(HOUR_S))
 
 
-def resolution(start: float, end: float) -> Resolution:
-    """Raw samples for ranges up to RAW_MAX_S, the 1-minute rollup beyond."""
-    return RAW if end - start <= RAW_MAX_S else ROLLUP
+def resolution(start: float, end: float, bucket_s: float = HOUR_S) -> Resolution:
+    """Raw samples for ranges up to RAW_MAX_S, the hourly rollup beyond MINUTES_MAX_S when buckets of
+    `bucket_s` seconds (a whole range: any) are whole hours, the 1-minute rollup otherwise."""
+    if end - start <= RAW_MAX_S:
+        return RAW
+    return HOURLY if end - start > MINUTES_MAX_S and bucket_s % HOUR_S == 0 else ROLLUP
 
 
 def bucket_seconds(start: float, end: float, buckets: int = MAX_POINTS) -> int:
-    """The bucket for [start, end) in at most `buckets` buckets: a multiple of the resolution's step."""
-    step = resolution(start, end).step_s
+    """The bucket for [start, end) in at most `buckets` buckets: a multiple of the raw or minute step."""
+    step = (RAW if end - start <= RAW_MAX_S else ROLLUP).step_s
     return int(step * max(1, math.ceil((end - start) / buckets / step)))
 
 
@@ -187,8 +216,7 @@ def _buckets(chosen: Resolution, stats: str, where: str = "") -> str:
     FROM (
         SELECT series_id, toStartOfInterval({chosen.time}, INTERVAL {{bucket_s:UInt32}} SECOND) AS bucket,
             {stats}
-        FROM {chosen.table}
-        WHERE metric IN {{metrics:Array(String)}}{where} AND {_in_range(chosen.time)}
+        {chosen.scan(f"metric IN {{metrics:Array(String)}}{where}")}
         GROUP BY series_id, bucket
     )
     WINDOW w AS (PARTITION BY series_id ORDER BY bucket ROWS BETWEEN 1 PRECEDING AND CURRENT ROW)"""
@@ -297,8 +325,7 @@ SELECT known.node AS node, toUInt32OrZero(known.labels['gpu']) AS gpu, sum(total
     min(low) AS min, max(high) AS max, argMax(latest_value, latest_ts) AS last
 FROM (
     SELECT series_id, {chosen.summary}, {chosen.ends}
-    FROM {chosen.table}
-    WHERE metric IN {{metrics:Array(String)}} AND {_in_range(chosen.time)}
+    {chosen.scan("metric IN {metrics:Array(String)}")}
     GROUP BY series_id
 ) AS per_series
 ANY LEFT JOIN ({_series()}) AS known USING series_id
@@ -342,11 +369,14 @@ ORDER BY node, port
 def port_matrix(source: Reader, start: float, end: float) -> pd.DataFrame:
     """Node x RoCE port over [start, end): its state at the end, flaps (the increase of link_downed),
     receive and transmit bytes/s, CNPs sent and handled per second. Counters are read at the end of each
-    of PORT_BUCKETS buckets (a minute at least): a value below the one before is a reset (the exporter or
-    the driver restarted) and counts from zero, as Prometheus's increase() does."""
+    of PORT_BUCKETS buckets (a minute at least, whole hours past MINUTES_MAX_S): a value below the one
+    before is a reset (the exporter or the driver restarted) and counts from zero, as Prometheus's
+    increase() does."""
     bucket_s = max(PORT_BUCKET_S, bucket_seconds(start, end, PORT_BUCKETS))
+    if end - start > MINUTES_MAX_S:  # whole hours, for the hourly rollup
+        bucket_s = HOUR_S * math.ceil(bucket_s / HOUR_S)
     parameters = _window(start, end, metrics=PORT_METRICS, bucket_s=bucket_s)
-    return frame(source, _port_matrix_sql(resolution(start, end)), parameters)
+    return frame(source, _port_matrix_sql(resolution(start, end, bucket_s)), parameters)
 
 
 # -- anomalies, alerts, actions --------------------------------------------------------------------------
@@ -494,7 +524,8 @@ def node_series(
         counters=[name for name in metrics if METRICS[name].counter],
         bucket_s=bucket_seconds(start, end),
     )
-    return frame(source, _node_series_sql(resolution(start, end)), parameters, times=["ts"])
+    chosen = resolution(start, end, parameters["bucket_s"])
+    return frame(source, _node_series_sql(chosen), parameters, times=["ts"])
 
 
 PEER_BAND_SQL = f"""
