@@ -64,6 +64,15 @@ SCRAPE_DURATION, SCRAPE_SAMPLES = "scrape_duration_seconds", "scrape_samples_scr
 MAX_REMEMBERED_TARGETS = 100_000  # targets whose node the receiver remembers for their `up`
 MAX_CACHED_SERIES = 500_000  # series whose decoded labels the receiver keeps (a Vela-sized fleet: 126k)
 DROP_REASONS = ("stale_marker", "timestamp_out_of_range", "no_node_label", "native_histogram")
+MAX_STAMPS = 100_000  # encoded timestamps the fast path knows (one per target and scrape)
+
+# How Prometheus encodes a series' one sample after its labels, timestamp 1971..2109 (a 6-byte varint):
+# field 2 (Sample) of 16 bytes: field 1 (double value), field 2 (varint timestamp); or of 7 bytes when the
+# value is 0 (proto3 leaves it out).
+_VALUE_SAMPLE, _TIMESTAMP, _ZERO_SAMPLE = b"\x12\x10\x09", b"\x10", b"\x12\x07\x10"
+_ZERO = bytes(8)
+_STALE = struct.pack("<Q", STALE_NAN_BITS)
+_DOUBLE = struct.Struct("<d")
 
 
 @dataclass(frozen=True)
@@ -104,14 +113,14 @@ def strip_port(address: str) -> str:
     return host
 
 
-def _message_classes() -> tuple[type, type]:
+def _message_classes() -> tuple[type, type, type, type]:
     """WriteRequest and Label of prometheus/prompb (types.proto, remote.proto), built from their
     descriptors here, so the real protobuf parser decodes them without generated code.
 
-    A series' labels are kept as their encoded Label messages (bytes, the same wire format): the tuple of
-    them is the key of the receiver's series cache, and only a series not seen before has its labels
-    decoded (and their UTF-8 checked) as Labels. Histograms are kept as raw bytes: this hub counts and
-    drops them; exemplars and metadata are skipped as unknown fields."""
+    A series' labels are kept as their encoded Label messages (bytes, the same wire format), and only a
+    series not seen before has its labels decoded (and their UTF-8 checked) as Labels. Histograms are kept
+    as raw bytes: this hub counts and drops them; exemplars and metadata are skipped as unknown fields.
+    RawWriteRequest is WriteRequest with each TimeSeries left encoded, for the receiver's fast path."""
     proto = descriptor_pb2.FieldDescriptorProto
     file = descriptor_pb2.FileDescriptorProto(
         name="fleetlens/prompb_remote.proto", package="fleetlens.prompb", syntax="proto3"
@@ -136,33 +145,43 @@ def _message_classes() -> tuple[type, type]:
         ("histograms", 4, proto.TYPE_BYTES, "", True),
     )
     message("WriteRequest", ("timeseries", 1, proto.TYPE_MESSAGE, ".fleetlens.prompb.TimeSeries", True))
+    message("RawWriteRequest", ("timeseries", 1, proto.TYPE_BYTES, "", True))
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
     classes = (
         message_factory.GetMessageClass(pool.FindMessageTypeByName(f"fleetlens.prompb.{name}"))
-        for name in ("WriteRequest", "Label")
+        for name in ("WriteRequest", "Label", "TimeSeries", "RawWriteRequest")
     )
     return tuple(classes)
 
 
-WriteRequest, Label = _message_classes()
+WriteRequest, Label, TimeSeries, RawWriteRequest = _message_classes()
 
 
 @dataclass(frozen=True, slots=True)
 class _Series:
     """What one series' labels say, decoded once: its name, its stored labels (shared by all its samples,
-    never changed), its node, whether only `instance` named it, and its scrape target."""
+    never changed), its node, whether only `instance` named it, its scrape target, and what follows from
+    them for every sample (worked out here so that a sample costs a few lookups)."""
 
     name: str
     labels: dict[str, str]
     node: str
     weak: bool
     target: tuple[str, str]
+    instance: str
+    claims_node: bool  # says which node its target belongs to (a node label or Hostname)
+    role: int  # SAMPLE, UP (a target status) or SCRAPE_INFO (a sample its target's status reads too)
 
-    @property
-    def claims_node(self) -> bool:
-        """Whether the series says which node its target belongs to (a node label or Hostname)."""
-        return bool(self.node) and not self.weak and not _target_level(self.name) and bool(self.target[1])
+    @classmethod
+    def of(cls, name: str, labels: dict[str, str], node: str, weak: bool) -> _Series:
+        target = _target_of(labels)
+        claims = bool(node) and not weak and not _target_level(name) and bool(target[1])
+        role = UP if name == "up" else SCRAPE_INFO if name in (SCRAPE_DURATION, SCRAPE_SAMPLES) else SAMPLE
+        return cls(name, labels, node, weak, target, labels.get("instance", ""), claims, role)
+
+
+SAMPLE, UP, SCRAPE_INFO = range(3)
 
 
 @dataclass
@@ -192,7 +211,8 @@ class RemoteWriteReceiver:
         self._wall_clock = wall_clock
         self._lock = threading.Lock()
         self._target_nodes: dict[tuple[str, str], str] = {}
-        self._series: dict[tuple[bytes, ...], _Series] = {}  # by the series' encoded labels
+        self._series: dict[bytes, _Series] = {}  # by the series' encoded labels (validated)
+        self._stamps: dict[bytes, int] = {}  # timestamps by their 6-byte varint, for the fast path
         self.requests = 0
         self.samples = 0
         self.dropped: Counter[str] = Counter()
@@ -206,9 +226,9 @@ class RemoteWriteReceiver:
     ) -> Received:
         """The rows of one request; PayloadError with the status to answer when it is refused whole."""
         _check_headers(content_type, content_encoding, version)
-        request = self._decode(body)
+        timeseries = self._decode(body)
         received = Received(token=f"remote-write-{hashlib.sha256(body).hexdigest()[:32]}")
-        self._convert(request, received)
+        self._convert(timeseries, received)
         with self._lock:
             self.requests += 1
             self.samples += received.samples
@@ -237,38 +257,96 @@ class RemoteWriteReceiver:
 
     # -- decoding ----------------------------------------------------------------------------------------
 
-    def _decode(self, body: bytes) -> WriteRequest:
+    def _decode(self, body: bytes) -> list[bytes]:
+        """The request's series, each still encoded; PayloadError when the body is too large or no
+        WriteRequest."""
         limit = self.limits.max_body_bytes
         if len(body) > limit:
             raise PayloadError(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {len(body)} bytes exceeds the limit of {limit}"
             )
         data = _unsnappy(body, limit)
-        request = WriteRequest()
         try:
-            request.ParseFromString(data)
+            timeseries = RawWriteRequest.FromString(data).timeseries
         except DecodeError as error:
-            raise PayloadError(
-                HTTPStatus.BAD_REQUEST, f"body is not a remote write WriteRequest (protobuf): {error}"
-            ) from None
-        series = len(request.timeseries)
-        if series > self.limits.max_series:
+            raise _not_a_request(error) from None
+        if len(timeseries) > self.limits.max_series:
             raise PayloadError(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                f"{series} series in one request; the limit is {self.limits.max_series}",
+                f"{len(timeseries)} series in one request; the limit is {self.limits.max_series}",
             )
-        samples = sum(len(one.samples) for one in request.timeseries)
-        if samples > self.limits.max_samples:
-            raise PayloadError(
-                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                f"{samples} samples in one request; the limit is {self.limits.max_samples}",
-            )
-        return request
+        return list(timeseries)
 
-    def _describe(self, encoded: tuple[bytes, ...], index: int) -> _Series:
-        """The series whose labels are `encoded`; PayloadError naming timeseries[index] when a label is
-        not a valid Label, is empty, too long or repeated, or there is no __name__."""
-        if (known := self._series.get(encoded)) is not None:
+    def _samples(self, timeseries: list[bytes], dropped: Counter[str]) -> list[tuple[_Series, int, float]]:
+        """Every sample of the request as (series, timestamp ms, value); stale markers and histograms
+        counted in `dropped`. PayloadError when a series is not a valid TimeSeries, its labels are bad,
+        or the request holds more samples than the limit.
+
+        The fast path: Prometheus encodes a series as its labels, then one sample (value, timestamp). When
+        the bytes before such a sample are exactly the encoded labels of a series seen before (the cache's
+        key: validated then), the series is that one and the sample is read from its fixed-size fields;
+        any other shape goes through the protobuf parser (_parsed)."""
+        samples: list[tuple[_Series, int, float]] = []
+        cache, stamps, count = self._series, self._stamps, 0
+        for index, raw in enumerate(timeseries):
+            if raw[-18:-15] == _VALUE_SAMPLE and raw[-7:-6] == _TIMESTAMP:
+                key, value_bytes = raw[:-18], raw[-15:-7]
+            elif raw[-9:-6] == _ZERO_SAMPLE:
+                key, value_bytes = raw[:-9], _ZERO
+            else:
+                key = None
+            info = cache.get(key) if key is not None else None
+            ts_ms = stamps.get(raw[-6:]) if info is not None else None
+            if ts_ms is None:
+                count += self._parsed(raw, index, samples, dropped)
+            elif value_bytes == _STALE:
+                dropped["stale_marker"] += 1
+                count += 1
+            else:
+                samples.append((info, ts_ms, _DOUBLE.unpack(value_bytes)[0]))
+                count += 1
+        if count > self.limits.max_samples:
+            raise PayloadError(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                f"{count} samples in one request; the limit is {self.limits.max_samples}",
+            )
+        return samples
+
+    def _parsed(
+        self, raw: bytes, index: int, samples: list[tuple[_Series, int, float]], dropped: Counter[str]
+    ) -> int:
+        """Add the samples of timeseries[index], any shape, read by the protobuf parser; its count."""
+        try:
+            series = TimeSeries.FromString(raw)
+        except DecodeError as error:
+            raise _not_a_request(f"timeseries[{index}]: {error}") from None
+        labels = tuple(series.labels)
+        info = self._describe(b"".join(map(_label_field, labels)), labels, index)
+        if series.histograms:
+            dropped["native_histogram"] += len(series.histograms)
+        for sample in series.samples:
+            value, ts_ms = sample.value, sample.timestamp
+            if math.isnan(value) and _bits(value) == STALE_NAN_BITS:
+                dropped["stale_marker"] += 1
+            else:
+                samples.append((info, ts_ms, value))
+            self._learn_stamp(ts_ms)
+        return len(series.samples)
+
+    def _learn_stamp(self, ts_ms: int) -> None:
+        """Remember the 6-byte varint of `ts_ms` (1971 to 2109), which the fast path then reads."""
+        encoded = _varint(ts_ms) if ts_ms > 0 else b""
+        if len(encoded) == 6 and encoded not in self._stamps:
+            with self._lock:
+                if len(self._stamps) >= MAX_STAMPS:
+                    self._stamps.clear()
+                self._stamps[encoded] = ts_ms
+
+    def _describe(self, key: bytes, encoded: tuple[bytes, ...], index: int) -> _Series:
+        """The series whose labels are `encoded` (`key`: them as a TimeSeries encodes them); PayloadError
+        naming timeseries[index] when a label is not a valid Label, is empty, too long or repeated, or
+        there is no __name__."""
+        if (known := self._series.get(key)) is not None:
             return known
         try:
             pairs = [(label.name, label.value) for label in map(Label.FromString, encoded)]
@@ -289,71 +367,61 @@ class RemoteWriteReceiver:
         name = labels.pop("__name__")
         node, weak = self.identity.node_of(labels)
         labels.pop("node", None)  # a column of its own
-        series = _Series(name, labels, node, weak, _target_of(labels))
+        series = _Series.of(name, labels, node, weak)
         with self._lock:
             if len(self._series) >= MAX_CACHED_SERIES:  # the oldest tenth goes: a fleet that changed
                 for stale in list(itertools.islice(self._series, MAX_CACHED_SERIES // 10)):
                     del self._series[stale]
-            self._series[encoded] = series
+            self._series[key] = series
         return series
 
     # -- conversion --------------------------------------------------------------------------------------
 
-    def _convert(self, request: WriteRequest, received: Received) -> None:
+    def _convert(self, timeseries: list[bytes], received: Received) -> None:
         """Fill `received`: samples grouped by (instance, node, ts), and `up` as target statuses. The whole
         request is validated before anything of it is kept."""
-        described = [self._describe(tuple(series.labels), i) for i, series in enumerate(request.timeseries)]
-        self._remember({info.target: info.node for info in described if info.claims_node})
+        samples = self._samples(timeseries, received.dropped)
+        self._remember({info.target: info.node for info, _, _ in samples if info.claims_node})
         newest_ms = (self._wall_clock() + FUTURE_SLACK_S) * 1000
         groups: dict[tuple[str, str, int], ScrapeBatch] = {}
-        ups: list[tuple[_Series, str, int, float]] = []
+        ups: list[tuple[_Series, int, float]] = []
         scrape_info: dict[tuple[str, str, str, int], float] = {}
-        for series, info in zip(request.timeseries, described, strict=True):
-            if series.histograms:
-                received.dropped["native_histogram"] += len(series.histograms)
-            name, labels, node = info.name, info.labels, info.node
+        out_of_range = no_node = 0
+        for info, ts_ms, value in samples:
+            if not 0 < ts_ms <= newest_ms:
+                out_of_range += 1
+                continue
+            if info.role:
+                if info.role == UP:
+                    ups.append((info, ts_ms, value))
+                    continue
+                scrape_info[(info.name, *info.target, ts_ms)] = value
+            node = info.node
             if info.weak:  # an exporter's own series (process, build info) join the node its others named
                 node = self._known_node(info.target) or node
-            kept = []
-            for sample in series.samples:
-                value, ts_ms = sample.value, sample.timestamp
-                if math.isnan(value) and _bits(value) == STALE_NAN_BITS:
-                    received.dropped["stale_marker"] += 1
-                elif not 0 < ts_ms <= newest_ms:
-                    received.dropped["timestamp_out_of_range"] += 1
-                else:
-                    kept.append((ts_ms, value))
-            if name == "up":
-                ups.extend((info, node, ts_ms, value) for ts_ms, value in kept)
-                continue
-            if name in (SCRAPE_DURATION, SCRAPE_SAMPLES):
-                for ts_ms, value in kept:
-                    scrape_info[(name, *info.target, ts_ms)] = value
-            if not node:
-                received.dropped["no_node_label"] += len(kept)
-                continue
-            instance = labels.get("instance", "")
-            for ts_ms, value in kept:
-                batch = groups.get((instance, node, ts_ms))
-                if batch is None:
-                    batch = groups[(instance, node, ts_ms)] = ScrapeBatch(
-                        instance, node, ts_ms / 1000, [], [], []
-                    )
-                batch.names.append(name)
-                batch.labels.append(labels)
-                batch.values.append(value)
-                received.samples += 1
+                if not node:
+                    no_node += 1
+                    continue
+            batch = groups.get((info.instance, node, ts_ms))
+            if batch is None:
+                batch = groups[(info.instance, node, ts_ms)] = ScrapeBatch(
+                    info.instance, node, ts_ms / 1000, [], [], []
+                )
+            batch.names.append(info.name)
+            batch.labels.append(info.labels)
+            batch.values.append(value)
+        received.dropped.update(timestamp_out_of_range=out_of_range, no_node_label=no_node)
         received.batches = list(groups.values())
         received.statuses = [self._status(*up, scrape_info) for up in ups]
-        received.samples += len(received.statuses)
+        received.samples = sum(map(len, received.batches)) + len(received.statuses)
 
     def _status(
-        self, info: _Series, own_node: str, ts_ms: int, value: float, scrape_info: Mapping[tuple, float]
+        self, info: _Series, ts_ms: int, value: float, scrape_info: Mapping[tuple, float]
     ) -> TargetStatus:
         """A target status from one `up` sample; its node is the one the target's series named, else the
         one `up`'s own labels name."""
         job, instance = info.target
-        node = self._known_node(info.target) or own_node
+        node = self._known_node(info.target) or info.node
         up = value == 1
         duration = scrape_info.get((SCRAPE_DURATION, job, instance, ts_ms), 0.0)
         samples = scrape_info.get((SCRAPE_SAMPLES, job, instance, ts_ms), 0.0)
@@ -397,6 +465,27 @@ def _label_problem(pairs: list[tuple[str, str]], index: int, limit: int) -> Payl
             continue
         return PayloadError(HTTPStatus.BAD_REQUEST, f"timeseries[{index}]: {problem}")
     return PayloadError(HTTPStatus.BAD_REQUEST, f"timeseries[{index}]: no __name__ label")
+
+
+def _not_a_request(error: object) -> PayloadError:
+    return PayloadError(
+        HTTPStatus.BAD_REQUEST, f"body is not a remote write WriteRequest (protobuf): {error}"
+    )
+
+
+def _label_field(label: bytes) -> bytes:
+    """An encoded Label as a TimeSeries holds it: field 1, its length, the bytes."""
+    return b"\x0a" + _varint(len(label)) + label
+
+
+def _varint(number: int) -> bytes:
+    """A non-negative integer as protobuf's base-128 varint."""
+    out = bytearray()
+    while number >= 0x80:
+        out.append(number & 0x7F | 0x80)
+        number >>= 7
+    out.append(number)
+    return bytes(out)
 
 
 def _target_level(name: str) -> bool:

@@ -344,3 +344,59 @@ def test_every_sample_kept_is_one_sent_under_its_series_node_and_nothing_is_inve
         assert node == own != "" if not weak else node in {own, *named} and node != ""
         assert any((ts_ms, value) in samples for _, samples in sources)
     assert received.samples + sum(received.dropped.values()) == sum(len(samples) for _, samples in sent)
+
+
+class ParserOnly(RemoteWriteReceiver):
+    """A receiver that never learns a timestamp, so that every series goes through the protobuf parser."""
+
+    def _learn_stamp(self, ts_ms: int) -> None:
+        pass
+
+
+def outcome(receiver: RemoteWriteReceiver, body: bytes) -> object:
+    """What `receiver` makes of `body`: its rows and drops, or the refusal."""
+    try:
+        received = receiver.receive(snappy(body), *HEADERS.values())
+    except PayloadError as error:
+        return error.status, str(error)
+    samples = sorted(
+        (batch.target, batch.node, batch.ts, name, sorted(labels.items()), struct.pack("<d", value))
+        for batch in received.batches
+        for name, labels, value in zip(batch.names, batch.labels, batch.values, strict=True)
+    )
+    return samples, sorted(map(repr, received.statuses)), +received.dropped
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["up", "metric_a", "scrape_samples_scraped"]),
+            st.dictionaries(
+                st.sampled_from(["gpu", "job", "instance", "Hostname", "node"]), label_text, max_size=4
+            ),
+            st.lists(
+                st.tuples(
+                    st.sampled_from([now_ms() - 5000, now_ms() - 4000]) | st.integers(-(2**63), 2**63 - 1),
+                    st.sampled_from([0.0, -0.0, 1.0, 41.5, STALE_NAN, float("nan")]) | st.floats(),
+                ),
+                max_size=2,
+            ),
+        ),
+        max_size=6,
+    ),
+    st.none() | st.tuples(st.integers(0, 10**4), st.integers(0, 255)),
+)
+def test_series_seen_before_are_read_as_the_protobuf_parser_reads_them(series, mutation):
+    """The fast path (a series' encoded labels known, its one sample read from fixed offsets) keeps and
+    refuses exactly what the parser does, for bodies as Prometheus sends them and for damaged ones."""
+    sent = [({"__name__": name, **labels}, samples) for name, labels, samples in series]
+    body = encode(sent)
+    if mutation and body:
+        at = mutation[0] % len(body)
+        body = body[:at] + bytes([mutation[1]]) + body[at + 1 :]
+    warmup = encode([(labels, [(now_ms() - 5000, 1.0)]) for labels, _ in sent])
+    fast, parser = RemoteWriteReceiver(), ParserOnly()
+    for receiver in (fast, parser):
+        outcome(receiver, warmup)
+    assert outcome(fast, body) == outcome(parser, body)
