@@ -5,7 +5,6 @@ exports to Markdown and CSV; and a read-only SQL box with saved queries for the 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 
 import pandas as pd
 import streamlit as st
@@ -69,19 +68,20 @@ def show_report(report: postmortem.Report, kind: str, name: str) -> None:
     """The report on `kind` (node or job) `name`: headline, exports, timeline, excursions."""
     show_summary(report, f"{kind} {name}")
     exports = st.columns(2)
+    # written when clicked: a week of a job's timeline takes a good part of the page to write out
     exports[0].download_button(
         "Download Markdown",
-        postmortem.to_markdown(report),
+        lambda: postmortem.to_markdown(report),
         file_name=f"postmortem-{name}.md",
         mime="text/markdown",
     )
     exports[1].download_button(
-        "Download CSV", postmortem.to_csv(report), file_name=f"postmortem-{name}.csv", mime="text/csv"
+        "Download CSV", lambda: postmortem.to_csv(report), file_name=f"postmortem-{name}.csv", mime="text/csv"
     )
     if not report.events:
         st.info("nothing happened to the scope in this range")
         return
-    events = as_utc(pd.DataFrame([asdict(event) for event in report.events]), "ts", "end")
+    events = as_utc(pd.DataFrame(map(postmortem.as_dict, report.events)), "ts", "end")
     st.subheader("Timeline")
     st.altair_chart(plots.event_timeline(events.drop(columns=["evidence"])), width="stretch")
     st.dataframe(
@@ -96,9 +96,7 @@ def show_report(report: postmortem.Report, kind: str, name: str) -> None:
     )
     if report.excursions:
         st.subheader("Metric excursions that mattered")
-        excursions = as_utc(
-            pd.DataFrame([asdict(excursion) for excursion in report.excursions]), "start", "end"
-        )
+        excursions = as_utc(pd.DataFrame(map(postmortem.as_dict, report.excursions)), "start", "end")
         st.dataframe(excursions, hide_index=True, column_config=window.utc_columns("start", "end"))
 
 

@@ -7,7 +7,7 @@ report.py builds the timeline, excursions.py finds the metric excursions that ma
 it out; model.py holds what they share.
 """
 
-from analytics.reports.postmortem.model import Event, Excursion, PostmortemError, Report
+from analytics.reports.postmortem.model import Event, Excursion, PostmortemError, Report, as_dict
 from analytics.reports.postmortem.render import summarize, to_csv, to_json, to_markdown
 from analytics.reports.postmortem.report import build_report
 
@@ -16,6 +16,7 @@ __all__ = [
     "Excursion",
     "PostmortemError",
     "Report",
+    "as_dict",
     "build_report",
     "summarize",
     "to_csv",

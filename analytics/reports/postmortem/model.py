@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -63,6 +63,12 @@ class Report:
     events: tuple[Event, ...]
     excursions: tuple[Excursion, ...]
     gaps: tuple[Event, ...]
+
+
+def as_dict(item: Event | Excursion) -> dict[str, Any]:
+    """An event's or excursion's fields by name, its evidence not copied: dataclasses.asdict copies every
+    nested value, which cost a week-long job's timeline (thousands of events) a fifth of the page."""
+    return {field.name: getattr(item, field.name) for field in fields(item)}
 
 
 def utc(ts: float | None) -> str:

@@ -7,7 +7,6 @@ import io
 import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,6 +14,7 @@ from analytics.reports.postmortem.excursions import REL_CHANGE
 from analytics.reports.postmortem.model import (
     Event,
     Report,
+    as_dict,
     change,
     number,
     utc,
@@ -146,7 +146,7 @@ def to_json(report: Report) -> dict[str, Any]:
         "nodes": list(report.nodes),
         "summary": summarize(report),
         "events": [_event_json(event) for event in report.events],
-        "excursions": [{**asdict(x), "start": _iso(x.start), "end": _iso(x.end)} for x in report.excursions],
+        "excursions": [{**as_dict(x), "start": _iso(x.start), "end": _iso(x.end)} for x in report.excursions],
         "gaps": [_event_json(event) for event in report.gaps],
     }
 
@@ -168,7 +168,7 @@ def to_csv(report: Report) -> str:
 
 
 def _event_json(event: Event) -> dict[str, Any]:
-    return {**asdict(event), "ts": _iso(event.ts), "end": _iso(event.end), "evidence": dict(event.evidence)}
+    return {**as_dict(event), "ts": _iso(event.ts), "end": _iso(event.end), "evidence": dict(event.evidence)}
 
 
 def _scope(report: Report) -> str:

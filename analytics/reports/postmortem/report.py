@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 from analytics.detectors.base import Window
@@ -43,6 +43,7 @@ from analytics.reports.postmortem.model import (
     Excursion,
     PostmortemError,
     Report,
+    as_dict,
     change,
     duration,
     evidence_text,
@@ -254,6 +255,6 @@ def _excursion_event(excursion: Excursion) -> Event:
         f"{excursion.metric}{{{excursion.labels}}} {direction} to {number(excursion.peak)} {excursion.unit}",
         f"baseline {number(excursion.baseline)} {excursion.unit}, peak {number(excursion.peak)} "
         f"{excursion.unit} ({change(excursion)})",
-        {key: value for key, value in asdict(excursion).items() if key not in ("node", "start", "end")},
+        {key: value for key, value in as_dict(excursion).items() if key not in ("node", "start", "end")},
         excursion.metric,
     )
