@@ -1,25 +1,33 @@
 """Hub ingest of a Vela-sized simulated fleet, next to a stock Prometheus scraping the same targets.
 
-Three processes: this one serving the simulated fleet (192 nodes x 8 GPUs x 4 RoCE ports by default,
-each node a real exporter on its own loopback port), `fleetlens hub` scraping it every second into an
-embedded chDB store, and Debian's Prometheus scraping the same file_sd targets every second. After a
-warm-up, both are measured over one window: samples/s ingested, CPU of each process, scrape durations,
-and bytes on disk per stored sample. The parser is then timed against prometheus_client's on a body
-served by the fleet.
+This process serves the simulated fleet (192 nodes x 8 GPUs x 4 RoCE ports by default, each node a
+real exporter on its own loopback port); `fleetlens hub` scrapes it into an embedded chDB store, and
+Debian's Prometheus scrapes the same file_sd targets, both every `--interval-s`. The hub runs no
+detectors, as Prometheus evaluates no rules here (bench/detect.py times detection). After a warm-up both
+are measured over one window: samples/s ingested, CPU of each process, the hub's CPU per sample as a
+multiple of Prometheus's, scrape durations and failures, and bytes on disk per stored sample. The
+parser is then timed against prometheus_client's on a body served by the fleet.
+
+`--shards n` runs n hubs, `fleetlens hub --shard i/n`, each into a store of its own (one process per
+chDB directory), and reports each hub. `--profile DIR` records each hub with py-spy over the window.
 
     .venv/bin/python bench/ingest.py [--nodes 192] [--seconds 60]
+    .venv/bin/python bench/ingest.py --nodes 1000 --interval-s 10 --shards 2 --seconds 60
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -31,6 +39,8 @@ from sim.fleet import SimFleet
 from tests.support.peers import free_port, peer
 
 WARMUP_S = 15
+HUB_SAMPLES = "fleetlens_hub_samples_total"
+PROM_SAMPLES = "prometheus_tsdb_head_samples_appended_total"
 
 
 def own_metric(base: str, name: str) -> float:
@@ -46,13 +56,134 @@ def directory_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+@dataclass
+class Measured:
+    """One scraper's figures over the window."""
+
+    name: str
+    samples_per_s: float
+    cores: float
+    lag: tuple[float, float, float, int] | None = None  # scrape p50, p99, max (s), failed scrapes
+
+    @property
+    def cpu_per_sample(self) -> float:
+        return self.cores / max(self.samples_per_s, 1e-9)
+
+
+class Window:
+    """CPU and a samples counter of one process, from the start of the window to its end."""
+
+    def __init__(self, name: str, pid: int, base: str, counter: str) -> None:
+        self.name, self.pid, self.base, self.counter = name, pid, base, counter
+        self.cpu0, self.samples0, self.t0 = cpu_seconds(pid), own_metric(base, counter), time.monotonic()
+
+    def end(self) -> Measured:
+        elapsed = time.monotonic() - self.t0
+        cores = (cpu_seconds(self.pid) - self.cpu0) / elapsed
+        return Measured(self.name, (own_metric(self.base, self.counter) - self.samples0) / elapsed, cores)
+
+
+def scrape_lag(base: str, since_s: float) -> tuple[float, float, float, int]:
+    """The hub's scrape duration p50, p99, max and its failed scrapes over the last `since_s` seconds."""
+    return (
+        HubClient(base)
+        .query(
+            "SELECT quantile(0.5)(duration_s), quantile(0.99)(duration_s), max(duration_s), countIf(up = 0) "
+            f"FROM targets WHERE ts >= now() - {since_s:.0f}"
+        )
+        .rows[0]
+    )
+
+
+def stored_bytes_per_sample(store: Path) -> float:
+    """Bytes on disk of the samples and series tables per stored sample, read from the store the hub left
+    (the hub's query API reads only fleetlens's tables, not system.parts)."""
+    import clickhouse_connect  # chDB loads only here, after the hubs are gone
+
+    client = clickhouse_connect.get_client(interface="chdb", path=str(store))
+    try:
+        rows = client.query("SELECT count() FROM fleetlens.samples").result_rows[0][0]
+        on_disk = client.query(
+            "SELECT sum(bytes_on_disk) FROM system.parts WHERE active AND database = 'fleetlens' "
+            "AND table IN ('samples', 'series')"
+        ).result_rows[0][0]
+    finally:
+        client.close()
+    return on_disk / max(rows, 1)
+
+
+@contextlib.contextmanager
+def profiled(pids: dict[str, int], out: Path | None, seconds: float) -> Iterator[None]:
+    """py-spy records each process for `seconds` while the block runs (nothing when `out` is None)."""
+    if out is None:
+        yield
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    pyspy = str(Path(sys.executable).with_name("py-spy"))
+    recorders = [
+        subprocess.Popen(
+            [
+                pyspy,
+                "record",
+                "--pid",
+                str(pid),
+                "--duration",
+                str(int(seconds)),
+                "--nonblocking",
+                "--rate",
+                "50",
+                "--format",
+                "raw",
+                "--output",
+                str(out / f"{name}.raw"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name, pid in pids.items()
+    ]
+    try:
+        yield
+    finally:
+        for recorder in recorders:
+            recorder.wait()  # py-spy stops itself after `seconds`
+
+
+def hub_command(
+    work: Path, targets: Path, port: int, interval_s: float, shard: int, shards: int
+) -> list[str]:
+    return [
+        sys.executable, "-m", "fleetlens.cli", "--log-level", "WARNING", "hub",
+        "--store", f"chdb://{work / f'store{shard}'}", "--targets", str(targets),
+        "--listen", f"127.0.0.1:{port}", "--interval-s", f"{interval_s:g}", "--shard", f"{shard}/{shards}",
+        "--detectors", "none",  # ingest alone: Prometheus evaluates no rules here either
+    ]  # fmt: skip
+
+
+def prometheus_command(work: Path, targets: Path, port: int, interval_s: float) -> list[str]:
+    (work / "prometheus.yml").write_text(
+        f"global: {{scrape_interval: {interval_s:g}s, scrape_timeout: {interval_s:g}s}}\nscrape_configs:\n"
+        f"  - job_name: fleet\n    file_sd_configs: [{{files: ['{targets}']}}]\n"
+    )
+    return [
+        shutil.which("prometheus") or "prometheus",
+        f"--config.file={work / 'prometheus.yml'}",
+        f"--storage.tsdb.path={work / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=192)
     parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument(
+        "--interval-s", type=float, default=1.0, help="scrape interval of hubs and Prometheus"
+    )
+    parser.add_argument("--shards", type=int, default=1, help="hubs, each scraping its --shard i/n")
     parser.add_argument("--cache-s", type=float, default=30.0, help="fleet response cache (see sim.fleet)")
+    parser.add_argument("--profile", type=Path, help="py-spy raw profiles of each hub and the fleet here")
     args = parser.parse_args()
-    prometheus = shutil.which("prometheus")
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir=shm) as trees:
         work = Path(tmp)
@@ -63,97 +194,98 @@ def main() -> int:
             for node in fleet.nodes:  # render every node once before the scrapers come
                 with urllib.request.urlopen(f"http://{node.address}/metrics", timeout=60) as response:
                     response.read()
-            hub_port, prom_port = free_port(), free_port()
-            hub_base, prom_base = f"http://127.0.0.1:{hub_port}", f"http://127.0.0.1:{prom_port}"
-            hub_args = [
-                sys.executable,
-                "-m",
-                "fleetlens.cli",
-                "--log-level",
-                "WARNING",
-                "hub",
-                "--store",
-                f"chdb://{work / 'store'}",
-                "--targets",
-                str(targets),
-                "--listen",
-                f"127.0.0.1:{hub_port}",
-                "--interval-s",
-                "1",
-            ]
-            (work / "prometheus.yml").write_text(
-                "global: {scrape_interval: 1s, scrape_timeout: 1s}\nscrape_configs:\n"
-                f"  - job_name: fleet\n    file_sd_configs: [{{files: ['{targets}']}}]\n"
-            )
-            prom_args = [
-                prometheus,
-                f"--config.file={work / 'prometheus.yml'}",
-                f"--storage.tsdb.path={work / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-            ]
-            with (
-                peer(hub_args, f"{hub_base}/healthz", cwd=work) as hub,
-                peer(prom_args, f"{prom_base}/-/ready") as prom,
-            ):
-                time.sleep(WARMUP_S)
-                start = time.monotonic()
-                hub_cpu0, prom_cpu0 = cpu_seconds(hub.pid), cpu_seconds(prom.pid)
-                fleet_cpu0 = cpu_seconds(os.getpid())
-                hub_samples0 = own_metric(hub_base, "fleetlens_hub_samples_total")
-                prom_samples0 = own_metric(prom_base, "prometheus_tsdb_head_samples_appended_total")
-                time.sleep(args.seconds)
-                window = time.monotonic() - start
-                hub_cpu = (cpu_seconds(hub.pid) - hub_cpu0) / window
-                prom_cpu = (cpu_seconds(prom.pid) - prom_cpu0) / window
-                fleet_cpu = (cpu_seconds(os.getpid()) - fleet_cpu0) / window
-                hub_rate = (own_metric(hub_base, "fleetlens_hub_samples_total") - hub_samples0) / window
-                prom_rate = (
-                    own_metric(prom_base, "prometheus_tsdb_head_samples_appended_total") - prom_samples0
-                ) / window
-                client = HubClient(hub_base)
-                stored = client.query("SELECT count() FROM samples").rows[0][0]
-                on_disk = client.query(
-                    "SELECT sum(bytes_on_disk) FROM system.parts "
-                    "WHERE active AND database = currentDatabase() "
-                    "AND table IN ('samples', 'series')"
-                ).rows[0][0]
-                lag = client.query(
-                    "SELECT quantile(0.5)(duration_s), quantile(0.99)(duration_s), max(duration_s), "
-                    "countIf(up = 0) FROM targets"
-                ).rows[0]
-                prom_stored = own_metric(prom_base, "prometheus_tsdb_head_samples_appended_total")
-                prom_disk = directory_bytes(work / "tsdb")
+            ports = [free_port() for _ in range(args.shards)]
+            prom_port = free_port()
+            prom_base = f"http://127.0.0.1:{prom_port}"
+            with contextlib.ExitStack() as stack:
+                hubs = {
+                    f"hub{i}": (
+                        stack.enter_context(
+                            peer(
+                                hub_command(work, targets, port, args.interval_s, i, args.shards),
+                                f"http://127.0.0.1:{port}/healthz",
+                                cwd=work,
+                            )
+                        ),
+                        f"http://127.0.0.1:{port}",
+                    )
+                    for i, port in enumerate(ports)
+                }
+                prom = stack.enter_context(
+                    peer(
+                        prometheus_command(work, targets, prom_port, args.interval_s), f"{prom_base}/-/ready"
+                    )
+                )
+                time.sleep(max(WARMUP_S, 2 * args.interval_s))
+                pids = {name: process.pid for name, (process, _) in hubs.items()} | {"fleet": os.getpid()}
+                with profiled(pids, args.profile, args.seconds):
+                    windows = [Window(name, p.pid, base, HUB_SAMPLES) for name, (p, base) in hubs.items()]
+                    windows.append(Window("prometheus", prom.pid, prom_base, PROM_SAMPLES))
+                    fleet_cpu0, t0 = cpu_seconds(os.getpid()), time.monotonic()
+                    time.sleep(args.seconds)
+                    fleet_cores = (cpu_seconds(os.getpid()) - fleet_cpu0) / (time.monotonic() - t0)
+                    measured = [window.end() for window in windows]
+                for hub, (_, base) in zip(measured, hubs.values(), strict=False):
+                    hub.lag = scrape_lag(base, args.seconds)
+                prom_stored = own_metric(prom_base, PROM_SAMPLES)
+                load = os.getloadavg()
             with urllib.request.urlopen(f"http://{fleet.nodes[0].address}/metrics", timeout=60) as response:
                 body = response.read()
         finally:
             fleet.stop()
+        hub_bytes = stored_bytes_per_sample(work / "store0")
+        prom_bytes = directory_bytes(work / "tsdb") / max(prom_stored, 1)
         text = body.decode()
         ours = samples_per_second(warm_parse(text), 3)
         theirs = samples_per_second(prometheus_client_parse(text), 3)
 
-    print(f"{args.nodes} nodes, {args.seconds:.0f} s window after {WARMUP_S} s warm-up, 1 s scrape interval")
-    print(f"{'':28} {'samples/s':>10} {'CPU cores':>10} {'bytes/sample':>13}")
-    print(f"{'fleetlens hub (chDB)':28} {hub_rate:10.0f} {hub_cpu:10.2f} {on_disk / max(stored, 1):13.2f}")
-    print(
-        f"{'Prometheus 2.42 (TSDB)':28} {prom_rate:10.0f} {prom_cpu:10.2f} "
-        f"{prom_disk / max(prom_stored, 1):13.2f}"
-    )
-    print(f"{'simulated fleet (serving)':28} {'':10} {fleet_cpu:10.2f}")
-    print(
-        f"hub: {hub_rate / prom_rate:.0%} of what Prometheus ingested, "
-        f"{hub_rate / hub_cpu:,.0f} samples/s per core"
-    )
-    print(
-        f"hub scrape duration p50 {lag[0] * 1e3:.0f} ms, p99 {lag[1] * 1e3:.0f} ms, "
-        f"max {lag[2] * 1e3:.0f} ms; "
-        f"failed scrapes {lag[3]}"
-    )
+    report(args, measured, fleet_cores, load, (hub_bytes, prom_bytes))
     print(
         f"parser on one node's body: {ours:,.0f} samples/s "
         f"vs prometheus_client {theirs:,.0f} ({ours / theirs:.0f}x)"
     )
-    print("Prometheus bytes/sample is its WAL and head on disk; it compacts into blocks only after 2 h.")
     return 0
+
+
+def report(
+    args: argparse.Namespace,
+    measured: list[Measured],
+    fleet_cores: float,
+    load: tuple[float, float, float],
+    bytes_per_sample: tuple[float, float],
+) -> None:
+    """The table: each hub and Prometheus, their CPU per sample and its ratio, scrape latency."""
+    *hubs, prom = measured
+    print(
+        f"{args.nodes} nodes, {len(hubs)} hub(s), {args.seconds:.0f} s window after {WARMUP_S} s warm-up, "
+        f"{args.interval_s:g} s scrape interval; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
+    print(f"{'':26} {'samples/s':>10} {'CPU cores':>10} {'us CPU/sample':>14} {'vs Prometheus':>14}")
+    for row in (*hubs, prom):
+        ratio = row.cpu_per_sample / prom.cpu_per_sample
+        print(
+            f"{row.name:26} {row.samples_per_s:10.0f} {row.cores:10.3f} {row.cpu_per_sample * 1e6:14.2f} "
+            f"{ratio:13.2f}x"
+        )
+    total = Measured("all hubs", sum(h.samples_per_s for h in hubs), sum(h.cores for h in hubs))
+    print(
+        f"hub CPU per sample / Prometheus CPU per sample: {total.cpu_per_sample / prom.cpu_per_sample:.2f}x "
+        f"(hubs took {total.samples_per_s / prom.samples_per_s:.0%} of what Prometheus ingested; "
+        f"{total.samples_per_s / max(total.cores, 1e-9):,.0f} samples/s per hub core)"
+    )
+    for hub in hubs:
+        p50, p99, worst, failed = hub.lag
+        print(
+            f"{hub.name} scrape duration p50 {p50 * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms, "
+            f"max {worst * 1e3:.0f} ms "
+            f"(interval {args.interval_s * 1e3:.0f} ms); failed scrapes {failed}"
+        )
+    print(f"simulated fleet (serving, this process): {fleet_cores:.2f} cores")
+    print(
+        f"bytes/sample: hub0 {bytes_per_sample[0]:.2f} (samples+series parts), "
+        f"Prometheus {bytes_per_sample[1]:.2f}"
+    )
+    print("Prometheus bytes/sample is its WAL and head on disk; it compacts into blocks only after 2 h.")
 
 
 if __name__ == "__main__":

@@ -28,14 +28,17 @@ and detection loop beside its API).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
+import struct
+import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import fields
-from itertools import repeat
+from array import array
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -71,8 +74,9 @@ MAX_KNOWN_SERIES = 2_000_000  # past this the known-series memo starts over (see
 
 SERIES_COLUMNS = ("series_id", "metric", "node", "labels", "first_seen")
 KEEP_UNTIL_MAX_S = (1 << 32) - 1  # the latest time the steps.keep_until DateTime column holds (2106)
-# Samples as sent: metric and node go as plain String, which ClickHouse turns into the table's
-# LowCardinality on arrival (clickhouse-connect's LowCardinality encoder is a Python loop per row).
+# Samples as sent: one block of ClickHouse's Native format per insert, encoded here rather than by
+# clickhouse-connect (a Python loop per value). Metric and node go as plain String, which ClickHouse turns
+# into the table's LowCardinality on arrival.
 SAMPLE_COLUMNS = {
     "metric": "String",
     "node": "String",
@@ -93,24 +97,44 @@ def series_id(metric: str, node: str, labels: Mapping[str, str]) -> int:
 SeriesRow = tuple[int, str, str, Mapping[str, str], int]  # series_id, metric, node, labels, first_seen (ms)
 
 
+@dataclass(frozen=True, slots=True)
+class SeriesColumns:
+    """A batch's series as the metric, node and series_id columns of a Native samples block.
+
+    A target sends the same series scrape after scrape, so these bytes are encoded once per target and
+    reused: per scrape only the ts and value columns are new."""
+
+    ids: list[int]
+    metric: bytes
+    node: bytes
+    series_id: bytes
+
+    @classmethod
+    def encode(cls, node: str, names: Sequence[str], ids: list[int]) -> SeriesColumns:
+        return cls(
+            ids, b"".join(map(_native_string, names)), _native_string(node) * len(ids), _le(array("Q", ids))
+        )
+
+
 class KnownSeries:
     """The series whose row this process has stored, so each is inserted once, and each target's last
-    batch with its ids.
+    batch with its series columns.
 
     An exporter serves the same series in the same order scrape after scrape, so a batch whose node,
-    names and labels equal its target's previous batch (in this call or an earlier one) reuses its ids:
-    one list comparison instead of a lookup per sample. Past `limit` series (label churn) the memo starts
-    over; registering a series again is harmless (the series table merges duplicates).
+    names and labels equal its target's previous batch (in this call or an earlier one) reuses its ids and
+    their encoded columns: one list comparison (of the parser's shared objects) instead of a lookup per
+    sample. Past `limit` series (label churn) the memo starts over; registering a series again is harmless
+    (the series table merges duplicates).
     """
 
     def __init__(self, limit: int = MAX_KNOWN_SERIES) -> None:
         self._limit = limit
         self._ids: dict[tuple[str, str, tuple[tuple[str, str], ...]], int] = {}
-        self._last: dict[str, tuple[ScrapeBatch, list[int]]] = {}
+        self._last: dict[str, tuple[ScrapeBatch, SeriesColumns]] = {}
 
-    def resolve(self, batches: Sequence[ScrapeBatch]) -> tuple[list[list[int]], list[SeriesRow]]:
-        """The series ids of every batch's samples, and the rows of the series not stored yet."""
-        ids_per_batch = []
+    def resolve(self, batches: Sequence[ScrapeBatch]) -> tuple[list[SeriesColumns], list[SeriesRow]]:
+        """The series columns of every batch, and the rows of the series not stored yet."""
+        columns = []
         new: dict[int, SeriesRow] = {}
         latest = dict(self._last)  # a call may hold several scrapes of one target (a spool replay, a sim)
         for batch in batches:
@@ -120,7 +144,7 @@ class KnownSeries:
                 batch.names,
                 batch.labels,
             ):
-                ids_per_batch.append(last[1])
+                columns.append(last[1])
                 continue
             ids = []
             for metric, labels in zip(batch.names, batch.labels, strict=True):
@@ -129,12 +153,12 @@ class KnownSeries:
                     sid = series_id(metric, batch.node, labels)
                     new.setdefault(sid, (sid, metric, batch.node, labels, _millis(batch.ts)))
                 ids.append(sid)
-            ids_per_batch.append(ids)
-            latest[batch.target] = (batch, ids)
-        return ids_per_batch, list(new.values())
+            columns.append(SeriesColumns.encode(batch.node, batch.names, ids))
+            latest[batch.target] = (batch, columns[-1])
+        return columns, list(new.values())
 
     def remember(
-        self, batches: Sequence[ScrapeBatch], ids_per_batch: list[list[int]], stored: list[SeriesRow]
+        self, batches: Sequence[ScrapeBatch], columns: list[SeriesColumns], stored: list[SeriesRow]
     ) -> None:
         """Note that the `stored` series rows are in the store, and each batch as its target's last."""
         if len(self._ids) + len(stored) > self._limit:
@@ -142,8 +166,8 @@ class KnownSeries:
             self._last.clear()
         for sid, metric, node, labels, _first_seen in stored:
             self._ids[(node, metric, tuple(labels.items()))] = sid
-        for batch, ids in zip(batches, ids_per_batch, strict=True):
-            self._last[batch.target] = (batch, ids)
+        for batch, encoded in zip(batches, columns, strict=True):
+            self._last[batch.target] = (batch, encoded)
 
 
 class Store:
@@ -229,15 +253,15 @@ class Store:
         batches, old = cutoff.split(batches, _ts)
         refused = sum(len(batch) for batch in old)
         with self._lock:
-            ids_per_batch, new_series = self._series.resolve(batches)
+            series, new_series = self._series.resolve(batches)
             if new_series:
                 self._insert("series", SERIES_COLUMNS, new_series, f"{token}/series")
-            self._series.remember(batches, ids_per_batch, new_series)
-            columns = _sample_columns(batches, ids_per_batch)
-            if not columns[0]:
+            self._series.remember(batches, series, new_series)
+            rows = sum(len(batch) for batch in batches)
+            if not rows:
                 return Inserted(0, refused, cutoff)
-            self._insert("samples", SAMPLE_COLUMNS, columns, f"{token}/samples", column_oriented=True)
-            return Inserted(len(columns[0]), refused, cutoff)
+            self._insert_native("samples", lambda: _samples_block(batches, series, rows), f"{token}/samples")
+            return Inserted(rows, refused, cutoff)
 
     def insert_targets(self, statuses: Sequence[TargetStatus], *, token: str) -> Inserted:
         """Store one row per scrape outcome; returns the number of rows sent, and those refused as older
@@ -359,18 +383,32 @@ class Store:
         column_oriented: bool = False,
     ) -> None:
         """Insert `data` into `columns` (names, or names -> wire types); `token` makes a replay a no-op."""
-        settings = {"insert_deduplication_token": token, **self._insert_settings}
         types = list(columns.values()) if isinstance(columns, Mapping) else None
-        try:
+        with self._failures(table):
             self._client.insert(
                 table,
                 data,
                 column_names=list(columns),
                 column_type_names=types,
-                settings=settings,
+                settings=self._settings(token),
                 column_oriented=column_oriented,
             )
-        except (TypeError, ValueError, OverflowError) as error:
+
+    def _insert_native(self, table: str, block: Callable[[], bytes], token: str) -> None:
+        """Insert the Native block that `block()` encodes (names and types inside it) into `table`."""
+        with self._failures(table):
+            self._client.raw_insert(table, insert_block=block(), settings=self._settings(token), fmt="Native")
+
+    def _settings(self, token: str) -> dict[str, Any]:
+        return {"insert_deduplication_token": token, **self._insert_settings}
+
+    @contextlib.contextmanager
+    def _failures(self, table: str) -> Iterator[None]:
+        """Rows that cannot be encoded for `table`'s columns become StoreRejected; the store's own
+        failures StoreUnavailable or StoreRejected (analytics.store.clickhouse_errors)."""
+        try:
+            yield
+        except (TypeError, ValueError, OverflowError, struct.error) as error:
             raise StoreRejected(f"{table}: rows do not fit the table's column types: {error}") from error
         except ClickHouseError as error:
             raise store_error(f"insert into {table}", error) from error
@@ -396,21 +434,49 @@ def _columns(record: type) -> tuple[str, ...]:
     return tuple(field.name for field in fields(record))
 
 
-def _sample_columns(batches: Sequence[ScrapeBatch], ids_per_batch: list[list[int]]) -> list[list]:
-    """The samples of `batches` as the columns of SAMPLE_COLUMNS."""
-    metrics: list[str] = []
-    nodes: list[str] = []
-    ids: list[int] = []
-    stamps: list[int] = []
-    values: list[float] = []
-    for batch, batch_ids in zip(batches, ids_per_batch, strict=True):
-        count = len(batch.values)
-        metrics.extend(batch.names)
-        nodes.extend(repeat(batch.node, count))
-        ids.extend(batch_ids)
-        stamps.extend(repeat(_millis(batch.ts), count))
-        values.extend(batch.values)
-    return [metrics, nodes, ids, stamps, values]
+def _samples_block(batches: Sequence[ScrapeBatch], series: Sequence[SeriesColumns], rows: int) -> bytes:
+    """The samples of `batches` as one Native block of SAMPLE_COLUMNS: the series columns as encoded,
+    each batch's time repeated, the values as one array."""
+    values = array("d")
+    for batch in batches:
+        values.extend(batch.values)  # TypeError for a value that is no number
+    columns = {
+        "metric": b"".join(s.metric for s in series),
+        "node": b"".join(s.node for s in series),
+        "series_id": b"".join(s.series_id for s in series),
+        "ts": b"".join(_INT64.pack(_millis(batch.ts)) * len(batch) for batch in batches),
+        "value": _le(values),
+    }
+    parts = [_varint(len(columns)), _varint(rows)]
+    for name, data in columns.items():
+        parts += (_native_string(name), _native_string(SAMPLE_COLUMNS[name]), data)
+    return b"".join(parts)
+
+
+_INT64 = struct.Struct("<q")
+
+
+def _varint(number: int) -> bytes:
+    """LEB128, as Native lengths and counts are written."""
+    out = bytearray()
+    while number >= 0x80:
+        out.append(number & 0x7F | 0x80)
+        number >>= 7
+    out.append(number)
+    return bytes(out)
+
+
+def _native_string(text: str) -> bytes:
+    """A String value as Native writes it: its UTF-8 length, then the bytes."""
+    data = text.encode()
+    return _varint(len(data)) + data
+
+
+def _le(numbers: array) -> bytes:
+    """A numeric array's bytes little-endian, as Native wants them whatever this machine's order."""
+    if sys.byteorder == "big":
+        numbers.byteswap()
+    return numbers.tobytes()
 
 
 def _millis(ts: float) -> int:
