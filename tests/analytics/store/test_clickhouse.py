@@ -18,6 +18,7 @@ import pytest
 
 from analytics.errors import QueryError, SchemaError, StoreRejected, StoreUnavailable
 from analytics.store import Retention, Store, schema
+from analytics.store.clickhouse import series_id
 from analytics.store.readonly import MAX_IDLE, PARSER_FUNCTIONS, ReadSessions, session_settings
 from analytics.store.records import Anomaly, ScrapeBatch, TargetStatus
 from collectors.steprecord import StepRecord
@@ -230,6 +231,36 @@ def test_series_that_appear_in_a_later_scrape_are_registered(store: Store) -> No
     store.insert_samples([gpu_temps(NOW + 1, 41.0, 60.0)], token="gpu-1-appears")
     rows = store.query("SELECT labels['gpu'], value FROM metrics ORDER BY ts, labels['gpu']").rows
     assert rows == [("0", 40.0), ("0", 41.0), ("1", 60.0)]
+
+
+def test_samples_of_many_targets_read_back_as_sent_when_their_series_change_between_scrapes(
+    store: Store,
+) -> None:
+    # the samples block reuses each target's encoded series columns while its series stay the same
+    def scrape(ts: float, node: str, *metrics: str) -> ScrapeBatch:
+        labels = [{"gpu": str(i), "π": "ünïcode"} for i in range(len(metrics))]
+        return ScrapeBatch(
+            f"{node}:9400", node, ts, list(metrics), labels, [ts + i for i in range(len(metrics))]
+        )
+
+    rounds = [
+        [scrape(NOW, "nœud-1", "a", "b"), scrape(NOW, "vela-002", "c")],
+        [scrape(NOW + 1, "nœud-1", "a", "b"), scrape(NOW + 1, "vela-002", "c", "d_ß")],  # a series appears
+        [scrape(NOW + 2, "nœud-1", "b"), scrape(NOW + 2, "vela-002", "c", "d_ß")],  # and one goes
+    ]
+    for i, batches in enumerate(rounds):
+        assert store.insert_samples(batches, token=f"round-{i}") == sum(map(len, batches))
+    sent = sorted(
+        (series_id(name, b.node, labels), name, b.node, round(b.ts * 1000), value)
+        for batches in rounds
+        for b in batches
+        for name, labels, value in zip(b.names, b.labels, b.values, strict=True)
+    )
+    stored = store.query(
+        "SELECT series_id, metric, node, toUnixTimestamp64Milli(ts), value FROM samples "
+        "ORDER BY series_id, metric, node, ts"
+    ).rows
+    assert sorted(stored) == sent
 
 
 def test_the_same_token_stores_once_and_another_token_again(store: Store) -> None:
