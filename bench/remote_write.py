@@ -39,7 +39,7 @@ from bench.ingest import own_metric
 from sim.fleet import SimFleet
 from tests.support.peers import free_port, peer
 
-WARMUP_S = 15
+WARMUP_S = 30  # Prometheus's queue reshards every 10 s, from the send latency it saw
 SENT = "prometheus_remote_storage_samples_total"  # the sender's samples sent (2.42's name)
 READ = "prometheus_remote_storage_samples_in_total"  # samples the sender's WAL watcher read
 PENDING = "prometheus_remote_storage_samples_pending"
@@ -115,13 +115,14 @@ class Window:
 
 @contextlib.contextmanager
 def profiled(pid: int, out: Path | None, seconds: float) -> Iterator[None]:
-    """py-spy samples `pid` for the block when `out` is given (a flame graph SVG there)."""
+    """py-spy samples `pid` for the block when `out` is given: its stacks there, in py-spy's raw format
+    (one line per stack and count; flamegraph.pl draws them)."""
     if out is None:
         yield
         return
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     args = [spy, "record", "--nonblocking", "-p", str(pid), "-d", str(int(seconds)), "-o", str(out)]
-    process = subprocess.Popen([*args, "-f", {".json": "speedscope", ".txt": "raw"}.get(out.suffix, "flamegraph")])
+    process = subprocess.Popen([*args, "-f", "raw"])
     try:
         yield
     finally:
@@ -129,20 +130,25 @@ def profiled(pid: int, out: Path | None, seconds: float) -> Iterator[None]:
 
 
 def measure(
-    receiver: tuple[int, str, str], sender: tuple[int, str] | None, seconds: float, profile: Path | None
+    receiver: tuple[int, str, str],
+    sender: tuple[int, str] | None,
+    timing: argparse.Namespace,
+    profile: Path | None,
 ) -> Phase:
-    """The receiver's phase over `seconds` after the warm-up."""
-    time.sleep(WARMUP_S)
+    """The receiver's phase over `timing.seconds` after `timing.warmup`."""
+    seconds = timing.seconds
+    time.sleep(timing.warmup)
     window = Window(receiver, sender)
     with profiled(receiver[0], profile, seconds):
         time.sleep(seconds)
     return window.end()
 
 
-def hub_args(work: Path, port: int, *extra: str) -> list[str]:
+def hub_args(work: Path, port: int, detectors: str, *extra: str) -> list[str]:
     return [
         sys.executable, "-m", "fleetlens.cli", "--log-level", "WARNING", "hub",
-        "--store", f"chdb://{work / 'store'}", "--listen", f"127.0.0.1:{port}", "--interval-s", "1", *extra,
+        "--store", f"chdb://{work / 'store'}", "--listen", f"127.0.0.1:{port}", "--interval-s", "1",
+        "--detectors", detectors, *extra,
     ]  # fmt: skip
 
 
@@ -185,15 +191,18 @@ def receiver_args(prometheus: str, work: Path, port: int) -> list[str]:
 
 
 def through_agent(
-    receiver: tuple[list[str], str, str], agent: tuple[list[str], str], work: Path, seconds: float,
+    receiver: tuple[list[str], str, str],
+    agent: tuple[list[str], str],
+    work: Path,
+    timing: argparse.Namespace,
     profile: Path | None,
-) -> Phase:  # fmt: skip
+) -> Phase:
     """Run a receiver (command, ready URL, samples counter) and an agent (command, base URL) writing into
     it; the receiver's phase."""
     receiver_cmd, ready, counter = receiver
     receiver_base = ready.rsplit("/", 2)[0] if ready.endswith("/-/ready") else ready.rsplit("/", 1)[0]
     with peer(receiver_cmd, ready, cwd=work) as receiving, peer(agent[0], f"{agent[1]}/-/ready") as sending:
-        return measure((receiving.pid, receiver_base, counter), (sending.pid, agent[1]), seconds, profile)
+        return measure((receiving.pid, receiver_base, counter), (sending.pid, agent[1]), timing, profile)
 
 
 def main() -> int:
@@ -206,7 +215,16 @@ def main() -> int:
         default=2000,
         help="the agents' queue_config (2.42's default: 500)",
     )
-    parser.add_argument("--profile", type=Path, help="directory for py-spy flame graphs of the hub's phases")
+    parser.add_argument("--profile", type=Path, help="directory for py-spy profiles of the hub's phases")
+    parser.add_argument(
+        "--detectors",
+        default="none",
+        help="the hubs' --detectors: none (default) compares ingest alone, as the Prometheus receiver "
+        "evaluates no rules; all adds detection to the hub's CPU",
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=WARMUP_S, help="seconds before each window (the agents reshard)"
+    )
     parser.add_argument("--skip-scrape", action="store_true", help="leave out the hub scraping phase")
     args = parser.parse_args()
     prometheus = shutil.which("prometheus")
@@ -227,11 +245,11 @@ def main() -> int:
                 (work / "scrape").mkdir()
                 port = free_port()
                 base = f"http://127.0.0.1:{port}"
-                scrape = hub_args(work / "scrape", port, "--targets", str(targets))
+                scrape = hub_args(work / "scrape", port, args.detectors, "--targets", str(targets))
                 with peer(scrape, f"{base}/healthz", cwd=work / "scrape") as hub:
-                    profile = args.profile / "hub-scraping.svg" if args.profile else None
+                    profile = args.profile / "hub-scraping.txt" if args.profile else None
                     counter = "fleetlens_hub_samples_total"
-                    phases["hub scraping"] = measure((hub.pid, base, counter), None, args.seconds, profile)
+                    phases["hub scraping"] = measure((hub.pid, base, counter), None, args, profile)
             for name in ("-> hub", "-> Prometheus"):
                 phase_dir = work / name.strip("-> ")
                 phase_dir.mkdir()
@@ -241,11 +259,11 @@ def main() -> int:
                 agent = agent_args(prometheus, phase_dir, targets, f"{base}/api/v1/write", per_send)
                 profile = None
                 if name == "-> hub":
-                    receiver = (hub_args(phase_dir, port), f"{base}/healthz", HUB_RECEIVED)
-                    profile = args.profile / "hub-remote-write.svg" if args.profile else None
+                    receiver = (hub_args(phase_dir, port, args.detectors), f"{base}/healthz", HUB_RECEIVED)
+                    profile = args.profile / "hub-remote-write.txt" if args.profile else None
                 else:
                     receiver = (receiver_args(prometheus, phase_dir, port), f"{base}/-/ready", PROM_RECEIVED)
-                phases[name] = through_agent(receiver, agent, phase_dir, args.seconds, profile)
+                phases[name] = through_agent(receiver, agent, phase_dir, args, profile)
         finally:
             fleet.stop()
     report(args, phases)
@@ -255,8 +273,8 @@ def main() -> int:
 def report(args: argparse.Namespace, phases: dict[str, Phase]) -> None:
     load = os.getloadavg()
     print(
-        f"{args.nodes} nodes, 1 s interval, {args.seconds:.0f} s windows after {WARMUP_S} s warm-up each; "
-        f"agents' max_samples_per_send {args.max_samples_per_send}; "
+        f"{args.nodes} nodes, 1 s interval, {args.seconds:.0f} s windows after {args.warmup:.0f} s warm-up "
+        f"each; agents' max_samples_per_send {args.max_samples_per_send}; hub detectors {args.detectors}; "
         f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
     print(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from analytics.store import Store
 from analytics.store.records import ScrapeBatch, TargetStatus
-from hub.groupcommit import GroupCommit
+from hub.groupcommit import GroupCommit, merged
 from hub.remote_write import Received
 from hub.spool import Spool
 from hub.writer import Writer
@@ -83,3 +83,21 @@ def test_a_group_is_written_once_it_holds_enough_samples_without_waiting_out_the
     assert writer.writes == [("samples", 6), ("targets", 6)]
     assert store.query("SELECT count() FROM metrics").rows == [(6,)]
     writer.writer.close()
+
+
+def test_pieces_of_one_scrape_from_several_requests_become_one_batch_in_one_order_per_series():
+    series = [{"gpu": str(i), "instance": "10.0.0.1:9400"} for i in range(6)]
+
+    def piece(order: list[int], ts: float = 1_796_000_000.0) -> ScrapeBatch:
+        names = [f"m{i % 2}" for i in order]
+        return ScrapeBatch(
+            "10.0.0.1:9400", "vela-001", ts, names, [series[i] for i in order], [*map(float, order)]
+        )
+
+    first = merged([piece([3, 0, 5]), piece([1, 4, 2])])
+    second = merged([piece([2, 5, 1]), piece([0], 1_796_000_001.0), piece([0, 4, 3])])
+    assert [len(batch) for batch in first] == [6] and [len(batch) for batch in second] == [6, 1]
+    assert (first[0].names, first[0].labels) == (second[0].names, second[0].labels)  # as the store's memo
+    for batch in (*first, *second):
+        for name, labels, value in zip(batch.names, batch.labels, batch.values, strict=True):
+            assert (name, labels) == (f"m{int(value) % 2}", series[int(value)])
