@@ -7,10 +7,13 @@ import csv
 import io
 import json
 import time
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from analytics.detectors.base import Window
 from analytics.errors import QueryError
@@ -246,6 +249,40 @@ def test_consecutive_failed_scrapes_merge_into_one_gap_with_their_error(store: S
     assert f"| {utc(T0 + 10)} | {utc(T0 + 20)} | vela-009 | vela-009:9400 | 2 | connection refused |" in (
         to_markdown(report)
     )
+
+
+def merged_gaps(scrapes: list[TargetStatus]) -> list[tuple[str, float, float, int]]:
+    """Runs of failed scrapes of each target, merged one scrape at a time: target, first, last, count."""
+    gaps: list[list] = []
+    last_up: dict[str, bool] = {}
+    for scrape in sorted(scrapes, key=lambda s: (s.target, s.ts)):
+        if not scrape.up:
+            if last_up.get(scrape.target, True):
+                gaps.append([scrape.target, scrape.ts, scrape.ts, 0])
+            gaps[-1][2:] = [scrape.ts, gaps[-1][3] + 1]
+        last_up[scrape.target] = scrape.up
+    return sorted((target, first, last, count) for target, first, last, count in gaps)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(outcomes=st.lists(st.lists(st.booleans(), min_size=1, max_size=40), min_size=1, max_size=3))
+def test_gaps_merged_in_sql_are_the_runs_of_failed_scrapes_merged_one_by_one(
+    store: Store, outcomes: list[list[bool]]
+):
+    """Random up/down sequences of a node's targets (one store for every example, each example a node
+    and an insert token of its own: hypothesis repeats examples)."""
+    node = f"n-{uuid.uuid4().hex[:12]}"
+    scrapes = [
+        TargetStatus(T0 + 10 * i, f"{node}:{9400 + t}", node, up, 0.01, 0, "" if up else "timeout")
+        for t, ups in enumerate(outcomes)
+        for i, up in enumerate(ups)
+    ]
+    store.insert_targets(scrapes, token=node)
+
+    report = build_report(store, node=node, start=T0, end=T0 + 600)
+
+    got = sorted((g.evidence["target"], g.ts, g.end, g.evidence["failed_scrapes"]) for g in report.gaps)
+    assert got == merged_gaps(scrapes)
 
 
 def test_an_anomaly_lasting_hours_is_read_from_the_rollup_and_still_shows_its_excursion(store: Store):
