@@ -5,12 +5,14 @@ would take hours), with a subset of each node's series: 8 GPUs x 4 DCGM metrics 
 power, utilization) and 4 RoCE ports x 6 series (state, link_downed, bytes received and sent, CNPs sent
 and handled): 56 series per node. Besides: a scrape row per node every 10 s, one step row per node every
 10 s (one job, 4 pipeline stages; one node slower for the last two hours), and a week of anomalies,
-alert changes and drain decisions. The 1-minute rollup is merged (OPTIMIZE FINAL), as background merges
-leave a week-old store.
+alert changes and drain decisions. The first FLAPPING nodes' scrapes fail every 10 minutes, so that a
+job's postmortem over the week lists thousands of target gaps. The rollups are merged (OPTIMIZE FINAL),
+as background merges leave a week-old store.
 
 Each page then runs under Streamlit's AppTest against the store, with each of the sidebar's ranges
-ending at the data's end (1 h reads raw samples, 24 h and 7 d the rollup): the whole page script, its
-queries, frames and charts, but not the browser's drawing. Reported: the median of `--repeat` reruns
+ending at the data's end (1 h reads raw samples, 24 h the 1-minute rollup, 7 d mostly the hourly one;
+the Postmortem page once about node vela-007, once about the job on every node): the whole page script,
+its queries, frames and charts, but not the browser's drawing. Reported: the median of `--repeat` reruns
 per page and range, next to a peer measured in the same run on the same ranges: `SELECT count() FROM
 metrics` (one scan of the range's samples) and, up to a day, the raw samples of one metric on every
 node into pandas (what a page that aggregated in Python would start with).
@@ -70,12 +72,15 @@ RANGES = ("1 h", "24 h", "7 d")  # the sidebar's choices: raw samples, then the 
 PEER_METRIC = "DCGM_FI_DEV_GPU_TEMP"
 PEER_ROWS_MAX_S = 86400  # a week of one metric's raw rows in pandas would take tens of GB
 IN_RANGE = "ts >= toDateTime64({start:Float64}, 3, 'UTC') AND ts < toDateTime64({end:Float64}, 3, 'UTC')"
-PAGES = {
-    "Fleet": "",
-    "Node": "views/node.py",
-    "Anomalies and alerts": "views/anomalies.py",
-    "Actions": "views/actions.py",
-    "Postmortem": "views/postmortem.py",
+JOB = "llm-64"
+FLAPPING = 3  # nodes whose scrapes fail every 10 minutes, 1 to 3 in a row: thousands of target gaps a week
+PAGES = {  # title -> the page, and the session state its widgets start with
+    "Fleet": ("", {}),
+    "Node": ("views/node.py", {}),
+    "Anomalies and alerts": ("views/anomalies.py", {}),
+    "Actions": ("views/actions.py", {}),
+    "Postmortem, node vela-007": ("views/postmortem.py", {}),
+    f"Postmortem, job {JOB}": ("views/postmortem.py", {"postmortem.scope": "job"}),
 }
 
 
@@ -136,25 +141,37 @@ def seed_samples(client: clickhouse_connect.driver.Client, db: str, nodes: int, 
 def seed_scrapes_and_steps(
     client: clickhouse_connect.driver.Client, db: str, nodes: int, first: int, days: int
 ) -> None:
-    """A scrape row per node every interval (the last node's scrapes failing for the last 10 minutes), and
-    a step row per node (4 pipeline stages of one job; node 7 slower by 15% for the last two hours)."""
+    """A scrape row per node every interval (the last node's scrapes failing for the last 10 minutes, the
+    first FLAPPING nodes' failing 1 to 3 times in a row every 10 minutes, with one of two errors), and a
+    step row per node (4 pipeline stages of one job; node 7 slower by 15% for the last two hours)."""
     ticks = days * 86400 // INTERVAL_S
     at = tick_time(first)
+    flapping = f"n < {FLAPPING} AND t % 60 <= intDiv(t, 60) % 3"
     client.command(
         f"INSERT INTO {db}.targets (ts, target, node, up, duration_s, samples, error)"
-        f" SELECT {at}, concat(node, ':9400'), node, up, 0.02, if(up, 500, 0), if(up, '', 'timeout')"
+        f" SELECT {at}, concat(node, ':9400'), node, up, 0.02, if(up, 500, 0),"
+        " if(up, '', if(t % 120 < 60, 'timeout', 'connection refused'))"
         f" FROM (SELECT number % {nodes} AS n, intDiv(number, {nodes}) AS t,"
         f" concat('vela-', leftPad(toString(n + 1), 3, '0')) AS node,"
-        f" NOT (n = {nodes - 1} AND t > {ticks - 60}) AS up FROM numbers({ticks * nodes}))"
+        f" NOT ((n = {nodes - 1} AND t > {ticks - 60}) OR ({flapping})) AS up FROM numbers({ticks * nodes}))"
     )
     client.command(
         f"INSERT INTO {db}.steps (ts, job, rank, node, step, duration_s, compute_s, pp_stage, steps, source)"
-        f" SELECT {at}, 'llm-64', n, node, t, compute + 1, compute, n % 4, 1, 'jsonl'"
+        f" SELECT {at}, '{JOB}', n, node, t, compute + 1, compute, n % 4, 1, 'jsonl'"
         f" FROM (SELECT number % {nodes} AS n, intDiv(number, {nodes}) AS t,"
         f" concat('vela-', leftPad(toString(n + 1), 3, '0')) AS node,"
         f" (3 + (cityHash64(number) % 100) / 1000) * if(n = 6 AND t > {ticks - 720}, 1.15, 1) AS compute"
         f" FROM numbers({ticks * nodes}))"
     )
+
+
+def target_gaps(client: clickhouse_connect.driver.Client, db: str) -> tuple[int, int]:
+    """The failed scrapes stored, and the gaps they make (runs of them per target)."""
+    [(failed, gaps)] = client.query(
+        "SELECT countIf(up = 0), countIf(up = 0 AND before = 1) FROM (SELECT up, lagInFrame(up, 1, 1)"
+        f" OVER (PARTITION BY target ORDER BY ts ROWS 1 PRECEDING) AS before FROM {db}.targets)"
+    ).result_rows
+    return failed, gaps
 
 
 def seed_events(store: Store, nodes: int, first: float, last: float, count: int) -> None:
@@ -213,15 +230,22 @@ def seconds(action: Callable[[], object], repeat: int) -> float:
     return statistics.median(times)
 
 
-def page_seconds(store: Store, path: str, length: str, until: float, node: str, repeat: int) -> float:
-    """The median time of a rerun of the page at `path` (as a refresh or a click reruns it) on `store`,
-    its range `length` ending at `until`, about `node`. The first run is left out: AppTest then scans
-    the installed packages for components, as a server does once when it starts."""
+def page_seconds(
+    store: Store, page: tuple[str, dict[str, str]], length: str, until: float, node: str, repeat: int
+) -> float:
+    """The median time of a rerun of `page` (its path and the session state it starts with) as a refresh
+    or a click reruns it, on `store`, its range `length` ending at `until`, about `node` or JOB. The
+    first run is left out: AppTest then scans the installed packages for components, as a server does
+    once when it starts."""
+    path, state = page
     test = AppTest.from_file(APP, default_timeout=120)
     test.session_state[source.SESSION_KEY] = store
     test.session_state[window.LENGTH_KEY] = length
     test.session_state[window.UNTIL_KEY] = datetime.fromtimestamp(until, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    for key, value in state.items():
+        test.session_state[key] = value
     test.query_params["node"] = node
+    test.query_params["job"] = JOB
     if path:
         test.switch_page(path)
     test.run()
@@ -248,8 +272,8 @@ def report(store: Store, until: float, repeat: int) -> None:
     """The table: each page's seconds by the length of its range (ending at `until`), then the peer's."""
     print(f"seconds per page run (median of {repeat}) by the length of its range, ending at the data's end")
     print(f"  {'':<38}" + "".join(f"{length:>8}" for length in RANGES))
-    for title, path in PAGES.items():
-        figures = [page_seconds(store, path, length, until, "vela-007", repeat) for length in RANGES]
+    for title, page in PAGES.items():
+        figures = [page_seconds(store, page, length, until, "vela-007", repeat) for length in RANGES]
         print(f"  {title:<38}" + "".join(f"{figure:8.2f}" for figure in figures))
     spans = [window.LENGTHS_S[length] for length in RANGES]
     scans = [f"{peer_scan(store, until - span, until):8.2f}" for span in spans]
@@ -276,10 +300,12 @@ def main() -> None:
         samples = seed_samples(client, "bench", args.nodes, first, args.days)
         seed_scrapes_and_steps(client, "bench", args.nodes, first, args.days)
         seed_events(store, args.nodes, first, last, count=200 * args.days)
-        client.command("OPTIMIZE TABLE bench.samples_1m FINAL")
+        for rollup in ("samples_1m", "samples_1h"):
+            client.command(f"OPTIMIZE TABLE bench.{rollup} FINAL")
+        failed, gaps = target_gaps(client, "bench")
         print(
             f"seeded {samples / 1e6:.0f} M samples of {args.nodes} nodes over {args.days} days"
-            f" in {time.perf_counter() - started:.0f} s"
+            f" in {time.perf_counter() - started:.0f} s; {failed} failed scrapes in {gaps} target gaps"
         )
         report(store, float(last), args.repeat)
         store.close()
