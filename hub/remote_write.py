@@ -277,41 +277,6 @@ class RemoteWriteReceiver:
             )
         return list(timeseries)
 
-    def _samples(self, timeseries: list[bytes], dropped: Counter[str]) -> list[tuple[_Series, int, float]]:
-        """Every sample of the request as (series, timestamp ms, value); stale markers and histograms
-        counted in `dropped`. PayloadError when a series is not a valid TimeSeries, its labels are bad,
-        or the request holds more samples than the limit.
-
-        The fast path: Prometheus encodes a series as its labels, then one sample (value, timestamp). When
-        the bytes before such a sample are exactly the encoded labels of a series seen before (the cache's
-        key: validated then), the series is that one and the sample is read from its fixed-size fields;
-        any other shape goes through the protobuf parser (_parsed)."""
-        samples: list[tuple[_Series, int, float]] = []
-        cache, stamps, count = self._series, self._stamps, 0
-        for index, raw in enumerate(timeseries):
-            if raw[-18:-15] == _VALUE_SAMPLE and raw[-7:-6] == _TIMESTAMP:
-                key, value_bytes = raw[:-18], raw[-15:-7]
-            elif raw[-9:-6] == _ZERO_SAMPLE:
-                key, value_bytes = raw[:-9], _ZERO
-            else:
-                key = None
-            info = cache.get(key) if key is not None else None
-            ts_ms = stamps.get(raw[-6:]) if info is not None else None
-            if ts_ms is None:
-                count += self._parsed(raw, index, samples, dropped)
-            elif value_bytes == _STALE:
-                dropped["stale_marker"] += 1
-                count += 1
-            else:
-                samples.append((info, ts_ms, _DOUBLE.unpack(value_bytes)[0]))
-                count += 1
-        if count > self.limits.max_samples:
-            raise PayloadError(
-                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                f"{count} samples in one request; the limit is {self.limits.max_samples}",
-            )
-        return samples
-
     def _parsed(
         self, raw: bytes, index: int, samples: list[tuple[_Series, int, float]], dropped: Counter[str]
     ) -> int:
@@ -378,12 +343,69 @@ class RemoteWriteReceiver:
     # -- conversion --------------------------------------------------------------------------------------
 
     def _convert(self, timeseries: list[bytes], received: Received) -> None:
-        """Fill `received`: samples grouped by (instance, node, ts), and `up` as target statuses. The whole
-        request is validated before anything of it is kept."""
-        samples = self._samples(timeseries, received.dropped)
-        self._remember({info.target: info.node for info, _, _ in samples if info.claims_node})
+        """Fill `received`: samples grouped by (instance, node, ts), and `up` as target statuses; stale
+        markers and histograms counted as dropped. PayloadError when a series is not a valid TimeSeries,
+        its labels are bad, or the request holds more samples than the limit; the whole request is
+        validated before anything of it is kept.
+
+        The fast path: Prometheus encodes a series as its labels, then one sample (value, timestamp). When
+        the bytes before such a sample are exactly the encoded labels of a series seen before (the cache's
+        key: validated then), the series is that one and the sample is read from its fixed-size fields;
+        any other shape goes through the protobuf parser (_parsed). A sample of a series that names its
+        node, in time, goes straight into its batch; the others (`up`, scrape_*, series only `instance`
+        names, any time) wait for the request's end, when the nodes its series named are known."""
         newest_ms = (self._wall_clock() + FUTURE_SLACK_S) * 1000
-        groups: dict[tuple[str, str, int], ScrapeBatch] = {}
+        cache, stamps, groups = self._series, self._stamps, {}
+        claims: dict[tuple[str, str], str] = {}
+        later: list[tuple[_Series, int, float]] = []
+        count = stale = 0
+        for index, raw in enumerate(timeseries):
+            if raw[-18:-15] == _VALUE_SAMPLE and raw[-7:-6] == _TIMESTAMP:
+                key, value_bytes = raw[:-18], raw[-15:-7]
+            elif raw[-9:-6] == _ZERO_SAMPLE:
+                key, value_bytes = raw[:-9], _ZERO
+            else:
+                key = None
+            info = cache.get(key) if key is not None else None
+            ts_ms = stamps.get(raw[-6:]) if info is not None else None
+            if ts_ms is None:
+                count += self._parsed(raw, index, later, received.dropped)
+                continue
+            count += 1
+            if value_bytes == _STALE:
+                stale += 1
+            elif info.role or info.weak or ts_ms > newest_ms:  # a 6-byte stamp is after 1971
+                later.append((info, ts_ms, _DOUBLE.unpack(value_bytes)[0]))
+            else:
+                if info.claims_node:
+                    claims[info.target] = info.node
+                batch = groups.get((info.instance, info.node, ts_ms)) or _open_batch(
+                    groups, info.instance, info.node, ts_ms
+                )
+                batch.names.append(info.name)
+                batch.labels.append(info.labels)
+                batch.values.append(_DOUBLE.unpack(value_bytes)[0])
+        if count > self.limits.max_samples:
+            raise PayloadError(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                f"{count} samples in one request; the limit is {self.limits.max_samples}",
+            )
+        claims.update((info.target, info.node) for info, _, _ in later if info.claims_node)
+        self._remember(claims)
+        received.dropped.update(stale_marker=stale)
+        received.statuses = self._rest(later, newest_ms, groups, received.dropped)
+        received.batches = list(groups.values())
+        received.samples = sum(map(len, received.batches)) + len(received.statuses)
+
+    def _rest(
+        self,
+        samples: list[tuple[_Series, int, float]],
+        newest_ms: float,
+        groups: dict[tuple[str, str, int], ScrapeBatch],
+        dropped: Counter[str],
+    ) -> list[TargetStatus]:
+        """Put `samples` into `groups` too, but `up` (the target statuses returned) and those out of time
+        or without a node (counted in `dropped`)."""
         ups: list[tuple[_Series, int, float]] = []
         scrape_info: dict[tuple[str, str, str, int], float] = {}
         out_of_range = no_node = 0
@@ -391,10 +413,10 @@ class RemoteWriteReceiver:
             if not 0 < ts_ms <= newest_ms:
                 out_of_range += 1
                 continue
-            if info.role:
-                if info.role == UP:
-                    ups.append((info, ts_ms, value))
-                    continue
+            if info.role == UP:
+                ups.append((info, ts_ms, value))
+                continue
+            if info.role == SCRAPE_INFO:
                 scrape_info[(info.name, *info.target, ts_ms)] = value
             node = info.node
             if info.weak:  # an exporter's own series (process, build info) join the node its others named
@@ -402,18 +424,14 @@ class RemoteWriteReceiver:
                 if not node:
                     no_node += 1
                     continue
-            batch = groups.get((info.instance, node, ts_ms))
-            if batch is None:
-                batch = groups[(info.instance, node, ts_ms)] = ScrapeBatch(
-                    info.instance, node, ts_ms / 1000, [], [], []
-                )
+            batch = groups.get((info.instance, node, ts_ms)) or _open_batch(
+                groups, info.instance, node, ts_ms
+            )
             batch.names.append(info.name)
             batch.labels.append(info.labels)
             batch.values.append(value)
-        received.dropped.update(timestamp_out_of_range=out_of_range, no_node_label=no_node)
-        received.batches = list(groups.values())
-        received.statuses = [self._status(*up, scrape_info) for up in ups]
-        received.samples = sum(map(len, received.batches)) + len(received.statuses)
+        dropped.update(timestamp_out_of_range=out_of_range, no_node_label=no_node)
+        return [self._status(*up, scrape_info) for up in ups]
 
     def _status(
         self, info: _Series, ts_ms: int, value: float, scrape_info: Mapping[tuple, float]
@@ -465,6 +483,14 @@ def _label_problem(pairs: list[tuple[str, str]], index: int, limit: int) -> Payl
             continue
         return PayloadError(HTTPStatus.BAD_REQUEST, f"timeseries[{index}]: {problem}")
     return PayloadError(HTTPStatus.BAD_REQUEST, f"timeseries[{index}]: no __name__ label")
+
+
+def _open_batch(
+    groups: dict[tuple[str, str, int], ScrapeBatch], instance: str, node: str, ts_ms: int
+) -> ScrapeBatch:
+    """A new batch for (instance, node, ts_ms) in `groups` (a batch there is never empty)."""
+    batch = groups[(instance, node, ts_ms)] = ScrapeBatch(instance, node, ts_ms / 1000, [], [], [])
+    return batch
 
 
 def _not_a_request(error: object) -> PayloadError:
