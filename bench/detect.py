@@ -5,11 +5,12 @@ A 192-node scenario (one job over the whole fleet, a few faults) is simulated of
 embedded store. Then, as the hub's detection loop (hub/detect.py) does, one DetectionRunner steps through
 consecutive 10 s windows at the end of the scenario (what a detector learns from one window is there for
 the next); the sequence is run `--repeat` times with a fresh runner, so that the first window of each is a
-cold start (a hub just started) and the others are the steady state. CPU is this process's, which includes
-chDB's threads: the store is embedded. The peer, measured on the same windows: pulling each window's raw
-rows out of the `metrics` view into pandas and taking per-node medians there, which is what the detectors
-avoid by aggregating in ClickHouse SQL. The ratio printed is the steady cycle's median CPU per window over
-the peer's.
+cold start (a hub just started) and the others are the steady state. CPU is this process's, which
+includes chDB's threads: the store is embedded. The peer, measured right after each window of the cycle,
+on the same window: pulling the window's raw rows out of the `metrics` view into pandas and taking
+per-node medians there, which is what the detectors avoid by aggregating in ClickHouse SQL. The ratio
+printed is the steady cycle's median CPU per window over the peer's. Last, each statement's CPU per
+window and that of its analysis alone (EXPLAIN PLAN): where the cycle's CPU goes.
 
     .venv/bin/python bench/detect.py [--nodes 192] [--minutes 3] [--windows 6] [--repeat 3]
 """
@@ -22,8 +23,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -31,6 +34,7 @@ from analytics.detectors import build
 from analytics.detectors.base import Window, frame
 from analytics.detectors.runner import DetectionRunner
 from analytics.store import Store
+from analytics.store.records import QueryResult
 from sim.node import SCENARIO_EPOCH
 from sim.offline import simulate_offline
 from sim.pipeline import EVAL_RETENTION, scratch_dir
@@ -77,10 +81,18 @@ def load() -> str:
     return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
-def cycles(store: Store, windows: list[Window]) -> list[tuple[float, float]]:
-    """CPU and wall time of each window, stepped in order by one runner, as the hub's loop steps it."""
+Timing = tuple[float, float]  # CPU and wall seconds
+
+
+def sequence(store: Store, windows: list[Window]) -> list[tuple[Timing, Timing]]:
+    """Per window, stepped in order by one runner as the hub's loop steps it: the cycle's times, then the
+    peer's on the same window right after it, so that chDB's background merges (counted in this
+    process's CPU) weigh on both alike."""
     runner = DetectionRunner(build())
-    return [cpu_and_wall(lambda w=window: runner.step(store, w)) for window in windows]
+    return [
+        (cpu_and_wall(partial(runner.step, store, window)), cpu_and_wall(partial(pandas_peer, store, window)))
+        for window in windows
+    ]
 
 
 def per_detector(store: Store, windows: list[Window]) -> dict[str, float]:
@@ -91,6 +103,43 @@ def per_detector(store: Store, windows: list[Window]) -> dict[str, float]:
         runs = [cpu_and_wall(partial(runner.step, store, window))[0] for window in windows]
         medians[detector.name] = statistics.median(runs)
     return medians
+
+
+class QueryClock:
+    """A Reader that runs each query on `store` and adds up its CPU by statement, to say where a cycle's
+    CPU goes; `analysis()` then times ClickHouse's statement analysis alone (EXPLAIN PLAN) of each."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.cpu: dict[str, list[float]] = {}
+        self._last: dict[str, Mapping[str, Any] | None] = {}
+
+    def query(
+        self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int = 10_000
+    ) -> QueryResult:
+        started = time.process_time()
+        result = self._store.query(sql, parameters=parameters, max_rows=max_rows)
+        self.cpu.setdefault(sql, []).append(time.process_time() - started)
+        self._last[sql] = parameters
+        return result
+
+    def analysis(self, sql: str) -> float:
+        """CPU seconds of EXPLAIN PLAN of `sql` with its last parameters: analysis, no execution."""
+        explain = f"EXPLAIN PLAN {sql}"
+        return cpu_and_wall(lambda: self._store.query(explain, parameters=self._last[sql]))[0]
+
+
+def where_it_goes(store: Store, windows: list[Window]) -> None:
+    """Each statement's CPU per window (median over the windows that ran it), and its analysis's."""
+    clock = QueryClock(store)
+    runner = DetectionRunner(build())
+    for window in windows:
+        runner.step(clock, window)
+    print(f"\n{'statement (first line)':64} {'runs':>5} {'CPU ms':>7} {'analysis':>8}")
+    for sql, runs in sorted(clock.cpu.items(), key=lambda item: -statistics.median(item[1])):
+        first = " ".join(sql.split())[:64]
+        analysis = clock.analysis(sql)
+        print(f"{first:64} {len(runs):5} {statistics.median(runs) * 1e3:7.0f} {analysis * 1e3:8.0f}")
 
 
 def main() -> int:
@@ -114,13 +163,14 @@ def main() -> int:
         end = SCENARIO_EPOCH + scenario.duration_s
         windows = [Window(end - 10 * k, end - 10 * (k - 1)) for k in range(args.windows, 0, -1)]
         print(f"load before: {load()}")
-        cycles(store, windows[:1])  # warm: first queries compile and load marks
-        sequences = [cycles(store, windows) for _ in range(args.repeat)]
+        sequence(store, windows[:1])  # warm: first queries compile and load marks
+        runs = [sequence(store, windows) for _ in range(args.repeat)]
         detectors = per_detector(store, windows)
-        peer = [cpu_and_wall(lambda w=window: pandas_peer(store, w)) for window in windows * args.repeat]
+        where_it_goes(store, windows)
         print(f"load after: {load()}")
-    cold = [sequence[0] for sequence in sequences]
-    steady = [timing for sequence in sequences for timing in sequence[1:]] or cold
+    cold = [run[0][0] for run in runs]
+    steady = [cycle for run in runs for cycle, _ in run[1:]] or cold
+    peer = [peer for run in runs for _, peer in run]
     cold_cpu, cold_wall = (statistics.median(times[i] for times in cold) for i in (0, 1))
     cycle_cpu, cycle_wall = (statistics.median(times[i] for times in steady) for i in (0, 1))
     peer_cpu, peer_wall = (statistics.median(times[i] for times in peer) for i in (0, 1))
