@@ -6,8 +6,8 @@ power, utilization) and 4 RoCE ports x 6 series (state, link_downed, bytes recei
 and handled): 56 series per node. Besides: a scrape row per node every 10 s, one step row per node every
 10 s (one job, 4 pipeline stages; one node slower for the last two hours), and a week of anomalies,
 alert changes and drain decisions. The first FLAPPING nodes' scrapes fail every 10 minutes, so that a
-job's postmortem over the week lists thousands of target gaps. The rollups are merged (OPTIMIZE FINAL),
-as background merges leave a week-old store.
+job's postmortem over the week lists thousands of target gaps. The 1-minute rollup is merged (OPTIMIZE
+FINAL), as background merges leave a week-old store, and its whole hours rolled up into samples_1h.
 
 Each page then runs under Streamlit's AppTest against the store, with each of the sidebar's ranges
 ending at the data's end (1 h reads raw samples, 24 h the 1-minute rollup, 7 d mostly the hourly one;
@@ -38,8 +38,9 @@ import clickhouse_connect
 from streamlit.testing.v1 import AppTest
 
 from analytics.detectors.base import frame
-from analytics.store import Store
+from analytics.store import Store, schema
 from analytics.store.records import ActionRow, AlertChange, Anomaly
+from analytics.store.schema import Layout
 from sim.pipeline import scratch_dir
 from ui import source, window
 from ui.environment import APP
@@ -300,8 +301,8 @@ def main() -> None:
         samples = seed_samples(client, "bench", args.nodes, first, args.days)
         seed_scrapes_and_steps(client, "bench", args.nodes, first, args.days)
         seed_events(store, args.nodes, first, last, count=200 * args.days)
-        for rollup in ("samples_1m", "samples_1h"):
-            client.command(f"OPTIMIZE TABLE bench.{rollup} FINAL")
+        client.command("OPTIMIZE TABLE bench.samples_1m FINAL")
+        client.command(schema.roll_up_hours(Layout("bench")))  # as the store's owner does now and then
         failed, gaps = target_gaps(client, "bench")
         print(
             f"seeded {samples / 1e6:.0f} M samples of {args.nodes} nodes over {args.days} days"

@@ -40,7 +40,12 @@ START = "toDateTime64({start:Float64}, 3, 'UTC')"
 END = "toDateTime64({end:Float64}, 3, 'UTC')"
 NOW = "toDateTime64({now:Float64}, 3, 'UTC')"
 FIRST_HOUR = "toDateTime(ceil({start:Float64} / 3600) * 3600, 'UTC')"  # the first whole hour's start
-LAST_HOUR = "toDateTime(floor({end:Float64} / 3600) * 3600, 'UTC')"  # the start of the hour of `end`
+ROLLED = "(SELECT max(hour) + 3600 FROM samples_1h)"  # the end of the hours rolled up so far
+# the end of the whole hours read from samples_1h: the start of the hour of `end`, or of the first hour not
+# rolled up yet, and not before FIRST_HOUR
+LAST_HOUR = (
+    f"greatest({FIRST_HOUR}, least(toDateTime(floor({{end:Float64}} / 3600) * 3600, 'UTC'), {ROLLED}))"
+)
 SEVERITY_RANK = "multiIf(severity = 'critical', 3, severity = 'warning', 2, 1)"
 STATUSES = ("drained", "down", "draining", "anomalous", "healthy")  # a node shows the first that applies
 PORT_STATES = {1: "down", 2: "init", 3: "armed", 4: "active", 5: "active_defer"}  # InfiniBand state ids
@@ -128,7 +133,8 @@ class Resolution:
 class Hourly(Resolution):
     """The 1-minute rollup's rows, the range's whole hours read from the hourly rollup instead: the same
     aggregates as the minute rows of [start, end) (the minutes before the first whole hour and from the
-    last one on come from samples_1m), from 60 times fewer rows. Buckets must be whole hours."""
+    last one on, or from the first hour not rolled up yet, come from samples_1m), from 60 times fewer
+    rows. Buckets must be whole hours."""
 
     def scan(self, where: str) -> str:
         columns = "metric, node, series_id, {time} AS minute, min, max, sum, count, last"

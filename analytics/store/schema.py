@@ -5,7 +5,7 @@ Tables and views (docs/schema.md has every column, with example queries):
     series        one row per series: series_id, metric, node, labels, first_seen
     samples       raw samples: metric, node, series_id, ts, value; TTL raw_days
     samples_1m    1-minute rollup (min, max, sum, count, last), filled by samples_1m_mv; TTL rollup_days
-    samples_1h    1-hour rollup, the same columns, filled by samples_1h_mv; TTL rollup_days
+    samples_1h    1-hour rollup, the same columns, filled from samples_1m (roll_up_hours); TTL rollup_days
     metrics       VIEW (ts, metric, node, labels, value): the stable interface for postmortem SQL and Grafana
     metrics_1m    VIEW (ts, metric, node, labels, min, max, avg, sum, count, last) over the rollup
     metrics_1h    VIEW, the same columns over the hourly rollup
@@ -52,9 +52,14 @@ AggregatingMergeTree folds a minute's rows together in background merges; reader
 is not merged yet (metrics_1m does). `last` is the max of (ts, value) tuples: the value at the latest
 ts, as exact as argMax, with no aggregate state to merge.
 
-The hourly rollup is the same projection into hours, for ranges of days: a week of the Fleet page's
-port matrix reads 60 times fewer rows than from samples_1m (bench/ui.py). Stores from before it get it by
-migration 6, which fills it from samples_1m (Backfill) before its materialized view starts taking inserts.
+The hourly rollup serves ranges of days: a week of the Fleet page's port matrix reads 60 times fewer rows
+than from samples_1m (bench/ui.py). It has no materialized view: a second view on samples doubled the CPU
+of the hub's inserts into chDB (one round of 192 nodes, 126k samples: 244 -> 493 ms). Instead
+roll_up_hours() rolls the minutes of every whole hour after the last one rolled, once that hour is
+ROLL_UP_AFTER_S old, into samples_1h: migration 6 runs it once, the store's owner runs it now and then.
+Readers read samples_1h up to its last hour and samples_1m after it, so a late roll-up costs speed,
+not numbers; samples that arrive for an hour already rolled up (older than ROLL_UP_AFTER_S) reach
+samples_1m only.
 
 Cluster mode: every table is a Replicated*MergeTree `<name>_local` on each shard plus a Distributed
 `<name>` over them (sharded by series_id where a view joins, so that each join is shard-local); views are
@@ -70,7 +75,7 @@ whatever a table's TTL is, Store.open brings it in line with the code's (retenti
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from analytics.errors import SchemaError
@@ -245,24 +250,16 @@ class AddColumn:
 
 
 @dataclass(frozen=True)
-class Backfill:
-    """Fills `target` from `source` (`select`, with {source} and {target} placeholders) once, when a
-    migration adds a table that derives from data already stored. `select` must leave out what `target`
-    already holds, so that a migration interrupted halfway and applied again adds nothing twice. Run
-    before the materialized view that fills `target` from then on: rows written by another writer
-    between the two are missing from `target` (Store.open migrates before the hub writes)."""
+class Fill:
+    """Fills a table the migration adds from what the store already holds: `statement` of the layout."""
 
-    source: str
-    target: str
-    select: str
+    statement: Callable[[Layout], str]
 
     def create(self, layout: Layout) -> list[str]:
-        # through the Distributed tables in a cluster: the rows land on the shard of their sharding key
-        select = self.select.format(source=layout.name(self.source), target=layout.name(self.target))
-        return [f"INSERT INTO {layout.name(self.target)}\n{select}"]
+        return [self.statement(layout)]
 
 
-SchemaObject = Table | View | MaterializedView | AddColumn | Backfill
+SchemaObject = Table | View | MaterializedView | AddColumn | Fill
 
 
 @dataclass(frozen=True)
@@ -371,17 +368,22 @@ ANY LEFT JOIN {{series}} AS r ON m.series_id = r.series_id""",
 SAMPLES_1M = rollup_table("samples_1m", "minute")
 SAMPLES_1M_MV = rollup_view(SAMPLES_1M, "toStartOfMinute")
 SAMPLES_1H = rollup_table("samples_1h", "hour")
-SAMPLES_1H_MV = rollup_view(SAMPLES_1H, "toStartOfHour")
-# The minutes a store holds, into hours; those already in samples_1h (a migration applied again) left out.
-SAMPLES_1H_BACKFILL = Backfill(
-    source="samples_1m",
-    target="samples_1h",
-    select="""SELECT metric, node, series_id, toStartOfHour(minute) AS hour, min(min) AS min, max(max) AS max,
+ROLL_UP_AFTER_S = 600  # an hour is rolled up this long after it ends: samples come in up to that late
+
+
+def roll_up_hours(layout: Layout) -> str:
+    """Rolls the 1-minute rollup's whole hours after samples_1h's last one, and ended ROLL_UP_AFTER_S
+    ago, into samples_1h; each hour once, however often it runs (not twice at the same time, though).
+    Through the Distributed tables in a cluster, where one node runs it: the rows land on their shard."""
+    hourly, minutes = layout.name("samples_1h"), layout.name("samples_1m")
+    return f"""INSERT INTO {hourly}
+SELECT metric, node, series_id, toStartOfHour(minute) AS hour, min(min) AS min, max(max) AS max,
     sum(sum) AS sum, sum(count) AS count, max(last) AS last
-FROM {source}
-WHERE (series_id, toStartOfHour(minute)) GLOBAL NOT IN (SELECT series_id, hour FROM {target})
-GROUP BY metric, node, series_id, hour""",
-)
+FROM {minutes}
+WHERE minute >= (SELECT max(hour) + 3600 FROM {hourly})
+    AND minute < toStartOfHour(now() - toIntervalSecond({ROLL_UP_AFTER_S}))
+GROUP BY metric, node, series_id, hour"""
+
 
 METRICS = View(
     name="metrics",
@@ -525,7 +527,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         6,
         "1-hour rollup, filled from the 1-minute rollup, and the metrics_1h view",
-        (SAMPLES_1H, SAMPLES_1H_BACKFILL, SAMPLES_1H_MV, METRICS_1H),
+        (SAMPLES_1H, Fill(roll_up_hours), METRICS_1H),
     ),
 )
 LATEST_VERSION = MIGRATIONS[-1].version

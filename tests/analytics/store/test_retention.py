@@ -200,7 +200,7 @@ def test_a_store_from_before_keep_until_migrates_and_keeps_its_rows(chdb_dir: Pa
     database = open_store_from_before_keep_until(chdb_dir)
     with Store.open(f"chdb://{chdb_dir}", database=database) as store:
         versions = store.query("SELECT version FROM schema_migrations ORDER BY version").rows
-        assert versions[-1] == (5,)
+        assert (5,) in versions and versions[-1] == (schema.LATEST_VERSION,)
         assert store.query("SELECT job, toUnixTimestamp(keep_until) FROM steps").rows == [("before", 0)]
         client = clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir))
         try:

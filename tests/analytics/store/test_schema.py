@@ -4,6 +4,7 @@ is new enough to run, so it is checked as text and parsed by ClickHouse's own pa
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from pathlib import Path
 
@@ -40,22 +41,13 @@ def test_cluster_ddl_runs_every_create_on_the_cluster() -> None:
     assert all(f"ON CLUSTER '{CLUSTER}'" in s.splitlines()[0] for s in statements)
 
 
-def test_a_backfill_reads_and_writes_the_tables_readers_use_before_its_view_fills_them() -> None:
+def test_the_hourly_roll_up_reads_and_writes_the_tables_readers_use_after_creating_its_table() -> None:
     for cluster in (None, CLUSTER):
         statements = ddl("fleet", cluster=cluster)
-        [(at, backfill)] = [(i, m) for i, s in enumerate(statements) if (m := BACKFILL.match(s))]
-        assert backfill.groups() == ("fleet.samples_1h", "fleet.samples_1m")
-        assert created(statements).index("fleet.samples_1h_mv") > at
-
-
-def test_a_column_added_later_is_in_the_create_and_added_to_local_and_distributed_tables() -> None:
-    """A fresh database gets steps.keep_until from the CREATE (the ALTER is then a no-op), an old one from
-    the ALTER; in a cluster the Distributed table needs the column too, as it does not follow its tables."""
-    single = [ADD_COLUMN.match(s).groups() for s in ddl("fleet") if ADD_COLUMN.match(s)]
-    assert single == [("fleet.steps", "keep_until")]
-    assert "keep_until DateTime('UTC') DEFAULT toDateTime(0)" in by_name(ddl("fleet"))["fleet.steps"]
-    clustered = [ADD_COLUMN.match(s).groups() for s in ddl("fleet", cluster=CLUSTER) if ADD_COLUMN.match(s)]
-    assert clustered == [("fleet.steps_local", "keep_until"), ("fleet.steps", "keep_until")]
+        [(at, fill)] = [(i, m) for i, s in enumerate(statements) if (m := BACKFILL.match(s))]
+        assert fill.groups() == ("fleet.samples_1h", "fleet.samples_1m")
+        assert created(statements).index("fleet.samples_1h") < at
+        assert statements[at] == schema.roll_up_hours(Layout("fleet", cluster))
 
 
 def test_cluster_tables_are_replicated_with_a_path_of_their_own() -> None:
@@ -88,12 +80,11 @@ def test_cluster_distributed_tables_sit_on_local_tables_created_before_them() ->
 def test_cluster_views_and_rollup_read_shard_local_tables() -> None:
     """A view or materialized view on a shard must read that shard's data, never a Distributed table."""
     statements = by_name(ddl("fleet", cluster=CLUSTER))
-    views = ("metrics_local", "metrics_1m_local", "metrics_1h_local", "samples_1m_mv", "samples_1h_mv")
+    views = ("metrics_local", "metrics_1m_local", "metrics_1h_local", "samples_1m_mv")
     for name in (f"fleet.{view}" for view in views):
         sources = re.findall(r"(?:FROM|JOIN) (fleet\.\w+)", statements[name])
         assert sources and all(source.endswith("_local") for source in sources), (name, sources)
     assert " TO fleet.samples_1m_local " in statements["fleet.samples_1m_mv"]
-    assert " TO fleet.samples_1h_local " in statements["fleet.samples_1h_mv"]
 
 
 def test_tables_joined_by_a_view_are_sharded_by_the_join_key() -> None:
@@ -215,10 +206,19 @@ def open_store_from_before_the_hourly_rollup(chdb_dir: Path, samples: list[list]
     return database
 
 
+def roll_up(chdb_dir: Path, database: str) -> None:
+    """What the store's owner runs now and then."""
+    client = clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir))
+    try:
+        client.command(schema.roll_up_hours(Layout(database)))
+    finally:
+        client.close()
+
+
 def test_a_store_from_before_the_hourly_rollup_gets_it_filled_from_its_minutes(chdb_dir: Path) -> None:
     """Migration 6 fills samples_1h with the hours of what samples_1m holds (the same min, max, sum, count
-    and last per series and hour); applying its backfill again adds nothing; new samples reach both."""
-    start = 1_764_000_000 // HOUR_S * HOUR_S - 1_234  # not on an hour: the first hour is partial
+    and last per series and hour); rolling up again adds nothing, until samples of a later hour come."""
+    start = int(time.time()) // HOUR_S * HOUR_S - 30 * 86400 - 1_234  # not on an hour: the first is partial
     samples = [
         ["DCGM_FI_DEV_GPU_TEMP", "vela-001", series, (start + 37 * i + series) * 1000, (i * 7919 % 101) / 3]
         for series in (1, 2)
@@ -230,17 +230,27 @@ def test_a_store_from_before_the_hourly_rollup_gets_it_filled_from_its_minutes(c
         minutes_by_hour = store.query(MINUTES_BY_HOUR).rows
         assert len(minutes_by_hour) == 2 * 5
         assert store.query(HOURLY_AGGREGATES).rows == minutes_by_hour
-        [backfill] = [s for s in ddl(database) if s.startswith(f"INSERT INTO {database}.samples_1h")]
-        client = clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir))
-        try:
-            client.command(backfill)  # a migration interrupted after its backfill is applied again
-        finally:
-            client.close()
+        roll_up(chdb_dir, database)  # a migration interrupted after its fill is applied again
         assert store.query(HOURLY_AGGREGATES).rows == minutes_by_hour
-        later = start + 400 * 37 + 600
+        later = start + 400 * 37 + HOUR_S  # in the hour after the last one rolled up
         store.insert_samples(
             [ScrapeBatch("t:9400", "vela-001", later, ["DCGM_FI_DEV_GPU_TEMP"], [{"gpu": "0"}], [99.0])],
             token="after",
         )
+        assert store.query("SELECT sum(count) FROM samples_1h").rows == [(800,)]
+        roll_up(chdb_dir, database)
         assert store.query(HOURLY_AGGREGATES).rows == store.query(MINUTES_BY_HOUR).rows
         assert store.query("SELECT sum(count), max(max) FROM samples_1h").rows == [(801, 99.0)]
+
+
+def test_the_roll_up_leaves_the_hours_that_ended_less_than_roll_up_after_s_ago(store: Store, chdb_dir: Path):
+    now = time.time()
+    store.insert_samples(
+        [ScrapeBatch("t:9400", "n", at, ["m"], [{}], [1.0]) for at in (now - 2 * HOUR_S, now - 1)],
+        token="recent",
+    )
+    roll_up(chdb_dir, store.database)
+    [(hours, rolled_until)] = store.query(
+        "SELECT count(), toUnixTimestamp(max(hour)) + 3600 FROM samples_1h"
+    ).rows
+    assert hours == 1 and rolled_until <= now - schema.ROLL_UP_AFTER_S
