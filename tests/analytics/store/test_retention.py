@@ -29,6 +29,7 @@ from analytics.store.retention import (
 )
 from analytics.store.schema import Expiry, Layout
 from collectors.steprecord import StepRecord
+from tests.analytics.store.test_schema import build
 
 NOW = time.time() // 60 * 60
 YEAR_AGO = NOW - 330 * DAY_S  # "11 months ago", as in the issue
@@ -176,13 +177,7 @@ def open_store_from_before_keep_until(chdb_dir: Path) -> str:
     ]
     client = clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir))
     try:
-        for statement in schema.bootstrap(layout) + [s for m in old for s in m.statements(layout)]:
-            client.command(statement)
-        client.insert(
-            f"{database}.schema_migrations",
-            [[m.version, m.description, 0] for m in old],
-            column_names=["version", "description", "applied_at"],
-        )
+        build(client, layout, old)
         client.insert(
             f"{database}.steps",
             [[round(NOW * 1000)], ["before"], [0], ["n"], [1], [1.0], [1], ["jsonl"]],

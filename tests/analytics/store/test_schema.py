@@ -181,21 +181,27 @@ FROM samples_1m GROUP BY series_id, hour ORDER BY series_id, hour
 """
 
 
+def build(
+    client: clickhouse_connect.driver.Client, layout: Layout, migrations: list[schema.Migration]
+) -> None:
+    """A database with `migrations` applied and recorded, as an older fleetlens left it."""
+    for statement in schema.bootstrap(layout) + [s for m in migrations for s in m.statements(layout)]:
+        client.command(statement)
+    client.insert(
+        layout.name("schema_migrations"),
+        [[m.version, m.description, 0] for m in migrations],
+        column_names=["version", "description", "applied_at"],
+    )
+
+
 def open_store_from_before_the_hourly_rollup(chdb_dir: Path, samples: list[list]) -> str:
     """A database as fleetlens built it before migration 6, at schema version 5, holding `samples` (rows
     of metric, node, series_id, ts in ms, value) in samples and the 1-minute rollup; returns its name."""
     database = f"test_{uuid.uuid4().hex[:12]}"
     layout = Layout(database)
-    old = [m for m in schema.MIGRATIONS if m.version <= 5]
     client = clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir))
     try:
-        for statement in schema.bootstrap(layout) + [s for m in old for s in m.statements(layout)]:
-            client.command(statement)
-        client.insert(
-            f"{database}.schema_migrations",
-            [[m.version, m.description, 0] for m in old],
-            column_names=["version", "description", "applied_at"],
-        )
+        build(client, layout, [m for m in schema.MIGRATIONS if m.version <= 5])
         client.insert(
             f"{database}.samples", samples, column_names=["metric", "node", "series_id", "ts", "value"]
         )
