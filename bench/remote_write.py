@@ -12,7 +12,8 @@ so that they do not share the cores:
 Each phase measures, after a warm-up, the samples the receiver stored per second (the hub's
 fleetlens_hub_*samples_total, Prometheus's prometheus_tsdb_head_samples_appended_total), the CPU of the
 receiver and of the sender, and whether the receiver kept up: the sender's samples sent per second equal
-to those it read from its WAL, its pending samples not growing, no failed sample.
+to those its scrapes appended, its send lag (newest sample appended - newest sent) not growing, no
+failed sample.
 
     .venv/bin/python bench/remote_write.py [--nodes 48] [--seconds 30] [--profile DIR]
 """
@@ -41,8 +42,11 @@ from tests.support.peers import free_port, peer
 
 WARMUP_S = 30  # Prometheus's queue reshards every 10 s, from the send latency it saw
 SENT = "prometheus_remote_storage_samples_total"  # the sender's samples sent (2.42's name)
-READ = "prometheus_remote_storage_samples_in_total"  # samples the sender's WAL watcher read
+READ = "prometheus_remote_storage_samples_in_total"  # samples the sender's scrapes appended
 PENDING = "prometheus_remote_storage_samples_pending"
+NEWEST_IN = "prometheus_remote_storage_highest_timestamp_in_seconds"
+NEWEST_SENT = "prometheus_remote_storage_queue_highest_sent_timestamp_seconds"
+LAG_S = 10.0  # a send lag past this (or growing by more than 2 s) is not keeping up
 FAILED = "prometheus_remote_storage_samples_failed_total"
 SHARDS = "prometheus_remote_storage_shards"
 HUB_RECEIVED = "fleetlens_hub_remote_write_samples_total"
@@ -59,6 +63,7 @@ class Phase:
     sent_per_s: float = 0.0
     read_per_s: float = 0.0
     pending: tuple[float, float] = (0.0, 0.0)  # at the window's start and end
+    lag_s: tuple[float, float] = (0.0, 0.0)  # the sender's send lag, at the window's start and end
     failed: float = 0.0
     shards: float = 0.0
 
@@ -68,13 +73,19 @@ class Phase:
 
     @property
     def kept_up(self) -> bool:
-        """Whether the receiver took what the sender read, without a queue that grows or failures."""
-        growing = self.pending[1] > max(2 * self.pending[0], self.read_per_s)
+        """Whether the receiver took what the sender's scrapes appended: no failure, a send lag that does
+        not grow, as many samples sent as appended."""
+        growing = self.lag_s[1] > min(LAG_S, self.lag_s[0] + 2)
         return (
             not self.failed
             and not growing
             and abs(self.sent_per_s - self.read_per_s) < 0.02 * self.read_per_s
         )
+
+
+def _lag(read: dict[str, float]) -> float:
+    """The sender's send lag in seconds: its newest sample appended less its newest sample sent."""
+    return read.get(NEWEST_IN, 0.0) - read.get(NEWEST_SENT, 0.0) if read.get(NEWEST_SENT) else 0.0
 
 
 class Window:
@@ -91,7 +102,8 @@ class Window:
         if self.sender:
             pid, base = self.sender
             read["sender_cpu"] = cpu_seconds(pid)
-            read.update({name: own_metric(base, name) for name in (SENT, READ, PENDING, FAILED, SHARDS)})
+            names = (SENT, READ, PENDING, FAILED, SHARDS, NEWEST_IN, NEWEST_SENT)
+            read.update({name: own_metric(base, name) for name in names})
         return read
 
     def end(self) -> Phase:
@@ -108,6 +120,7 @@ class Window:
             rate(SENT),
             rate(READ),
             (self.first.get(PENDING, 0.0), last.get(PENDING, 0.0)),
+            (_lag(self.first), _lag(last)),
             last.get(FAILED, 0.0) - self.first.get(FAILED, 0.0),
             last.get(SHARDS, 0.0),
         )
@@ -279,17 +292,18 @@ def report(args: argparse.Namespace, phases: dict[str, Phase]) -> None:
     )
     print(
         f"{'receiver':16} {'samples/s':>10} {'cores':>6} {'us/sample':>10} {'sender cores':>13} "
-        f"{'sender us/sample':>17} {'sent/s':>8} {'read/s':>8} {'pending':>15} {'shards':>6} "
+        f"{'sender us/sample':>17} {'sent/s':>8} {'in/s':>8} {'pending':>13} {'lag s':>9} {'shards':>6} "
         f"{'failed':>6} kept up"
     )
     for name, phase in phases.items():
         sender = phase.sender_cores / phase.samples_per_s * 1e6 if phase.sender_cores else 0.0
         kept = "" if name == "hub scraping" else ("yes" if phase.kept_up else "NO")
         pending = f"{phase.pending[0]:.0f}->{phase.pending[1]:.0f}" if kept else ""
+        lag = f"{phase.lag_s[0]:.1f}->{phase.lag_s[1]:.1f}" if kept else ""
         print(
             f"{name:16} {phase.samples_per_s:10.0f} {phase.receiver_cores:6.2f} {phase.us_per_sample:10.2f} "
             f"{phase.sender_cores:13.2f} {sender:17.2f} {phase.sent_per_s:8.0f} {phase.read_per_s:8.0f} "
-            f"{pending:>15} {phase.shards:6.0f} {phase.failed:6.0f} {kept}"
+            f"{pending:>13} {lag:>9} {phase.shards:6.0f} {phase.failed:6.0f} {kept}"
         )
     hub, prom = phases["-> hub"], phases["-> Prometheus"]
     print(
