@@ -163,7 +163,7 @@ ROLLUP = Resolution(
     f" argMax(last.2, last.1) AS latest_value, {_unix('max(last.1)')} AS latest_ts",
     step_s=60.0,
 )
-HOURLY = Hourly("", "minute", ROLLUP.summary, ROLLUP.ends, float(HOUR_S))
+HOURLY = Hourly("samples_1h", "minute", ROLLUP.summary, ROLLUP.ends, float(HOUR_S))
 
 
 def resolution(start: float, end: float, bucket_s: float = HOUR_S) -> Resolution:
