@@ -64,6 +64,7 @@ class Measured:
     samples_per_s: float
     cores: float
     lag: tuple[float, float, float, int] | None = None  # scrape p50, p99, max (s), failed scrapes
+    error: str = ""  # the most frequent scrape error
 
     @property
     def cpu_per_sample(self) -> float:
@@ -93,6 +94,19 @@ def scrape_lag(base: str, since_s: float) -> tuple[float, float, float, int]:
         )
         .rows[0]
     )
+
+
+def top_error(base: str, since_s: float) -> str:
+    """The hub's most frequent scrape error over the last `since_s` seconds, with its count."""
+    rows = (
+        HubClient(base)
+        .query(
+            "SELECT error, count() AS n FROM targets WHERE up = 0 AND ts >= now() - "
+            f"{since_s:.0f} GROUP BY error ORDER BY n DESC LIMIT 1"
+        )
+        .rows
+    )
+    return f"{rows[0][1]} x {rows[0][0]!r}" if rows else ""
 
 
 def stored_bytes_per_sample(store: Path) -> float:
@@ -227,6 +241,7 @@ def main() -> int:
                     measured = [window.end() for window in windows]
                 for hub, (_, base) in zip(measured, hubs.values(), strict=False):
                     hub.lag = scrape_lag(base, args.seconds)
+                    hub.error = top_error(base, args.seconds)
                 prom_stored = own_metric(prom_base, PROM_SAMPLES)
                 load = os.getloadavg()
             with urllib.request.urlopen(f"http://{fleet.nodes[0].address}/metrics", timeout=60) as response:
@@ -279,6 +294,7 @@ def report(
             f"{hub.name} scrape duration p50 {p50 * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms, "
             f"max {worst * 1e3:.0f} ms "
             f"(interval {args.interval_s * 1e3:.0f} ms); failed scrapes {failed}"
+            + (f", most often {hub.error}" if hub.error else "")
         )
     print(f"simulated fleet (serving, this process): {fleet_cores:.2f} cores")
     print(
