@@ -29,7 +29,7 @@ from hub.remote_write import Received
 from hub.writer import Writer
 
 RECENT_TOKENS = 100_000
-LINGER_S = 0.1  # a sender with one shard waits this much more per request
+LINGER_S = 0.25  # a sender with one shard waits this much more per request
 FULL_SAMPLES = 30_000  # past this an insert costs the same per sample (bench/remote_write.py)
 
 
