@@ -1,9 +1,9 @@
 """Remote write requests that arrive together are written together: one insert per table per group.
 
 A Prometheus sends many small requests at once (one per queue shard, 500 to a few thousand samples
-each), and a store insert costs about as much for 2,000 rows as for 30,000 (on chDB about 0.1 s of CPU
-each: a 2,000-sample request written alone costs the hub ten times the CPU per sample of one written in a
-30,000-sample group). So the first request of a group waits until the group holds `full_samples` samples
+each), and every store insert has a fixed cost (on chDB ~15 ms of CPU per table, then the merging of
+the parts it made): replayed agent requests written one per group cost the hub ten times the CPU per
+sample of 30,000-sample groups (bench/remote_write.py). So the first request of a group waits until the group holds `full_samples` samples
 or `linger_s` has passed, and until the previous group is written (requests that come meanwhile join
 it), then writes them all; every request of the group is answered with the group's outcome. A sender
 sees the wait as latency (well inside its remote_timeout) and adds queue shards to keep its throughput;
