@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -135,6 +135,13 @@ class Judgement:
 
     findings: list[Finding]
     judged: frozenset[tuple[str, str, str]] | None = None
+
+
+def passing(features: pd.DataFrame, scores: np.ndarray, threshold: float) -> Iterator[tuple[Any, float]]:
+    """The rows of `features` (itertuples) whose score is at least `threshold`, each with its score: the
+    others are never turned into tuples, as a fleet's candidates are mostly below it."""
+    passed = scores >= threshold
+    return zip(features[passed].itertuples(), scores[passed], strict=True)
 
 
 def frame(result: QueryResult) -> pd.DataFrame:

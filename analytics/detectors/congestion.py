@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from analytics.detectors import register
-from analytics.detectors.base import Detector, Finding, Window, frame
+from analytics.detectors.base import Detector, Finding, Window, frame, passing
 from analytics.detectors.counters import (
     MAX_CANDIDATES,
     STEADY_RATE,
@@ -115,6 +115,5 @@ class Congestion(Detector):
                     "robust_z": evidence_number(score),
                 },
             )
-            for row, score in zip(features.itertuples(), scores, strict=True)
-            if score >= self.min_score
+            for row, score in passing(features, scores, self.min_score)
         ]

@@ -191,14 +191,16 @@ class GpuFault(Detector):
         return np.where(app_only, APP_ERROR_SCORE, failures)
 
     def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
-        signals = self._signals(features)
+        signals = {name: signal.to_numpy(dtype=bool) for name, signal in self._signals(features).items()}
+        # only the rows with something to report are visited: a fleet's GPUs are mostly quiet
+        reported = np.flatnonzero(np.any(list(signals.values()), axis=0) | (scores > 0))
         found = []
-        for position, (row, score) in enumerate(zip(features.itertuples(), scores, strict=True)):
-            fired = sorted(name for name, signal in signals.items() if signal.iloc[position])
+        for position, row in zip(reported, features.iloc[reported].itertuples(), strict=True):
+            fired = sorted(name for name, signal in signals.items() if signal[position])
             if fired:
-                found.append(_gpu_fault(row, score, fired))
-            elif score > 0:
-                found.append(_gpu_app_error(row, score))
+                found.append(_gpu_fault(row, scores[position], fired))
+            else:
+                found.append(_gpu_app_error(row, scores[position]))
         return found
 
     def _signals(self, features: pd.DataFrame) -> dict[str, pd.Series]:

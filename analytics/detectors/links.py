@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from analytics.detectors import register
-from analytics.detectors.base import Detector, Finding, Window, frame
+from analytics.detectors.base import Detector, Finding, Window, frame, passing
 from analytics.detectors.counters import (
     LAST,
     LOOKBACK_S,
@@ -156,8 +156,7 @@ class LinkFlap(Detector):
                     **_link_evidence(row),
                 },
             )
-            for row, score in zip(features.itertuples(), scores, strict=True)
-            if score >= self.min_flaps
+            for row, score in passing(features, scores, self.min_flaps)
         ]
 
 
@@ -202,6 +201,5 @@ class LinkDown(Detector):
                 "critical",
                 {"down_s": evidence_number(score), **_link_evidence(row)},
             )
-            for row, score in zip(features.itertuples(), scores, strict=True)
-            if score >= self.min_down_s
+            for row, score in passing(features, scores, self.min_down_s)
         ]
