@@ -79,7 +79,7 @@ class Phase:
         return (
             not self.failed
             and not growing
-            and abs(self.sent_per_s - self.read_per_s) < 0.02 * self.read_per_s
+            and self.sent_per_s > 0.98 * self.read_per_s  # a sender catching up sends more
         )
 
 

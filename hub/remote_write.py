@@ -538,7 +538,7 @@ def _check_headers(content_type: str | None, content_encoding: str | None, versi
         )
 
 
-def _unsnappy(body: bytes, limit: int) -> bytes:
+def _unsnappy(body: bytes, limit: int) -> memoryview:
     """The snappy block `body` decompressed; its declared size is checked against `limit` first."""
     try:
         size = cramjam.snappy.decompress_raw_len(body)
@@ -550,6 +550,6 @@ def _unsnappy(body: bytes, limit: int) -> bytes:
             f"body of {len(body)} bytes decompresses to {size}, over the limit of {limit}",
         )
     try:
-        return bytes(cramjam.snappy.decompress_raw(body))
+        return memoryview(cramjam.snappy.decompress_raw(body))  # bytes() of it would copy byte by byte
     except cramjam.DecompressionError as error:
         raise PayloadError(HTTPStatus.BAD_REQUEST, f"body is not snappy (block format): {error}") from None
