@@ -35,7 +35,6 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import fields
 from typing import Any, ClassVar
 
@@ -56,6 +55,7 @@ from hub.errors import PayloadError
 from hub.groupcommit import GroupCommit
 from hub.otlp import OtlpStepReceiver, otlp_error_response
 from hub.remote_write import RemoteWriteReceiver
+from hub.rounds import MAX_PENDING_ROUNDS, RoundQueue
 from hub.scraper import Scraper
 from hub.steplines import parse_steps_jsonl
 from hub.writer import Writer
@@ -63,7 +63,6 @@ from hub.writer import Writer
 log = logging.getLogger("fleetlens.hub")
 
 JSON = "application/json"
-PENDING_ROUNDS = 2  # scraped rounds that may wait for the insert thread; later ones go to the spool
 MAX_JSON_DEPTH = 32  # nesting of the API's JSON bodies, far more than any of them needs
 OTHER_PATH = "other"  # what unknown paths count as in fleetlens_hub_refused_requests
 NO_CONTENT = (b"", "")  # a handler's answer that is a 204: taken, nothing to say
@@ -119,6 +118,7 @@ class Hub:
         query_max_rows: int = 100_000,
         query_max_seconds: float = 30.0,
         retention: Retention | None = None,
+        pending_rounds: int = MAX_PENDING_ROUNDS,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
@@ -137,12 +137,10 @@ class Hub:
         self._wall_clock = wall_clock
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._inserter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetlens-insert")
-        self._pending = threading.BoundedSemaphore(PENDING_ROUNDS)
+        self._rounds = RoundQueue(self._on_scrape, self._defer_round, max_rounds=pending_rounds)
         self._counts_lock = threading.Lock()
         self.scrapes = 0
         self.samples = 0
-        self.deferred_rounds = 0
         self.refused: dict[tuple[str, int], int] = {}
         self.errors = 0
         self.registry = CollectorRegistry(auto_describe=False)
@@ -153,10 +151,11 @@ class Hub:
     def start(self) -> None:
         """Start the scrape loop (if there are targets) and the detection loop, each in a thread.
 
-        Rounds are written by one insert thread of their own, in order, so that the next round is
-        scraped on time while the store takes the last one (chDB works outside the GIL). Past
-        PENDING_ROUNDS waiting rounds, a round goes to the spool and is replayed when the store catches
-        up: the scrape loop never waits for the store, so no interval is lost to a slow one.
+        Rounds are written by one insert thread of their own (hub.rounds), in order, so that the next
+        round is scraped on time while the store takes the last one (chDB works outside the GIL); rounds
+        that queued while the store was slow go in together. Past `pending_rounds` waiting rounds, a round
+        goes to the spool and is replayed when the store catches up: the scrape loop never waits for the
+        store, so no interval is lost to a slow one.
         """
         if self.scraper is not None:
             thread = threading.Thread(
@@ -170,26 +169,22 @@ class Hub:
             self._threads.append(thread)
 
     def _queue_round(self, batches: list, statuses: list) -> None:
-        if not self._pending.acquire(blocking=False):
-            self._count_round(batches, statuses)
-            self.deferred_rounds += 1
-            self.writer.defer("samples", batches)
-            self.writer.defer("targets", statuses)
-            return
-        try:
-            future = self._inserter.submit(self._on_scrape, batches, statuses)
-        except BaseException:
-            self._pending.release()
-            raise
-        future.add_done_callback(self._round_written)
+        self._count_round(batches, statuses)
+        self._rounds.put(batches, statuses)
 
-    def _round_written(self, future: Future) -> None:
-        self._pending.release()
-        if (error := future.exception()) is not None:
-            log.error("writing a scraped round failed; its batches are lost", exc_info=error)
+    def _defer_round(self, batches: list, statuses: list) -> None:
+        self.writer.defer("samples", batches)
+        self.writer.defer("targets", statuses)
+
+    @property
+    def deferred_rounds(self) -> int:
+        return self._rounds.deferred
+
+    @property
+    def coalesced_rounds(self) -> int:
+        return self._rounds.coalesced
 
     def _on_scrape(self, batches: list, statuses: list) -> None:
-        self._count_round(batches, statuses)
         if batches:
             self.writer.write("samples", batches)
         if statuses:
@@ -205,7 +200,7 @@ class Hub:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=30)
-        self._inserter.shutdown(wait=True)
+        self._rounds.close()
         for close in self._closing:
             close()
         self.writer.close()
@@ -225,6 +220,11 @@ class Hub:
                 "deferred_rounds",
                 "Scraped rounds spooled as the store still took earlier ones.",
                 self.deferred_rounds,
+            ),
+            (
+                "coalesced_rounds",
+                "Scraped rounds written with an earlier one: the store took longer than an interval.",
+                self.coalesced_rounds,
             ),
             ("request_errors", "API requests that failed unexpectedly (500; the log has why).", self.errors),
             (

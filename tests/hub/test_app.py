@@ -406,18 +406,34 @@ class SlowStore:
         return getattr(self.store, name)
 
 
-def test_a_store_that_falls_behind_never_holds_up_the_scrape_loop(store, tmp_path, fleet):
+def run_hub_on_slow_store(store, tmp_path, fleet, delay_s: float, pending_rounds: int) -> Hub:
+    """A hub scraping one target every second for 7 s into a store `delay_s` slower per insert, closed."""
     (tmp_path / "targets.json").write_text(json.dumps(fleet[:1]))
     scraper = Scraper(TargetsFile(tmp_path / "targets.json").current, interval_s=1, timeout_s=0.5)
-    writer = Writer(SlowStore(store, delay_s=1.5), Spool(tmp_path / "spool", 64 << 20))
-    hub = Hub(store.session(), writer, OtlpStepReceiver(), scraper)
+    writer = Writer(SlowStore(store, delay_s=delay_s), Spool(tmp_path / "spool", 64 << 20))
+    hub = Hub(store.session(), writer, OtlpStepReceiver(), scraper, pending_rounds=pending_rounds)
     hub.start()
     time.sleep(7)
-    hub.close()  # the spooled rounds are replayed before it returns
-    assert hub.deferred_rounds > 0  # rounds went to the spool instead of waiting for the store
+    hub.close()  # what waits is written, the spooled rounds replayed, before it returns
+    return hub
+
+
+def assert_every_round_stored_whole(store) -> None:
     stamps = [
         ts for (ts,) in store.query("SELECT toUnixTimestamp64Milli(ts) / 1000 FROM targets ORDER BY ts").rows
     ]
     assert len(stamps) >= 6 and max(b - a for a, b in itertools.pairwise(stamps)) < 1.5, stamps
     per_scrape = store.query("SELECT ts, count() FROM samples GROUP BY ts").rows
     assert len(per_scrape) == len(stamps) and len({count for _, count in per_scrape}) == 1  # each whole
+
+
+def test_a_store_that_falls_behind_takes_the_rounds_that_waited_in_one_insert(store, tmp_path, fleet):
+    hub = run_hub_on_slow_store(store, tmp_path, fleet, delay_s=1.5, pending_rounds=10)
+    assert hub.coalesced_rounds > 0 and hub.deferred_rounds == 0  # caught up without the spool
+    assert_every_round_stored_whole(store)
+
+
+def test_a_store_that_falls_far_behind_never_holds_up_the_scrape_loop(store, tmp_path, fleet):
+    hub = run_hub_on_slow_store(store, tmp_path, fleet, delay_s=3, pending_rounds=1)
+    assert hub.deferred_rounds > 0  # rounds past the one allowed to wait went to the spool
+    assert_every_round_stored_whole(store)
