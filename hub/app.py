@@ -63,6 +63,7 @@ from hub.writer import Writer
 log = logging.getLogger("fleetlens.hub")
 
 JSON = "application/json"
+ROLL_UP_EVERY_S = 300.0  # how often the hub rolls finished hours into the hourly rollup
 MAX_JSON_DEPTH = 32  # nesting of the API's JSON bodies, far more than any of them needs
 OTHER_PATH = "other"  # what unknown paths count as in fleetlens_hub_refused_requests
 NO_CONTENT = (b"", "")  # a handler's answer that is a 204: taken, nothing to say
@@ -149,7 +150,8 @@ class Hub:
     # -- ingestion ---------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the scrape loop (if there are targets) and the detection loop, each in a thread.
+        """Start the scrape loop (if there are targets), the detection loop and the hourly roll-up, each
+        in a thread.
 
         Rounds are written by one insert thread of their own (hub.rounds), in order, so that the next
         round is scraped on time while the store takes the last one (chDB works outside the GIL); rounds
@@ -167,6 +169,20 @@ class Hub:
             thread = threading.Thread(target=self.detection.run, args=(self._stop,), daemon=True)
             thread.start()
             self._threads.append(thread)
+        thread = threading.Thread(target=self._roll_up_until_stopped, name="fleetlens-rollup", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _roll_up_until_stopped(self) -> None:
+        """Roll finished hours into the hourly rollup at start and every ROLL_UP_EVERY_S: pages over days
+        read it, and what is not rolled yet costs them time, not numbers."""
+        while True:
+            try:
+                self.store.roll_up_hours()
+            except StoreError as error:
+                log.warning("rolling up hours failed (retried in %.0f s): %s", ROLL_UP_EVERY_S, error)
+            if self._stop.wait(ROLL_UP_EVERY_S):
+                return
 
     def _queue_round(self, batches: list, statuses: list) -> None:
         self._count_round(batches, statuses)

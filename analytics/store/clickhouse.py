@@ -327,6 +327,12 @@ class Store:
         """Store delivery outcomes; returns the number of rows sent."""
         return self._insert_records("notifications", _columns(NotificationRow), rows, token)
 
+    def roll_up_hours(self) -> None:
+        """Roll the whole hours that ended a while ago into the hourly rollup (schema.roll_up_hours), so
+        that week-long reads stay cheap; the store's one writer calls it now and then."""
+        with self._failures("samples_1h"):
+            self._client.command(schema.roll_up_hours(self._layout))
+
     def query(
         self,
         sql: str,

@@ -24,7 +24,7 @@ from alerts import commands
 from alerts.silences import new_silence
 from analytics.errors import QueryError, StoreRejected, StoreUnavailable
 from analytics.store.hubclient import HubClient
-from analytics.store.records import ActionRow, SilenceRow
+from analytics.store.records import ActionRow, ScrapeBatch, SilenceRow
 from collectors.exporter import make_registry, serve
 from collectors.httpserver import serve_app
 from collectors.steps import StepTracker
@@ -437,3 +437,22 @@ def test_a_store_that_falls_far_behind_never_holds_up_the_scrape_loop(store, tmp
     hub = run_hub_on_slow_store(store, tmp_path, fleet, delay_s=3, pending_rounds=1)
     assert hub.deferred_rounds > 0  # rounds past the one allowed to wait went to the spool
     assert_every_round_stored_whole(store)
+
+
+def test_the_hub_rolls_finished_hours_into_the_hourly_rollup_when_it_starts(store, tmp_path):
+    hour = (time.time() // 3600 - 3) * 3600  # an hour that ended long enough ago to be rolled up
+    batches = [
+        ScrapeBatch(
+            "vela-001:9400", "vela-001", hour + minute * 60, ["DCGM_FI_DEV_GPU_TEMP"], [{"gpu": "0"}], [v]
+        )
+        for minute, v in enumerate((50.0, 70.0, 60.0))
+    ]
+    store.insert_samples(batches, token="an-old-hour")
+    hub = Hub(store.session(), Writer(store, Spool(tmp_path / "spool", 1 << 20)), OtlpStepReceiver())
+    hub.start()
+    deadline = time.monotonic() + 30
+    while not (rows := store.query("SELECT min, max, avg, last, count FROM metrics_1h").rows):
+        assert time.monotonic() < deadline, "no hour rolled up"
+        time.sleep(0.2)
+    hub.close()
+    assert rows == [(50.0, 70.0, 60.0, 60.0, 3)]
