@@ -80,6 +80,7 @@ class ReadSessions:
         self._lock = threading.Lock()
         self._idle: dict[tuple[int, float], list[Client]] = {}
         self._checked: OrderedDict[str, tuple[str, bool]] = OrderedDict()
+        self._headers: OrderedDict[str, tuple[list[str], list[str]]] = OrderedDict()  # of empty results
         self._policy: ReadPolicy | None = None
         self._parser: Client | None = None  # where statements are parsed when the store's engine cannot
         self._closed = False
@@ -109,8 +110,7 @@ class ReadSessions:
             result = _run(session, statement, parameters)
             columns, types = list(result.column_names), [column.name for column in result.column_types]
             if not columns and is_select:  # chDB sends no header with an empty result: ask for it
-                described = _run(session, f"DESCRIBE ({statement})", parameters).result_rows
-                columns, types = [row[0] for row in described], [row[1] for row in described]
+                columns, types = self._header(session, statement, parameters)
             rows = result.result_rows
             return QueryResult(
                 columns=columns,
@@ -174,32 +174,56 @@ class ReadSessions:
         except ClickHouseError as error:
             raise StoreUnavailable(f"opening a read session: {short(error)}") from error
 
+    def _header(
+        self, session: Client, statement: str, parameters: Mapping[str, Any] | None
+    ) -> tuple[list[str], list[str]]:
+        """The column names and types of a SELECT, remembered by text: a quiet detector's statement comes
+        back empty every window, and DESCRIBE would analyse it a second time each time. Parameters are
+        typed in the text, so their values cannot change the header."""
+
+        def describe() -> tuple[list[str], list[str]]:
+            described = _run(session, f"DESCRIBE ({statement})", parameters).result_rows
+            return [row[0] for row in described], [row[1] for row in described]
+
+        return self._remembered(self._headers, statement, describe)
+
     def _checked_statement(self, sql: str, session: Client) -> tuple[str, bool]:
         """The statement to run for `sql` (ClickHouse's formatting of the checked tree) and whether it is
         a SELECT; QueryError when the policy refuses it. Remembered by text, refusals are not."""
+
+        def check() -> tuple[str, bool]:
+            policy = self._policy or self._load_policy(session)
+            try:
+                text, formatted = _run(self._parser or session, _PARSE, {"sql": sql}).result_rows[0]
+            except QueryError as error:
+                if "parseQueryToJSON" not in str(error):
+                    raise
+                # parsed, but not into anything a SELECT is made of (INSERT ... VALUES, DESCRIBE, SHOW, ...)
+                raise QueryError(
+                    f"only SELECT statements (and EXPLAIN of one) are accepted: {error}"
+                ) from None
+            try:
+                tree = json.loads(text)
+                policy.check(tree)
+            except RecursionError:
+                raise QueryError("the statement is nested too deeply") from None
+            return formatted, tree.get("type") == "SelectWithUnionQuery"
+
+        return self._remembered(self._checked, sql, check)
+
+    def _remembered(self, memo: OrderedDict[str, Any], text: str, compute: Callable[[], Any]) -> Any:
+        """`memo`'s answer for `text`, else `compute()`'s, kept for the last CHECKED_STATEMENTS texts
+        (what raises is not kept)."""
         with self._lock:
-            if (known := self._checked.get(sql)) is not None:
-                self._checked.move_to_end(sql)
+            if (known := memo.get(text)) is not None:
+                memo.move_to_end(text)
                 return known
-        policy = self._policy or self._load_policy(session)
-        try:
-            text, formatted = _run(self._parser or session, _PARSE, {"sql": sql}).result_rows[0]
-        except QueryError as error:
-            if "parseQueryToJSON" not in str(error):
-                raise
-            # parsed, but not into anything a SELECT is made of (INSERT ... VALUES, DESCRIBE, SHOW, ...)
-            raise QueryError(f"only SELECT statements (and EXPLAIN of one) are accepted: {error}") from None
-        try:
-            tree = json.loads(text)
-            policy.check(tree)
-        except RecursionError:
-            raise QueryError("the statement is nested too deeply") from None
-        checked = (formatted, tree.get("type") == "SelectWithUnionQuery")
+        answer = compute()
         with self._lock:
-            self._checked[sql] = checked
-            if len(self._checked) > CHECKED_STATEMENTS:
-                self._checked.popitem(last=False)
-        return checked
+            memo[text] = answer
+            if len(memo) > CHECKED_STATEMENTS:
+                memo.popitem(last=False)
+        return answer
 
     def _load_policy(self, session: Client) -> ReadPolicy:
         """The policy, with the functions of the parsing engine's system.functions: the store's own, or,
