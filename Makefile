@@ -52,8 +52,10 @@ bench: install-test
 	$(PY) bench/parser.py
 	$(PY) bench/storage_layout.py
 	$(PY) bench/ingest.py --nodes 192
-	$(PY) bench/remote_write.py --nodes 48
-	$(PY) bench/detect.py --nodes 192
+	$(PY) bench/remote_write.py --nodes 96 --warmup 45
+	$(PY) bench/ingest.py --nodes 600 --interval-s 10 --shards 2
+	$(PY) bench/detect.py --nodes 192 --minutes 3
+	$(PY) bench/ui.py
 	$(PY) bench/query_vs_ingest.py
 	$(PY) bench/hostile_targets.py
 	$(PY) bench/escape_corpus.py

@@ -105,6 +105,7 @@ def test_access_log_escapes_control_characters(server, caplog):
         sock.sendall(b"GET /a\x1b[2J\x08forged%0Aline\\x0a HTTP/1.0\r\n\r\n")
         while sock.recv(4096):
             pass
+
     def ours() -> list[logging.LogRecord]:  # a slow client of an earlier test may be logged meanwhile
         return [record for record in caplog.records if "GET /a" in record.getMessage()]
 
