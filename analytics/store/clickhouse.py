@@ -329,9 +329,19 @@ class Store:
 
     def roll_up_hours(self) -> None:
         """Roll the whole hours that ended a while ago into the hourly rollup (schema.roll_up_hours), so
-        that week-long reads stay cheap; the store's one writer calls it now and then."""
+        that week-long reads stay cheap; the store's writer calls it now and then. Hubs sharing a store
+        may run it at once: the insert's token names the hours it rolls, so the second is dropped."""
+        hourly = self._layout.name("samples_1h")
         with self._failures("samples_1h"):
-            self._client.command(schema.roll_up_hours(self._layout))
+            since, until = self._client.query(
+                f"SELECT toUnixTimestamp(max(hour)) + 3600, toUnixTimestamp(toStartOfHour("
+                f"now() - toIntervalSecond({schema.ROLL_UP_AFTER_S}))) FROM {hourly}"
+            ).result_rows[0]
+            if since < until:
+                self._client.command(
+                    schema.roll_up_hours(self._layout, f"toDateTime({since})", f"toDateTime({until})"),
+                    settings=self._settings(f"roll-up-hours-{since}-{until}"),
+                )
 
     def query(
         self,

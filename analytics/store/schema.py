@@ -371,17 +371,19 @@ SAMPLES_1H = rollup_table("samples_1h", "hour")
 ROLL_UP_AFTER_S = 600  # an hour is rolled up this long after it ends: samples come in up to that late
 
 
-def roll_up_hours(layout: Layout) -> str:
-    """Rolls the 1-minute rollup's whole hours after samples_1h's last one, and ended ROLL_UP_AFTER_S
-    ago, into samples_1h; each hour once, however often it runs (not twice at the same time, though).
-    Through the Distributed tables in a cluster, where one node runs it: the rows land on their shard."""
+def roll_up_hours(layout: Layout, since: str = "", until: str = "") -> str:
+    """Rolls the 1-minute rollup's whole hours from `since` to `until` (SQL DateTime expressions) into
+    samples_1h; by default every hour after samples_1h's last one that ended ROLL_UP_AFTER_S ago, so each
+    hour once however often it runs (see Store.roll_up_hours for several writers at once). Through the
+    Distributed tables in a cluster, where one node runs it: the rows land on their shard."""
     hourly, minutes = layout.name("samples_1h"), layout.name("samples_1m")
+    since = since or f"(SELECT max(hour) + 3600 FROM {hourly})"
+    until = until or f"toStartOfHour(now() - toIntervalSecond({ROLL_UP_AFTER_S}))"
     return f"""INSERT INTO {hourly}
 SELECT metric, node, series_id, toStartOfHour(minute) AS hour, min(min) AS min, max(max) AS max,
     sum(sum) AS sum, sum(count) AS count, max(last) AS last
 FROM {minutes}
-WHERE minute >= (SELECT max(hour) + 3600 FROM {hourly})
-    AND minute < toStartOfHour(now() - toIntervalSecond({ROLL_UP_AFTER_S}))
+WHERE minute >= {since} AND minute < {until}
 GROUP BY metric, node, series_id, hour"""
 
 

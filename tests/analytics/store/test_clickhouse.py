@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -515,3 +516,25 @@ def test_query_errors_are_one_short_line(store: Store, sql: str, expected: str) 
         store.query(sql)
     assert re.match(expected, str(refused.value)), str(refused.value)
     assert "\n" not in str(refused.value) and "SETTINGS" not in str(refused.value)
+
+
+def test_two_writers_rolling_up_the_same_hours_at_once_store_them_once(store):
+    hour = (time.time() // 3600 - 3) * 3600  # ended long enough ago to be rolled up
+    store.insert_samples([gpu_temps(hour + m * 60, 50.0 + m) for m in range(3)], token="an-old-hour")
+    writers = [store.session(), store.session()]  # two hubs sharing one store
+    both_read_the_hours = threading.Barrier(2)
+    for writer in writers:  # each reads which hours to roll before either has written them
+        read = writer._client.query
+
+        def read_then_wait(*args, read=read, **kwargs):
+            answer = read(*args, **kwargs)
+            both_read_the_hours.wait(timeout=30)
+            return answer
+
+        writer._client.query = read_then_wait
+    threads = [threading.Thread(target=writer.roll_up_hours) for writer in writers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert store.query("SELECT count, min, max FROM metrics_1h").rows == [(3, 50.0, 52.0)]
