@@ -164,13 +164,14 @@ def profiled(pids: dict[str, int], out: Path | None, seconds: float) -> Iterator
 
 
 def hub_command(
-    work: Path, targets: Path, port: int, interval_s: float, shard: int, shards: int
+    store: Path, port: int, *extra: str, interval_s: float = 1, detectors: str = "none"
 ) -> list[str]:
+    """`fleetlens hub` on loopback `port` into a chDB store at `store`; detectors off by default, for
+    ingest alone (the Prometheus it is compared with evaluates no rules either)."""
     return [
         sys.executable, "-m", "fleetlens.cli", "--log-level", "WARNING", "hub",
-        "--store", f"chdb://{work / f'store{shard}'}", "--targets", str(targets),
-        "--listen", f"127.0.0.1:{port}", "--interval-s", f"{interval_s:g}", "--shard", f"{shard}/{shards}",
-        "--detectors", "none",  # ingest alone: Prometheus evaluates no rules here either
+        "--store", f"chdb://{store}", "--listen", f"127.0.0.1:{port}", "--interval-s", f"{interval_s:g}",
+        "--detectors", detectors, *extra,
     ]  # fmt: skip
 
 
@@ -216,7 +217,12 @@ def main() -> int:
                     f"hub{i}": (
                         stack.enter_context(
                             peer(
-                                hub_command(work, targets, port, args.interval_s, i, args.shards),
+                                hub_command(
+                                    work / f"store{i}",
+                                    port,
+                                    *("--targets", str(targets), "--shard", f"{i}/{args.shards}"),
+                                    interval_s=args.interval_s,
+                                ),
                                 f"http://127.0.0.1:{port}/healthz",
                                 cwd=work,
                             )

@@ -21,22 +21,19 @@ failed sample.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.exporter import cpu_seconds
-from bench.ingest import own_metric
+from bench.ingest import hub_command, own_metric, profiled
 from sim.fleet import SimFleet
 from tests.support.peers import free_port, peer
 
@@ -126,43 +123,20 @@ class Window:
         )
 
 
-@contextlib.contextmanager
-def profiled(pid: int, out: Path | None, seconds: float) -> Iterator[None]:
-    """py-spy samples `pid` for the block when `out` is given: its stacks there, in py-spy's raw format
-    (one line per stack and count; flamegraph.pl draws them)."""
-    if out is None:
-        yield
-        return
-    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    args = [spy, "record", "--nonblocking", "-p", str(pid), "-d", str(int(seconds)), "-o", str(out)]
-    process = subprocess.Popen([*args, "-f", "raw"])
-    try:
-        yield
-    finally:
-        process.wait(timeout=seconds + 60)
-
-
 def measure(
     receiver: tuple[int, str, str],
     sender: tuple[int, str] | None,
     timing: argparse.Namespace,
-    profile: Path | None,
+    profile: str | None,
 ) -> Phase:
-    """The receiver's phase over `timing.seconds` after `timing.warmup`."""
+    """The receiver's phase over `timing.seconds` after `timing.warmup`; py-spy records it into
+    `timing.profile` as `profile`.raw when both are given."""
     seconds = timing.seconds
     time.sleep(timing.warmup)
     window = Window(receiver, sender)
-    with profiled(receiver[0], profile, seconds):
+    with profiled({profile: receiver[0]} if profile else {}, timing.profile, seconds):
         time.sleep(seconds)
     return window.end()
-
-
-def hub_args(work: Path, port: int, detectors: str, *extra: str) -> list[str]:
-    return [
-        sys.executable, "-m", "fleetlens.cli", "--log-level", "WARNING", "hub",
-        "--store", f"chdb://{work / 'store'}", "--listen", f"127.0.0.1:{port}", "--interval-s", "1",
-        "--detectors", detectors, *extra,
-    ]  # fmt: skip
 
 
 def agent_args(
@@ -208,7 +182,7 @@ def through_agent(
     agent: tuple[list[str], str],
     work: Path,
     timing: argparse.Namespace,
-    profile: Path | None,
+    profile: str | None,
 ) -> Phase:
     """Run a receiver (command, ready URL, samples counter) and an agent (command, base URL) writing into
     it; the receiver's phase."""
@@ -244,8 +218,6 @@ def main() -> int:
     if prometheus is None:
         print("prometheus not installed (Debian package prometheus)")
         return 1
-    if args.profile:
-        args.profile.mkdir(parents=True, exist_ok=True)
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     phases: dict[str, Phase] = {}
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir=shm) as trees:
@@ -258,11 +230,12 @@ def main() -> int:
                 (work / "scrape").mkdir()
                 port = free_port()
                 base = f"http://127.0.0.1:{port}"
-                scrape = hub_args(work / "scrape", port, args.detectors, "--targets", str(targets))
+                scrape = hub_command(
+                    work / "scrape" / "store", port, "--targets", str(targets), detectors=args.detectors
+                )
                 with peer(scrape, f"{base}/healthz", cwd=work / "scrape") as hub:
-                    profile = args.profile / "hub-scraping.txt" if args.profile else None
                     counter = "fleetlens_hub_samples_total"
-                    phases["hub scraping"] = measure((hub.pid, base, counter), None, args, profile)
+                    phases["hub scraping"] = measure((hub.pid, base, counter), None, args, "hub-scraping")
             for name in ("-> hub", "-> Prometheus"):
                 phase_dir = work / name.strip("-> ")
                 phase_dir.mkdir()
@@ -272,8 +245,9 @@ def main() -> int:
                 agent = agent_args(prometheus, phase_dir, targets, f"{base}/api/v1/write", per_send)
                 profile = None
                 if name == "-> hub":
-                    receiver = (hub_args(phase_dir, port, args.detectors), f"{base}/healthz", HUB_RECEIVED)
-                    profile = args.profile / "hub-remote-write.txt" if args.profile else None
+                    hub = hub_command(phase_dir / "store", port, detectors=args.detectors)
+                    receiver = (hub, f"{base}/healthz", HUB_RECEIVED)
+                    profile = "hub-remote-write"
                 else:
                     receiver = (receiver_args(prometheus, phase_dir, port), f"{base}/-/ready", PROM_RECEIVED)
                 phases[name] = through_agent(receiver, agent, phase_dir, args, profile)
