@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
-from analytics.store.protocols import Reader
+from analytics.store.protocols import ColumnReader, FrameResult, Reader
 from analytics.store.records import QueryResult
 
 SEVERITIES = ("info", "warning", "critical")
@@ -124,6 +124,11 @@ class Detector(ABC):
             return Judgement([], judged)
         return Judgement(self.findings(features, self.score(features)), judged)
 
+    def tape_needs(self) -> Mapping[str, float]:
+        """The metrics this detector reads from the runner's tape (analytics.detectors.tape), each with the
+        lookback it reads them with: the runner reads them all in one read per window. None here."""
+        return {}
+
     def so_far(self, evidence: Mapping[str, Any], elapsed_s: float) -> dict[str, Any]:
         """An open anomaly's evidence after `elapsed_s`, for what accumulates (a cost so far); as is here."""
         return dict(evidence)
@@ -147,3 +152,14 @@ def passing(features: pd.DataFrame, scores: np.ndarray, threshold: float) -> Ite
 def frame(result: QueryResult) -> pd.DataFrame:
     """A query result as a DataFrame with the result's column names."""
     return pd.DataFrame.from_records(result.rows, columns=result.columns)
+
+
+def read_frame(
+    source: Reader, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int = 10_000
+) -> FrameResult:
+    """A read's result as columns: a ColumnReader's (a Store's) own, else query()'s rows turned into
+    columns (a HubClient, a test's fake), so that what reads columns runs on any Reader."""
+    if isinstance(source, ColumnReader):
+        return source.query_frame(sql, parameters=parameters, max_rows=max_rows)
+    result = source.query(sql, parameters=parameters, max_rows=max_rows)
+    return FrameResult(frame(result), result.truncated)

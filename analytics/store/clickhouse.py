@@ -50,6 +50,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 from analytics.errors import AddressError, SchemaError, StoreRejected, StoreUnavailable
 from analytics.store import schema
 from analytics.store.clickhouse_errors import short, store_error, unreachable
+from analytics.store.protocols import FrameResult
 from analytics.store.readonly import Connect, ReadSessions
 from analytics.store.records import (
     STEP_COLUMNS,
@@ -355,6 +356,17 @@ class Store:
         analytics.store.sqlpolicy); at most `max_rows` rows come back (`truncated` says when more matched) and
         ClickHouse stops it after `max_seconds`. QueryError says why it was refused; StoreUnavailable."""
         return self._reads.query(sql, parameters=parameters, max_rows=max_rows, max_seconds=max_seconds)
+
+    def query_frame(
+        self,
+        sql: str,
+        *,
+        parameters: Mapping[str, Any] | None = None,
+        max_rows: int = 10_000,
+        max_seconds: float = 10.0,
+    ) -> FrameResult:
+        """query(), checked and limited alike, its result as columns: for reads of many rows."""
+        return self._reads.query_frame(sql, parameters=parameters, max_rows=max_rows, max_seconds=max_seconds)
 
     def close(self) -> None:
         """Release the session and its read sessions; the store Store.open() returned closes the sessions

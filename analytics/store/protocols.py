@@ -8,9 +8,12 @@ caller asks for the narrowest one it uses.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from analytics.store.records import ActionRow, QueryResult, ScrapeBatch, SilenceRow, TargetStatus
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class Reader(Protocol):
@@ -19,6 +22,23 @@ class Reader(Protocol):
     def query(
         self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int = ...
     ) -> QueryResult: ...
+
+
+class FrameResult(NamedTuple):
+    """A read's rows as columns: at most the rows asked for, and whether more matched."""
+
+    frame: pd.DataFrame
+    truncated: bool
+
+
+@runtime_checkable
+class ColumnReader(Reader, Protocol):
+    """A Reader that also returns a result as columns (a Store): what reads many rows into numpy uses,
+    through analytics.detectors.base.read_frame, which falls back to `query` for any other Reader."""
+
+    def query_frame(
+        self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int = ...
+    ) -> FrameResult: ...
 
 
 class IngestWriter(Protocol):

@@ -1,0 +1,246 @@
+"""The tape: the recent samples of the metrics some detectors read, kept in memory between windows, so
+that each window reads only its new samples (one columnar read) instead of every detector's SQL
+re-reading and re-grouping its whole lookback.
+
+    tape = Tape()
+    tape.register({"node_infiniband_link_downed_total": 60.0})   # metric -> lookback it is read with
+    view = tape.view(store, ["node_infiniband_link_downed_total"], window, lookback_s=60.0)
+    view.summaries()        # one row per series: what counters.series_sql computes, in numpy
+
+A window's read covers the samples since what the tape holds, less `overlap_s` (one window by default),
+which is read again: a sample inserted after the previous window ran but within that overlap of its end
+(the hub runs a window `lag_s` after it closes; a slow scrape round can land later) is seen as SQL would
+see it. A sample later than that is missed by a warm tape until it leaves the lookback. A fresh tape (the
+first window, a detector run alone through detect()) reads the whole lookback at once; so does one asked
+for a metric, a longer lookback or a source it does not hold, or stepped out of order.
+
+The per-series summaries follow counters.series_sql (its module doc says what `inside`, `points` and
+`steps` are) value for value: sums add a series' steps in time order from 0, as ClickHouse's arraySum
+does, so floating-point results are identical, not merely close.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import pandas as pd
+
+from analytics.detectors import DetectorError
+from analytics.detectors.base import Window, read_frame
+from analytics.store.protocols import Reader
+
+OVERLAP_S = 10.0  # read again each window: samples inserted this late for the last window are still seen
+MAX_TAPE_ROWS = 50_000_000  # samples one read may return: the lookback of a large fleet's registered metrics
+EPOCH = datetime.fromtimestamp(0, UTC)
+CATALOG_COLUMNS = ["series_id", "metric", "node", "labels"]
+
+# the registered metrics' samples in [from_ms, until_ms)
+SAMPLES_IN_RANGE = """metric IN {metrics:Array(String)}
+    AND ts >= fromUnixTimestamp64Milli({from_ms:Int64}) AND ts < fromUnixTimestamp64Milli({until_ms:Int64})"""
+TAPE_SQL = f"""
+SELECT series_id, toUnixTimestamp64Milli(ts) AS t, value
+FROM samples
+WHERE {SAMPLES_IN_RANGE}
+"""
+# The series sampled in a range, with their labels joined as series_sql joins them (none when `series`
+# lacks the id): metric and node from the samples.
+CATALOG_SQL = f"""
+SELECT found.series_id AS series_id, CAST(found.sampled_metric, 'String') AS metric,
+    CAST(found.sampled_node, 'String') AS node, known.labels AS labels
+FROM (
+    SELECT series_id, any(metric) AS sampled_metric, any(node) AS sampled_node
+    FROM samples
+    WHERE {SAMPLES_IN_RANGE}
+    GROUP BY series_id
+) AS found
+ANY LEFT JOIN (
+    SELECT series_id, CAST(labels, 'Map(String, String)') AS labels
+    FROM series
+    WHERE metric IN {{metrics:Array(String)}}
+) AS known ON found.series_id = known.series_id
+"""
+
+
+def millis(seconds: float) -> int:
+    """Unix milliseconds of `seconds` as the store reads a range bound passed as a datetime parameter
+    (series_parameters): to the microsecond, then cut to the millisecond."""
+    return (datetime.fromtimestamp(seconds, UTC) - EPOCH) // timedelta(milliseconds=1)
+
+
+class Tape:
+    """Samples of the registered metrics over the longest registered lookback and the last window, per
+    series in time order; see the module doc."""
+
+    def __init__(self, overlap_s: float = OVERLAP_S) -> None:
+        self.overlap_s = overlap_s
+        self.needs_: dict[str, float] = {}  # metric -> the longest lookback it is read with
+        self.source_: Reader | None = None  # what the samples were read from
+        self.metrics_: frozenset[str] = frozenset()  # the metrics held
+        self.from_ms_ = self.until_ms_ = 0  # the samples held are those in [from_ms_, until_ms_)
+        self.key_ = np.empty(0, np.int64)  # per sample: its series' row of catalog_; sorted by key, then t
+        self.t_ms_ = np.empty(0, np.int64)
+        self.value_ = np.empty(0, np.float64)
+        self.catalog_ = pd.DataFrame(columns=CATALOG_COLUMNS)  # one row per series seen
+        self.ids_ = pd.Index([], dtype=np.uint64)  # catalog_'s series ids, to find a series' row
+
+    def register(self, needs: Mapping[str, float]) -> None:
+        """Add metrics to read every window, each with the lookback its reader uses."""
+        for metric, lookback_s in needs.items():
+            self.needs_[metric] = max(lookback_s, self.needs_.get(metric, 0.0))
+
+    def view(self, source: Reader, metrics: Sequence[str], window: Window, lookback_s: float) -> TapeView:
+        """The samples of `metrics` in [window.start - lookback_s, window.end), read from `source` as far
+        as the tape does not hold them yet."""
+        self.register(dict.fromkeys(metrics, lookback_s))
+        self._advance(source, window)
+        chosen = self.catalog_["metric"].isin(list(metrics)).to_numpy(bool)[self.key_]
+        chosen &= (self.t_ms_ >= millis(window.start - lookback_s)) & (self.t_ms_ < millis(window.end))
+        key, t_ms, value = self.key_[chosen], self.t_ms_[chosen], self.value_[chosen]
+        return TapeView(self.catalog_, key, t_ms, value, window.start)
+
+    def _advance(self, source: Reader, window: Window) -> None:
+        """Hold every registered metric over [end - the longest lookback, end): the new samples only, with
+        the overlap, when the tape already holds the rest."""
+        from_ms = millis(window.start - max(self.needs_.values()))
+        until_ms = millis(window.end)
+        warm = (
+            source is self.source_
+            and self.needs_.keys() <= self.metrics_
+            and self.from_ms_ <= from_ms
+            and from_ms <= self.until_ms_ - round(self.overlap_s * 1000)
+        )
+        if warm and until_ms <= self.until_ms_:
+            return
+        read_from = self.until_ms_ - round(self.overlap_s * 1000) if warm else from_ms
+        kept = (self.t_ms_ >= from_ms) & (self.t_ms_ < read_from) if warm else np.zeros(len(self.t_ms_), bool)
+        self.source_, self.metrics_ = source, frozenset(self.needs_)
+        ids, t_ms, value = self._read(source, read_from, until_ms)
+        self._catalogue(source, ids, read_from, until_ms)
+        rows = self.ids_.get_indexer(ids)
+        known = rows >= 0  # all but a series whose samples expired between the two reads
+        key = np.concatenate([self.key_[kept], rows[known]])
+        t_ms = np.concatenate([self.t_ms_[kept], t_ms[known]])
+        order = np.lexsort((t_ms, key))
+        self.key_, self.t_ms_ = key[order], t_ms[order]
+        self.value_ = np.concatenate([self.value_[kept], value[known]])[order]
+        self.from_ms_, self.until_ms_ = from_ms, until_ms
+
+    def _read(self, source: Reader, from_ms: int, until_ms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Series ids, unix ms and values of the registered metrics' samples in [from_ms, until_ms)."""
+        parameters = {"metrics": sorted(self.metrics_), "from_ms": from_ms, "until_ms": until_ms}
+        result = read_frame(source, TAPE_SQL, parameters=parameters, max_rows=MAX_TAPE_ROWS)
+        if result.truncated:
+            raise DetectorError(f"over {MAX_TAPE_ROWS} samples in the tape's range: a lookback too long")
+        samples = result.frame
+        return (
+            samples["series_id"].to_numpy(np.uint64),
+            samples["t"].to_numpy(np.int64),
+            samples["value"].to_numpy(np.float64),
+        )
+
+    def _catalogue(self, source: Reader, ids: np.ndarray, from_ms: int, until_ms: int) -> None:
+        """Add the series of `ids` not seen before to the catalog (series id -> metric, node, labels)."""
+        if not (self.ids_.get_indexer(np.unique(ids)) < 0).any():
+            return
+        parameters = {"metrics": sorted(self.metrics_), "from_ms": from_ms, "until_ms": until_ms}
+        found = read_frame(source, CATALOG_SQL, parameters=parameters, max_rows=MAX_TAPE_ROWS).frame
+        found = found.assign(series_id=found["series_id"].to_numpy(np.uint64))
+        new = found[self.ids_.get_indexer(found["series_id"]) < 0][CATALOG_COLUMNS]
+        self.catalog_ = pd.concat([self.catalog_, new], ignore_index=True) if len(self.catalog_) else new
+        self.ids_ = pd.Index(self.catalog_["series_id"].to_numpy(np.uint64))
+
+
+class TapeView:
+    """The samples of some metrics in [since - lookback, end), grouped by series and in time order, and
+    their per-series summaries over [since, end) as series_sql defines them."""
+
+    def __init__(
+        self, catalog: pd.DataFrame, key: np.ndarray, t_ms: np.ndarray, value: np.ndarray, since: float
+    ) -> None:
+        self.value = value
+        self.t = t_ms / 1000  # unix seconds, as series_sql's `t`
+        first = np.ones(len(key), bool)
+        first[1:] = key[1:] != key[:-1]
+        starts = np.flatnonzero(first)
+        self.first = first  # the sample starts its series
+        self.group = np.cumsum(first) - 1  # per sample: its series' row of `series`
+        self.series = catalog.iloc[key[starts]].reset_index(drop=True)
+        self.inside = self.t >= since
+        last = np.ones(len(key), bool)
+        last[:-1] = first[1:]
+        self.last = last  # the sample ends its series
+        following_inside = np.ones(len(key), bool)
+        following_inside[:-1] = self.inside[1:]
+        # points: `inside` led by the last sample before `since`
+        self.points = self.inside | (~self.inside & (last | following_inside))
+        previous = np.ones(len(key), bool)
+        previous[1:] = self.points[:-1]
+        self.step = self.points & previous & ~first  # the sample ends a step between points
+        self.recent_step = ~first  # the sample ends a step between any two samples since the lookback
+        self.previous_value = np.concatenate([[np.nan], value[:-1]])
+        self.previous_t = np.concatenate([[np.nan], self.t[:-1]])
+
+    def sum(self, values: np.ndarray, where: np.ndarray) -> np.ndarray:
+        """Per series, the sum of `values` where `where`, in time order from 0 (arraySum's order)."""
+        return np.bincount(self.group[where], weights=values[where], minlength=len(self.series))
+
+    def count(self, where: np.ndarray) -> np.ndarray:
+        """Per series, the samples where `where`."""
+        return np.bincount(self.group[where], minlength=len(self.series))
+
+    def max(self, values: np.ndarray, where: np.ndarray) -> np.ndarray:
+        """Per series, the largest of `values` where `where`, 0 where none (maxIf)."""
+        largest = np.full(len(self.series), -np.inf)
+        np.maximum.at(largest, self.group[where], values[where])
+        return np.where(self.count(where) > 0, largest, 0.0)
+
+    def steady_increase(self, steps: np.ndarray) -> np.ndarray:
+        """Per series, the increase over the steps ending where `steps`, those going down left out."""
+        rises = steps & (self.value >= self.previous_value)
+        return self.sum(self.value - self.previous_value, rises)
+
+    def summaries(self) -> pd.DataFrame:
+        """One row per series: series_id, metric, node, labels and series_sql's INCREASE (`increase`),
+        STEADY_INCREASE, STEADY_SECONDS, STEADY_RATE, LAST, INSIDE_MIN and INSIDE_MAX, and `samples`, the
+        length of `inside`."""
+        rising = self.value >= self.previous_value
+        increase = self.sum(np.where(rising, self.value - self.previous_value, self.value), self.step)
+        steady_increase = self.steady_increase(self.step)
+        steady_seconds = self.sum(self.t - self.previous_t, self.step & rising)
+        samples = self.count(self.inside)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            steady_rate = np.where(steady_seconds > 0, steady_increase / steady_seconds, 0.0)
+        return self.series.assign(
+            samples=samples,
+            last=self.value[self.last],
+            increase=increase,
+            steady_increase=steady_increase,
+            steady_seconds=steady_seconds,
+            steady_rate=steady_rate,
+            inside_min=self._inside_extreme(np.fmin, samples),
+            inside_max=self._inside_extreme(np.fmax, samples),
+        )
+
+    def _inside_extreme(self, extreme: np.ufunc, samples: np.ndarray) -> np.ndarray:
+        """arrayMin/arrayMax over `inside`: NaN values skipped, NaN when all are, 0 for none."""
+        found = np.full(len(self.series), np.nan)
+        extreme.at(found, self.group[self.inside], self.value[self.inside])
+        return np.where(samples > 0, found, 0.0)
+
+
+@runtime_checkable
+class TapeReader(Reader, Protocol):
+    """A Reader with a tape behind it (the runner's source for its detectors)."""
+
+    def tape_view(self, metrics: Sequence[str], window: Window, lookback_s: float) -> TapeView: ...
+
+
+def tape_view(source: Reader, metrics: Sequence[str], window: Window, lookback_s: float) -> TapeView:
+    """The samples of `metrics` in `window` and the lookback before it: from the runner's tape when
+    `source` has one, else read at once into a fresh tape (a detector run alone)."""
+    if isinstance(source, TapeReader):
+        return source.tape_view(metrics, window, lookback_s)
+    return Tape().view(source, metrics, window, lookback_s)
