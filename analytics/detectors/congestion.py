@@ -19,15 +19,9 @@ import numpy as np
 import pandas as pd
 
 from analytics.detectors import register
-from analytics.detectors.base import Detector, Finding, Window, frame, passing
-from analytics.detectors.counters import (
-    MAX_CANDIDATES,
-    STEADY_RATE,
-    STEADY_SECONDS,
-    evidence_number,
-    series_parameters,
-    series_sql,
-)
+from analytics.detectors.base import Detector, Finding, Window, passing
+from analytics.detectors.counters import LOOKBACK_S, evidence_number
+from analytics.detectors.tape import group_sum, tape_view
 from analytics.store.protocols import Reader
 
 ECN_MARKED = "node_infiniband_np_ecn_marked_roce_packets_received_total"
@@ -37,29 +31,53 @@ TRANSMIT_WAIT = "node_infiniband_port_transmit_wait_total"
 CONGESTION_METRICS = (ECN_MARKED, CNP_SENT, CNP_HANDLED, TRANSMIT_WAIT)
 NOTIFICATIONS, WAIT = "notifications", "transmit_wait"  # the signal a port is judged by
 MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation per median absolute deviation
-# Per port: its rates, the signal it is judged by and that signal's value (`per_s`); the median and MAD
-# of `per_s` over the ports judged by the same signal.
-CONGESTION_SQL = f"""
-SELECT *, medianExact(abs(per_s - fleet_median_per_s)) OVER (PARTITION BY signal) AS fleet_mad_per_s
-FROM (
-    SELECT *, medianExact(per_s) OVER (PARTITION BY signal) AS fleet_median_per_s
-    FROM (
-        SELECT node, concat(labels['device'], ':', labels['port']) AS component, '' AS job,
-            sumIf(rate, metric = '{ECN_MARKED}') AS ecn_marks_per_s,
-            sumIf(rate, metric = '{CNP_SENT}') AS cnp_sent_per_s,
-            sumIf(rate, metric = '{CNP_HANDLED}') AS cnp_handled_per_s,
-            sumIf(rate, metric = '{TRANSMIT_WAIT}') AS transmit_wait_per_s,
-            ecn_marks_per_s + cnp_handled_per_s AS notifications_per_s,
-            countIf(metric IN ('{ECN_MARKED}', '{CNP_HANDLED}') AND steady_s > 0) > 0 AS notified,
-            if(notified, '{NOTIFICATIONS}', '{WAIT}') AS signal,
-            if(notified, notifications_per_s, transmit_wait_per_s) AS per_s
-        FROM ({series_sql(f"{STEADY_RATE} AS rate", f"{STEADY_SECONDS} AS steady_s")})
-        GROUP BY node, component
-        HAVING max(steady_s) > 0
+RATES = {
+    "ecn_marks_per_s": ECN_MARKED,
+    "cnp_sent_per_s": CNP_SENT,
+    "cnp_handled_per_s": CNP_HANDLED,
+    "transmit_wait_per_s": TRANSMIT_WAIT,
+}
+
+
+def ports(source: Reader, window: Window) -> pd.DataFrame:
+    """Per port with a steady step in the window: its rates (reset steps left out), the signal it is
+    judged by and that signal's value (`per_s`); the median and MAD of `per_s` over the ports judged
+    by the same signal (`fleet_median_per_s`, `fleet_mad_per_s`)."""
+    series = tape_view(source, CONGESTION_METRICS, window, LOOKBACK_S).summaries()
+    device = series["labels"].map(lambda labels: labels.get("device", ""))
+    port = series["labels"].map(lambda labels: labels.get("port", ""))
+    grouped = series.assign(component=device + ":" + port).groupby(["node", "component"], sort=True)
+    group, count = grouped.ngroup().to_numpy(), grouped.ngroups
+    rate, steady_s = series["steady_rate"].to_numpy(), series["steady_seconds"].to_numpy()
+    metric = series["metric"]
+    found = (
+        grouped.size()
+        .index.to_frame(index=False)
+        .assign(
+            job="",
+            **{name: group_sum(group, count, rate, (metric == of).to_numpy()) for name, of in RATES.items()},
+        )
     )
-)
-ORDER BY node, component
-"""
+    found["notifications_per_s"] = found["ecn_marks_per_s"] + found["cnp_handled_per_s"]
+    notifying = metric.isin([ECN_MARKED, CNP_HANDLED]).to_numpy() & (steady_s > 0)
+    notified = np.bincount(group[notifying], minlength=count) > 0
+    found["notified"] = notified.astype(np.int64)
+    found["signal"] = np.where(notified, NOTIFICATIONS, WAIT)
+    found["per_s"] = np.where(notified, found["notifications_per_s"], found["transmit_wait_per_s"])
+    stepped = np.bincount(group[steady_s > 0], minlength=count) > 0  # max(steady_s) > 0
+    found = found[stepped].reset_index(drop=True)
+    by_signal = found.groupby("signal")["per_s"]
+    found["fleet_median_per_s"] = by_signal.transform(median_exact)
+    deviation = (found["per_s"] - found["fleet_median_per_s"]).abs().groupby(found["signal"])
+    found["fleet_mad_per_s"] = deviation.transform(median_exact)
+    return found
+
+
+def median_exact(values: pd.Series) -> float:
+    """ClickHouse's medianExact: of the values not NaN (NaN when none), the one at half their count
+    in sorted order, the upper of the two middle ones for an even count."""
+    known = np.sort(values.to_numpy(np.float64)[~np.isnan(values.to_numpy(np.float64))])
+    return float(known[len(known) // 2]) if len(known) else np.nan
 
 
 @register
@@ -89,8 +107,10 @@ class Congestion(Detector):
         self.wait_floor_per_s = wait_floor_per_s
 
     def features(self, source: Reader, window: Window) -> pd.DataFrame:
-        parameters = series_parameters(CONGESTION_METRICS, window.start, window.end)
-        return frame(source.query(CONGESTION_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
+        return ports(source, window)
+
+    def tape_needs(self) -> dict[str, float]:
+        return dict.fromkeys(CONGESTION_METRICS, LOOKBACK_S)
 
     def score(self, features: pd.DataFrame) -> np.ndarray:
         floor = np.where(features["signal"] == NOTIFICATIONS, self.floor_per_s, self.wait_floor_per_s)

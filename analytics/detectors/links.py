@@ -16,29 +16,24 @@ and its other interfaces, such as the management eth0, carry no training traffic
 container or VM bridges, which have no carrier while nothing is attached, are no links
 (IGNORED_INTERFACES, a parameter of both detectors).
 
-Both detectors look at the window and the lookback before it (a minute by default), in one query
-that the runner shares between them: a link that was down for less than the lookback and is up again
-flapped; one down for the lookback or longer is down, and its return is no flap.
+Both detectors look at the window and the lookback before it (a minute by default), through the
+tape (analytics.detectors.tape) that the runner shares between them: a link that was down for less
+than the lookback and is up again flapped; one down for the lookback or longer is down, and its
+return is no flap.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
 from analytics.detectors import register
-from analytics.detectors.base import Detector, Finding, Window, frame, passing
-from analytics.detectors.counters import (
-    LAST,
-    LOOKBACK_S,
-    MAX_CANDIDATES,
-    evidence_number,
-    series_parameters,
-    series_sql,
-    steady_increase,
-)
+from analytics.detectors.base import Detector, Finding, Window, passing
+from analytics.detectors.counters import LOOKBACK_S, evidence_number
+from analytics.detectors.tape import TapeView, group_extreme, group_sum, tape_view
 from analytics.store.protocols import Reader
 
 STATE = "node_infiniband_state_id"
@@ -49,46 +44,16 @@ CARRIER_DOWN = "node_network_carrier_down_changes_total"
 LINK_METRICS = (STATE, PHYSICAL_STATE, LINK_DOWNED, CARRIER, CARRIER_DOWN)
 ACTIVE, LINK_UP, CARRIER_UP = 4, 5, 1
 # Interfaces that are no training link: the loopback, and container and VM bridges and tunnels, which
-# have no carrier while nothing is attached (ClickHouse `match`, RE2, anchored here).
+# have no carrier while nothing is attached (a regular expression, searched, anchored here).
 IGNORED_INTERFACES = r"^(lo|docker\d+|virbr\d+|br-\w+|cni\d+|flannel\.\d+|cali\w+|tunl\d+)$"
-# the value a gauge (IB state, physical state, carrier) has while its link is up; `gauge` tells them
-# from the counters that count the link going down (link_downed, carrier_down_changes_total)
-UP = f"multiIf(metric = '{STATE}', {ACTIVE}, metric = '{PHYSICAL_STATE}', {LINK_UP}, {CARRIER_UP})"
-# The steps between consecutive samples since the lookback: where the link went down in the last minute.
-RECENT_STEPS = "arrayZip(arrayPopBack(recent), arrayPopFront(recent))"
-LINK_SERIES = series_sql(
-    f"{UP} AS up",
-    f"metric NOT IN ('{LINK_DOWNED}', '{CARRIER_DOWN}') AS gauge",
-    "length(inside) AS samples",
-    f"{LAST} AS last",
-    f"arrayCount(step -> step.1.2 = up AND step.2.2 != up, {RECENT_STEPS}) AS falls",
-    "arrayAll(point -> point.2 != up, inside) AS down_inside",
-    "points[-1].1 - if(last_up_t > 0, last_up_t, recent[1].1) AS down_s",
-    f"{steady_increase(RECENT_STEPS)} AS increase",
-    lookback_aggregates=(
-        f"maxIf(t, value = {UP}) AS last_up_t",
-        "arraySort(point -> point.1, groupArray((t, value))) AS recent",
-    ),
-)
-# One row per link. `state` is an interface's carrier; an interface is a link only on a node with no
-# port (QUALIFY, over the node's links), and not when its name matches {ignored:String}.
-LINK_SQL = f"""
-SELECT node, if(netdev, labels['device'], concat(labels['device'], ':', labels['port'])) AS component,
-    '' AS job, startsWith(metric, 'node_network_') AS netdev,
-    countIf(metric IN ('{STATE}', '{CARRIER}') AND samples > 0) > 0 AS reported,
-    maxIf(last, metric IN ('{STATE}', '{CARRIER}') AND samples > 0) AS state,
-    maxIf(last, metric = '{PHYSICAL_STATE}' AND samples > 0) AS physical_state,
-    reported AND if(netdev, state = {CARRIER_UP}, state = {ACTIVE} AND physical_state = {LINK_UP}) AS up_now,
-    reported AND maxIf(down_inside, gauge AND samples > 0) AS down_whole_window,
-    maxIf(down_s, gauge AND samples > 0) AS down_s,
-    maxIf(falls, gauge) AS state_falls,
-    sumIf(increase, NOT gauge) AS link_downed,
-    greatest(state_falls, link_downed) AS downs
-FROM ({LINK_SERIES})
-GROUP BY node, netdev, component
-QUALIFY NOT netdev OR (NOT match(component, {{ignored:String}}) AND min(netdev) OVER (PARTITION BY node))
-ORDER BY node, component
-"""
+# the value a gauge (IB state, physical state, carrier) has while its link is up; the counters
+# (link_downed, carrier_down_changes_total) count the link going down
+UP = {STATE: ACTIVE, PHYSICAL_STATE: LINK_UP, CARRIER: CARRIER_UP}
+COUNTERS = (LINK_DOWNED, CARRIER_DOWN)
+LINK_COLUMNS = [
+    "node", "component", "job", "netdev", "reported", "state", "physical_state", "up_now",
+    "down_whole_window", "down_s", "state_falls", "link_downed", "downs",
+]  # fmt: skip
 
 
 def links(source: Reader, window: Window, lookback_s: float, ignored: str) -> pd.DataFrame:
@@ -98,8 +63,62 @@ def links(source: Reader, window: Window, lookback_s: float, ignored: str) -> pd
     window and the lookback before it (`downs`, the most any one signal counted). `link_downed` is the
     increase of a port's link_downed counter, or of an interface's carrier_down_changes_total.
     Interfaces whose name matches the regular expression `ignored` are left out."""
-    parameters = series_parameters(LINK_METRICS, window.start, window.end, lookback_s) | {"ignored": ignored}
-    return frame(source.query(LINK_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
+    series = _link_series(tape_view(source, LINK_METRICS, window, lookback_s))
+    series["netdev"] = series["metric"].str.startswith("node_network_").astype(np.int64)
+    device = series["labels"].map(lambda labels: labels.get("device", ""))
+    port = series["labels"].map(lambda labels: labels.get("port", ""))
+    series["component"] = device.where(series["netdev"] == 1, device + ":" + port)
+    grouped = series.groupby(["node", "netdev", "component"], sort=True)
+    group, count = grouped.ngroup().to_numpy(), grouped.ngroups
+    keys = grouped.size().index.to_frame(index=False)
+    sampled, gauge = series["samples"].to_numpy() > 0, series["gauge"].to_numpy()
+    state_metric = series["metric"].isin([STATE, CARRIER]).to_numpy()
+
+    def largest(column: str, where: np.ndarray) -> np.ndarray:
+        return group_extreme(np.fmax, group, count, series[column].to_numpy(np.float64), where)
+
+    netdev = keys["netdev"].to_numpy() == 1
+    reported = np.bincount(group[state_metric & sampled], minlength=count) > 0
+    state = largest("last", state_metric & sampled)
+    physical_state = largest("last", (series["metric"] == PHYSICAL_STATE).to_numpy() & sampled)
+    up_now = reported & np.where(netdev, state == CARRIER_UP, (state == ACTIVE) & (physical_state == LINK_UP))
+    state_falls = largest("falls", gauge).astype(np.int64)
+    link_downed = group_sum(group, count, series["increase"].to_numpy(), ~gauge)
+    found = keys.assign(
+        job="",
+        reported=reported.astype(np.int64),
+        state=state,
+        physical_state=physical_state,
+        up_now=up_now.astype(np.int64),
+        down_whole_window=(reported & (largest("down_inside", gauge & sampled) > 0)).astype(np.int64),
+        down_s=largest("down_s", gauge & sampled),
+        state_falls=state_falls,
+        link_downed=link_downed,
+        downs=np.maximum(state_falls, link_downed),
+    )
+    interfaces_only = found.groupby("node")["netdev"].transform("min").to_numpy() == 1
+    search = re.compile(ignored).search
+    ignored_name = found["component"].map(lambda name: search(name) is not None).to_numpy(bool)
+    judged = found[~netdev | (~ignored_name & interfaces_only)]
+    return judged.sort_values(["node", "component"], kind="stable")[LINK_COLUMNS].reset_index(drop=True)
+
+
+def _link_series(view: TapeView) -> pd.DataFrame:
+    """Per series of LINK_METRICS: its summaries, whether it is a `gauge` (else a counter), how often it
+    went from up to down between samples since the lookback (`falls`), whether it was down at every
+    sample of the window (`down_inside`), for how long it has been down at its last sample (`down_s`:
+    since it was last up, else since its first sample), and its steady `increase` since the lookback."""
+    series = view.summaries()
+    up = series["metric"].map(UP).fillna(CARRIER_UP).to_numpy(np.float64)[view.group]
+    last_up_t = view.max(view.t, view.value == up)
+    first_t, last_t = view.t[view.first], view.t[view.last]
+    return series.assign(
+        gauge=~series["metric"].isin(COUNTERS).to_numpy(),
+        falls=view.count(view.recent_step & (view.previous_value == up) & (view.value != up)),
+        down_inside=view.count(view.inside & (view.value == up)) == 0,
+        down_s=last_t - np.where(last_up_t > 0, last_up_t, first_t),
+        increase=view.steady_increase(view.recent_step),
+    )
 
 
 def _link_evidence(row: Any) -> dict[str, Any]:
@@ -137,6 +156,9 @@ class LinkFlap(Detector):
 
     def features(self, source: Reader, window: Window) -> pd.DataFrame:
         return links(source, window, self.lookback_s, self.ignored_interfaces)
+
+    def tape_needs(self) -> dict[str, float]:
+        return dict.fromkeys(LINK_METRICS, self.lookback_s)
 
     def score(self, features: pd.DataFrame) -> np.ndarray:
         return np.where(features["up_now"].astype(bool), features["downs"], 0.0).astype(float)
@@ -188,6 +210,9 @@ class LinkDown(Detector):
 
     def features(self, source: Reader, window: Window) -> pd.DataFrame:
         return links(source, window, self.lookback_s, self.ignored_interfaces)
+
+    def tape_needs(self) -> dict[str, float]:
+        return dict.fromkeys(LINK_METRICS, self.lookback_s)
 
     def score(self, features: pd.DataFrame) -> np.ndarray:
         return np.where(features["down_whole_window"].astype(bool), features["down_s"], 0.0).astype(float)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from analytics.detectors import DetectorError, build
 from analytics.detectors.base import SEVERITIES, Detector, Finding, Judgement, Window
+from analytics.detectors.tape import Tape, TapeView
 from analytics.errors import StoreUnavailable
 from analytics.store.protocols import Reader
 from analytics.store.records import Anomaly, QueryResult
@@ -59,10 +60,12 @@ def windows(start: float, end: float, window_s: float = 10.0) -> list[Window]:
 
 class _SharedQueries:
     """A source that runs each distinct query once: detectors that read the same rows in one window
-    (link_flap and link_down read every port's link) share one query. Lives for one window."""
+    share one query; and that reads the runner's tape, which carries the samples detectors read there
+    (link_flap, link_down, congestion) from window to window. Lives for one window."""
 
-    def __init__(self, source: Reader) -> None:
+    def __init__(self, source: Reader, tape: Tape) -> None:
         self._source = source
+        self._tape = tape
         self._results: dict[str, QueryResult] = {}
 
     def query(
@@ -72,6 +75,9 @@ class _SharedQueries:
         if key not in self._results:
             self._results[key] = self._source.query(sql, parameters=parameters, max_rows=max_rows)
         return self._results[key]
+
+    def tape_view(self, metrics: Sequence[str], window: Window, lookback_s: float) -> TapeView:
+        return self._tape.view(self._source, metrics, window, lookback_s)
 
 
 @dataclass
@@ -121,6 +127,9 @@ class DetectionRunner:
         self.failures: Counter[str] = Counter()  # windows each detector failed, by detector name
         self._tracks: dict[str, dict[TrackKey, _Track]] = {detector.name: {} for detector in self.detectors}
         self._causes_logged: set[tuple[str, str, str]] = set()
+        self._tape = Tape()
+        for detector in self.detectors:
+            self._tape.register(detector.tape_needs())
 
     def step(self, source: Reader, window: Window) -> list[Anomaly]:
         """Run every detector on `window`; returns the anomalies that opened, grew stronger (severity up,
@@ -128,7 +137,7 @@ class DetectionRunner:
         window: its anomalies stay as they were. StoreUnavailable fails the whole window before any state
         moves, so that no anomaly closes for want of data."""
         found: dict[str, Judgement] = {}
-        shared = _SharedQueries(source)
+        shared = _SharedQueries(source, self._tape)
         for detector in self.detectors:
             try:
                 found[detector.name] = detector.judge(shared, window)

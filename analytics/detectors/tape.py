@@ -116,9 +116,9 @@ class Tape:
             return
         read_from = self.until_ms_ - round(self.overlap_s * 1000) if warm else from_ms
         kept = (self.t_ms_ >= from_ms) & (self.t_ms_ < read_from) if warm else np.zeros(len(self.t_ms_), bool)
-        self.source_, self.metrics_ = source, frozenset(self.needs_)
-        ids, t_ms, value = self._read(source, read_from, until_ms)
-        self._catalogue(source, ids, read_from, until_ms)
+        metrics = sorted(self.needs_)
+        ids, t_ms, value = self._read(source, metrics, read_from, until_ms)
+        self._catalogue(source, ids, metrics, read_from, until_ms)
         rows = self.ids_.get_indexer(ids)
         known = rows >= 0  # all but a series whose samples expired between the two reads
         key = np.concatenate([self.key_[kept], rows[known]])
@@ -126,11 +126,14 @@ class Tape:
         order = np.lexsort((t_ms, key))
         self.key_, self.t_ms_ = key[order], t_ms[order]
         self.value_ = np.concatenate([self.value_[kept], value[known]])[order]
+        self.source_, self.metrics_ = source, frozenset(metrics)
         self.from_ms_, self.until_ms_ = from_ms, until_ms
 
-    def _read(self, source: Reader, from_ms: int, until_ms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Series ids, unix ms and values of the registered metrics' samples in [from_ms, until_ms)."""
-        parameters = {"metrics": sorted(self.metrics_), "from_ms": from_ms, "until_ms": until_ms}
+    def _read(
+        self, source: Reader, metrics: list[str], from_ms: int, until_ms: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Series ids, unix ms and values of the samples of `metrics` in [from_ms, until_ms)."""
+        parameters = {"metrics": metrics, "from_ms": from_ms, "until_ms": until_ms}
         result = read_frame(source, TAPE_SQL, parameters=parameters, max_rows=MAX_TAPE_ROWS)
         if result.truncated:
             raise DetectorError(f"over {MAX_TAPE_ROWS} samples in the tape's range: a lookback too long")
@@ -141,13 +144,15 @@ class Tape:
             samples["value"].to_numpy(np.float64),
         )
 
-    def _catalogue(self, source: Reader, ids: np.ndarray, from_ms: int, until_ms: int) -> None:
+    def _catalogue(
+        self, source: Reader, ids: np.ndarray, metrics: list[str], from_ms: int, until_ms: int
+    ) -> None:
         """Add the series of `ids` not seen before to the catalog (series id -> metric, node, labels)."""
         if not (self.ids_.get_indexer(np.unique(ids)) < 0).any():
             return
-        parameters = {"metrics": sorted(self.metrics_), "from_ms": from_ms, "until_ms": until_ms}
+        parameters = {"metrics": metrics, "from_ms": from_ms, "until_ms": until_ms}
         found = read_frame(source, CATALOG_SQL, parameters=parameters, max_rows=MAX_TAPE_ROWS).frame
-        found = found.assign(series_id=found["series_id"].to_numpy(np.uint64))
+        found = found.astype({"series_id": np.uint64, "metric": str, "node": str})
         new = found[self.ids_.get_indexer(found["series_id"]) < 0][CATALOG_COLUMNS]
         self.catalog_ = pd.concat([self.catalog_, new], ignore_index=True) if len(self.catalog_) else new
         self.ids_ = pd.Index(self.catalog_["series_id"].to_numpy(np.uint64))
@@ -185,17 +190,15 @@ class TapeView:
 
     def sum(self, values: np.ndarray, where: np.ndarray) -> np.ndarray:
         """Per series, the sum of `values` where `where`, in time order from 0 (arraySum's order)."""
-        return np.bincount(self.group[where], weights=values[where], minlength=len(self.series))
+        return group_sum(self.group, len(self.series), values, where)
 
     def count(self, where: np.ndarray) -> np.ndarray:
         """Per series, the samples where `where`."""
         return np.bincount(self.group[where], minlength=len(self.series))
 
     def max(self, values: np.ndarray, where: np.ndarray) -> np.ndarray:
-        """Per series, the largest of `values` where `where`, 0 where none (maxIf)."""
-        largest = np.full(len(self.series), -np.inf)
-        np.maximum.at(largest, self.group[where], values[where])
-        return np.where(self.count(where) > 0, largest, 0.0)
+        """Per series, the largest of `values` where `where` (maxIf)."""
+        return group_extreme(np.fmax, self.group, len(self.series), values, where)
 
     def steady_increase(self, steps: np.ndarray) -> np.ndarray:
         """Per series, the increase over the steps ending where `steps`, those going down left out."""
@@ -220,15 +223,25 @@ class TapeView:
             steady_increase=steady_increase,
             steady_seconds=steady_seconds,
             steady_rate=steady_rate,
-            inside_min=self._inside_extreme(np.fmin, samples),
-            inside_max=self._inside_extreme(np.fmax, samples),
+            inside_min=group_extreme(np.fmin, self.group, len(self.series), self.value, self.inside),
+            inside_max=self.max(self.value, self.inside),
         )
 
-    def _inside_extreme(self, extreme: np.ufunc, samples: np.ndarray) -> np.ndarray:
-        """arrayMin/arrayMax over `inside`: NaN values skipped, NaN when all are, 0 for none."""
-        found = np.full(len(self.series), np.nan)
-        extreme.at(found, self.group[self.inside], self.value[self.inside])
-        return np.where(samples > 0, found, 0.0)
+
+def group_sum(groups: np.ndarray, count: int, values: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """Per group (0 .. count - 1), the sum of `values` where `where`, added in their order from 0 as
+    ClickHouse adds them (a NaN or infinite value goes into the sum)."""
+    return np.bincount(groups[where], weights=values[where], minlength=count)
+
+
+def group_extreme(
+    extreme: np.ufunc, groups: np.ndarray, count: int, values: np.ndarray, where: np.ndarray
+) -> np.ndarray:
+    """Per group, `extreme` (np.fmin or np.fmax) of `values` where `where`, as ClickHouse's min and max
+    (and arrayMin, arrayMax) take it: NaN values skipped, NaN when all are, 0 where there are none."""
+    found = np.full(count, np.nan)
+    extreme.at(found, groups[where], values[where])
+    return np.where(np.bincount(groups[where], minlength=count) > 0, found, 0.0)
 
 
 @runtime_checkable
