@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
 
@@ -179,13 +179,24 @@ class ExpositionParser:
     def parse(self, text: str, deadline: float | None = None) -> Exposition:
         """Parse a whole body; raises ExpositionError at its first broken line or exceeded limit, and
         DeadlineExceeded once `clock()` reaches `deadline` (checked every few thousand lines)."""
+        steps = self.parse_steps(text, deadline)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def parse_steps(self, text: str, deadline: float | None = None) -> Generator[None, None, Exposition]:
+        """`parse`, a run of lines per step: the scraper's one thread parses many bodies at once, each a
+        step in turn between its reads of the sockets. Each step checks the deadline before its run, so
+        one resumed past the deadline raises DeadlineExceeded at once."""
         if "\r" in text:
             text = text.replace("\r\n", "\n")
         parsed = _Parsed()
         lineno = 1
         try:
             for lines, chars in _chunks(text):
-                self._chunk(lines, chars, lineno, deadline, parsed)
+                yield from self._chunk(lines, chars, lineno, deadline, parsed)
                 lineno += len(lines)
         finally:
             self._trim_cache()
@@ -199,10 +210,10 @@ class ExpositionParser:
 
     def _chunk(
         self, lines: list[str], chars: int, first: int, deadline: float | None, parsed: _Parsed
-    ) -> None:
+    ) -> Iterator[None]:
         """Parse a chunk's lines (`chars` characters, the first on line `first`) in runs, checking the
-        deadline before each and stopping at the first sample over max_samples: no run is long enough to
-        cross the limit, so the hot loop needs no check of its own."""
+        deadline before each, yielding after each, and stopping at the first sample over max_samples: no
+        run is long enough to cross the limit, so the hot loop needs no check of its own."""
         run_lines = min(_RUN_LINES, max(1, len(lines) * _RUN_CHARS // max(chars, 1)))
         start = 0
         while start < len(lines):
@@ -218,6 +229,7 @@ class ExpositionParser:
                     f"max_samples={self.max_samples}; parsing stopped there"
                 )
             start = stop
+            yield
 
     def _lines(self, lines: list[str], first: int, parsed: _Parsed) -> None:
         """The hot loop: a line whose series text is cached only has its value converted."""

@@ -1,19 +1,23 @@
 """The hub's scraper: every exporter in a file_sd targets file, scraped concurrently on aligned ticks.
 
 Each round yields one ScrapeBatch per target that answered and one TargetStatus per target, failed
-ones included (up False, the error text); a failed target is simply tried again next round. Each
-target keeps its own keep-alive connection (gzip accepted) and its own parser, whose series cache
-makes a steady-state scrape cheap. Samples carry the time their scrape started (timestamps written
-in a body are not honoured, as with Prometheus's honor_timestamps: false). A series sent twice in one
-body keeps its first sample; the others are dropped and counted in `duplicates_dropped`.
+ones included (up False, the error text); a failed target is simply tried again next round. One loop
+on one thread drives every target's scrape at once over non-blocking sockets: connect (or reuse the
+target's keep-alive connection, gzip accepted), send `GET /metrics`, read the response as it arrives
+(hub.httpread, which treats its bytes as hostile), and parse the body with the target's own parser,
+whose series cache makes a steady-state scrape cheap, a few thousand lines at a time between reads of
+the other sockets. An idle keep-alive connection the target dropped is retried once on a fresh one.
+Samples carry the time their scrape started (timestamps written in a body are not honoured, as with
+Prometheus's honor_timestamps: false). A series sent twice in one body keeps its first sample; the
+others are dropped and counted in `duplicates_dropped`.
 
 A hostile target costs only itself. Each scrape has one deadline, its tick plus the timeout, for
 connecting, waiting, reading and parsing (limits are enforced while reading and parsing, not after).
-A round ends when all its scrapes have, or at its deadline: a scrape still reading then has its
-connection cut, and one still running is reported down. Since the timeout is at most the interval,
-the next tick starts on time for every target; a target whose scrape outlived even that is reported
-"previous scrape still running" instead of being scraped twice at once. Only a sink that holds the loop
-past a tick's deadline makes the loop skip ticks (counted in `ticks_skipped`).
+A round ends when all its scrapes have, or at its deadline: every scrape still going is then cut off
+and reported down ("deadline of N s exceeded while <what it was doing>"). No scrape outlives its
+round, and since the timeout is at most the interval, the next tick starts on time for every target.
+Only a sink that holds the loop past a tick's deadline (or a parse that ignored its own) makes the
+loop skip ticks (counted in `ticks_skipped`).
 
 `--shard i/n` keeps the targets whose crc32("host:port") modulo n is i: stable across processes and
 hosts, so n hubs split a fleet exactly.
@@ -24,15 +28,18 @@ The hub drives it: `Scraper(TargetsFile(path).current, interval_s=1).run(stop_ev
 from __future__ import annotations
 
 import contextlib
-import http.client
+import errno
 import json
 import logging
+import os
+import selectors
 import socket
 import threading
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from collections import deque
+from collections.abc import Callable, Generator, Mapping, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -42,6 +49,7 @@ import yaml
 from analytics.store.records import ScrapeBatch, TargetStatus
 from hub.errors import DeadlineExceeded, HubError, ScrapeError, ScraperConfigError
 from hub.expfmt import Exposition, ExpositionParser
+from hub.httpread import ResponseReader
 
 log = logging.getLogger("fleetlens.scraper")
 
@@ -51,9 +59,9 @@ REQUEST_HEADERS = {
     "User-Agent": "fleetlens-hub",
 }
 _READ_CHUNK = 256 * 1024
-# How long a round waits, past its deadline, for the scrapes it cut off to say where they were. Scrapes
-# blocked on a socket return at once when it is cut; a parse stops at its next chunk.
-_CUT_OFF_GRACE_S = 0.1
+# Host names are looked up on threads (getaddrinfo blocks); the loop looks for their answers this often.
+_LOOKUP_THREADS = 4
+_LOOKUP_POLL_S = 0.01
 
 Sink = Callable[[list[ScrapeBatch], list[TargetStatus]], None]
 
@@ -178,13 +186,6 @@ class TargetsFile:
         return parse_targets(groups, f"targets file {self.path}")
 
 
-def _remaining(deadline: float) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError
-    return left
-
-
 def _gunzip(body: bytes, limit: int) -> bytes:
     inflater = zlib.decompressobj(wbits=31)
     try:
@@ -196,6 +197,11 @@ def _gunzip(body: bytes, limit: int) -> bytes:
     return data
 
 
+def _request(address: str) -> bytes:
+    headers = "".join(f"{name}: {value}\r\n" for name, value in REQUEST_HEADERS.items())
+    return f"GET /metrics HTTP/1.1\r\nHost: {address}\r\n{headers}\r\n".encode()
+
+
 @dataclass(frozen=True)
 class _Outcome:
     status: TargetStatus
@@ -205,11 +211,7 @@ class _Outcome:
 
 
 class _TargetSession:
-    """One target's keep-alive connection, parser and up/down state; used by one scrape at a time.
-
-    `busy` is set by the round that submits a scrape and cleared when that scrape ends (or is
-    cancelled before it started), so that a target is never scraped twice at once.
-    """
+    """One target across rounds: its keep-alive socket, resolved addresses, parser and up/down state."""
 
     def __init__(self, target: Target, timeout_s: float, limits: ScrapeLimits) -> None:
         self.target = target
@@ -220,38 +222,26 @@ class _TargetSession:
             max_label_length=limits.max_label_length,
             target_labels=target.sample_labels,
         )
-        self.busy = False
-        self.phase = ""  # what the running scrape is doing, for a deadline's error text
-        self._conn: http.client.HTTPConnection | None = None
+        parts = urlsplit(f"//{target.address}")
+        self.host, self.port = parts.hostname or "", parts.port or 0
+        self.request = _request(target.address)
+        self.sock: socket.socket | None = None  # the idle keep-alive connection, between scrapes
+        self.addresses: list[tuple] = []  # getaddrinfo's, until a connection to them fails
         self._up: bool | None = None
         self._duplicating = False
-        self._lock = threading.Lock()  # between cut_off() and the end of the scrape it cuts
-        self._sock: socket.socket | None = None  # the running scrape's socket, while it has one
-        self._cut = ""  # the phase in which the round cut the running scrape off, if it did
 
-    def scrape(self, clock: Callable[[], float], deadline: float) -> _Outcome:
-        """Fetch and parse one body by `deadline` (time.monotonic); every failure becomes a down status."""
-        ts, start = clock(), time.perf_counter()
-        # until it connects: a deadline already past when this started was spent waiting for a worker
-        self.phase, self._cut = "waiting for a free scrape worker", ""
-        try:
-            exposition = self.parser.parse(self._fetch(deadline).decode(), deadline)
-        except (OSError, http.client.HTTPException, UnicodeDecodeError, HubError) as exc:
-            self.close()
-            error = self._describe(exc)
-            self._note(False, error)
-            return self.failed(ts, time.perf_counter() - start, error)
+    def succeeded(self, ts: float, duration_s: float, exposition: Exposition) -> _Outcome:
         self._note(True, "")
         self._note_duplicates(exposition)
         target = self.target
         batch = ScrapeBatch(
             target.address, target.node, ts, exposition.names, exposition.labels, exposition.values
         )
-        status = TargetStatus(ts, target.address, target.node, True, time.perf_counter() - start, len(batch))
+        status = TargetStatus(ts, target.address, target.node, True, duration_s, len(batch))
         return _Outcome(status, batch, exposition.types, exposition.duplicates)
 
     def failed(self, ts: float, duration_s: float, error: str) -> _Outcome:
-        """A down outcome, from the scrape itself or from a round that could not wait for it."""
+        self._note(False, error)
         target = self.target
         return _Outcome(TargetStatus(ts, target.address, target.node, False, duration_s, 0, error))
 
@@ -259,86 +249,10 @@ class _TargetSession:
         """The error text of a scrape that its deadline stopped while `doing` something."""
         return f"deadline of {self.timeout_s:g} s exceeded while {doing}"
 
-    def cut_off(self) -> None:
-        """Shut down the running scrape's socket: a read blocked on a target that sends a byte now and
-        then (which each socket timeout would wait out afresh) returns at once."""
-        with self._lock:
-            if self._sock is not None:
-                self._cut = self.phase
-                with contextlib.suppress(OSError):
-                    self._sock.shutdown(socket.SHUT_RDWR)
-
-    def ended(self, _: Future) -> None:
-        """The scrape submitted for this session finished or was cancelled: the session is free again."""
-        self.busy = False
-
     def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
-
-    def _fetch(self, deadline: float) -> bytes:
-        reused = self._conn is not None and self._conn.sock is not None
-        try:
-            return self._request(deadline)
-        except (ConnectionResetError, BrokenPipeError):
-            if not reused or self._cut:
-                raise
-            self.close()  # the target dropped our idle keep-alive connection: once more on a fresh one
-            return self._request(deadline)
-        finally:
-            with self._lock:  # parsing needs no cutting off: it checks the deadline itself
-                self._sock = None
-
-    def _request(self, deadline: float) -> bytes:
-        if self._conn is None:
-            self._conn = http.client.HTTPConnection(self.target.address, timeout=_remaining(deadline))
-        conn = self._conn
-        if conn.sock is None:  # a new connection, or the last response closed it
-            self.phase = "connecting"
-            conn.timeout = _remaining(deadline)
-            conn.connect()
-        conn.sock.settimeout(_remaining(deadline))
-        with self._lock:
-            self._sock = conn.sock
-        self.phase = "waiting for the response"
-        conn.request("GET", "/metrics", headers=REQUEST_HEADERS)
-        sock = conn.sock  # getresponse() hands the socket to the response when the server closes it
-        with conn.getresponse() as response:  # closing a read response frees the connection for the next
-            if response.status != 200:
-                raise ScrapeError(f"HTTP {response.status} {response.reason}")
-            self.phase = "reading the body"
-            body = self._read_body(response, sock, deadline)
-            gzipped = (response.getheader("Content-Encoding") or "").lower() == "gzip"
-        self.phase = "parsing"
-        return _gunzip(body, self.limits.max_body_bytes) if gzipped else body
-
-    def _read_body(self, response: http.client.HTTPResponse, sock: socket.socket, deadline: float) -> bytes:
-        """The body, each read bounded by what is left of the deadline and the whole by max_body_bytes."""
-        limit = self.limits.max_body_bytes
-        chunks, size = [], 0
-        while True:
-            sock.settimeout(_remaining(deadline))
-            chunk = response.read1(_READ_CHUNK)
-            if not chunk:
-                return b"".join(chunks)
-            size += len(chunk)
-            if size > limit:
-                raise ScrapeError(f"body over max_body_bytes={limit}")
-            chunks.append(chunk)
-
-    def _describe(self, exc: BaseException) -> str:
-        if isinstance(exc, DeadlineExceeded):
-            return self.deadline_error(f"parsing (line {exc.lineno})")
-        if isinstance(exc, TimeoutError) or self._cut:
-            return self.deadline_error(self._cut or self.phase)
-        if isinstance(exc, ConnectionRefusedError):
-            return "connection refused"
-        if isinstance(exc, HubError):
-            return str(exc)
-        if isinstance(exc, UnicodeDecodeError):
-            return f"body is not UTF-8: {exc}"
-        return f"{type(exc).__name__}: {exc}"
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            sock.close()
 
     def _note(self, up: bool, error: str) -> None:
         """Log when a target goes down or comes back, not on every failed scrape of a dead one."""
@@ -361,27 +275,272 @@ class _TargetSession:
         self._duplicating = bool(exposition.duplicates)
 
 
-@dataclass(frozen=True)
 class _Round:
-    """The scrapes started at one tick: per session its future, or None when it was still busy."""
+    """What one round's loop shares with its scrapes: the selector, the deadline, and the scrapes that
+    wait for a host lookup or have a body to parse, a step at a time."""
 
-    ts: float  # the scraper's clock when the round started
-    started: float  # time.monotonic() then
-    deadline: float  # time.monotonic() by which every scrape of the round ends
-    scrapes: list[tuple[_TargetSession, Future[_Outcome] | None]]
+    def __init__(self, selector: selectors.BaseSelector, resolver: Callable[[], Executor], deadline: float):
+        self.selector = selector
+        self.resolver = resolver
+        self.deadline = deadline
+        self.running = 0
+        self.lookups: list[_Scrape] = []
+        self.parsing: deque[_Scrape] = deque()
+
+    def drive(self, scrapes: Sequence[_Scrape]) -> None:
+        """Run every scrape until all have ended or the deadline has passed, then cut off the rest."""
+        self.running = len(scrapes)
+        for scrape in scrapes:
+            scrape.guarded(scrape.start)
+        while self.running:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                break
+            if self.parsing:
+                left = 0
+            elif self.lookups:
+                left = min(left, _LOOKUP_POLL_S)
+            for key, events in self.selector.select(left):
+                scrape = key.data
+                scrape.guarded(lambda scrape=scrape, events=events: scrape.ready(events))
+            for scrape in [scrape for scrape in self.lookups if scrape.lookup.done()]:
+                self.lookups.remove(scrape)
+                scrape.guarded(scrape.looked_up)
+            if self.parsing:
+                scrape = self.parsing.popleft()
+                scrape.guarded(scrape.parse_step)
+                if scrape.steps is not None:
+                    self.parsing.append(scrape)
+        for scrape in scrapes:
+            if scrape.outcome is None:
+                scrape.guarded(scrape.cut_off)
+
+
+class _Scrape:
+    """One target's scrape in one round, a state machine the round's loop drives: look up the host if it
+    is not an address, connect (or reuse the idle keep-alive connection), send the request, read the
+    response as it arrives, then parse the body a step at a time. `outcome` is set once it has ended."""
+
+    def __init__(self, session: _TargetSession, round_: _Round, ts: float) -> None:
+        self.session = session
+        self.round = round_
+        self.ts = ts
+        self.started = time.perf_counter()
+        self.phase = "connecting"
+        self.outcome: _Outcome | None = None
+        self.sock: socket.socket | None = None
+        self.lookup: Future[list[tuple]] | None = None
+        self.steps: Generator[None, None, Exposition] | None = None
+        self._reader = ResponseReader(session.limits.max_body_bytes)
+        self._sent = 0
+        self._reused = False
+        self._retried = False
+        self._next_address = 0
+
+    def guarded(self, action: Callable[[], None]) -> None:
+        """Run a step; any failure ends this scrape down with its reason, never the round."""
+        try:
+            action()
+        except (OSError, UnicodeDecodeError, HubError) as exc:
+            self._fail(self._describe(exc))
+        except Exception as exc:
+            log.exception("scraping %s failed unexpectedly", self.session.target.address)
+            self._fail(f"{type(exc).__name__}: {exc}")
+
+    def start(self) -> None:
+        session = self.session
+        if session.sock is not None:  # the connection the last scrape left open
+            self.sock, session.sock, self._reused = session.sock, None, True
+            self._send()
+        elif session.addresses:
+            self._connect()
+        else:
+            try:
+                session.addresses = socket.getaddrinfo(
+                    session.host, session.port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST
+                )
+            except socket.gaierror:  # a name: looked up on a thread, which a slow DNS server holds alone
+                self.phase = "looking up the host"
+                self.lookup = self.round.resolver().submit(
+                    socket.getaddrinfo, session.host, session.port, type=socket.SOCK_STREAM
+                )
+                self.round.lookups.append(self)
+                return
+            self._connect()
+
+    def looked_up(self) -> None:
+        self.session.addresses = self.lookup.result()
+        self._connect()
+
+    def ready(self, events: int) -> None:
+        if self.phase == "connecting":
+            error = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if error:
+                self._close_socket()
+                if self._next_address < len(self.session.addresses):
+                    self._connect()
+                    return
+                self.session.addresses = []
+                raise OSError(error, os.strerror(error))
+            self._send()
+        elif events & selectors.EVENT_WRITE:
+            self._send()
+        else:
+            self._receive()
+
+    def parse_step(self) -> None:
+        try:
+            next(self.steps)
+        except StopIteration as done:
+            self.steps = None
+            self._end(self.session.succeeded(self.ts, time.perf_counter() - self.started, done.value))
+
+    def cut_off(self) -> None:
+        """The round's deadline has passed: a parse is resumed once (it stops at once, at its deadline,
+        unless only its last step was left); anything else ends down, naming where it was."""
+        if self.steps is not None:
+            self.parse_step()
+        else:
+            self._fail(self.session.deadline_error(self.phase))
+
+    def _connect(self) -> None:
+        self.phase = "connecting"
+        family, kind, proto, _, address = self.session.addresses[self._next_address]
+        self._next_address += 1
+        sock = socket.socket(family, kind, proto)
+        sock.setblocking(False)
+        self.sock = sock
+        error = sock.connect_ex(address)
+        if error not in (0, errno.EINPROGRESS):
+            raise OSError(error, os.strerror(error))
+        self.round.selector.register(sock, selectors.EVENT_WRITE, self)
+
+    def _send(self) -> None:
+        self.phase = "waiting for the response"
+        try:
+            self._sent += self.sock.send(self.session.request[self._sent :])
+        except BlockingIOError:
+            pass
+        except (ConnectionResetError, BrokenPipeError):
+            if not self._may_retry():
+                raise
+            self._retry()
+            return
+        events = selectors.EVENT_READ if self._sent == len(self.session.request) else selectors.EVENT_WRITE
+        self._watch(events)
+
+    def _receive(self) -> None:
+        try:
+            data = self.sock.recv(_READ_CHUNK)
+        except BlockingIOError:
+            return
+        except ConnectionResetError:
+            if not self._may_retry():
+                raise
+            self._retry()
+            return
+        reader = self._reader
+        if not data:
+            if self._may_retry():
+                self._retry()
+                return
+            reader.closed()
+        elif not reader.feed(data):
+            if reader.head_done:
+                self.phase = "reading the body"
+            return
+        self._body_read(reader)
+
+    def _body_read(self, reader: ResponseReader) -> None:
+        """The response is complete: keep or close the connection, then start parsing the body."""
+        sock, self.sock = self.sock, None
+        self.round.selector.unregister(sock)
+        if reader.reusable:
+            self.session.sock = sock
+        else:
+            sock.close()
+        self.phase = "parsing"
+        body = reader.body
+        if reader.content_encoding == "gzip":
+            body = _gunzip(body, self.session.limits.max_body_bytes)
+        self.steps = self.session.parser.parse_steps(body.decode(), self.round.deadline)
+        self.round.parsing.append(self)
+
+    def _may_retry(self) -> bool:
+        """Whether the connection that failed was the idle keep-alive one, before any byte of its answer:
+        the target dropped it while idle, which is worth one more try on a fresh connection."""
+        return self._reused and not self._retried and not self._reader.started
+
+    def _retry(self) -> None:
+        self._close_socket()
+        self._retried, self._reused, self._sent, self._next_address = True, False, 0, 0
+        if self.session.addresses:
+            self._connect()
+        else:
+            self.start()
+
+    def _watch(self, events: int) -> None:
+        selector = self.round.selector
+        try:
+            key = selector.get_key(self.sock)
+        except KeyError:
+            selector.register(self.sock, events, self)
+            return
+        if key.events != events:
+            selector.modify(self.sock, events, self)
+
+    def _close_socket(self) -> None:
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.round.selector.unregister(sock)
+            sock.close()
+
+    def _fail(self, error: str) -> None:
+        self._close_socket()
+        if self.steps is not None:
+            self.steps.close()
+            self.steps = None
+        with contextlib.suppress(ValueError):
+            self.round.parsing.remove(self)
+        if self.outcome is None:
+            self._end(self.session.failed(self.ts, time.perf_counter() - self.started, error))
+
+    def _end(self, outcome: _Outcome) -> None:
+        self.outcome = outcome
+        self.round.running -= 1
+
+    def _describe(self, exc: BaseException) -> str:
+        if isinstance(exc, DeadlineExceeded):
+            return self.session.deadline_error(f"parsing (line {exc.lineno})")
+        if isinstance(exc, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(exc, socket.gaierror):
+            return f"cannot look up {self.session.host}: {exc.strerror}"
+        if isinstance(exc, HubError):
+            return str(exc)
+        if isinstance(exc, UnicodeDecodeError):
+            return f"body is not UTF-8: {exc}"
+        return f"{type(exc).__name__}: {exc}"
 
 
 class Scraper:
     """Scrapes this shard's targets, all at once, every `interval_s` seconds (1 to 60).
 
+    One loop, on the caller's thread, drives every target's scrape over non-blocking sockets (stdlib
+    `selectors`) and parses each body, a run of lines at a time between reads, as it completes: no
+    thread per target, and so no threads fighting for the GIL. Host names are looked up on a small
+    pool of threads (addresses need none). A round ends when all its scrapes have, or at its deadline,
+    when every scrape still going is cut off; so no scrape outlives its round, and none can overlap the
+    next.
+
     `target_source` is called before every round (a TargetsFile's `current`, or any list in tests);
     `targets` holds the last round's targets of this shard. `clock` gives the unix time that stamps
     samples and aligns ticks. `types` collects every family's type from the targets' TYPE lines (the
-    last one seen wins), for the hub's rate computations. `workers` scrapes run at once at most; a
-    scrape that found no free worker by its deadline is reported down. Counters for the hub's own
-    metrics: `duplicates_dropped` (samples whose series came earlier in the same body) and
-    `ticks_skipped` (ticks whose deadline had passed when a slow sink let the loop reach them).
-    One caller at a time: `run` or `scrape_once`.
+    last one seen wins), for the hub's rate computations. Counters for the hub's own metrics:
+    `duplicates_dropped` (samples whose series came earlier in the same body) and `ticks_skipped`
+    (ticks whose deadline had passed when the loop reached them). One caller at a time: `run` or
+    `scrape_once`.
     """
 
     def __init__(
@@ -392,7 +551,6 @@ class Scraper:
         timeout_s: float | None = None,
         shard: Shard = Shard(),
         limits: ScrapeLimits = ScrapeLimits(),
-        workers: int = 64,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if not 1 <= interval_s <= 60:
@@ -413,11 +571,12 @@ class Scraper:
         self._target_source = target_source
         self._clock = clock
         self._sessions: dict[str, _TargetSession] = {}
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleetlens-scrape")
+        self._selector = selectors.DefaultSelector()
+        self._resolver: ThreadPoolExecutor | None = None
 
     def scrape_once(self) -> tuple[list[ScrapeBatch], list[TargetStatus]]:
         """One round now: every target of this shard, concurrently, each until its deadline."""
-        return self._finish(self._start(time.monotonic() + self.timeout_s))
+        return self._round(time.monotonic() + self.timeout_s)
 
     def run(self, stop: threading.Event, sink: Sink) -> None:
         """Scrape at each multiple of the interval until `stop` is set; `sink` gets every round.
@@ -429,7 +588,7 @@ class Scraper:
         tick = self._first_tick(self._clock())
         while not stop.wait(max(0.0, tick - self._clock())):
             late = max(0.0, self._clock() - tick)
-            batches, statuses = self._finish(self._start(time.monotonic() + self.timeout_s - late))
+            batches, statuses = self._round(time.monotonic() + self.timeout_s - late)
             try:
                 sink(batches, statuses)
             except Exception:
@@ -438,11 +597,11 @@ class Scraper:
 
     def close(self) -> None:
         for session in self._sessions.values():
-            session.cut_off()
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        for session in self._sessions.values():
             session.close()
         self._sessions.clear()
+        self._selector.close()
+        if self._resolver is not None:
+            self._resolver.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> Scraper:
         return self
@@ -454,69 +613,45 @@ class Scraper:
         return (now // self.interval_s + 1) * self.interval_s
 
     def _next_tick(self, tick: float) -> float:
-        """The tick after `tick`, unless the sink held the loop past its deadline (then the first tick
-        whose deadline is still ahead, the skipped ones counted), or the clock was set back."""
+        """The tick after `tick`, unless the sink (or a parse deaf to its deadline) held the loop past its
+        deadline (then the first tick whose deadline is still ahead, the skipped ones counted), or the
+        clock was set back."""
         tick += self.interval_s
         now = self._clock()
         overdue = now - (tick + self.timeout_s)
         if overdue >= 0:
             skipped = int(overdue // self.interval_s) + 1
             self.ticks_skipped += skipped
-            log.warning("scrape sink held the loop past %d tick(s); skipped them", skipped)
+            log.warning("the scrape loop was held past %d tick(s); skipped them", skipped)
             tick += skipped * self.interval_s
         if tick - now > self.interval_s:
             tick = self._first_tick(now)
         return tick
 
-    def _start(self, deadline: float) -> _Round:
-        """Submit a scrape of every idle target of this shard; a busy one gets None (never a second)."""
+    def _round(self, deadline: float) -> tuple[list[ScrapeBatch], list[TargetStatus]]:
+        """Scrape every target of this shard by `deadline` (time.monotonic), and collect."""
         self.targets = [target for target in self._target_source() if self.shard.owns(target)]
-        ts, started = self._clock(), time.monotonic()
-        scrapes: list[tuple[_TargetSession, Future[_Outcome] | None]] = []
-        for session in self._sessions_for(self.targets):
-            future = None
-            if not session.busy:
-                session.busy = True
-                future = self._pool.submit(session.scrape, self._clock, deadline)
-                future.add_done_callback(session.ended)
-            scrapes.append((session, future))
-        return _Round(ts, started, deadline, scrapes)
-
-    def _finish(self, round_: _Round) -> tuple[list[ScrapeBatch], list[TargetStatus]]:
-        """Wait for the round's scrapes until its deadline, cut off the late ones, and collect."""
-        futures = [future for _, future in round_.scrapes if future is not None]
-        late = wait(futures, timeout=max(0.0, round_.deadline - time.monotonic())).not_done
-        if late:
-            for session, future in round_.scrapes:
-                if future in late and not future.cancel():  # a scrape not started by now never will
-                    session.cut_off()
-            wait(late, timeout=_CUT_OFF_GRACE_S)
-        outcomes = [self._outcome(round_, session, future) for session, future in round_.scrapes]
+        round_ = _Round(self._selector, self._lookups, deadline)
+        ts = self._clock()
+        scrapes = [_Scrape(session, round_, ts) for session in self._sessions_for(self.targets)]
+        round_.drive(scrapes)
+        outcomes = [scrape.outcome for scrape in scrapes if scrape.outcome is not None]
         for outcome in outcomes:
             self.types.update(outcome.types)
             self.duplicates_dropped += outcome.duplicates
         batches = [outcome.batch for outcome in outcomes if outcome.batch is not None]
         return batches, [outcome.status for outcome in outcomes]
 
-    def _outcome(self, round_: _Round, session: _TargetSession, future: Future[_Outcome] | None) -> _Outcome:
-        """A scrape's own outcome, or why the round has none: busy, no free worker, still running."""
-        elapsed = time.monotonic() - round_.started
-        if future is None:
-            return session.failed(round_.ts, 0.0, "previous scrape still running, past its deadline")
-        if future.cancelled():
-            error = session.deadline_error("waiting for a free scrape worker")
-        elif not future.done():
-            error = session.deadline_error(f"{session.phase}; still running")
-        else:
-            return future.result()
-        return session.failed(round_.ts, elapsed, error)
+    def _lookups(self) -> Executor:
+        if self._resolver is None:
+            self._resolver = ThreadPoolExecutor(_LOOKUP_THREADS, thread_name_prefix="fleetlens-lookup")
+        return self._resolver
 
     def _sessions_for(self, targets: Sequence[Target]) -> list[_TargetSession]:
-        """A session per target, kept across rounds; a target whose labels changed starts afresh, once
-        its old session's scrape has ended (until then that target is reported busy)."""
+        """A session per target, kept across rounds; a target whose labels changed starts afresh."""
         wanted = {target.address: target for target in targets}
         for address, session in list(self._sessions.items()):
-            if wanted.get(address) != session.target and not session.busy:
+            if wanted.get(address) != session.target:
                 session.close()
                 del self._sessions[address]
         for address, target in wanted.items():

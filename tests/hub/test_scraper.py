@@ -409,41 +409,31 @@ def test_a_series_sent_three_times_is_stored_once_with_its_first_value(
     ], "logged once, when the target starts"
 
 
-def test_a_scrape_still_running_past_its_deadline_is_never_doubled(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A scrape stuck where the deadline cannot reach (here a parse that does not check it) is reported down
-    in its round, and the target is reported busy, not scraped again, until that scrape has ended."""
-    release = threading.Event()
-    with fixed_target(BODY) as server, Scraper(lambda: [Target(address(server))], timeout_s=0.3) as scraper:
-        scraper.scrape_once()
-        session = scraper._sessions[address(server)]
-        parse = session.parser.parse
-        parses = []
+def test_a_parse_that_holds_the_loop_past_its_deadline_skips_ticks_and_never_doubles_a_scrape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A parse stuck where its deadline cannot reach it (here, before its first step) holds the one loop:
+    its scrape is reported down for its deadline, the ticks it held the loop past are skipped and counted,
+    and the target is asked once per round, never twice at once."""
+    with serving(body_server(BODY)) as server:
+        with Scraper(lambda: [Target(server.address)], timeout_s=0.5) as scraper:
+            scraper.scrape_once()
+            parser = scraper._sessions[server.address].parser
+            parse_steps = parser.parse_steps
+            stuck = []
 
-        def stuck(text: str, deadline: float | None = None) -> object:
-            parses.append(text)
-            release.wait(10)
-            return parse(text)
+            def stuck_once(text: str, deadline: float | None = None) -> object:
+                if not stuck:
+                    stuck.append(text)
+                    time.sleep(1.7)  # past the next tick's deadline (0.5 s after it)
+                return parse_steps(text, deadline)
 
-        monkeypatch.setattr(session.parser, "parse", stuck)
-        _, (running,) = scraper.scrape_once()
-        _, (busy,) = scraper.scrape_once()
-        release.set()
-        while session.busy:
-            time.sleep(0.01)
-        batches, (again,) = scraper.scrape_once()
-    assert running.error == "deadline of 0.3 s exceeded while parsing; still running"
-    assert busy.error == "previous scrape still running, past its deadline" and not busy.up
-    assert len(parses) == 2 and again.up and len(batches) == 1, "the busy round started no second scrape"
-
-
-def test_a_scrape_that_found_no_free_worker_by_its_deadline_is_down() -> None:
-    with serving(silent) as quiet, fixed_target(BODY) as good:
-        targets = [Target(quiet.address), Target(address(good))]
-        with Scraper(lambda: targets, timeout_s=0.5, workers=1) as scraper:
-            _, statuses = scraper.scrape_once()
-    status = by_target(statuses)
-    assert status[quiet.address].error == "deadline of 0.5 s exceeded while waiting for the response"
-    assert status[address(good)].error == "deadline of 0.5 s exceeded while waiting for a free scrape worker"
+            monkeypatch.setattr(parser, "parse_steps", stuck_once)
+            rounds = run_rounds(scraper, 2)
+    first, second = (statuses[server.address] for statuses in rounds)
+    assert first.error == "deadline of 0.5 s exceeded while parsing (line 1)" and not first.up
+    assert second.up and round(second.ts - first.ts) == 2 and scraper.ticks_skipped == 1
+    assert len(server.requests) == 3, "one request per round"
 
 
 def test_a_sink_that_holds_the_loop_past_a_tick_skips_it_and_counts_it() -> None:
