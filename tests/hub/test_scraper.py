@@ -415,21 +415,23 @@ def test_a_parse_that_holds_the_loop_past_its_deadline_skips_ticks_and_never_dou
     """A parse stuck where its deadline cannot reach it (here, before its first step) holds the one loop:
     its scrape is reported down for its deadline, the ticks it held the loop past are skipped and counted,
     and the target is asked once per round, never twice at once."""
-    with serving(body_server(BODY)) as server:
-        with Scraper(lambda: [Target(server.address)], timeout_s=0.5) as scraper:
-            scraper.scrape_once()
-            parser = scraper._sessions[server.address].parser
-            parse_steps = parser.parse_steps
-            stuck = []
+    with (
+        serving(body_server(BODY)) as server,
+        Scraper(lambda: [Target(server.address)], timeout_s=0.5) as scraper,
+    ):
+        scraper.scrape_once()
+        parser = scraper._sessions[server.address].parser
+        parse_steps = parser.parse_steps
+        stuck = []
 
-            def stuck_once(text: str, deadline: float | None = None) -> object:
-                if not stuck:
-                    stuck.append(text)
-                    time.sleep(1.7)  # past the next tick's deadline (0.5 s after it)
-                return parse_steps(text, deadline)
+        def stuck_once(text: str, deadline: float | None = None) -> object:
+            if not stuck:
+                stuck.append(text)
+                time.sleep(1.7)  # past the next tick's deadline (0.5 s after it)
+            return parse_steps(text, deadline)
 
-            monkeypatch.setattr(parser, "parse_steps", stuck_once)
-            rounds = run_rounds(scraper, 2)
+        monkeypatch.setattr(parser, "parse_steps", stuck_once)
+        rounds = run_rounds(scraper, 2)
     first, second = (statuses[server.address] for statuses in rounds)
     assert first.error == "deadline of 0.5 s exceeded while parsing (line 1)" and not first.up
     assert second.up and round(second.ts - first.ts) == 2 and scraper.ticks_skipped == 1
