@@ -46,6 +46,7 @@ import pandas as pd
 
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, frame
+from analytics.detectors.groups import Groups
 from analytics.detectors.peers import MAD_TO_SIGMA, by_node
 from analytics.store.protocols import Reader
 
@@ -148,12 +149,12 @@ class SlowNode(Detector):
         if units.empty:
             return pd.DataFrame(columns=FEATURE_COLUMNS)
         units = units.assign(signal="compute_s", value=units["compute_s"])
-        unphased = units.groupby("job")["compute_s"].transform("count") == 0
+        jobs = Groups(units["job"].to_numpy())
+        unphased = jobs.non_null(units["compute_s"].to_numpy())[jobs.ids] == 0
         if unphased.any():
-            units = self._without_phases(source, window, units, unphased)
+            units = self._without_phases(source, window, units, pd.Series(unphased, index=units.index))
         units = units[np.isfinite(units["value"]) & (units["value"] > 0)]
-        judged = _judged(units, window, self.min_steps)
-        return self._compare_with_peers(units, judged)
+        return self._compare_with_peers(_columns(units), window)
 
     def score(self, features: pd.DataFrame) -> np.ndarray:
         """The relative excess over the stage median: ratio - 1 (0.10 = 10% slower than its stage)."""
@@ -206,7 +207,7 @@ class SlowNode(Detector):
         units = units.astype(
             {"ended": float, "compute_s": float, "duration_s": float, "stage": int, "covered": float}
         )
-        return units.join(lookback_s.set_axis(cadence["job"]).rename("lookback_s"), on="job")
+        return units.assign(lookback_s=units["job"].map(dict(zip(cadence["job"], lookback_s, strict=True))))
 
     def _without_phases(
         self, source: Reader, window: Window, units: pd.DataFrame, unphased: pd.Series
@@ -227,102 +228,119 @@ class SlowNode(Detector):
         parameters = {**window.parameters, "metrics": list(GPU_SIGNALS), "nodes": list(nodes)}
         return by_node(frame(source.query(GPU_MEDIANS, parameters=parameters)), GPU_SIGNALS)
 
-    def _compare_with_peers(self, units: pd.DataFrame, judged: pd.Series) -> pd.DataFrame:
+    def _compare_with_peers(self, units: Columns, window: Window) -> pd.DataFrame:
         """One row per judged node and stage: its ratios to its stage's nodes step by step, their robust
         z among the stage's nodes, and the job time it costs."""
-        if units.empty or not judged.any():
+        judged = _judged(units, window, self.min_steps)
+        if not judged.any():
             return pd.DataFrame(columns=FEATURE_COLUMNS)
-        units = _step_ratios(units.reindex(columns=[*units.columns.difference(CONTEXT), *CONTEXT]))
-        if units.empty:  # no step seen by two nodes of a stage: nobody to compare with
+        units = _step_ratios({**units, "judged": judged})
+        if not len(units["value"]):  # no step seen by two nodes of a stage: nobody to compare with
             return pd.DataFrame(columns=FEATURE_COLUMNS)
-        nodes = _per_node(units)
-        nodes = nodes.join(_stage_spread(nodes, self.relative_floor), on=["job", "stage"])
-        nodes = nodes[nodes.index.isin(judged[judged].index)].reset_index()
-        if nodes.empty:
+        nodes = _per_node(units, self.relative_floor)
+        nodes = {name: column[nodes["judged"]] for name, column in nodes.items()}
+        if not len(nodes["node"]):
             return pd.DataFrame(columns=FEATURE_COLUMNS)
         clock = nodes["signal"] == "sm_clock_mhz"
-        return nodes.assign(
-            component="",
-            z=(nodes["ratio"] - nodes["stage_ratio"]) / nodes["spread"],
-            job_slowdown=np.where(clock, (nodes["ratio"] - 1) / nodes["ratio"], nodes["job_slowdown"]).clip(
-                0, 0.99
-            ),
-            value=np.where(clock, 1 / nodes["value"], nodes["value"]),
-            peer_median=np.where(clock, 1 / nodes["peer_median"], nodes["peer_median"]),
-        ).reindex(columns=FEATURE_COLUMNS)
+        ratio = nodes["ratio"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return pd.DataFrame(
+                {
+                    **nodes,
+                    "component": "",
+                    "z": (ratio - nodes["stage_ratio"]) / nodes["spread"],
+                    "job_slowdown": np.where(clock, (ratio - 1) / ratio, nodes["job_slowdown"]).clip(0, 0.99),
+                    "value": np.where(clock, 1 / nodes["value"], nodes["value"]),
+                    "peer_median": np.where(clock, 1 / nodes["peer_median"], nodes["peer_median"]),
+                },
+                columns=FEATURE_COLUMNS,
+            )
 
 
-def _judged(units: pd.DataFrame, window: Window, min_steps: int) -> pd.Series:
-    """Per (job, node, stage): whether this window judges it: a step of its ends in the window and it has
-    `min_steps` steps in its lookback (an OTLP record stands for the steps it aggregates)."""
-    if units.empty:
-        return pd.Series(dtype=bool)
-    grouped = units.groupby(KEY)
-    new = grouped["ended"].max() >= window.start
-    return new & (grouped["covered"].sum() >= min_steps)
+Columns = dict[str, np.ndarray]  # a frame's rows as one numpy array per column
 
 
-def _step_ratios(units: pd.DataFrame) -> pd.DataFrame:
+def _columns(units: pd.DataFrame) -> Columns:
+    """The units' columns as numpy arrays; the GPU context NaN where the job's signal is its steps'."""
+    nan = np.full(len(units), np.nan)
+    columns = {name: units[name].to_numpy() for name in ["job", "node", "signal"]}
+    columns.update({name: units[name].to_numpy(dtype=np.int64) for name in ["stage", "unit", "ranks"]})
+    for name in ["ended", "value", "duration_s", "covered", "lookback_s", *CONTEXT]:
+        columns[name] = units[name].to_numpy(dtype=float) if name in units else nan
+    return columns
+
+
+def _judged(units: Columns, window: Window, min_steps: int) -> np.ndarray:
+    """Per unit, whether this window judges its (job, node, stage): a step of theirs ends in the window
+    and they have `min_steps` steps in their lookback (an OTLP record stands for the steps it aggregates)."""
+    key = Groups(units["job"], units["node"], units["stage"])
+    judged = (key.max(units["ended"]) >= window.start) & (key.sum(units["covered"]) >= min_steps)
+    return judged[key.ids]
+
+
+def _step_ratios(units: Columns) -> Columns:
     """Each node's value in each step against its stage's median and the job's slowest other node in that
     step, and the job's step time; steps seen by one node of a stage only are left out (no peer to compare
     with)."""
-    step = [units["job"], units["stage"], units["unit"]]
-    grouped = units.groupby(step)["value"]
-    count = grouped.transform("count")
-    median = grouped.transform("median")
-    in_job = units.groupby([units["job"], units["unit"]])
-    top, second = in_job["value"].transform("max"), in_job["value"].transform(_second_largest)
-    slowest_other = np.where(units["value"] >= top, second, top)  # the job waits for it without this node
-    job_step = in_job["duration_s"].transform("max")
-    excess = units["value"] - np.maximum(median, slowest_other)
-    units = units.assign(
-        step_ratio=units["value"] / median,
-        standing=(grouped.rank(method="average") - 1) / (count - 1).clip(lower=1),
-        step_slowdown=np.where(units["signal"] == "sm_clock_mhz", np.nan, excess / job_step),
-        job_step_s=job_step,
-        stage_median=median,
+    value = units["value"]
+    step = Groups(units["job"], units["stage"], units["unit"])
+    count = step.non_null(value)[step.ids]
+    median = step.median(value)[step.ids]
+    in_job = Groups(units["job"], units["unit"])
+    top, second = in_job.max(value)[in_job.ids], in_job.second_largest(value)[in_job.ids]
+    slowest_other = np.where(value >= top, second, top)  # the job waits for it without this node
+    job_step = in_job.max(units["duration_s"])[in_job.ids]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        excess = value - np.maximum(median, slowest_other)
+        units = {
+            **units,
+            "step_ratio": value / median,
+            "standing": (step.rank(value) - 1) / np.maximum(count - 1, 1),
+            "step_slowdown": np.where(units["signal"] == "sm_clock_mhz", np.nan, excess / job_step),
+            "job_step_s": job_step,
+            "stage_median": median,
+        }
+    kept = count >= 2
+    return {name: column[kept] for name, column in units.items()}
+
+
+def _per_node(units: Columns, relative_floor: float) -> Columns:
+    """Per (job, node, stage), in that order: medians over its steps, its consistency, the job's size,
+    and its stage's nodes' median ratio and robust spread (at least the floor)."""
+    key = Groups(units["job"], units["node"], units["stage"])
+    first = key.first_rows()
+    nodes = {name: units[name][first] for name in ["job", "node", "stage", "signal", "judged"]}
+    nodes.update(
+        value=key.median(units["value"]),
+        peer_median=key.median(units["stage_median"]),
+        ratio=key.median(units["step_ratio"]),
+        consistency=key.mean(units["standing"]),
+        steps=key.sum(units["covered"]),
+        job_slowdown=key.median(units["step_slowdown"]),
+        job_step_s=key.median(units["job_step_s"]),
+        lookback_s=key.first(units["lookback_s"]),
+        job_gpus=_job_gpus(units)[first],
+        **{name: key.median(units[name]) for name in CONTEXT},
     )
-    return units[count >= 2]
-
-
-def _second_largest(values: pd.Series) -> float:
-    ordered = np.sort(values.to_numpy(dtype=float))
-    return float(ordered[-2]) if len(ordered) >= 2 else float("nan")
-
-
-def _per_node(units: pd.DataFrame) -> pd.DataFrame:
-    """Per (job, node, stage): medians over its steps, its consistency, and the job's size."""
-    grouped = units.groupby(KEY)
-    # a job's GPUs: its ranks (one GPU each), the most any step of each node showed
-    gpus = units.groupby(["job", "node"])["ranks"].max().groupby(level="job").sum().rename("job_gpus")
-    nodes = grouped.agg(
-        signal=("signal", "first"),
-        value=("value", "median"),
-        peer_median=("stage_median", "median"),
-        ratio=("step_ratio", "median"),
-        consistency=("standing", "mean"),
-        steps=("covered", "sum"),
-        job_slowdown=("step_slowdown", "median"),
-        job_step_s=("job_step_s", "median"),
-        lookback_s=("lookback_s", "first"),
-        **{name: (name, "median") for name in CONTEXT},
-    )
-    nodes = nodes.join(gpus, on="job")
-    stage = [nodes.index.get_level_values("job"), nodes.index.get_level_values("stage")]
-    nodes["peers"] = nodes.groupby(stage)["ratio"].transform("count")
+    stage = Groups(nodes["job"], nodes["stage"])
+    nodes["peers"] = stage.non_null(nodes["ratio"])[stage.ids]
     for name in CONTEXT:
-        nodes[f"peer_{name}"] = nodes.groupby(stage)[name].transform("median")
+        nodes[f"peer_{name}"] = stage.median(nodes[name])[stage.ids]
+    median = stage.median(nodes["ratio"])
+    mad = stage.median(np.abs(nodes["ratio"] - median[stage.ids]))
+    nodes["stage_ratio"] = median[stage.ids]
+    nodes["spread"] = np.maximum(mad * MAD_TO_SIGMA, relative_floor)[stage.ids]
     return nodes
 
 
-def _stage_spread(nodes: pd.DataFrame, relative_floor: float) -> pd.DataFrame:
-    """Per (job, stage): the median of its nodes' ratios and their robust spread (at least the floor)."""
-    ratios = nodes["ratio"].groupby(level=["job", "stage"])
-    median = ratios.median().rename("stage_ratio")
-    deviation = (nodes["ratio"] - median.reindex(nodes.index.droplevel("node")).to_numpy()).abs()
-    mad = deviation.groupby(level=["job", "stage"]).median()
-    spread = (mad * MAD_TO_SIGMA).clip(lower=relative_floor).rename("spread")
-    return pd.concat([median, spread], axis=1)
+def _job_gpus(units: Columns) -> np.ndarray:
+    """Per unit, its job's GPUs: its ranks (one GPU each), the most any step of each node showed."""
+    jobs, hosts = Groups(units["job"]), Groups(units["job"], units["node"])
+    most = np.zeros(hosts.count, dtype=np.int64)
+    np.maximum.at(most, hosts.ids, units["ranks"])
+    gpus = np.zeros(jobs.count, dtype=np.int64)
+    np.add.at(gpus, jobs.ids[hosts.first_rows()], most)
+    return gpus[jobs.ids]
 
 
 def _evidence(row: Any) -> dict[str, object]:

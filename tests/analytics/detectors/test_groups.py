@@ -1,0 +1,76 @@
+"""analytics.detectors.groups gives pandas groupby's numbers to the bit, on random frames with NaNs,
+infinities, ties, groups of one row and groups without a value."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from analytics.detectors.groups import Groups
+
+VALUES = st.one_of(
+    st.sampled_from([np.nan, 0.0, 1.0, 1.0 / 3, -2.5, np.inf, -np.inf]),
+    st.integers(0, 23).map(lambda k: k / 23),  # standings: their sums round by order
+    st.floats(min_value=-1e6, max_value=1e6, allow_nan=False),
+)
+ROWS = st.lists(
+    st.tuples(st.sampled_from(["job-b", "job-a", "j"]), st.integers(0, 3), st.integers(-2, 2), VALUES),
+    max_size=60,
+)
+
+
+def _frame(rows: list[tuple[str, int, int, float]]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows, columns=["job", "stage", "unit", "value"])
+    return frame.astype({"job": object, "stage": np.int64, "unit": np.int64, "value": float})
+
+
+def _same(ours: np.ndarray, theirs: pd.Series) -> None:
+    """Equal to the bit, NaN where pandas has NaN."""
+    assert np.array_equal(ours, theirs.to_numpy(dtype=float), equal_nan=True), (ours, theirs.to_numpy())
+    assert np.array_equal(np.signbit(ours), np.signbit(theirs.to_numpy(dtype=float)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(ROWS)
+def test_reductions_equal_pandas(rows: list[tuple[str, int, int, float]]) -> None:
+    frame = _frame(rows)
+    keys = ["job", "stage", "unit"]
+    groups = Groups(*(frame[key].to_numpy() for key in keys))
+    grouped = frame.groupby(keys)["value"]
+    values = frame["value"].to_numpy()
+    assert groups.count == grouped.ngroups
+    _same(groups.median(values), grouped.median())
+    _same(groups.max(values), grouped.max())
+    _same(groups.sum(values), grouped.sum())
+    _same(groups.mean(values), grouped.mean())
+    _same(groups.first(values), grouped.first())
+    assert np.array_equal(groups.non_null(values), grouped.count().to_numpy())
+    _same(groups.rank(values), grouped.rank(method="average"))
+    _same(groups.median(values)[groups.ids], grouped.transform("median"))
+    if len(frame):
+        first = frame.iloc[groups.first_rows()][keys]
+        assert list(first.itertuples(index=False, name=None)) == list(grouped.median().index)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ROWS)
+def test_second_largest_is_np_sort_second_from_the_end(rows: list[tuple[str, int, int, float]]) -> None:
+    frame = _frame(rows)
+    groups = Groups(frame["job"].to_numpy(), frame["unit"].to_numpy())
+
+    def second(values: pd.Series) -> float:
+        ordered = np.sort(values.to_numpy(dtype=float))
+        return float(ordered[-2]) if len(ordered) >= 2 else float("nan")
+
+    expected = frame.groupby(["job", "unit"])["value"].agg(second)
+    _same(groups.second_largest(frame["value"].to_numpy()), expected)
+
+
+def test_no_rows_no_groups() -> None:
+    groups = Groups(np.array([], dtype=object), np.array([], dtype=np.int64))
+    empty = np.array([], dtype=float)
+    assert groups.count == 0
+    for reduction in (groups.median, groups.max, groups.sum, groups.mean, groups.first, groups.rank):
+        assert len(reduction(empty)) == 0
