@@ -210,8 +210,9 @@ class TapeView:
         STEADY_INCREASE, STEADY_SECONDS, STEADY_RATE, LAST, INSIDE_MIN and INSIDE_MAX, and `samples`, the
         length of `inside`."""
         rising = self.value >= self.previous_value
-        increase = self.sum(np.where(rising, self.value - self.previous_value, self.value), self.step)
-        steady_increase = self.steady_increase(self.step)
+        with np.errstate(invalid="ignore"):  # inf - inf is NaN, as in ClickHouse
+            increase = self.sum(np.where(rising, self.value - self.previous_value, self.value), self.step)
+            steady_increase = self.steady_increase(self.step)
         steady_seconds = self.sum(self.t - self.previous_t, self.step & rising)
         samples = self.count(self.inside)
         with np.errstate(invalid="ignore", divide="ignore"):

@@ -1,0 +1,211 @@
+"""The tape's per-series summaries are series_sql's, value for value, on real chDB: for random series
+with counter resets, NaN and +Inf, gaps shorter and longer than the lookback, samples on window edges,
+several series per node, samples inserted late; stepped window by window or fresh."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+import uuid
+from collections import defaultdict
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from analytics.detectors.base import Window, frame, read_frame
+from analytics.detectors.counters import (
+    INCREASE,
+    INSIDE_MAX,
+    INSIDE_MIN,
+    LAST,
+    STEADY_INCREASE,
+    STEADY_RATE,
+    STEADY_SECONDS,
+    series_parameters,
+    series_sql,
+)
+from analytics.detectors.tape import OVERLAP_S, Tape, tape_view
+from analytics.store import Store
+from analytics.store.records import ScrapeBatch
+
+WINDOW_S = 10.0
+WINDOWS = 4
+SUMMARIES_SQL = series_sql(
+    "series_id",
+    f"{INCREASE} AS increase",
+    f"{STEADY_INCREASE} AS steady_increase",
+    f"{STEADY_SECONDS} AS steady_seconds",
+    f"{STEADY_RATE} AS steady_rate",
+    f"{LAST} AS last",
+    "length(inside) AS samples",
+    f"{INSIDE_MIN} AS inside_min",
+    f"{INSIDE_MAX} AS inside_max",
+)
+COLUMNS = [
+    "series_id", "metric", "node", "labels", "samples", "last", "increase", "steady_increase",
+    "steady_seconds", "steady_rate", "inside_min", "inside_max",
+]  # fmt: skip
+examples = itertools.count()
+
+# a value: mostly a counter's (whole numbers, so that a drop is a reset), now and then a gauge's
+values = st.one_of(
+    st.integers(0, 50).map(float),
+    st.floats(-1e6, 1e6, allow_nan=False),
+    st.sampled_from([math.nan, math.inf, 0.0]),
+)
+# a sample's offset in ms from the lookback's start of the first window: on window edges, just off them,
+# anywhere; a series' times are distinct, as a store's are
+offsets = st.one_of(
+    st.integers(0, 12).map(lambda k: k * 10_000),
+    st.integers(0, 12).map(lambda k: k * 10_000 - 1),
+    st.integers(0, 120_000),
+)
+series_samples = st.dictionaries(offsets.filter(lambda ms: ms >= 0), values, max_size=25)
+fleets = st.lists(
+    st.tuples(st.integers(0, 1), st.integers(0, 2), series_samples),  # node, metric, samples
+    min_size=1,
+    max_size=6,
+)
+
+
+def base_ms() -> int:
+    """An aligned time an hour ago (the store's retention keeps it), in ms."""
+    return int((math.floor(time.time() / WINDOW_S) * WINDOW_S - 3600) * 1000)
+
+
+def store_samples(store: Store, samples: list[tuple[str, str, dict[str, str], int, float]]) -> None:
+    """Insert (node, metric, labels, unix ms, value) samples, one scrape per node and time."""
+    scrapes: dict[tuple[str, int], list[tuple[str, dict[str, str], float]]] = defaultdict(list)
+    for node, metric, labels, ms, value in samples:
+        scrapes[(node, ms)].append((metric, labels, value))
+    batches = [
+        ScrapeBatch(f"{node}:9100", node, ms / 1000, *(list(column) for column in zip(*rows, strict=True)))
+        for (node, ms), rows in scrapes.items()
+    ]
+    store.insert_samples(batches, token=f"tape/{uuid.uuid4()}")
+
+
+def expected(store: Store, metrics: list[str], window: Window, lookback_s: float) -> pd.DataFrame:
+    parameters = series_parameters(metrics, window.start, window.end, lookback_s)
+    return ordered(frame(store.query(SUMMARIES_SQL, parameters=parameters, max_rows=100_000)))
+
+
+def ordered(summaries: pd.DataFrame) -> pd.DataFrame:
+    summaries = summaries.astype({"series_id": np.uint64})
+    return summaries.sort_values("series_id")[COLUMNS].reset_index(drop=True)
+
+
+def assert_same(got: pd.DataFrame, want: pd.DataFrame) -> None:
+    """Equal in every value: numbers bit for bit (NaN where NaN), labels as dicts."""
+    got = ordered(got)
+    assert len(got) == len(want)
+    for column in COLUMNS:
+        if column in ("metric", "node", "labels"):
+            assert got[column].tolist() == want[column].tolist(), column
+        else:
+            np.testing.assert_array_equal(
+                got[column].to_numpy(np.float64), want[column].to_numpy(np.float64), column
+            )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fleet=fleets, late=fleets, lookback_s=st.sampled_from([5.0, 20.0, 60.0]))
+def test_the_tape_summarises_each_series_as_series_sql_does_stepped_or_fresh(
+    store: Store,
+    fleet: list[tuple[int, int, dict[int, float]]],
+    late: list[tuple[int, int, dict[int, float]]],
+    lookback_s: float,
+):
+    example = next(examples)
+    metrics = [f"tape_{example}_metric_{k}" for k in range(3)]
+    start_ms = base_ms()
+    first = Window((start_ms + 60_000) / 1000, (start_ms + 60_000) / 1000 + WINDOW_S)
+    windows = [Window(first.start + k * WINDOW_S, first.end + k * WINDOW_S) for k in range(WINDOWS)]
+
+    def samples(specs, keep) -> list[tuple[str, str, dict[str, str], int, float]]:
+        return [
+            (f"node-{node}", metrics[metric], {"device": f"mlx5_{index}", "port": "1"}, start_ms + ms, value)
+            for index, (node, metric, points) in enumerate(specs)
+            for ms, value in points.items()
+            if keep(start_ms + ms) and (node, metric, index, ms) not in stored
+        ]
+
+    stored: set[tuple[int, int, int, int]] = set()  # a late sample never repeats a stored one's time
+    store_samples(store, samples(fleet, lambda ms: True))
+    stored.update((n, m, i, ms) for i, (n, m, points) in enumerate(fleet) for ms in points)
+    tape = Tape()
+    for index, window in enumerate(windows):
+        if index:  # samples for the last window, inserted after it ran, within the overlap of its end
+            since_ms = round((window.start - OVERLAP_S) * 1000)
+            store_samples(store, samples(late, lambda ms, w=window, s=since_ms: s <= ms < w.start * 1000))
+        want = expected(store, metrics, window, lookback_s)
+        assert_same(tape.view(store, metrics, window, lookback_s).summaries(), want)
+        assert_same(Tape().view(store, metrics, window, lookback_s).summaries(), want)
+
+
+def test_the_tape_reads_only_the_new_samples_and_its_overlap_when_warm(store: Store):
+    start_ms = base_ms()
+    store_samples(store, [("node-0", "warm_metric", {}, start_ms + k * 1000, float(k)) for k in range(200)])
+    tape, reads = Tape(), CountingReader(store)
+    window = Window(start_ms / 1000 + 120, start_ms / 1000 + 130)
+    tape.view(reads, ["warm_metric"], window, 60.0)
+    assert len(tape.t_ms_) == 70  # the lookback and the window
+    following = Window(window.end, window.end + WINDOW_S)
+    view = tape.view(reads, ["warm_metric"], following, 60.0)
+    assert reads.rows == [70, 1, 20]  # samples, the catalog, then the new window and the overlap alone
+    assert view.summaries()["samples"].tolist() == [10]
+
+
+def test_a_detector_alone_reads_a_fresh_tape_through_any_reader(store: Store):
+    """A Reader without columnar reads (a HubClient, a fake) gets the same summaries through query()."""
+    start_ms = base_ms()
+    rows = [("node-0", "plain_metric", {"gpu": "0"}, start_ms + k * 5000, float(k % 7)) for k in range(30)]
+    store_samples(store, rows)
+    window = Window(start_ms / 1000 + 100, start_ms / 1000 + 110)
+    plain = tape_view(RowsOnly(store), ["plain_metric"], window, 60.0).summaries()
+    assert_same(plain, expected(store, ["plain_metric"], window, 60.0))
+
+
+class RowsOnly:
+    """A Reader with query() alone."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def query(self, sql, *, parameters=None, max_rows=10_000):
+        return self._store.query(sql, parameters=parameters, max_rows=max_rows)
+
+
+class CountingReader(RowsOnly):
+    """Counts the rows of each columnar read."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.rows: list[int] = []
+
+    def query_frame(self, sql, *, parameters=None, max_rows=10_000):
+        result = read_frame(self._store, sql, parameters=parameters, max_rows=max_rows)
+        self.rows.append(len(result.frame))
+        return result
+
+
+@pytest.mark.parametrize("overlap_s", [0.0, OVERLAP_S])
+def test_a_sample_later_than_the_overlap_is_missed_by_a_warm_tape_only(store: Store, overlap_s: float):
+    """What the overlap buys: a sample inserted for the last window after it ran is seen when it is within
+    the overlap of that window's end."""
+    start_ms = base_ms()
+    store_samples(
+        store, [("node-0", f"late_{overlap_s}", {}, start_ms + k * 10_000, float(k)) for k in range(13)]
+    )
+    tape = Tape(overlap_s=overlap_s)
+    window = Window(start_ms / 1000 + 110, start_ms / 1000 + 120)
+    tape.view(store, [f"late_{overlap_s}"], window, 60.0)
+    store_samples(store, [("node-0", f"late_{overlap_s}", {}, start_ms + 115_000, 100.0)])
+    following = Window(window.end, window.end + WINDOW_S)
+    warm = tape.view(store, [f"late_{overlap_s}"], following, 60.0).summaries()
+    fresh = Tape().view(store, [f"late_{overlap_s}"], following, 60.0).summaries()
+    assert (warm["increase"].tolist() == fresh["increase"].tolist()) == (overlap_s > 0)
