@@ -21,7 +21,7 @@ import pandas as pd
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, passing
 from analytics.detectors.counters import LOOKBACK_S, evidence_number
-from analytics.detectors.tape import group_sum, tape_view
+from analytics.detectors.tape import group_sum, groups, tape_view
 from analytics.store.protocols import Reader
 
 ECN_MARKED = "node_infiniband_np_ecn_marked_roce_packets_received_total"
@@ -43,40 +43,49 @@ def ports(source: Reader, window: Window) -> pd.DataFrame:
     """Per port with a steady step in the window: its rates (reset steps left out), the signal it is
     judged by and that signal's value (`per_s`); the median and MAD of `per_s` over the ports judged
     by the same signal (`fleet_median_per_s`, `fleet_mad_per_s`)."""
-    series = tape_view(source, CONGESTION_METRICS, window, LOOKBACK_S).summaries()
-    device = series["labels"].map(lambda labels: labels.get("device", ""))
-    port = series["labels"].map(lambda labels: labels.get("port", ""))
-    grouped = series.assign(component=device + ":" + port).groupby(["node", "component"], sort=True)
-    group, count = grouped.ngroup().to_numpy(), grouped.ngroups
+    view = tape_view(source, CONGESTION_METRICS, window, LOOKBACK_S)
+    identity = view.derived(_port_identity)
+    series = view.summaries()
+    group, member = groups(identity["port"].to_numpy())
+    count = len(member)
     rate, steady_s = series["steady_rate"].to_numpy(), series["steady_seconds"].to_numpy()
-    metric = series["metric"]
-    found = (
-        grouped.size()
-        .index.to_frame(index=False)
-        .assign(
-            job="",
-            **{name: group_sum(group, count, rate, (metric == of).to_numpy()) for name, of in RATES.items()},
-        )
-    )
+    found = identity.iloc[member][["node", "component"]].reset_index(drop=True)
+    found["job"] = ""
+    for name in RATES:
+        found[name] = group_sum(group, count, rate, identity[name].to_numpy())
     found["notifications_per_s"] = found["ecn_marks_per_s"] + found["cnp_handled_per_s"]
-    notifying = metric.isin([ECN_MARKED, CNP_HANDLED]).to_numpy() & (steady_s > 0)
-    notified = np.bincount(group[notifying], minlength=count) > 0
+    notified = np.bincount(group[identity["notifying"].to_numpy() & (steady_s > 0)], minlength=count) > 0
     found["notified"] = notified.astype(np.int64)
     found["signal"] = np.where(notified, NOTIFICATIONS, WAIT)
     found["per_s"] = np.where(notified, found["notifications_per_s"], found["transmit_wait_per_s"])
     stepped = np.bincount(group[steady_s > 0], minlength=count) > 0  # max(steady_s) > 0
     found = found[stepped].reset_index(drop=True)
-    by_signal = found.groupby("signal")["per_s"]
-    found["fleet_median_per_s"] = by_signal.transform(median_exact)
-    deviation = (found["per_s"] - found["fleet_median_per_s"]).abs().groupby(found["signal"])
-    found["fleet_mad_per_s"] = deviation.transform(median_exact)
-    return found
+    per_s, notified = found["per_s"].to_numpy(), notified[stepped]
+    median, mad = np.zeros(len(found)), np.zeros(len(found))
+    for judged_alike in (notified, ~notified):
+        median[judged_alike] = median_exact(per_s[judged_alike])
+        mad[judged_alike] = median_exact(np.abs(per_s[judged_alike] - median[judged_alike]))
+    return found.assign(fleet_median_per_s=median, fleet_mad_per_s=mad)
 
 
-def median_exact(values: pd.Series) -> float:
-    """ClickHouse's medianExact: of the values not NaN (NaN when none), the one at half their count
-    in sorted order, the upper of the two middle ones for an even count."""
-    known = np.sort(values.to_numpy(np.float64)[~np.isnan(values.to_numpy(np.float64))])
+def _port_identity(catalog: pd.DataFrame) -> pd.DataFrame:
+    """Per series, its port's node and `component` ("mlx5_2:1"), `port` (a code ordering ports by node
+    and component), which rate of RATES it is (a column each) and whether it is a `notifying` one."""
+    device = catalog["labels"].map(lambda labels: labels.get("device", ""))
+    port = catalog["labels"].map(lambda labels: labels.get("port", ""))
+    metric = catalog["metric"]
+    identity = pd.DataFrame({"node": catalog["node"], "component": device + ":" + port})
+    for name, of in RATES.items():
+        identity[name] = (metric == of).to_numpy(bool)
+    identity["notifying"] = metric.isin([ECN_MARKED, CNP_HANDLED]).to_numpy(bool)
+    identity["port"] = identity.groupby(["node", "component"], sort=True).ngroup()
+    return identity
+
+
+def median_exact(values: np.ndarray) -> float:
+    """ClickHouse's medianExact: of the values not NaN (NaN when none), the one at half their count in
+    sorted order, the upper of the two middle ones for an even count."""
+    known = np.sort(values[~np.isnan(values)])
     return float(known[len(known) // 2]) if len(known) else np.nan
 
 

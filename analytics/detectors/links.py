@@ -33,7 +33,7 @@ import pandas as pd
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, passing
 from analytics.detectors.counters import LOOKBACK_S, evidence_number
-from analytics.detectors.tape import TapeView, group_extreme, group_sum, tape_view
+from analytics.detectors.tape import TapeView, group_extreme, group_sum, groups, tape_view
 from analytics.store.protocols import Reader
 
 STATE = "node_infiniband_state_id"
@@ -63,29 +63,28 @@ def links(source: Reader, window: Window, lookback_s: float, ignored: str) -> pd
     window and the lookback before it (`downs`, the most any one signal counted). `link_downed` is the
     increase of a port's link_downed counter, or of an interface's carrier_down_changes_total.
     Interfaces whose name matches the regular expression `ignored` are left out."""
-    series = _link_series(tape_view(source, LINK_METRICS, window, lookback_s))
-    series["netdev"] = series["metric"].str.startswith("node_network_").astype(np.int64)
-    device = series["labels"].map(lambda labels: labels.get("device", ""))
-    port = series["labels"].map(lambda labels: labels.get("port", ""))
-    series["component"] = device.where(series["netdev"] == 1, device + ":" + port)
-    grouped = series.groupby(["node", "netdev", "component"], sort=True)
-    group, count = grouped.ngroup().to_numpy(), grouped.ngroups
-    keys = grouped.size().index.to_frame(index=False)
-    sampled, gauge = series["samples"].to_numpy() > 0, series["gauge"].to_numpy()
-    state_metric = series["metric"].isin([STATE, CARRIER]).to_numpy()
+    view = tape_view(source, LINK_METRICS, window, lookback_s)
+    identity = view.derived(_link_identity)
+    series = _link_series(view, identity)
+    group, member = groups(identity["link"].to_numpy())
+    count = len(member)
+    sampled, gauge = series["samples"].to_numpy() > 0, identity["gauge"].to_numpy()
+    state_metric = identity["state_metric"].to_numpy()
 
     def largest(column: str, where: np.ndarray) -> np.ndarray:
         return group_extreme(np.fmax, group, count, series[column].to_numpy(np.float64), where)
 
-    netdev = keys["netdev"].to_numpy() == 1
+    found = identity.iloc[member][["node", "component"]].reset_index(drop=True)
+    netdev = identity["netdev"].to_numpy()[member]
     reported = np.bincount(group[state_metric & sampled], minlength=count) > 0
     state = largest("last", state_metric & sampled)
-    physical_state = largest("last", (series["metric"] == PHYSICAL_STATE).to_numpy() & sampled)
+    physical_state = largest("last", identity["physical"].to_numpy() & sampled)
     up_now = reported & np.where(netdev, state == CARRIER_UP, (state == ACTIVE) & (physical_state == LINK_UP))
     state_falls = largest("falls", gauge).astype(np.int64)
     link_downed = group_sum(group, count, series["increase"].to_numpy(), ~gauge)
-    found = keys.assign(
+    found = found.assign(
         job="",
+        netdev=netdev.astype(np.int64),
         reported=reported.astype(np.int64),
         state=state,
         physical_state=physical_state,
@@ -96,24 +95,52 @@ def links(source: Reader, window: Window, lookback_s: float, ignored: str) -> pd
         link_downed=link_downed,
         downs=np.maximum(state_falls, link_downed),
     )
-    interfaces_only = found.groupby("node")["netdev"].transform("min").to_numpy() == 1
+    node = identity["node_code"].to_numpy()[member]
+    interfaces_only = ~np.isin(node, node[~netdev])
     search = re.compile(ignored).search
-    ignored_name = found["component"].map(lambda name: search(name) is not None).to_numpy(bool)
-    judged = found[~netdev | (~ignored_name & interfaces_only)]
-    return judged.sort_values(["node", "component"], kind="stable")[LINK_COLUMNS].reset_index(drop=True)
+    judged = ~netdev
+    for link in np.flatnonzero(netdev & interfaces_only):  # the interfaces of nodes without ports: few
+        judged[link] = search(found["component"].iat[link]) is None
+    return (
+        found[judged].sort_values(["node", "component"], kind="stable")[LINK_COLUMNS].reset_index(drop=True)
+    )
 
 
-def _link_series(view: TapeView) -> pd.DataFrame:
-    """Per series of LINK_METRICS: its summaries, whether it is a `gauge` (else a counter), how often it
-    went from up to down between samples since the lookback (`falls`), whether it was down at every
-    sample of the window (`down_inside`), for how long it has been down at its last sample (`down_s`:
-    since it was last up, else since its first sample), and its steady `increase` since the lookback."""
+def _link_identity(catalog: pd.DataFrame) -> pd.DataFrame:
+    """Per series, what its identity says of its link: the link's node, `netdev` (an interface, else a
+    port), `component` and `link` (a code ordering links by node, netdev and component), `node_code`;
+    whether the series is a `gauge` (else a counter), its value while `up`, and whether it is the link's
+    state (IB state or carrier: `state_metric`) or `physical` state."""
+    metric = catalog["metric"]
+    device = catalog["labels"].map(lambda labels: labels.get("device", ""))
+    port = catalog["labels"].map(lambda labels: labels.get("port", ""))
+    netdev = metric.str.startswith("node_network_").to_numpy(bool)
+    identity = pd.DataFrame(
+        {
+            "node": catalog["node"],
+            "netdev": netdev,
+            "component": device.where(netdev, device + ":" + port),
+            "gauge": ~metric.isin(COUNTERS).to_numpy(bool),
+            "up": metric.map(UP).fillna(CARRIER_UP).to_numpy(np.float64),
+            "state_metric": metric.isin([STATE, CARRIER]).to_numpy(bool),
+            "physical": (metric == PHYSICAL_STATE).to_numpy(bool),
+        }
+    )
+    identity["link"] = identity.groupby(["node", "netdev", "component"], sort=True).ngroup()
+    identity["node_code"] = identity.groupby("node", sort=True).ngroup()
+    return identity
+
+
+def _link_series(view: TapeView, identity: pd.DataFrame) -> pd.DataFrame:
+    """Per series of LINK_METRICS: its summaries, how often it went from up to down between samples since
+    the lookback (`falls`), whether it was down at every sample of the window (`down_inside`), for how
+    long it has been down at its last sample (`down_s`: since it was last up, else since its first
+    sample), and its steady `increase` since the lookback."""
     series = view.summaries()
-    up = series["metric"].map(UP).fillna(CARRIER_UP).to_numpy(np.float64)[view.group]
+    up = identity["up"].to_numpy()[view.group]
     last_up_t = view.max(view.t, view.value == up)
     first_t, last_t = view.t[view.first], view.t[view.last]
     return series.assign(
-        gauge=~series["metric"].isin(COUNTERS).to_numpy(),
         falls=view.count(view.recent_step & (view.previous_value == up) & (view.value != up)),
         down_inside=view.count(view.inside & (view.value == up)) == 0,
         down_s=last_t - np.where(last_up_t > 0, last_up_t, first_t),

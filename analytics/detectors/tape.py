@@ -21,7 +21,7 @@ does, so floating-point results are identical, not merely close.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
@@ -36,6 +36,8 @@ OVERLAP_S = 10.0  # read again each window: samples inserted this late for the l
 MAX_TAPE_ROWS = 50_000_000  # samples one read may return: the lookback of a large fleet's registered metrics
 EPOCH = datetime.fromtimestamp(0, UTC)
 CATALOG_COLUMNS = ["series_id", "metric", "node", "labels"]
+# what a detector derives from each series' identity (the catalog's rows: metric, node, labels), once
+Derive = Callable[[pd.DataFrame], pd.DataFrame]
 
 # the registered metrics' samples in [from_ms, until_ms)
 SAMPLES_IN_RANGE = """metric IN {metrics:Array(String)}
@@ -85,6 +87,7 @@ class Tape:
         self.value_ = np.empty(0, np.float64)
         self.catalog_ = pd.DataFrame(columns=CATALOG_COLUMNS)  # one row per series seen
         self.ids_ = pd.Index([], dtype=np.uint64)  # catalog_'s series ids, to find a series' row
+        self.derived_: dict[Derive, pd.DataFrame] = {}  # per derivation: its columns per row of catalog_
 
     def register(self, needs: Mapping[str, float]) -> None:
         """Add metrics to read every window, each with the lookback its reader uses."""
@@ -98,8 +101,14 @@ class Tape:
         self._advance(source, window)
         chosen = self.catalog_["metric"].isin(list(metrics)).to_numpy(bool)[self.key_]
         chosen &= (self.t_ms_ >= millis(window.start - lookback_s)) & (self.t_ms_ < millis(window.end))
-        key, t_ms, value = self.key_[chosen], self.t_ms_[chosen], self.value_[chosen]
-        return TapeView(self.catalog_, key, t_ms, value, window.start)
+        return TapeView(self, self.key_[chosen], self.t_ms_[chosen], self.value_[chosen], window.start)
+
+    def derived(self, derive: Derive) -> pd.DataFrame:
+        """`derive`'s columns for every series seen, computed again only when new series were seen."""
+        known = self.derived_.get(derive)
+        if known is None or len(known) != len(self.catalog_):
+            known = self.derived_[derive] = derive(self.catalog_).reset_index(drop=True)
+        return known
 
     def _advance(self, source: Reader, window: Window) -> None:
         """Hold every registered metric over [end - the longest lookback, end): the new samples only, with
@@ -163,8 +172,9 @@ class TapeView:
     their per-series summaries over [since, end) as series_sql defines them."""
 
     def __init__(
-        self, catalog: pd.DataFrame, key: np.ndarray, t_ms: np.ndarray, value: np.ndarray, since: float
+        self, tape: Tape, key: np.ndarray, t_ms: np.ndarray, value: np.ndarray, since: float
     ) -> None:
+        self._tape = tape
         self.value = value
         self.t = t_ms / 1000  # unix seconds, as series_sql's `t`
         first = np.ones(len(key), bool)
@@ -172,7 +182,8 @@ class TapeView:
         starts = np.flatnonzero(first)
         self.first = first  # the sample starts its series
         self.group = np.cumsum(first) - 1  # per sample: its series' row of `series`
-        self.series = catalog.iloc[key[starts]].reset_index(drop=True)
+        self.rows = key[starts]  # per series: its row of the tape's catalog
+        self.series = tape.catalog_.iloc[self.rows].reset_index(drop=True)
         self.inside = self.t >= since
         last = np.ones(len(key), bool)
         last[:-1] = first[1:]
@@ -187,6 +198,11 @@ class TapeView:
         self.recent_step = ~first  # the sample ends a step between any two samples since the lookback
         self.previous_value = np.concatenate([[np.nan], value[:-1]])
         self.previous_t = np.concatenate([[np.nan], self.t[:-1]])
+
+    def derived(self, derive: Derive) -> pd.DataFrame:
+        """Per series, the columns `derive` computes from series' identities (rows of `series` without
+        their summaries), each series' computed once for as long as the tape lives."""
+        return self._tape.derived(derive).iloc[self.rows].reset_index(drop=True)
 
     def sum(self, values: np.ndarray, where: np.ndarray) -> np.ndarray:
         """Per series, the sum of `values` where `where`, in time order from 0 (arraySum's order)."""
@@ -227,6 +243,15 @@ class TapeView:
             inside_min=group_extreme(np.fmin, self.group, len(self.series), self.value, self.inside),
             inside_max=self.max(self.value, self.inside),
         )
+
+
+def groups(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For series grouped by integer `codes` (ordered as the groups are to be): the group of each series,
+    and one series of each group."""
+    unique, group = np.unique(codes, return_inverse=True)
+    member = np.empty(len(unique), np.int64)
+    member[group] = np.arange(len(group))
+    return group, member
 
 
 def group_sum(groups: np.ndarray, count: int, values: np.ndarray, where: np.ndarray) -> np.ndarray:
