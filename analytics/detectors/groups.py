@@ -45,6 +45,10 @@ class Groups:
         out[found] = values[present[where]]
         return out
 
+    def min(self, values: np.ndarray) -> np.ndarray:
+        """Each group's smallest value (of values without NaN: integers)."""
+        return values[self._value_order(values)][self.starts]
+
     def median(self, values: np.ndarray) -> np.ndarray:
         """Each group's median of its values that are not NaN; NaN if none."""
         ordered, counts = self._sorted(values)

@@ -25,8 +25,9 @@ import pandas as pd
 from sklearn.ensemble import IsolationForest
 
 from analytics.detectors import register
-from analytics.detectors.base import Detector, Finding, Window, frame
-from analytics.detectors.peers import by_node, peer_baseline, step_aggregates
+from analytics.detectors.base import Detector, Finding, Window
+from analytics.detectors.groups import Groups
+from analytics.detectors.peers import node_values, peer_baseline, step_aggregates
 from analytics.store.protocols import Reader
 
 
@@ -55,6 +56,7 @@ FEATURES = (
     Feature("compute_s", "", False, 0.0),  # from the steps table
 )
 NAMES = [feature.name for feature in FEATURES]
+MIN_SPREADS = np.array([feature.min_spread for feature in FEATURES])
 SAMPLED = [feature for feature in FEATURES if feature.metric]
 
 # per series: the median (gauges) and the rate over the span (counters; NULL across a reset or with one
@@ -110,23 +112,31 @@ class PeerOutlier(Detector):
         """Per node of a job: the raw features, their peer medians (`median_<name>`) and robust z
         (`z_<name>`), and how many nodes the job has in this window (`peers`)."""
         steps = step_aggregates(source, window)
-        nodes = steps.groupby(["job", "node"], as_index=False).agg(
-            stage=("stage", "min"), compute_s=("compute_s", "median")
-        )
-        if nodes.empty:
+        if steps.empty:
             return pd.DataFrame(columns=["node", "component", "job", "peers", *NAMES])
-        nodes = nodes.join(self._sampled(source, window, nodes["node"].unique()), on="node")
-        groups = [nodes["job"], nodes["stage"]]
-        floors = pd.Series({feature.name: feature.min_spread for feature in FEATURES})
-        medians, spreads = peer_baseline(nodes[NAMES], groups, self.relative_floor, floors)
-        z = ((nodes[NAMES] - medians) / spreads).fillna(0.0)
-        return pd.concat(
-            [
-                nodes.assign(component="", peers=nodes.groupby("job")["node"].transform("count")),
-                medians.add_prefix("median_"),
-                z.add_prefix("z_"),
-            ],
-            axis=1,
+        hosts = Groups(steps["job"].to_numpy(), steps["node"].to_numpy())
+        first = hosts.first_rows()
+        job, node = steps["job"].to_numpy()[first], steps["node"].to_numpy()[first]
+        stage = hosts.min(steps["stage"].to_numpy())
+        values = np.column_stack(
+            [self._sampled(source, window, node), hosts.median(steps["compute_s"].to_numpy(dtype=float))]
+        )
+        jobs = Groups(job)
+        medians, spreads = peer_baseline(values, Groups(job, stage), self.relative_floor, MIN_SPREADS)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            z = (values - medians) / spreads
+        return pd.DataFrame(
+            {
+                "job": job,
+                "node": node,
+                "stage": stage,
+                "compute_s": values[:, NAMES.index("compute_s")],
+                **{name: values[:, i] for i, name in enumerate(NAMES) if name != "compute_s"},
+                "component": "",
+                "peers": jobs.sizes[jobs.ids],
+                **{f"median_{name}": medians[:, i] for i, name in enumerate(NAMES)},
+                **{f"z_{name}": np.where(np.isnan(z[:, i]), 0.0, z[:, i]) for i, name in enumerate(NAMES)},
+            }
         )
 
     def score(self, features: pd.DataFrame) -> np.ndarray:
@@ -159,18 +169,18 @@ class PeerOutlier(Detector):
             for row in np.flatnonzero(passed)
         ]
 
-    def _sampled(self, source: Reader, window: Window, nodes: np.ndarray) -> pd.DataFrame:
-        """Per node (the index), the sample-based features over the window and `lookback_s` before it
-        (counters need two samples for a rate)."""
+    def _sampled(self, source: Reader, window: Window, nodes: np.ndarray) -> np.ndarray:
+        """The sample-based features (a column each, in SAMPLED's order) of each of `nodes`, over the
+        window and `lookback_s` before it (counters need two samples for a rate)."""
         parameters = {
             **window.parameters,
             "since": datetime.fromtimestamp(window.start - self.lookback_s, UTC),
             "metrics": [feature.metric for feature in SAMPLED],
             "counters": [feature.metric for feature in SAMPLED if feature.counter],
-            "nodes": list(nodes),
+            "nodes": list(pd.unique(nodes)),
         }
-        by_metric = {feature.metric: feature.name for feature in SAMPLED}
-        return by_node(frame(source.query(NODE_FEATURES, parameters=parameters)), by_metric)
+        result = source.query(NODE_FEATURES, parameters=parameters)
+        return node_values(result, [feature.metric for feature in SAMPLED], nodes)
 
     def _evidence(self, row: pd.Series, z: np.ndarray) -> dict[str, object]:
         """Up to `top_features` features farthest from their peers: value, peer median and z of each."""

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
 from analytics.detectors.base import Window, frame
+from analytics.detectors.groups import Groups
 from analytics.store.protocols import Reader
+from analytics.store.records import QueryResult
 
 MAD_TO_SIGMA = 1.4826  # the MAD of normally distributed values times this is their standard deviation
 
@@ -51,16 +54,38 @@ def by_node(values: pd.DataFrame, names: Mapping[str, str]) -> pd.DataFrame:
     return wide.rename(columns=names).astype(float)
 
 
+def node_values(result: QueryResult, names: Sequence[str], nodes: Sequence[str]) -> np.ndarray:
+    """A query's rows of (node, metric, value) as a matrix: one row per node of `nodes`, one column per
+    metric of `names`; NaN where a node has no value (or a NULL one)."""
+    values = np.full((len(nodes), len(names)), np.nan)
+    row = {node: i for i, node in enumerate(nodes)}
+    column = {metric: j for j, metric in enumerate(names)}
+    at = [result.columns.index(name) for name in ("node", "metric", "value")]
+    for record in result.rows:
+        node, metric, value = (record[i] for i in at)
+        if node in row and metric in column and value is not None:
+            values[row[node], column[metric]] = value
+    return values
+
+
 def peer_baseline(
-    values: pd.DataFrame,
-    groups: Sequence[pd.Series],
-    relative_floor: float,
-    absolute_floor: pd.Series | float = 0,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Each value's peer median (over rows of equal `groups`) and robust spread: MAD x 1.4826, but at least
-    `relative_floor` x |median| and `absolute_floor`, so that peers in near lockstep do not turn a hair's
-    difference into many sigmas. NaN values are left out of both."""
-    median = values.groupby(list(groups)).transform("median")
-    mad = (values - median).abs().groupby(list(groups)).transform("median")
-    floor = (relative_floor * median.abs()).clip(lower=absolute_floor, axis=1)
-    return median, (mad * MAD_TO_SIGMA).clip(lower=floor)
+    values: np.ndarray, peers: Groups, relative_floor: float, absolute_floor: np.ndarray | float = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each value's peer median (over the rows of its group of `peers`; a column per feature) and robust
+    spread: MAD x 1.4826, but at least `relative_floor` x |median| and `absolute_floor` (per column), so
+    that peers in near lockstep do not turn a hair's difference into many sigmas. NaN values are left out
+    of both."""
+    median = np.column_stack([peers.median(column) for column in values.T])[peers.ids]
+    with np.errstate(invalid="ignore"):  # inf - inf and 0 x inf: NaN, as in pandas
+        deviation = np.abs(values - median)
+        mad = np.column_stack([peers.median(column) for column in deviation.T])[peers.ids]
+        floor = clip_lower(relative_floor * np.abs(median), absolute_floor)
+        return median, clip_lower(mad * MAD_TO_SIGMA, floor)
+
+
+def clip_lower(values: np.ndarray, floor: np.ndarray) -> np.ndarray:
+    """`values` raised to `floor` where below it, as pandas's clip(lower=) does: NaN stays NaN, and a NaN
+    floor is no floor."""
+    floor = np.broadcast_to(floor, values.shape)
+    kept = np.isnan(values) | (values >= np.where(np.isnan(floor), -np.inf, floor))
+    return np.where(kept, values, floor)
