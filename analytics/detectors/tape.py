@@ -47,22 +47,21 @@ SELECT series_id, toUnixTimestamp64Milli(ts) AS t, value
 FROM samples
 WHERE {SAMPLES_IN_RANGE}
 """
-# The series sampled in a range, with their labels joined as series_sql joins them (none when `series`
-# lacks the id): metric and node from the samples.
-CATALOG_SQL = f"""
-SELECT found.series_id AS series_id, CAST(found.sampled_metric, 'String') AS metric,
-    CAST(found.sampled_node, 'String') AS node, known.labels AS labels
-FROM (
-    SELECT series_id, any(metric) AS sampled_metric, any(node) AS sampled_node
-    FROM samples
-    WHERE {SAMPLES_IN_RANGE}
-    GROUP BY series_id
-) AS found
-ANY LEFT JOIN (
-    SELECT series_id, CAST(labels, 'Map(String, String)') AS labels
-    FROM series
-    WHERE metric IN {{metrics:Array(String)}}
-) AS known ON found.series_id = known.series_id
+# Every series of the metrics, as `series` lists them; and, for a series sampled in a range that it does not
+# list (none of the store's writers leaves one out), its metric and node from the samples and no labels,
+# as series_sql's join gives them.
+SERIES_SQL = """
+SELECT series_id, CAST(metric, 'String') AS metric, CAST(node, 'String') AS node,
+    CAST(labels, 'Map(String, String)') AS labels
+FROM series
+WHERE metric IN {metrics:Array(String)}
+"""
+UNLISTED_SQL = f"""
+SELECT series_id, CAST(any(metric), 'String') AS sampled_metric, CAST(any(node), 'String') AS sampled_node,
+    CAST(map(), 'Map(String, String)') AS labels
+FROM samples
+WHERE {SAMPLES_IN_RANGE} AND series_id IN {{ids:Array(UInt64)}}
+GROUP BY series_id
 """
 
 
@@ -157,14 +156,30 @@ class Tape:
         self, source: Reader, ids: np.ndarray, metrics: list[str], from_ms: int, until_ms: int
     ) -> None:
         """Add the series of `ids` not seen before to the catalog (series id -> metric, node, labels)."""
-        if not (self.ids_.get_indexer(np.unique(ids)) < 0).any():
+        unseen = np.unique(ids)[self.ids_.get_indexer(np.unique(ids)) < 0]
+        if not len(unseen):
             return
-        parameters = {"metrics": metrics, "from_ms": from_ms, "until_ms": until_ms}
-        found = read_frame(source, CATALOG_SQL, parameters=parameters, max_rows=MAX_TAPE_ROWS).frame
-        found = found.astype({"series_id": np.uint64, "metric": str, "node": str})
-        new = found[self.ids_.get_indexer(found["series_id"]) < 0][CATALOG_COLUMNS]
+        listed = self._catalog_rows(source, SERIES_SQL, {"metrics": metrics})
+        listed = listed[listed["series_id"].isin(unseen)].drop_duplicates("series_id")
+        unlisted = np.setdiff1d(unseen, listed["series_id"].to_numpy(np.uint64))
+        if len(unlisted):
+            parameters = {
+                "metrics": metrics,
+                "from_ms": from_ms,
+                "until_ms": until_ms,
+                "ids": unlisted.tolist(),
+            }
+            sampled = self._catalog_rows(source, UNLISTED_SQL, parameters)
+            listed = pd.concat([listed, sampled.rename(columns=lambda name: name.removeprefix("sampled_"))])
+        new = listed[CATALOG_COLUMNS].astype({"series_id": np.uint64, "metric": str, "node": str})
+        new = new.reset_index(drop=True)
         self.catalog_ = pd.concat([self.catalog_, new], ignore_index=True) if len(self.catalog_) else new
         self.ids_ = pd.Index(self.catalog_["series_id"].to_numpy(np.uint64))
+
+    @staticmethod
+    def _catalog_rows(source: Reader, sql: str, parameters: Mapping[str, object]) -> pd.DataFrame:
+        found = read_frame(source, sql, parameters=parameters, max_rows=MAX_TAPE_ROWS).frame
+        return found.astype({"series_id": np.uint64})
 
 
 class TapeView:

@@ -170,6 +170,25 @@ def test_a_detector_alone_reads_a_fresh_tape_through_any_reader(store: Store):
     assert_same(plain, expected(store, ["plain_metric"], window, 60.0))
 
 
+def test_a_series_the_series_table_does_not_list_is_summarised_as_series_sql_does(store: Store):
+    """No labels, its metric and node from its samples (a writer that failed between the two tables)."""
+    start_ms = base_ms()
+    store_samples(
+        store, [("node-0", "unlisted", {"gpu": "0"}, start_ms + k * 10_000, float(k)) for k in range(9)]
+    )
+    store._client.command(
+        f"INSERT INTO {store.database}.samples (metric, node, series_id, ts, value) VALUES "
+        + ", ".join(
+            f"('unlisted', 'node-9', 42, fromUnixTimestamp64Milli({start_ms + k * 7000}), {k})"
+            for k in range(9)
+        )
+    )
+    window = Window(start_ms / 1000 + 50, start_ms / 1000 + 60)
+    summaries = Tape().view(store, ["unlisted"], window, 60.0).summaries()
+    assert_same(summaries, expected(store, ["unlisted"], window, 60.0))
+    assert summaries["labels"].tolist().count({}) == 1
+
+
 class RowsOnly:
     """A Reader with query() alone."""
 
