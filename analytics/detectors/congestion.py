@@ -21,7 +21,7 @@ import pandas as pd
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, passing
 from analytics.detectors.counters import LOOKBACK_S, evidence_number
-from analytics.detectors.tape import group_sum, groups, tape_view
+from analytics.detectors.tape import group_sum, groups, label, tape_view
 from analytics.store.protocols import Reader
 
 ECN_MARKED = "node_infiniband_np_ecn_marked_roce_packets_received_total"
@@ -71,8 +71,7 @@ def ports(source: Reader, window: Window) -> pd.DataFrame:
 def _port_identity(catalog: pd.DataFrame) -> pd.DataFrame:
     """Per series, its port's node and `component` ("mlx5_2:1"), `port` (a code ordering ports by node
     and component), which rate of RATES it is (a column each) and whether it is a `notifying` one."""
-    device = catalog["labels"].map(lambda labels: labels.get("device", ""))
-    port = catalog["labels"].map(lambda labels: labels.get("port", ""))
+    device, port = label(catalog, "device"), label(catalog, "port")
     metric = catalog["metric"]
     identity = pd.DataFrame({"node": catalog["node"], "component": device + ":" + port})
     for name, of in RATES.items():

@@ -33,7 +33,7 @@ import pandas as pd
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, passing
 from analytics.detectors.counters import LOOKBACK_S, evidence_number
-from analytics.detectors.tape import TapeView, group_extreme, group_sum, groups, tape_view
+from analytics.detectors.tape import TapeView, group_extreme, group_sum, groups, label, tape_view
 from analytics.store.protocols import Reader
 
 STATE = "node_infiniband_state_id"
@@ -112,8 +112,7 @@ def _link_identity(catalog: pd.DataFrame) -> pd.DataFrame:
     whether the series is a `gauge` (else a counter), its value while `up`, and whether it is the link's
     state (IB state or carrier: `state_metric`) or `physical` state."""
     metric = catalog["metric"]
-    device = catalog["labels"].map(lambda labels: labels.get("device", ""))
-    port = catalog["labels"].map(lambda labels: labels.get("port", ""))
+    device, port = label(catalog, "device"), label(catalog, "port")
     netdev = metric.str.startswith("node_network_").to_numpy(bool)
     identity = pd.DataFrame(
         {

@@ -260,6 +260,11 @@ class TapeView:
         )
 
 
+def label(catalog: pd.DataFrame, name: str) -> pd.Series:
+    """Each series' label `name`, "" where it has none (as a ClickHouse map reads a missing key)."""
+    return catalog["labels"].map(lambda labels: labels.get(name, ""))
+
+
 def groups(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For series grouped by integer `codes` (ordered as the groups are to be): the group of each series,
     and one series of each group."""
