@@ -30,8 +30,8 @@ Every signal has a reading from the series stock dcgm-exporter serves (docs/stoc
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -179,21 +179,24 @@ class GpuFault(Detector):
         features = frame(source.query(FAULT_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
         if features.empty:
             return features
+        # a dict per row, but only the few rows with Xids count them
         counts = [
-            {int(code): round(events) for code, events in zip(codes, counted, strict=True) if events >= 1}
+            _xid_counts(codes, counted) if len(codes) else {}
             for codes, counted in zip(features["xid_codes"], features["xid_events"], strict=True)
         ]
         return features.assign(xid_counts=counts)
 
     def score(self, features: pd.DataFrame) -> np.ndarray:
         failures = signal_count(self._signals(features))
-        app_only = (failures == 0) & (features["xid_counts"].map(len) > 0).to_numpy()
+        app_only = (failures == 0) & np.array([bool(counts) for counts in features["xid_counts"]], dtype=bool)
         return np.where(app_only, APP_ERROR_SCORE, failures)
 
     def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
         signals = {name: signal.to_numpy(dtype=bool) for name, signal in self._signals(features).items()}
         # only the rows with something to report are visited: a fleet's GPUs are mostly quiet
         reported = np.flatnonzero(np.any(list(signals.values()), axis=0) | (scores > 0))
+        if not len(reported):
+            return []
         found = []
         for position, row in zip(reported, features.iloc[reported].itertuples(), strict=True):
             fired = sorted(name for name, signal in signals.items() if signal[position])
@@ -205,39 +208,48 @@ class GpuFault(Detector):
 
     def _signals(self, features: pd.DataFrame) -> dict[str, pd.Series]:
         """Each failure signal of gpu_fault, True per row where it fired."""
-        return {
-            "xid": features["xid_counts"].map(lambda counts: any(map(_not_by_application, counts))),
-            "lost": _down(features) | _vanished(features) | self._silent(features),
-            "row_remap_failure": features["row_remap_failure"] > 0,
-            "ecc_dbe": (features["dbe_errors"] > 0) | (features["remapped_rows"] > 0),
+        flags = Flags(*(features[name].to_numpy(dtype=bool) for name in Flags._fields))
+        signals = {
+            "xid": np.array(
+                [any(map(_not_by_application, counts)) for counts in features["xid_counts"]], bool
+            ),
+            "lost": _down(features, flags) | _vanished(flags) | self._silent(features, flags),
+            "row_remap_failure": features["row_remap_failure"].to_numpy(dtype=float) > 0,
+            "ecc_dbe": (features["dbe_errors"].to_numpy(dtype=float) > 0)
+            | (features["remapped_rows"].to_numpy(dtype=float) > 0),
         }
+        return {name: pd.Series(signal, index=features.index, copy=False) for name, signal in signals.items()}
 
-    def _silent(self, features: pd.DataFrame) -> pd.Series:
+    def _silent(self, features: pd.DataFrame, flags: Flags) -> np.ndarray:
         """GPUs without fleetlens_gpu_up that DCGM stopped answering for while their node's other GPUs
         answered, for `lost_after_scrapes` scrapes and up to this window."""
-        return (
-            features["known_gpu"].astype(bool)
-            & ~features["has_up"].astype(bool)
-            & ~features["reported"].astype(bool)
-            & features["node_reported"].astype(bool)
-            & (features["silent_scrapes"] >= self.lost_after_scrapes)
-        )
+        silent_long = features["silent_scrapes"].to_numpy(dtype=float) >= self.lost_after_scrapes
+        return flags.known_gpu & ~flags.has_up & ~flags.reported & flags.node_reported & silent_long
 
 
-def _down(features: pd.DataFrame) -> pd.Series:
+class Flags(NamedTuple):
+    """The yes/no columns of a GPU's features row, as boolean arrays."""
+
+    known_gpu: np.ndarray  # its series name a GPU
+    has_up: np.ndarray  # fleetlens's exporter reports fleetlens_gpu_up for it
+    reported: np.ndarray  # sampled in the window
+    node_reported: np.ndarray  # some GPU of its node was
+
+
+def _down(features: pd.DataFrame, flags: Flags) -> np.ndarray:
     """GPUs whose fleetlens_gpu_up said 0 in the window."""
-    return features["has_up"].astype(bool) & features["reported"].astype(bool) & (features["gpu_up"] == 0)
+    return flags.has_up & flags.reported & (features["gpu_up"].to_numpy(dtype=float) == 0)
 
 
-def _vanished(features: pd.DataFrame) -> pd.Series:
+def _vanished(flags: Flags) -> np.ndarray:
     """GPUs whose fleetlens_gpu_up was not sampled in the window while their node's other GPUs' were:
     fleetlens's exporter reads every GPU in every scrape, so one scrape without it is a GPU gone."""
-    return (
-        features["known_gpu"].astype(bool)
-        & features["has_up"].astype(bool)
-        & ~features["reported"].astype(bool)
-        & features["node_reported"].astype(bool)
-    )
+    return flags.known_gpu & flags.has_up & ~flags.reported & flags.node_reported
+
+
+def _xid_counts(codes: Sequence[int], counted: Sequence[float]) -> dict[int, int]:
+    """A GPU's Xids in the window: how many of each code (those seen at least once)."""
+    return {int(code): round(events) for code, events in zip(codes, counted, strict=True) if events >= 1}
 
 
 def _not_by_application(code: int) -> bool:
