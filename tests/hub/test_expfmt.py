@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from hub import expfmt
@@ -302,3 +304,63 @@ def test_series_whose_hashes_collide_stay_apart(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(expfmt, "hash", lambda _: 0, raising=False)  # every series the same hash
     parsed = ExpositionParser().parse('a{x="1"} 1\na{x="2"} 2\nb 3\na{x="1"} 4\n')
     assert (parsed.labels, parsed.values, parsed.duplicates) == ([{"x": "1"}, {"x": "2"}, {}], [1, 2, 3], 1)
+
+
+def outcome(parser: ExpositionParser, body: str) -> object:
+    """What a parse gives, comparable: the Exposition's columns (values by repr, for NaN), or the error."""
+    try:
+        parsed = parser.parse(body)
+    except ExpositionError as error:
+        return type(error).__name__, str(error)
+    return parsed.names, parsed.labels, list(map(repr, parsed.values)), parsed.types, parsed.timestamps
+
+
+STEADY = (
+    "# HELP gpu_temp GPU temperature.\n# TYPE gpu_temp gauge\n"
+    + "".join(f'gpu_temp{{gpu="{g}",UUID="GPU-{g}"}} {40 + g}\n' for g in range(8))
+    + '\n# TYPE xid counter\nxid{gpu="0"} 0\nup 1\n'
+)
+VALUES = ["1", "-2.5", "1e3", "NaN", "+Inf", "-Inf", "2\t", "007"]
+BAD_VALUES = ["0x1", "1_000", "abc", "", "1 1700000000000", " 3", "1  "]
+
+
+@given(
+    tokens=st.lists(st.sampled_from(VALUES), min_size=10, max_size=10),
+    bad=st.none() | st.tuples(st.integers(0, 9), st.sampled_from(BAD_VALUES)),
+    kind=st.sampled_from(["gauge", "counter", "gauge ", "gauges", ""]),
+    edits=st.lists(
+        st.tuples(st.integers(0, len(STEADY)), st.integers(0, 2), st.sampled_from(list(' {}"=,#\n\r\t_x0.'))),
+        max_size=2,
+    ),
+)
+@settings(max_examples=400, deadline=None)
+def test_a_steady_bodys_values_only_path_gives_exactly_what_the_full_parse_gives(
+    tokens: list[str], bad: tuple[int, str] | None, kind: str, edits: list[tuple[int, int, str]]
+) -> None:
+    """After a body, a parser reads only the values of the next one if its text is the same but for them.
+    Whatever the next body is (new values of any kind, a timestamp, damaged text), it must give what a
+    fresh parser's full parse gives: the same samples and types, or the same error."""
+    if bad is not None:
+        tokens[bad[0]] = bad[1]
+    values = iter(tokens)
+    body = re.sub(r"(?m)(?<=[} a-z]) \d+$", lambda _: " " + next(values), STEADY)
+    body = body.replace("gpu_temp gauge", f"gpu_temp {kind}")
+    for position, removed, inserted in edits:  # damage: replace `removed` characters at `position`
+        body = body[:position] + inserted + body[position + removed :]
+    parser = ExpositionParser(max_samples=20, target_labels={"cluster": "vela"})
+    parser.parse(STEADY)
+    assert parser._shape is not None, "a steady body makes a shape"
+    assert outcome(parser, body) == outcome(
+        ExpositionParser(max_samples=20, target_labels={"cluster": "vela"}), body
+    )
+
+
+def test_a_steady_body_reads_only_its_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = ExpositionParser()
+    parser.parse(STEADY)
+    monkeypatch.setattr(parser, "_lines", None)  # the full parse would fail: only the values are read
+    changed = STEADY.replace(" 1\n", " 0\n").replace(" 40\n", " 41.5\n")
+    assert outcome(parser, changed) == outcome(ExpositionParser(), changed)
+    assert parser.parse(changed).values[0] == 41.5
+    with pytest.raises(TypeError):  # a new series is not a steady body: the full parse is tried
+        parser.parse(STEADY + "new 1\n")
