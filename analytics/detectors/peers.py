@@ -6,7 +6,7 @@ stall or a pipeline stage slower by design moves every peer together and stands 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -43,15 +43,6 @@ def step_aggregates(source: Reader, window: Window) -> pd.DataFrame:
     if steps.empty:
         return pd.DataFrame(columns=["job", "node", "stage", "steps", "compute_s", "duration_s"])
     return steps.astype({"compute_s": float, "duration_s": float, "steps": int, "stage": int})
-
-
-def by_node(values: pd.DataFrame, names: Mapping[str, str]) -> pd.DataFrame:
-    """Rows of (node, metric, value) as one row per node (the index) and one column per metric, named
-    by `names` (metric -> column); NaN where a node has no value."""
-    if values.empty:
-        return pd.DataFrame(columns=list(names.values()), index=pd.Index([], name="node"), dtype=float)
-    wide = values.pivot(index="node", columns="metric", values="value").reindex(columns=list(names))
-    return wide.rename(columns=names).astype(float)
 
 
 def node_values(result: QueryResult, names: Sequence[str], nodes: Sequence[str]) -> np.ndarray:

@@ -47,7 +47,7 @@ import pandas as pd
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, frame
 from analytics.detectors.groups import Groups
-from analytics.detectors.peers import MAD_TO_SIGMA, by_node
+from analytics.detectors.peers import MAD_TO_SIGMA, node_values
 from analytics.store.protocols import Reader
 
 MAX_LOOKBACK_S = 3600.0  # 5 steps of 10 minutes, with a margin: the longest lookback a window gets
@@ -75,7 +75,18 @@ GROUP BY job, node, stage, unit
 ORDER BY job, node, stage, ended DESC
 LIMIT {last:UInt32} BY job, node, stage
 """
-UNIT_COLUMNS = ["job", "node", "stage", "unit", "ended", "compute_s", "duration_s", "ranks", "covered"]
+UNIT_TYPES = {  # STEP_UNITS's columns as numpy arrays (a NULL compute_s is NaN)
+    "job": object,
+    "node": object,
+    "stage": np.int64,
+    "unit": np.int64,
+    "ended": float,
+    "compute_s": float,
+    "duration_s": float,
+    "ranks": np.int64,
+    "covered": float,
+}
+Columns = dict[str, np.ndarray]  # rows as one numpy array per column
 GPU_SIGNALS = {  # store metric -> evidence name; the first one measures the slowdown
     "DCGM_FI_DEV_SM_CLOCK": "sm_clock_mhz",
     "DCGM_FI_DEV_GPU_UTIL": "gpu_util_percent",
@@ -146,15 +157,17 @@ class SlowNode(Detector):
 
     def features(self, source: Reader, window: Window) -> pd.DataFrame:
         units = self._recent_units(source, window)
-        if units.empty:
+        if units is None:
             return pd.DataFrame(columns=FEATURE_COLUMNS)
-        units = units.assign(signal="compute_s", value=units["compute_s"])
-        jobs = Groups(units["job"].to_numpy())
-        unphased = jobs.non_null(units["compute_s"].to_numpy())[jobs.ids] == 0
+        units.update(signal=np.full(len(units["job"]), "compute_s", dtype=object), value=units["compute_s"])
+        jobs = Groups(units["job"])
+        unphased = jobs.non_null(units["compute_s"])[jobs.ids] == 0
         if unphased.any():
-            units = self._without_phases(source, window, units, pd.Series(unphased, index=units.index))
-        units = units[np.isfinite(units["value"]) & (units["value"] > 0)]
-        return self._compare_with_peers(_columns(units), window)
+            units = self._without_phases(source, window, units, unphased)
+        nan = np.full(len(units["job"]), np.nan)
+        units = {**{name: nan for name in CONTEXT}, **units}  # GPU context only where a job had no phases
+        kept = np.isfinite(units["value"]) & (units["value"] > 0)
+        return self._compare_with_peers({name: column[kept] for name, column in units.items()}, window)
 
     def score(self, features: pd.DataFrame) -> np.ndarray:
         """The relative excess over the stage median: ratio - 1 (0.10 = 10% slower than its stage)."""
@@ -183,14 +196,15 @@ class SlowNode(Detector):
         lost = float(evidence.get("job_slowdown", 0.0)) * elapsed_s * int(evidence.get("job_gpus", 0)) / 3600
         return {**evidence, "lost_gpu_hours": round(lost, 3)}
 
-    def _recent_units(self, source: Reader, window: Window) -> pd.DataFrame:
+    def _recent_units(self, source: Reader, window: Window) -> Columns | None:
         """Each node's last steps (per job and stage) before the window's end, within the lookback its job's
-        step length asks for. Only steps in the lookback are read, so a job that restarted from a checkpoint
-        (its step numbers again) is not mixed with its steps before the restart."""
+        step length asks for; None if there are none. Only steps in the lookback are read, so a job that
+        restarted from a checkpoint (its step numbers again) is not mixed with its steps before the
+        restart."""
         longest = Window(window.end - MAX_LOOKBACK_S, window.end)
         cadence = frame(source.query(JOB_CADENCE, parameters=longest.parameters, max_rows=1 << 16))
         if cadence.empty:
-            return pd.DataFrame(columns=[*UNIT_COLUMNS, "lookback_s"])
+            return None
         lookback_s = (self.lookback_steps * cadence["step_s"].astype(float)).clip(
             lower=window.end - window.start, upper=MAX_LOOKBACK_S
         )
@@ -201,32 +215,45 @@ class SlowNode(Detector):
             "bucket_s": OTLP_BUCKET_S,
             "last": LAST_STEPS,
         }
-        units = frame(source.query(STEP_UNITS, parameters=parameters, max_rows=1 << 20))
-        if units.empty:
-            return pd.DataFrame(columns=[*UNIT_COLUMNS, "lookback_s"])
-        units = units.astype(
-            {"ended": float, "compute_s": float, "duration_s": float, "stage": int, "covered": float}
+        result = source.query(STEP_UNITS, parameters=parameters, max_rows=1 << 20)
+        if not result.rows:
+            return None
+        raw = dict(zip(result.columns, zip(*result.rows, strict=True), strict=True))
+        units = {name: np.array(raw[name], dtype=object) for name in ["job", "node"]}
+        units.update({name: np.array(raw[name], dtype=np.int64) for name in ["stage", "unit", "ranks"]})
+        units.update(
+            {name: np.array(raw[name], dtype=float) for name in ["ended", "compute_s", "duration_s"]}
         )
-        return units.assign(lookback_s=units["job"].map(dict(zip(cadence["job"], lookback_s, strict=True))))
-
-    def _without_phases(
-        self, source: Reader, window: Window, units: pd.DataFrame, unphased: pd.Series
-    ) -> pd.DataFrame:
-        """The signal of jobs whose steps carry no phase times: their nodes' SM clocks where the job's nodes
-        have GPU samples in the window, else their step durations."""
-        gpus = self._gpu_medians(source, window, units.loc[unphased, "node"].unique())
-        units = units.join(gpus, on="node")
-        clocked = unphased & (units.groupby("job")["sm_clock_mhz"].transform("count") > 0)
-        timed = unphased & ~clocked
-        # a clock is slower when lower: its inverse keeps "higher = slower" for every signal
-        units.loc[clocked, "signal"], units.loc[clocked, "value"] = "sm_clock_mhz", 1 / units["sm_clock_mhz"]
-        units.loc[timed, "signal"], units.loc[timed, "value"] = "duration_s", units["duration_s"]
+        units["covered"] = np.array(raw["covered"], dtype=float)
+        by_job = dict(zip(cadence["job"], lookback_s, strict=True))
+        units["lookback_s"] = np.array([by_job.get(job, np.nan) for job in units["job"]], dtype=float)
         return units
 
-    def _gpu_medians(self, source: Reader, window: Window, nodes: Sequence[str]) -> pd.DataFrame:
-        """Per node (the index), the median of each GPU signal over its GPUs and samples in `window`."""
-        parameters = {**window.parameters, "metrics": list(GPU_SIGNALS), "nodes": list(nodes)}
-        return by_node(frame(source.query(GPU_MEDIANS, parameters=parameters)), GPU_SIGNALS)
+    def _without_phases(
+        self, source: Reader, window: Window, units: Columns, unphased: np.ndarray
+    ) -> Columns:
+        """The signal of jobs whose steps carry no phase times: their nodes' SM clocks where the job's nodes
+        have GPU samples in the window, else their step durations; and every unit's GPU context."""
+        nodes, at = np.unique(units["node"], return_inverse=True)
+        gpus = self._gpu_medians(source, window, pd.unique(units["node"][unphased]), nodes)[at.reshape(-1)]
+        units = {**units, **{name: gpus[:, i] for i, name in enumerate(GPU_SIGNALS.values())}}
+        jobs = Groups(units["job"])
+        clocked = unphased & (jobs.non_null(units["sm_clock_mhz"])[jobs.ids] > 0)
+        timed = unphased & ~clocked
+        # a clock is slower when lower: its inverse keeps "higher = slower" for every signal
+        with np.errstate(divide="ignore"):
+            value = np.where(clocked, 1 / units["sm_clock_mhz"], units["value"])
+        units["value"] = np.where(timed, units["duration_s"], value)
+        units["signal"] = np.where(clocked, "sm_clock_mhz", np.where(timed, "duration_s", units["signal"]))
+        return units
+
+    def _gpu_medians(
+        self, source: Reader, window: Window, asked: Sequence[str], nodes: Sequence[str]
+    ) -> np.ndarray:
+        """For each of `nodes`, the median of each GPU signal (a column each, in GPU_SIGNALS's order) over
+        its GPUs and samples in `window`, for the nodes `asked` (NaN for the others)."""
+        parameters = {**window.parameters, "metrics": list(GPU_SIGNALS), "nodes": list(asked)}
+        return node_values(source.query(GPU_MEDIANS, parameters=parameters), list(GPU_SIGNALS), nodes)
 
     def _compare_with_peers(self, units: Columns, window: Window) -> pd.DataFrame:
         """One row per judged node and stage: its ratios to its stage's nodes step by step, their robust
@@ -255,19 +282,6 @@ class SlowNode(Detector):
                 },
                 columns=FEATURE_COLUMNS,
             )
-
-
-Columns = dict[str, np.ndarray]  # a frame's rows as one numpy array per column
-
-
-def _columns(units: pd.DataFrame) -> Columns:
-    """The units' columns as numpy arrays; the GPU context NaN where the job's signal is its steps'."""
-    nan = np.full(len(units), np.nan)
-    columns = {name: units[name].to_numpy() for name in ["job", "node", "signal"]}
-    columns.update({name: units[name].to_numpy(dtype=np.int64) for name in ["stage", "unit", "ranks"]})
-    for name in ["ended", "value", "duration_s", "covered", "lookback_s", *CONTEXT]:
-        columns[name] = units[name].to_numpy(dtype=float) if name in units else nan
-    return columns
 
 
 def _judged(units: Columns, window: Window, min_steps: int) -> np.ndarray:
