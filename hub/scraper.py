@@ -9,7 +9,8 @@ whose series cache makes a steady-state scrape cheap, a few thousand lines at a 
 the other sockets. An idle keep-alive connection the target dropped is retried once on a fresh one.
 Samples carry the time their scrape started (timestamps written in a body are not honoured, as with
 Prometheus's honor_timestamps: false). A series sent twice in one body keeps its first sample; the
-others are dropped and counted in `duplicates_dropped`.
+others are dropped and counted in `duplicates_dropped`. Targets that went down or came back are logged
+one line per round, so a fleet-wide blip is not a line per target.
 
 A hostile target costs only itself. Each scrape has one deadline, its tick plus the timeout, for
 connecting, waiting, reading and parsing (limits are enforced while reading and parsing, not after).
@@ -62,6 +63,7 @@ _READ_CHUNK = 256 * 1024
 # Host names are looked up on threads (getaddrinfo blocks); the loop looks for their answers this often.
 _LOOKUP_THREADS = 4
 _LOOKUP_POLL_S = 0.01
+_LOGGED_TARGETS = 3  # named in a round's log line of targets that went down or came back
 
 Sink = Callable[[list[ScrapeBatch], list[TargetStatus]], None]
 
@@ -228,6 +230,8 @@ class _TargetSession:
         self.sock: socket.socket | None = None  # the idle keep-alive connection, between scrapes
         self.addresses: list[tuple] = []  # getaddrinfo's, until a connection to them fails
         self._up: bool | None = None
+        self.change = ""  # "down" or "up" when the last scrape changed the target's state
+        self.error = ""  # the last scrape's error
         self._duplicating = False
 
     def succeeded(self, ts: float, duration_s: float, exposition: Exposition) -> _Outcome:
@@ -255,11 +259,11 @@ class _TargetSession:
             sock.close()
 
     def _note(self, up: bool, error: str) -> None:
-        """Log when a target goes down or comes back, not on every failed scrape of a dead one."""
-        if up and self._up is False:
-            log.info("target %s (%s) is back up", self.target.address, self.target.node)
-        elif not up and self._up is not False:
-            log.warning("target %s (%s) is down: %s", self.target.address, self.target.node, error)
+        """Remember whether the target went down or came back in this scrape (`change`), for the round's
+        log line: not one line per failed scrape of a dead target, nor per target when a fleet flaps."""
+        went_down = not up and self._up is not False
+        self.change = "down" if went_down else "up" if up and self._up is False else ""
+        self.error = error
         self._up = up
 
     def _note_duplicates(self, exposition: Exposition) -> None:
@@ -273,6 +277,20 @@ class _TargetSession:
                 exposition.duplicates,
             )
         self._duplicating = bool(exposition.duplicates)
+
+
+def _log_changes(sessions: Sequence[_TargetSession]) -> None:
+    """One line per round for the targets that went down (with their errors) and one for those back up:
+    a fleet-wide blip is two lines, not one per target."""
+    down = [session for session in sessions if session.change == "down"]
+    if down:
+        shown = ", ".join(f"{s.target.address} ({s.target.node}): {s.error}" for s in down[:_LOGGED_TARGETS])
+        more = f"; and {len(down) - _LOGGED_TARGETS} more" if len(down) > _LOGGED_TARGETS else ""
+        log.warning("%d target(s) went down: %s%s", len(down), shown, more)
+    back = [session.target.address for session in sessions if session.change == "up"]
+    if back:
+        more = f" and {len(back) - _LOGGED_TARGETS} more" if len(back) > _LOGGED_TARGETS else ""
+        log.info("%d target(s) back up: %s%s", len(back), ", ".join(back[:_LOGGED_TARGETS]), more)
 
 
 class _Round:
@@ -635,6 +653,7 @@ class Scraper:
         ts = self._clock()
         scrapes = [_Scrape(session, round_, ts) for session in self._sessions_for(self.targets)]
         round_.drive(scrapes)
+        _log_changes([scrape.session for scrape in scrapes])
         outcomes = [scrape.outcome for scrape in scrapes if scrape.outcome is not None]
         for outcome in outcomes:
             self.types.update(outcome.types)

@@ -443,3 +443,17 @@ def test_a_sink_that_holds_the_loop_past_a_tick_skips_it_and_counts_it() -> None
         rounds = run_rounds(scraper, 2, sink_delay_s=1.7)  # past the next tick's deadline (0.5 s after it)
     first, second = (statuses[address(server)] for statuses in rounds)
     assert round(second.ts - first.ts) == 2 and scraper.ticks_skipped == 1
+
+
+def test_targets_going_down_together_make_one_log_line_per_round(caplog: pytest.LogCaptureFixture) -> None:
+    closed = [Target(f"127.0.0.1:{free_port()}") for _ in range(5)]
+    with (
+        caplog.at_level(logging.WARNING, logger="fleetlens.scraper"),
+        Scraper(lambda: closed, timeout_s=0.5) as scraper,
+    ):
+        for _ in range(2):
+            scraper.scrape_once()
+    (record,) = caplog.records  # the second round: still down, nothing new to say
+    message = record.getMessage()
+    assert message.startswith(f"5 target(s) went down: {closed[0].address} (127.0.0.1): connection refused, ")
+    assert message.endswith("; and 2 more")
