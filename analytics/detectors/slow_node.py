@@ -160,7 +160,7 @@ class SlowNode(Detector):
         if units is None:
             return pd.DataFrame(columns=FEATURE_COLUMNS)
         units.update(signal=np.full(len(units["job"]), "compute_s", dtype=object), value=units["compute_s"])
-        jobs = Groups(units["job"])
+        jobs = Groups(units["job_id"])
         unphased = jobs.non_null(units["compute_s"])[jobs.ids] == 0
         if unphased.any():
             units = self._without_phases(source, window, units, unphased)
@@ -219,12 +219,9 @@ class SlowNode(Detector):
         if not result.rows:
             return None
         raw = dict(zip(result.columns, zip(*result.rows, strict=True), strict=True))
-        units = {name: np.array(raw[name], dtype=object) for name in ["job", "node"]}
-        units.update({name: np.array(raw[name], dtype=np.int64) for name in ["stage", "unit", "ranks"]})
-        units.update(
-            {name: np.array(raw[name], dtype=float) for name in ["ended", "compute_s", "duration_s"]}
-        )
-        units["covered"] = np.array(raw["covered"], dtype=float)
+        units = {name: np.array(raw[name], dtype=dtype) for name, dtype in UNIT_TYPES.items()}
+        for name in ["job", "node"]:  # grouped by these integers: sorting strings again and again costs
+            units[f"{name}_id"] = np.unique(units[name], return_inverse=True)[1].reshape(-1)
         by_job = dict(zip(cadence["job"], lookback_s, strict=True))
         units["lookback_s"] = np.array([by_job.get(job, np.nan) for job in units["job"]], dtype=float)
         return units
@@ -237,7 +234,7 @@ class SlowNode(Detector):
         nodes, at = np.unique(units["node"], return_inverse=True)
         gpus = self._gpu_medians(source, window, pd.unique(units["node"][unphased]), nodes)[at.reshape(-1)]
         units = {**units, **{name: gpus[:, i] for i, name in enumerate(GPU_SIGNALS.values())}}
-        jobs = Groups(units["job"])
+        jobs = Groups(units["job_id"])
         clocked = unphased & (jobs.non_null(units["sm_clock_mhz"])[jobs.ids] > 0)
         timed = unphased & ~clocked
         # a clock is slower when lower: its inverse keeps "higher = slower" for every signal
@@ -287,7 +284,7 @@ class SlowNode(Detector):
 def _judged(units: Columns, window: Window, min_steps: int) -> np.ndarray:
     """Per unit, whether this window judges its (job, node, stage): a step of theirs ends in the window
     and they have `min_steps` steps in their lookback (an OTLP record stands for the steps it aggregates)."""
-    key = Groups(units["job"], units["node"], units["stage"])
+    key = Groups(units["job_id"], units["node_id"], units["stage"])
     judged = (key.max(units["ended"]) >= window.start) & (key.sum(units["covered"]) >= min_steps)
     return judged[key.ids]
 
@@ -297,10 +294,10 @@ def _step_ratios(units: Columns) -> Columns:
     step, and the job's step time; steps seen by one node of a stage only are left out (no peer to compare
     with)."""
     value = units["value"]
-    step = Groups(units["job"], units["stage"], units["unit"])
+    step = Groups(units["job_id"], units["stage"], units["unit"])
     count = step.non_null(value)[step.ids]
     median = step.median(value)[step.ids]
-    in_job = Groups(units["job"], units["unit"])
+    in_job = Groups(units["job_id"], units["unit"])
     top, second = in_job.max(value)[in_job.ids], in_job.second_largest(value)[in_job.ids]
     slowest_other = np.where(value >= top, second, top)  # the job waits for it without this node
     job_step = in_job.max(units["duration_s"])[in_job.ids]
@@ -321,9 +318,9 @@ def _step_ratios(units: Columns) -> Columns:
 def _per_node(units: Columns, relative_floor: float) -> Columns:
     """Per (job, node, stage), in that order: medians over its steps, its consistency, the job's size,
     and its stage's nodes' median ratio and robust spread (at least the floor)."""
-    key = Groups(units["job"], units["node"], units["stage"])
+    key = Groups(units["job_id"], units["node_id"], units["stage"])
     first = key.first_rows()
-    nodes = {name: units[name][first] for name in ["job", "node", "stage", "signal", "judged"]}
+    nodes = {name: units[name][first] for name in ["job", "job_id", "node", "stage", "signal", "judged"]}
     nodes.update(
         value=key.median(units["value"]),
         peer_median=key.median(units["stage_median"]),
@@ -336,7 +333,7 @@ def _per_node(units: Columns, relative_floor: float) -> Columns:
         job_gpus=_job_gpus(units)[first],
         **{name: key.median(units[name]) for name in CONTEXT},
     )
-    stage = Groups(nodes["job"], nodes["stage"])
+    stage = Groups(nodes["job_id"], nodes["stage"])
     nodes["peers"] = stage.non_null(nodes["ratio"])[stage.ids]
     for name in CONTEXT:
         nodes[f"peer_{name}"] = stage.median(nodes[name])[stage.ids]
@@ -349,7 +346,7 @@ def _per_node(units: Columns, relative_floor: float) -> Columns:
 
 def _job_gpus(units: Columns) -> np.ndarray:
     """Per unit, its job's GPUs: its ranks (one GPU each), the most any step of each node showed."""
-    jobs, hosts = Groups(units["job"]), Groups(units["job"], units["node"])
+    jobs, hosts = Groups(units["job_id"]), Groups(units["job_id"], units["node_id"])
     most = np.zeros(hosts.count, dtype=np.int64)
     np.maximum.at(most, hosts.ids, units["ranks"])
     gpus = np.zeros(jobs.count, dtype=np.int64)
