@@ -249,6 +249,10 @@ class _TargetSession:
         target = self.target
         return _Outcome(TargetStatus(ts, target.address, target.node, False, duration_s, 0, error))
 
+    @property
+    def was_up(self) -> bool:
+        return self._up is True
+
     def deadline_error(self, doing: str) -> str:
         """The error text of a scrape that its deadline stopped while `doing` something."""
         return f"deadline of {self.timeout_s:g} s exceeded while {doing}"
@@ -295,7 +299,10 @@ def _log_changes(sessions: Sequence[_TargetSession]) -> None:
 
 class _Round:
     """What one round's loop shares with its scrapes: the selector, the deadline, and the scrapes that
-    wait for a host lookup or have a body to parse, a step at a time."""
+    wait for a host lookup or have a body to parse, a step at a time. Bodies of targets that were up
+    last round are parsed first: their parse is cheap (their series are known), so a round short of CPU
+    (a hub starting, a busy host) spends what it has on keeping them up rather than on the first parse
+    of a new target's series."""
 
     def __init__(self, selector: selectors.BaseSelector, resolver: Callable[[], Executor], deadline: float):
         self.selector = selector
@@ -303,7 +310,8 @@ class _Round:
         self.deadline = deadline
         self.running = 0
         self.lookups: list[_Scrape] = []
-        self.parsing: deque[_Scrape] = deque()
+        self.warm: deque[_Scrape] = deque()
+        self.cold: deque[_Scrape] = deque()
 
     def drive(self, scrapes: Sequence[_Scrape]) -> None:
         """Run every scrape until all have ended or the deadline has passed, then cut off the rest."""
@@ -314,7 +322,7 @@ class _Round:
             left = self.deadline - time.monotonic()
             if left <= 0:
                 break
-            if self.parsing:
+            if self.warm or self.cold:
                 left = 0
             elif self.lookups:
                 left = min(left, _LOOKUP_POLL_S)
@@ -324,11 +332,12 @@ class _Round:
             for scrape in [scrape for scrape in self.lookups if scrape.lookup.done()]:
                 self.lookups.remove(scrape)
                 scrape.guarded(scrape.looked_up)
-            if self.parsing:
-                scrape = self.parsing.popleft()
+            queue = self.warm or self.cold
+            if queue:
+                scrape = queue.popleft()
                 scrape.guarded(scrape.parse_step)
                 if scrape.steps is not None:
-                    self.parsing.append(scrape)
+                    queue.append(scrape)
         for scrape in scrapes:
             if scrape.outcome is None:
                 scrape.guarded(scrape.cut_off)
@@ -482,7 +491,7 @@ class _Scrape:
         if reader.content_encoding == "gzip":
             body = _gunzip(body, self.session.limits.max_body_bytes)
         self.steps = self.session.parser.parse_steps(body.decode(), self.round.deadline)
-        self.round.parsing.append(self)
+        (self.round.warm if self.session.was_up else self.round.cold).append(self)
 
     def _may_retry(self) -> bool:
         """Whether the connection that failed was the idle keep-alive one, before any byte of its answer:
@@ -519,8 +528,6 @@ class _Scrape:
         if self.steps is not None:
             self.steps.close()
             self.steps = None
-        with contextlib.suppress(ValueError):
-            self.round.parsing.remove(self)
         if self.outcome is None:
             self._end(self.session.failed(self.ts, time.perf_counter() - self.started, error))
 
