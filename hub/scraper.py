@@ -63,6 +63,8 @@ _READ_CHUNK = 256 * 1024
 # Host names are looked up on threads (getaddrinfo blocks); the loop looks for their answers this often.
 _LOOKUP_THREADS = 4
 _LOOKUP_POLL_S = 0.01
+# Parsing runs in slices of this long between polls of the sockets, whose data waits in kernel buffers.
+_PARSE_SLICE_S = 0.01
 _LOGGED_TARGETS = 3  # named in a round's log line of targets that went down or came back
 
 Sink = Callable[[list[ScrapeBatch], list[TargetStatus]], None]
@@ -332,15 +334,22 @@ class _Round:
             for scrape in [scrape for scrape in self.lookups if scrape.lookup.done()]:
                 self.lookups.remove(scrape)
                 scrape.guarded(scrape.looked_up)
-            queue = self.warm or self.cold
-            if queue:
-                scrape = queue.popleft()
-                scrape.guarded(scrape.parse_step)
-                if scrape.steps is not None:
-                    queue.append(scrape)
+            self._parse_for(_PARSE_SLICE_S)
         for scrape in scrapes:
             if scrape.outcome is None:
                 scrape.guarded(scrape.cut_off)
+
+    def _parse_for(self, seconds: float) -> None:
+        """Parse steps, warm bodies first, for about `seconds`: sockets are polled between slices, not
+        between steps (each poll lets the hub's other threads take the GIL, and waits to get it back)."""
+        end = time.monotonic() + seconds
+        while queue := self.warm or self.cold:
+            scrape = queue.popleft()
+            scrape.guarded(scrape.parse_step)
+            if scrape.steps is not None:
+                queue.append(scrape)
+            if time.monotonic() >= end:
+                return
 
 
 class _Scrape:
