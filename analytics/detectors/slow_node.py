@@ -53,7 +53,6 @@ from analytics.store.protocols import Reader
 MAX_LOOKBACK_S = 3600.0  # 5 steps of 10 minutes, with a margin: the longest lookback a window gets
 LAST_STEPS = 32  # per node and stage: the most steps a window reads (the lookback takes at most this many)
 OTLP_BUCKET_S = 10  # OTLP histograms cover runs of steps: their records are compared by time bucket
-KEY = ["job", "node", "stage"]  # a candidate: a node hosting ranks of two stages is judged in each
 
 JOB_CADENCE = """
 SELECT CAST(job, 'String') AS job, quantile(0.5)(duration_s) AS step_s
@@ -316,8 +315,9 @@ def _step_ratios(units: Columns) -> Columns:
 
 
 def _per_node(units: Columns, relative_floor: float) -> Columns:
-    """Per (job, node, stage), in that order: medians over its steps, its consistency, the job's size,
-    and its stage's nodes' median ratio and robust spread (at least the floor)."""
+    """Per (job, node, stage), in that order (a candidate: a node hosting ranks of two stages is judged in
+    each): medians over its steps, its consistency, the job's size, and its stage's nodes' median ratio
+    and robust spread (at least the floor)."""
     key = Groups(units["job_id"], units["node_id"], units["stage"])
     first = key.first_rows()
     nodes = {name: units[name][first] for name in ["job", "job_id", "node", "stage", "signal", "judged"]}
