@@ -7,6 +7,7 @@ stall or a pipeline stage slower by design moves every peer together and stands 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 import numpy as np
 import pandas as pd
@@ -34,6 +35,19 @@ NODE_JOBS = """
     WHERE ts >= {lookback:DateTime64(3)} AND ts < {end:DateTime64(3)}
     GROUP BY node
 """
+
+
+def node_jobs(source: Reader, window: Window, lookback_s: float) -> pd.Series:
+    """NODE_JOBS for `window` and the `lookback_s` before it, as a Series: job by node. A node missing
+    from it has no job: read it with `.reindex(nodes, fill_value="")`, as the LEFT JOIN reads it."""
+    parameters = {
+        "lookback": datetime.fromtimestamp(window.start - lookback_s, UTC),
+        "end": datetime.fromtimestamp(window.end, UTC),
+    }
+    jobs = frame(source.query(NODE_JOBS, parameters=parameters, max_rows=1_000_000))
+    if jobs.empty:
+        return pd.Series(dtype=object, name="job")
+    return jobs.set_index("node")["job"]
 
 
 def step_aggregates(source: Reader, window: Window) -> pd.DataFrame:
