@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -40,15 +41,22 @@ def hung_listener() -> Iterator[str]:
 
 @contextlib.contextmanager
 def peer(args: Sequence[str], ready_url: str, cwd: Path | None = None) -> Iterator[subprocess.Popen]:
-    """Run `args` until the block ends; `ready_url` answering 200 means it has started."""
-    process = subprocess.Popen(
-        list(args), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        wait_http(ready_url, process)
-        yield process
-    finally:
-        stop(process)
+    """Run `args` until the block ends; `ready_url` answering 200 means it has started.
+
+    Its output goes to an unnamed temporary file, not a pipe: a pipe nobody reads fills at 64 KiB and
+    then blocks every log write of the peer, which a benchmark would measure as the peer's own cost.
+    """
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(list(args), cwd=cwd, stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            try:
+                wait_http(ready_url, process)
+            except RuntimeError as exited:
+                log.seek(0)
+                raise RuntimeError(f"{exited}{log.read()}") from None
+            yield process
+        finally:
+            stop(process)
 
 
 def fleetlens_exporter(*flags: str) -> tuple[list[str], str]:
