@@ -22,30 +22,19 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
 from analytics.detectors import register
-from analytics.detectors.base import Detector, Finding, Window, frame
-from analytics.detectors.congestion import ECN_MARKED, TRANSMIT_WAIT
-from analytics.detectors.counters import (
-    LAST,
-    LOOKBACK_S,
-    MAX_CANDIDATES,
-    STEADY_INCREASE,
-    STEADY_RATE,
-    STEADY_SECONDS,
-    Evidence,
-    evidence_number,
-    series_parameters,
-    series_sql,
-    signal_count,
-    signal_findings,
-)
-from analytics.detectors.dcgm import PCIE_LINK, metric_in
-from analytics.detectors.peers import NODE_JOBS
+from analytics.detectors.base import Detector, Finding, Window
+from analytics.detectors.congestion import ECN_MARKED, TRANSMIT_WAIT, median_exact
+from analytics.detectors.counters import LOOKBACK_S, Evidence, evidence_number, signal_count, signal_findings
+from analytics.detectors.dcgm import PCIE_LINK
+from analytics.detectors.peers import node_jobs
+from analytics.detectors.tape import TapeView, group_extreme, group_sum, groups, label, tape_view
 from analytics.store.protocols import Reader
 
 PCIE_REPLAYS = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
@@ -71,89 +60,193 @@ DMA_METRICS = (
 )
 ACTIVE = 4
 NET_WITHOUT_GDR = "^NET/[^/]+/([0-9]+)$"  # a connection `via NET/IB/1`, where GPUDirect RDMA adds `/GDRDMA`
-# a GPU's link figures (pcie_gen, pcie_width, pcie_max_gen, pcie_max_width): fleetlens's or DCGM's
-PCIE_FIGURES = ",\n    ".join(
-    f"maxIf(last, {metric_in(names)} AND samples > 0) AS pcie_{figure}" for figure, names in PCIE_LINK.items()
-)
-DMA_SERIES = series_sql(
-    f"{LAST} AS last",
-    "length(inside) AS samples",
-    f"{STEADY_SECONDS} AS steady_s",
-    f"{STEADY_INCREASE} AS increase",
-    f"{STEADY_RATE} AS rate",
-    "lookback_low",
-    "lookback_high",
-    lookback_aggregates=("min(value) AS lookback_low", "max(value) AS lookback_high"),
-)
-# Units: a GPU, a port, or an NCCL rank (its log, pid and CUDA device). A rank without GPUDirect RDMA is
-# put on the port its connections without it go through (NET device index -> device:port, as its log
-# announced them), or on its node ("") when they go through several.
-DMA_UNITS = f"""
-SELECT node,
-    multiIf(
-        startsWith(metric, 'node_infiniband_'), concat(labels['device'], ':', labels['port']),
-        startsWith(metric, 'fleetlens_nccl_'),
-            concat(labels['log'], '|', labels['pid'], '|', labels['cuda_device']),
-        concat('gpu:', labels['gpu'])
-    ) AS unit,
-    max(startsWith(metric, 'fleetlens_nccl_')) AS is_rank,
-    {PCIE_FIGURES},
-    sumIf(increase, metric = '{PCIE_REPLAYS}') AS pcie_replays,
-    countIf(metric IN ('{RECEIVED}', '{TRANSMITTED}') AND steady_s > 0) = 2 AS is_port,
-    sumIf(rate, metric IN ('{RECEIVED}', '{TRANSMITTED}')) AS roce_bytes_per_s,
-    sumIf(rate, metric = '{ECN_MARKED}') AS ecn_marks_per_s,
-    countIf(metric = '{ECN_MARKED}') > 0 AS has_ecn,
-    sumIf(rate, metric = '{TRANSMIT_WAIT}') AS transmit_wait_per_s,
-    minIf(lookback_low, metric = '{STATE}' AND samples > 0) = {ACTIVE}
-        AND maxIf(lookback_high - lookback_low, metric = '{LINK_DOWNED}') = 0 AS link_steady,
-    anyIf(labels['status'], metric = '{NCCL_GDR}' AND samples > 0 AND last = 1) AS gdr,
-    anyIf(
-        concat('rank ', labels['rank'], ' in ', labels['log']), startsWith(metric, 'fleetlens_nccl_')
-    ) AS rank,
-    groupUniqArrayIf(
-        toUInt32OrZero(extract(labels['via'], '{NET_WITHOUT_GDR}')),
-        metric = '{NCCL_CONNECTIONS}' AND samples > 0 AND match(labels['via'], '{NET_WITHOUT_GDR}')
-    ) AS nets_without_gdr,
-    groupArrayIf(
-        (toUInt32OrZero(labels['index']), concat(labels['device'], ':', labels['port'])),
-        metric = '{NCCL_NET_DEVICES}' AND samples > 0
-    ) AS nets
-FROM ({DMA_SERIES})
-GROUP BY node, unit
-"""
-# Candidates: every port (each is its peers' peer), GPUs whose link trained below its maximum, and where
-# NCCL ranks run without GPUDirect RDMA.
-DMA_SQL = f"""
-SELECT * FROM (
-SELECT candidates.*, jobs.job AS job,
-    medianExactIf(roce_bytes_per_s, is_port AND link_steady) OVER (PARTITION BY job) AS peers_roce_bytes_per_s
-FROM (
-    SELECT node,
-        if(
-            is_rank,
-            if(length(nets_without_gdr) = 1, arrayFirst(net -> net.1 = nets_without_gdr[1], nets).2, ''),
-            unit
-        ) AS component,
-        max(pcie_gen) AS pcie_gen,
-        max(pcie_width) AS pcie_width,
-        max(pcie_max_gen) AS pcie_max_gen,
-        max(pcie_max_width) AS pcie_max_width,
-        max(pcie_replays) AS pcie_replays,
-        max(is_port) AS is_port,
-        max(roce_bytes_per_s) AS roce_bytes_per_s,
-        max(ecn_marks_per_s) AS ecn_marks_per_s,
-        max(has_ecn) AS has_ecn,
-        max(transmit_wait_per_s) AS transmit_wait_per_s,
-        max(link_steady) AS link_steady,
-        arraySort(groupArrayIf(concat(rank, ': ', gdr), gdr IN ('no', 'partial'))) AS nccl_without_gdr
-    FROM ({DMA_UNITS})
-    GROUP BY node, component
-) AS candidates
-LEFT JOIN ({NODE_JOBS}) AS jobs ON candidates.node = jobs.node
-)
-WHERE is_port OR pcie_gen < pcie_max_gen OR pcie_width < pcie_max_width OR notEmpty(nccl_without_gdr)
-ORDER BY node, component
-"""
+NET_WITHOUT_GDR_RE = re.compile(
+    NET_WITHOUT_GDR
+)  # a constant; `$` checked as RE2 reads it (see _net_without_gdr)
+UINT32 = re.compile(r"\+?[0-9]+")  # what ClickHouse's toUInt32OrZero reads as a number
+PORT_BYTES = (RECEIVED, TRANSMITTED)
+NO_GDR = ("no", "partial")  # a rank's GPUDirect RDMA status that makes it a candidate
+# Per series, which role it plays in a unit's figures (a boolean column each of _dma_identity)
+ROLES = {
+    **{f"pcie_{figure}": names for figure, names in PCIE_LINK.items()},
+    "replays": (PCIE_REPLAYS,),
+    "port_bytes": PORT_BYTES,
+    "ecn": (ECN_MARKED,),
+    "wait": (TRANSMIT_WAIT,),
+    "state": (STATE,),
+    "downed": (LINK_DOWNED,),
+    "gdr": (NCCL_GDR,),
+    "connections": (NCCL_CONNECTIONS,),
+    "net_devices": (NCCL_NET_DEVICES,),
+}
+PCIE_FIGURES = [f"pcie_{figure}" for figure in PCIE_LINK]
+CANDIDATE_COLUMNS = [
+    "node", "component", *PCIE_FIGURES, "pcie_replays", "is_port", "roce_bytes_per_s", "ecn_marks_per_s",
+    "has_ecn", "transmit_wait_per_s", "link_steady", "nccl_without_gdr", "job", "peers_roce_bytes_per_s",
+]  # fmt: skip
+
+
+def candidates(source: Reader, window: Window, lookback_s: float) -> pd.DataFrame:
+    """Per node and component (a GPU, a port, or the port an NCCL rank without GPUDirect RDMA goes
+    through): its PCIe link figures and replays, its RoCE bytes, ECN marks and transmit wait per second,
+    whether it is a port (`is_port`: both byte counters stepped) with a link steady since the lookback,
+    the ranks without GPUDirect RDMA on it, its node's job and the median bytes per second of that job's
+    steady ports (`peers_roce_bytes_per_s`). Only ports, GPUs below their maximum link and components
+    with such ranks are candidates, ordered by node and component."""
+    view = tape_view(source, DMA_METRICS, window, lookback_s)
+    identity = view.derived(_dma_identity)
+    units = _units(view, identity)
+    found = _components(units)
+    jobs = node_jobs(source, window, lookback_s).reindex(found["node"], fill_value="").to_numpy()
+    steady_ports = found["is_port"].to_numpy(bool) & found["link_steady"].to_numpy(bool)
+    roce = found["roce_bytes_per_s"].to_numpy()
+    peers = np.full(len(found), np.nan)
+    for job in np.unique(jobs):
+        of_job = jobs == job
+        peers[of_job] = median_exact(roce[of_job & steady_ports])
+    found = found.assign(job=jobs, peers_roce_bytes_per_s=peers)
+    kept = (
+        found["is_port"].to_numpy(bool)
+        | (found["pcie_gen"] < found["pcie_max_gen"]).to_numpy()
+        | (found["pcie_width"] < found["pcie_max_width"]).to_numpy()
+        | (found["nccl_without_gdr"].map(len) > 0).to_numpy()
+    )
+    return found[kept][CANDIDATE_COLUMNS].reset_index(drop=True)
+
+
+def _dma_identity(catalog: pd.DataFrame) -> pd.DataFrame:
+    """Per series, its node and `unit`: a port (device:port), an NCCL rank (log|pid|cuda_device,
+    `is_rank`) or a GPU (gpu:N), and `unit_code` (a code ordering units by node and unit); its role
+    (ROLES, a column each); and the labels an NCCL series is read by: its rank's `rank_text`, its GDR
+    `status`, the NET index a connection without GPUDirect RDMA goes through (`net_without_gdr`, -1 for
+    none) and a NET device's `net_index` and `net_port`."""
+    metric = catalog["metric"]
+    device, port = label(catalog, "device"), label(catalog, "port")
+    is_port_metric = metric.str.startswith("node_infiniband_").to_numpy(bool)
+    is_rank = metric.str.startswith("fleetlens_nccl_").to_numpy(bool)
+    rank_unit = label(catalog, "log") + "|" + label(catalog, "pid") + "|" + label(catalog, "cuda_device")
+    unit = np.where(
+        is_port_metric, device + ":" + port, np.where(is_rank, rank_unit, "gpu:" + label(catalog, "gpu"))
+    )
+    identity = pd.DataFrame({"node": catalog["node"].to_numpy(), "unit": unit, "is_rank": is_rank})
+    for role, names in ROLES.items():
+        identity[role] = metric.isin(names).to_numpy(bool)
+    identity["rank_text"] = ("rank " + label(catalog, "rank") + " in " + label(catalog, "log")).to_numpy()
+    identity["status"] = label(catalog, "status").to_numpy()
+    identity["net_without_gdr"] = label(catalog, "via").map(_net_without_gdr).to_numpy(np.int64)
+    identity["net_index"] = label(catalog, "index").map(_uint32_or_zero).to_numpy(np.int64)
+    identity["net_port"] = (device + ":" + port).to_numpy()
+    identity["unit_code"] = identity.groupby(["node", "unit"], sort=True).ngroup()
+    return identity
+
+
+def _net_without_gdr(via: str) -> int:
+    """The NET index of a connection `via` NET without GPUDirect RDMA (NET_WITHOUT_GDR, as ClickHouse's
+    RE2 reads it: its `$` is the text's end, not before a last newline), as toUInt32OrZero reads it; -1
+    when `via` is no such connection."""
+    found = NET_WITHOUT_GDR_RE.match(via)
+    return _uint32_or_zero(found.group(1)) if found and found.end() == len(via) else -1
+
+
+def _uint32_or_zero(text: str) -> int:
+    """ClickHouse's toUInt32OrZero: the number `text` is, 0 for no number or one out of UInt32's range."""
+    number = int(text) if UINT32.fullmatch(text) else 0
+    return number if number < 1 << 32 else 0
+
+
+def _units(view: TapeView, identity: pd.DataFrame) -> pd.DataFrame:
+    """Per unit (GPU, port, NCCL rank) of a node, its figures: what DMA_UNITS gave, and `component`."""
+    series = view.summaries()
+    group, member = groups(identity["unit_code"].to_numpy())
+    count = len(member)
+    sampled = series["samples"].to_numpy() > 0
+    last, rate = series["last"].to_numpy(np.float64), series["steady_rate"].to_numpy()
+    everywhere = np.ones(len(view.value), bool)
+    low = group_extreme(np.fmin, view.group, len(series), view.value, everywhere)
+    high = view.max(view.value, everywhere)
+    role = {name: identity[name].to_numpy(bool) for name in ROLES}
+
+    def total(values: np.ndarray, where: np.ndarray) -> np.ndarray:
+        return group_sum(group, count, values, where)
+
+    def counted(where: np.ndarray) -> np.ndarray:
+        return np.bincount(group[where], minlength=count)
+
+    units = identity.iloc[member][["node", "unit", "is_rank"]].reset_index(drop=True)
+    for figure in PCIE_FIGURES:
+        units[figure] = group_extreme(np.fmax, group, count, last, role[figure] & sampled)
+    units["pcie_replays"] = total(series["steady_increase"].to_numpy(), role["replays"])
+    units["is_port"] = counted(role["port_bytes"] & (series["steady_seconds"].to_numpy() > 0)) == 2
+    units["roce_bytes_per_s"] = total(rate, role["port_bytes"])
+    units["ecn_marks_per_s"] = total(rate, role["ecn"])
+    units["has_ecn"] = counted(role["ecn"]) > 0
+    units["transmit_wait_per_s"] = total(rate, role["wait"])
+    active = group_extreme(np.fmin, group, count, low, role["state"] & sampled) == ACTIVE
+    units["link_steady"] = active & (group_extreme(np.fmax, group, count, high - low, role["downed"]) == 0)
+    units["component"] = units["unit"]
+    units["nccl_without_gdr"] = [[] for _ in range(count)]
+    ranks = np.flatnonzero(units["is_rank"].to_numpy())
+    if len(ranks):
+        _place_ranks(units, ranks, group, identity, role, sampled & (last == 1), sampled)
+    return units
+
+
+def _place_ranks(
+    units: pd.DataFrame,
+    ranks: np.ndarray,
+    group: np.ndarray,
+    identity: pd.DataFrame,
+    role: dict[str, np.ndarray],
+    status_now: np.ndarray,
+    sampled: np.ndarray,
+) -> None:
+    """Each NCCL rank's component (the port its connections without GPUDirect RDMA go through, "" when
+    none or several) and, where its status is no or partial, its `nccl_without_gdr` entry."""
+    status = identity["status"].to_numpy()
+    rank_text = identity["rank_text"].to_numpy()
+    net_without_gdr, net_index = identity["net_without_gdr"].to_numpy(), identity["net_index"].to_numpy()
+    net_port = identity["net_port"].to_numpy()
+    nccl = identity["is_rank"].to_numpy(bool)
+    components, entries = units["component"].to_list(), units["nccl_without_gdr"].to_list()
+    for unit in ranks:
+        of_unit = group == unit
+        statuses = status[of_unit & role["gdr"] & status_now]
+        gdr = statuses[0] if len(statuses) else ""
+        if gdr in NO_GDR:
+            entries[unit] = [f"{rank_text[of_unit & nccl][0]}: {gdr}"]
+        nets = set(net_without_gdr[of_unit & role["connections"] & sampled & (net_without_gdr >= 0)])
+        devices = of_unit & role["net_devices"] & sampled
+        ports = [
+            port for index, port in zip(net_index[devices], net_port[devices], strict=True) if index in nets
+        ]
+        components[unit] = ports[0] if len(nets) == 1 and ports else ""
+    units["component"] = components
+    units["nccl_without_gdr"] = entries
+
+
+def _components(units: pd.DataFrame) -> pd.DataFrame:
+    """The units merged by node and component (the largest of each figure, every rank's entry), in
+    that order: what DMA_SQL's candidates subquery gave."""
+    keys = units.groupby(["node", "component"], sort=True).ngroup().to_numpy()
+    group, member = groups(keys)
+    count = len(member)
+    found = units.iloc[member][["node", "component"]].reset_index(drop=True)
+    for column in (
+        *PCIE_FIGURES,
+        "pcie_replays",
+        "roce_bytes_per_s",
+        "ecn_marks_per_s",
+        "transmit_wait_per_s",
+    ):
+        values = units[column].to_numpy(np.float64)
+        found[column] = group_extreme(np.fmax, group, count, values, np.ones(len(values), bool))
+    for flag in ("is_port", "has_ecn", "link_steady"):
+        found[flag] = (np.bincount(group[units[flag].to_numpy(bool)], minlength=count) > 0).astype(np.int64)
+    entries: list[list[str]] = [[] for _ in range(count)]
+    for unit, entry in zip(group, units["nccl_without_gdr"], strict=True):
+        entries[unit] += entry
+    found["nccl_without_gdr"] = [sorted(entry) for entry in entries]
+    return found
 
 
 @register
@@ -187,8 +280,10 @@ class DmaDegraded(Detector):
         self.max_transmit_wait_per_s = max_transmit_wait_per_s
 
     def features(self, source: Reader, window: Window) -> pd.DataFrame:
-        parameters = series_parameters(DMA_METRICS, window.start, window.end, self.lookback_s)
-        return frame(source.query(DMA_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
+        return candidates(source, window, self.lookback_s)
+
+    def tape_needs(self) -> dict[str, float]:
+        return dict.fromkeys(DMA_METRICS, self.lookback_s)
 
     def score(self, features: pd.DataFrame) -> np.ndarray:
         return signal_count(self._signals(features))
