@@ -59,10 +59,8 @@ DMA_METRICS = (
     NCCL_NET_DEVICES,
 )
 ACTIVE = 4
-NET_WITHOUT_GDR = "^NET/[^/]+/([0-9]+)$"  # a connection `via NET/IB/1`, where GPUDirect RDMA adds `/GDRDMA`
-NET_WITHOUT_GDR_RE = re.compile(
-    NET_WITHOUT_GDR
-)  # a constant; `$` checked as RE2 reads it (see _net_without_gdr)
+# a connection `via NET/IB/1`, where GPUDirect RDMA adds `/GDRDMA` (a constant: never outside text)
+NET_WITHOUT_GDR = re.compile("^NET/[^/]+/([0-9]+)$")
 UINT32 = re.compile(r"\+?[0-9]+")  # what ClickHouse's toUInt32OrZero reads as a number
 PORT_BYTES = (RECEIVED, TRANSMITTED)
 NO_GDR = ("no", "partial")  # a rank's GPUDirect RDMA status that makes it a candidate
@@ -144,7 +142,7 @@ def _net_without_gdr(via: str) -> int:
     """The NET index of a connection `via` NET without GPUDirect RDMA (NET_WITHOUT_GDR, as ClickHouse's
     RE2 reads it: its `$` is the text's end, not before a last newline), as toUInt32OrZero reads it; -1
     when `via` is no such connection."""
-    found = NET_WITHOUT_GDR_RE.match(via)
+    found = NET_WITHOUT_GDR.match(via)
     return _uint32_or_zero(found.group(1)) if found and found.end() == len(via) else -1
 
 
@@ -155,7 +153,8 @@ def _uint32_or_zero(text: str) -> int:
 
 
 def _units(view: TapeView, identity: pd.DataFrame) -> pd.DataFrame:
-    """Per unit (GPU, port, NCCL rank) of a node, its figures: what DMA_UNITS gave, and `component`."""
+    """Per unit of a node (a GPU, a port, an NCCL rank: `unit`), its figures (candidates' columns) and
+    the `component` it is judged as."""
     series = view.summaries()
     group, member = groups(identity["unit_code"].to_numpy())
     count = len(member)
@@ -185,48 +184,54 @@ def _units(view: TapeView, identity: pd.DataFrame) -> pd.DataFrame:
     units["link_steady"] = active & (group_extreme(np.fmax, group, count, high - low, role["downed"]) == 0)
     units["component"] = units["unit"]
     units["nccl_without_gdr"] = [[] for _ in range(count)]
-    ranks = np.flatnonzero(units["is_rank"].to_numpy())
-    if len(ranks):
-        _place_ranks(units, ranks, group, identity, role, sampled & (last == 1), sampled)
+    _place_ranks(units, group, identity, sampled & (last == 1), sampled)
     return units
 
 
 def _place_ranks(
     units: pd.DataFrame,
-    ranks: np.ndarray,
     group: np.ndarray,
     identity: pd.DataFrame,
-    role: dict[str, np.ndarray],
     status_now: np.ndarray,
     sampled: np.ndarray,
 ) -> None:
     """Each NCCL rank's component (the port its connections without GPUDirect RDMA go through, "" when
-    none or several) and, where its status is no or partial, its `nccl_without_gdr` entry."""
-    status = identity["status"].to_numpy()
-    rank_text = identity["rank_text"].to_numpy()
-    net_without_gdr, net_index = identity["net_without_gdr"].to_numpy(), identity["net_index"].to_numpy()
-    net_port = identity["net_port"].to_numpy()
+    none or several) and, where its status is no or partial, its `nccl_without_gdr` entry. Where a
+    rank's series disagree (ClickHouse's any), the first series in the tape's order is read."""
     nccl = identity["is_rank"].to_numpy(bool)
-    components, entries = units["component"].to_list(), units["nccl_without_gdr"].to_list()
-    for unit in ranks:
-        of_unit = group == unit
-        statuses = status[of_unit & role["gdr"] & status_now]
-        gdr = statuses[0] if len(statuses) else ""
-        if gdr in NO_GDR:
-            entries[unit] = [f"{rank_text[of_unit & nccl][0]}: {gdr}"]
-        nets = set(net_without_gdr[of_unit & role["connections"] & sampled & (net_without_gdr >= 0)])
-        devices = of_unit & role["net_devices"] & sampled
-        ports = [
-            port for index, port in zip(net_index[devices], net_port[devices], strict=True) if index in nets
-        ]
-        components[unit] = ports[0] if len(nets) == 1 and ports else ""
+    gdr = first_of(group, nccl & identity["gdr"].to_numpy(bool) & status_now)
+    ranks = first_of(group, nccl)
+    named = np.zeros(len(units), np.int64)  # per unit: its first NCCL series, which names its rank
+    named[group[ranks]] = ranks
+    without = identity["net_without_gdr"].to_numpy()
+    connections = np.flatnonzero(identity["connections"].to_numpy(bool) & sampled & (without >= 0))
+    pairs = np.unique(np.stack([group[connections], without[connections]]), axis=1)
+    nets = np.bincount(pairs[0], minlength=len(units))
+    single = np.full(len(units), -1)
+    single[pairs[0][nets[pairs[0]] == 1]] = pairs[1][nets[pairs[0]] == 1]
+    devices = identity["net_devices"].to_numpy(bool) & sampled
+    through = first_of(group, devices & (identity["net_index"].to_numpy() == single[group]))
+    components = units["component"].to_numpy(object).copy()
+    components[units["is_rank"].to_numpy(bool)] = ""
+    components[group[through]] = identity["net_port"].to_numpy()[through]
+    entries = units["nccl_without_gdr"].to_list()
+    status, rank_text = identity["status"].to_numpy(), identity["rank_text"].to_numpy()
+    for series in gdr[np.isin(status[gdr], NO_GDR)]:
+        entries[group[series]] = [f"{rank_text[named[group[series]]]}: {status[series]}"]
     units["component"] = components
     units["nccl_without_gdr"] = entries
 
 
+def first_of(group: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """The first series (in the tape's order) of each group with one where `where`."""
+    chosen = np.flatnonzero(where)
+    _, first = np.unique(group[chosen], return_index=True)
+    return chosen[first]
+
+
 def _components(units: pd.DataFrame) -> pd.DataFrame:
-    """The units merged by node and component (the largest of each figure, every rank's entry), in
-    that order: what DMA_SQL's candidates subquery gave."""
+    """The units merged by node and component (the largest of each figure, every rank's entry), ordered
+    by node and component."""
     keys = units.groupby(["node", "component"], sort=True).ngroup().to_numpy()
     group, member = groups(keys)
     count = len(member)

@@ -33,6 +33,7 @@ from tests.analytics.detectors.test_tape_detectors import assert_same_frame
 from tests.support.fleetdata import SimulatedFleet
 
 D = dma
+NET_WITHOUT_GDR = D.NET_WITHOUT_GDR.pattern
 PCIE_FIGURES = ",\n    ".join(
     f"maxIf(last, {metric_in(names)} AND samples > 0) AS pcie_{figure}" for figure, names in PCIE_LINK.items()
 )
@@ -69,8 +70,8 @@ SELECT node,
         concat('rank ', labels['rank'], ' in ', labels['log']), startsWith(metric, 'fleetlens_nccl_')
     ) AS rank,
     groupUniqArrayIf(
-        toUInt32OrZero(extract(labels['via'], '{D.NET_WITHOUT_GDR}')),
-        metric = '{D.NCCL_CONNECTIONS}' AND samples > 0 AND match(labels['via'], '{D.NET_WITHOUT_GDR}')
+        toUInt32OrZero(extract(labels['via'], '{NET_WITHOUT_GDR}')),
+        metric = '{D.NCCL_CONNECTIONS}' AND samples > 0 AND match(labels['via'], '{NET_WITHOUT_GDR}')
     ) AS nets_without_gdr,
     groupArrayIf(
         (toUInt32OrZero(labels['index']), concat(labels['device'], ':', labels['port'])),
