@@ -30,28 +30,18 @@ Every signal has a reading from the series stock dcgm-exporter serves (docs/stoc
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from analytics.detectors import register
-from analytics.detectors.base import SEVERITIES, Detector, Finding, Window, frame
-from analytics.detectors.counters import (
-    INCREASE,
-    INSIDE_MAX,
-    INSIDE_MIN,
-    MAX_CANDIDATES,
-    STEADY_INCREASE,
-    Evidence,
-    evidence_number,
-    series_parameters,
-    series_sql,
-    signal_count,
-)
-from analytics.detectors.dcgm import ANSWERS, GPU_UP, metric_in
-from analytics.detectors.peers import NODE_JOBS
+from analytics.detectors import peers, register
+from analytics.detectors.base import SEVERITIES, Detector, Finding, Window
+from analytics.detectors.counters import Evidence, evidence_number, signal_count
+from analytics.detectors.dcgm import ANSWERS, GPU_UP
+from analytics.detectors.tape import TapeView, group_extreme, group_sum, groups, label, tape_view
 from analytics.reports.remedy import ACTION, ACTION_TEXT, ACTION_TEXT_KEY
 from analytics.store.protocols import Reader
 from analytics.xid_catalog import Action, lookup, worst_action
@@ -66,79 +56,16 @@ DBE_COUNTERS = ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL"
 # one is a new DBE where the ECC counters are not exported
 REMAPPED_ROWS = "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"
 FAULT_METRICS = (XID_COUNTER, LAST_XID, GPU_UP, ROW_REMAP_FAILURE, *DBE_COUNTERS, REMAPPED_ROWS, *ANSWERS)
-FAULT_SERIES = series_sql(
-    f"{INCREASE} AS increase",
-    f"{STEADY_INCREASE} AS steady_increase",
-    "length(inside) AS samples",
-    f"{INSIDE_MIN} AS low",
-    f"{INSIDE_MAX} AS high",
-    "arrayMap(step -> step.2.2, arrayFilter(step -> step.2.2 != step.1.2, steps)) AS turned_to",
-    "before_t > 0 AS seen_before",
-    "if(length(inside) > 0, inside[1].2, 0) AS first_value",
-    "first_t",
-    "sampled_at",
-    # when DCGM answered for the GPU: only its readings' times are kept
-    lookback_aggregates=("min(t) AS first_t", f"groupUniqArrayIf(t, {metric_in(ANSWERS)}) AS sampled_at"),
-)
-# Per series: the Xid codes it saw in the range and how many times each (`codes`, `counts`).
-XID_EVENTS = f"""
-SELECT node, labels['gpu'] AS gpu, labels['pci_bus_id'] AS pci_bus_id, metric, samples, low, high, increase,
-    steady_increase, first_t, sampled_at,
-    toInt64OrNull(labels['xid']) AS counted_code,
-    increase + if(born, first_value, 0) AS events,
-    arrayMap(value -> toInt64(value), arrayFilter(
-        value -> isFinite(value) AND value >= 1 AND value < 1e9 AND value = floor(value),
-        if(born, arrayPushFront(turned_to, first_value), turned_to)
-    )) AS gauge_codes,
-    multiIf(
-        metric = '{XID_COUNTER}' AND isNotNull(counted_code) AND isFinite(events) AND events > 0,
-            [assumeNotNull(counted_code)],
-        metric = '{LAST_XID}', arrayDistinct(gauge_codes),
-        CAST([], 'Array(Int64)')
-    ) AS codes,
-    multiIf(
-        metric = '{XID_COUNTER}', arrayMap(code -> events, codes),
-        arrayMap(code -> toFloat64(countEqual(gauge_codes, code)), codes)
-    ) AS counts
-FROM (
-    SELECT *, samples > 0 AND NOT seen_before AND max(seen_before) OVER (PARTITION BY node) AS born
-    FROM ({FAULT_SERIES})
-)
-"""
-ANSWERED = metric_in(ANSWERS)
-DBE_INCREASES = ", ".join(
-    f"sumIf(increase, metric = '{name}' AND isFinite(increase))" for name in DBE_COUNTERS
-)
-# A GPU is a candidate if any of its series was sampled since the lookback. `has_up`: fleetlens's exporter
-# reports it (fleetlens_gpu_up), and `reported` is then whether that was sampled in the window; else
-# whether DCGM answered for it (ANSWERS) in the window. `node_reported`: whether any GPU of its node was.
-# `answered_at`: the times DCGM answered for it since the lookback; `silent_scrapes`: the times its node's
-# other GPUs answered after its own last answer (after its first series, when it never answered).
-FAULT_SQL = f"""
-SELECT gpus.*, jobs.job AS job, max(reported) OVER (PARTITION BY gpus.node) AS node_reported,
-    arrayCount(
-        t -> t > if(notEmpty(answered_at), arrayMax(answered_at), first_seen - 0.001),
-        groupUniqArrayArray(answered_at) OVER (PARTITION BY gpus.node)
-    ) AS silent_scrapes
-FROM (
-    SELECT node, gpu != '' AS known_gpu, if(known_gpu, concat('gpu:', gpu), '') AS component, pci_bus_id,
-        maxMap(codes, counts) AS xids, xids.1 AS xid_codes, xids.2 AS xid_events,
-        countIf(metric = '{GPU_UP}') > 0 AS has_up,
-        if(
-            has_up, countIf(metric = '{GPU_UP}' AND samples > 0), countIf({ANSWERED} AND samples > 0)
-        ) > 0 AS reported,
-        minIf(low, metric = '{GPU_UP}' AND samples > 0) AS gpu_up,
-        arraySort(groupUniqArrayArray(sampled_at)) AS answered_at,
-        min(first_t) AS first_seen,
-        maxIf(high, metric = '{ROW_REMAP_FAILURE}' AND samples > 0) AS row_remap_failure,
-        greatest({DBE_INCREASES}) AS dbe_errors,
-        sumIf(steady_increase, metric = '{REMAPPED_ROWS}' AND isFinite(steady_increase)) AS remapped_rows
-    FROM ({XID_EVENTS})
-    GROUP BY node, gpu, pci_bus_id
-) AS gpus
-LEFT JOIN ({NODE_JOBS}) AS jobs ON gpus.node = jobs.node
-ORDER BY node, component, pci_bus_id
-"""
+# a code as ClickHouse's toInt64OrNull reads an `xid` label: ASCII digits, a sign, in Int64's range
+XID_LABEL = re.compile(r"[+-]?[0-9]+", re.ASCII)
+INT64_RANGE = range(-(2**63), 2**63)
+# a value of the last-Xid gauge that names an Xid: an integer in [1, 1e9)
+LARGEST_GAUGE_CODE = 1e9
+FAULT_COLUMNS = [
+    "node", "known_gpu", "component", "pci_bus_id", "xids", "xid_codes", "xid_events", "has_up", "reported",
+    "gpu_up", "answered_at", "first_seen", "row_remap_failure", "dbe_errors", "remapped_rows", "job",
+    "node_reported", "silent_scrapes",
+]  # fmt: skip
 APP_ERROR_SCORE = 0.5  # a GPU with application Xids alone: less than any failure signal
 # what each failure signal besides Xids asks for: NVIDIA's answer to a GPU off the bus (Xid 79) is a
 # reboot; a row that could not be remapped needs the GPU inspected; a DBE needs a reset to retire its row
@@ -175,8 +102,7 @@ class GpuFault(Detector):
         self.lost_after_scrapes = lost_after_scrapes
 
     def features(self, source: Reader, window: Window) -> pd.DataFrame:
-        parameters = series_parameters(FAULT_METRICS, window.start, window.end, self.lookback_s)
-        features = frame(source.query(FAULT_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
+        features = gpu_faults(source, window, self.lookback_s)
         if features.empty:
             return features
         # a dict per row, but only the few rows with Xids count them
@@ -185,6 +111,9 @@ class GpuFault(Detector):
             for codes, counted in zip(features["xid_codes"], features["xid_events"], strict=True)
         ]
         return features.assign(xid_counts=counts)
+
+    def tape_needs(self) -> dict[str, float]:
+        return dict.fromkeys(FAULT_METRICS, self.lookback_s)
 
     def score(self, features: pd.DataFrame) -> np.ndarray:
         failures = signal_count(self._signals(features))
@@ -225,6 +154,216 @@ class GpuFault(Detector):
         answered, for `lost_after_scrapes` scrapes and up to this window."""
         silent_long = features["silent_scrapes"].to_numpy(dtype=float) >= self.lost_after_scrapes
         return flags.known_gpu & ~flags.has_up & ~flags.reported & flags.node_reported & silent_long
+
+
+def gpu_faults(source: Reader, window: Window, lookback_s: float) -> pd.DataFrame:
+    """One row per GPU (node, `gpu` and `pci_bus_id` labels) with a series of FAULT_METRICS sampled in
+    the window or the `lookback_s` before it, ordered by node, component and pci_bus_id: its Xids (per
+    code the most any series counted: `xid_codes`, `xid_events`, both in `xids`); `has_up`: fleetlens's
+    exporter reports fleetlens_gpu_up for it, and `reported` is then whether that was sampled in the
+    window, else whether DCGM answered for it (ANSWERS) in the window; `gpu_up` its lowest reading;
+    `answered_at`: the times DCGM answered for it since the lookback; `first_seen` its first sample;
+    `row_remap_failure`, `dbe_errors` and `remapped_rows`; its node's `job`; `node_reported`: whether
+    any GPU of its node was reported; `silent_scrapes`: the times its node's GPUs answered after its own
+    last answer (after its first sample, when it never answered)."""
+    view = tape_view(source, FAULT_METRICS, window, lookback_s)
+    if not len(view.series):
+        return pd.DataFrame(columns=FAULT_COLUMNS)
+    identity = view.derived(_fault_identity)
+    series = _fault_series(view, identity)
+    group, member = groups(identity["gpu_code"].to_numpy())
+    count = len(member)
+    sampled = series["samples"].to_numpy() > 0
+    metric = identity["metric"].to_numpy()
+    is_up, answers = metric == GPU_UP, np.isin(metric, ANSWERS)
+
+    def any_of(where: np.ndarray) -> np.ndarray:
+        return np.bincount(group[where], minlength=count) > 0
+
+    def finite_sum(column: str, name: str) -> np.ndarray:
+        values = series[column].to_numpy()
+        # float even where no series counts (bincount's sum of nothing is int)
+        return group_sum(group, count, values, (metric == name) & np.isfinite(values)).astype(np.float64)
+
+    has_up = any_of(is_up)
+    reported = np.where(has_up, any_of(is_up & sampled), any_of(answers & sampled))
+    codes, events = _xids(view, identity, series, group, count)
+    answered_at = _answer_times(view, group, answers, count)
+    first_seen = group_extreme(np.fmin, group, count, series["first_t"].to_numpy(), np.ones(len(group), bool))
+    found = identity.iloc[member][["node", "gpu", "pci_bus_id"]].reset_index(drop=True)
+    known_gpu = found["gpu"].to_numpy() != ""
+    nodes = found["node"]
+    node = identity["node_code"].to_numpy()[member]
+    node_reported = np.bincount(node[reported], minlength=node.max() + 1) > 0
+    found = found.assign(
+        known_gpu=known_gpu.astype(np.int64),
+        component=np.where(known_gpu, "gpu:" + found["gpu"], ""),
+        xids=list(zip(codes, events, strict=True)),
+        xid_codes=codes,
+        xid_events=events,
+        has_up=has_up.astype(np.int64),
+        reported=reported.astype(np.int64),
+        gpu_up=group_extreme(np.fmin, group, count, series["low"].to_numpy(), is_up & sampled),
+        answered_at=[times.tolist() for times in answered_at],
+        first_seen=first_seen,
+        row_remap_failure=group_extreme(
+            np.fmax, group, count, series["high"].to_numpy(), (metric == ROW_REMAP_FAILURE) & sampled
+        ),
+        dbe_errors=np.maximum(*(finite_sum("increase", name) for name in DBE_COUNTERS)),
+        remapped_rows=finite_sum("steady_increase", REMAPPED_ROWS),
+        job=peers.node_jobs(source, window, lookback_s).reindex(nodes, fill_value="").to_numpy(),
+        node_reported=node_reported[node].astype(np.int64),
+        silent_scrapes=_silent_scrapes(node, answered_at, first_seen),
+    )
+    return found[FAULT_COLUMNS]
+
+
+def _fault_identity(catalog: pd.DataFrame) -> pd.DataFrame:
+    """Per series, what its identity says: its node, GPU (`gpu`, `pci_bus_id` labels, "" where absent),
+    metric, the Xid code its `xid` label names (`counted`, `counted_code`), `gpu_code` (a code ordering
+    GPUs by node, gpu and pci_bus_id, as by node and component) and `node_code`."""
+    codes = [_xid_code(text) for text in label(catalog, "xid")]
+    identity = pd.DataFrame(
+        {
+            "node": catalog["node"],
+            "gpu": label(catalog, "gpu"),
+            "pci_bus_id": label(catalog, "pci_bus_id"),
+            "metric": catalog["metric"].to_numpy(object),
+            "counted": np.array([code is not None for code in codes], bool),
+            "counted_code": np.array([code or 0 for code in codes], np.int64),
+        }
+    )
+    identity["gpu_code"] = identity.groupby(["node", "gpu", "pci_bus_id"], sort=True).ngroup()
+    identity["node_code"] = identity.groupby("node", sort=True).ngroup()
+    return identity
+
+
+def _xid_code(text: str) -> int | None:
+    """The Xid an `xid` label names, None where ClickHouse's toInt64OrNull reads none."""
+    if XID_LABEL.fullmatch(text) is None or int(text) not in INT64_RANGE:
+        return None
+    return int(text)
+
+
+def _fault_series(view: TapeView, identity: pd.DataFrame) -> pd.DataFrame:
+    """Per series: `samples`, `increase`, `steady_increase`, lowest and highest value in the window
+    (`low`, `high`), its `first_t` since the lookback, whether it is `born` (sampled in the window, not
+    before it, on a node where some series was) and its Xid `events`: its increase, and its first value
+    too when it was born (the xid collector exports a code's counter only once the code happened)."""
+    summaries = view.summaries()
+    seen_before = view.count(~view.inside) > 0
+    node = identity["node_code"].to_numpy()
+    node_seen_before = np.bincount(node[seen_before], minlength=node.max() + 1) > 0
+    samples = summaries["samples"].to_numpy()
+    born = (samples > 0) & ~seen_before & node_seen_before[node]
+    first_value = np.zeros(len(samples))
+    first_value[view.group[_first_inside(view)]] = view.value[_first_inside(view)]
+    return pd.DataFrame(
+        {
+            "samples": samples,
+            "increase": summaries["increase"].to_numpy(),
+            "steady_increase": summaries["steady_increase"].to_numpy(),
+            "low": summaries["inside_min"].to_numpy(),
+            "high": summaries["inside_max"].to_numpy(),
+            "first_t": view.t[view.first],
+            "born": born,
+            "events": summaries["increase"].to_numpy() + np.where(born, first_value, 0.0),
+        }
+    )
+
+
+def _first_inside(view: TapeView) -> np.ndarray:
+    """Per sample: whether it is its series' first in the window."""
+    before = np.ones(len(view.inside), bool)
+    before[1:] = ~view.inside[:-1]
+    return view.inside & (view.first | before)
+
+
+def _xids(
+    view: TapeView, identity: pd.DataFrame, series: pd.DataFrame, group: np.ndarray, count: int
+) -> tuple[list[list[int]], list[list[float]]]:
+    """Per GPU, its Xid codes in ascending order and the events of each: per code the most any of its
+    series counted (maxMap); an Xid counter counts its `events` for the code its label names, the
+    last-Xid gauge how often it turned to the code (its first value too, when born)."""
+    metric = identity["metric"].to_numpy()
+    events = series["events"].to_numpy()
+    with np.errstate(invalid="ignore"):
+        counted = (
+            (metric == XID_COUNTER) & identity["counted"].to_numpy() & np.isfinite(events) & (events > 0)
+        )
+    turned = view.step & (view.value != view.previous_value)
+    born = series["born"].to_numpy()[view.group] & _first_inside(view)
+    gauge = np.flatnonzero((metric == LAST_XID)[view.group] & (turned | born))
+    values = view.value[gauge]
+    with np.errstate(invalid="ignore"):
+        named = (
+            np.isfinite(values) & (values >= 1) & (values < LARGEST_GAUGE_CODE) & (values == np.floor(values))
+        )
+    turns = pd.DataFrame({"series": view.group[gauge[named]], "code": values[named].astype(np.int64)})
+    turns = turns.value_counts(sort=False).rename("events").reset_index()
+    candidates = pd.concat(
+        [
+            pd.DataFrame(
+                {
+                    "gpu": group[counted],
+                    "code": identity["counted_code"].to_numpy()[counted],
+                    "events": events[counted],
+                }
+            ),
+            pd.DataFrame(
+                {
+                    "gpu": group[turns["series"].to_numpy(np.int64)],
+                    "code": turns["code"].to_numpy(np.int64),
+                    "events": turns["events"].to_numpy(np.float64),
+                }
+            ),
+        ]
+    )
+    codes: list[list[int]] = [[] for _ in range(count)]
+    counts: list[list[float]] = [[] for _ in range(count)]
+    most = candidates.groupby(["gpu", "code"], sort=True)["events"].max()
+    for (gpu, code), most_events in most.items():  # the few GPUs with Xids
+        codes[gpu].append(int(code))
+        counts[gpu].append(float(most_events))
+    return codes, counts
+
+
+def _answer_times(view: TapeView, group: np.ndarray, answers: np.ndarray, count: int) -> list[np.ndarray]:
+    """Per GPU, the distinct times DCGM answered for it (a sample of ANSWERS) since the lookback, sorted."""
+    answered = answers[view.group]
+    gpu, t = _distinct(group[view.group[answered]], view.t[answered])
+    return np.split(t, np.searchsorted(gpu, np.arange(1, count)))
+
+
+def _silent_scrapes(node: np.ndarray, answered_at: list[np.ndarray], first_seen: np.ndarray) -> np.ndarray:
+    """Per GPU (of `node`), how many of its node's distinct answer times are later than its own last
+    answer, or than its first sample less a millisecond when it never answered."""
+    sizes = np.array([len(times) for times in answered_at], np.int64)
+    times = np.concatenate(answered_at)
+    node_of_time, time = _distinct(np.repeat(node, sizes), times)
+    last = np.array([times[-1] if len(times) else np.nan for times in answered_at])
+    after = np.where(sizes > 0, last, first_seen - 0.001)
+    # each GPU's bound placed among its node's times, after those equal to it: those later are counted
+    keys = np.concatenate([node_of_time, node])
+    at = np.concatenate([time, after])
+    is_time = np.concatenate([np.ones(len(time), bool), np.zeros(len(node), bool)])
+    order = np.lexsort((~is_time, at, keys))
+    times_up_to = np.cumsum(is_time[order])
+    position = np.empty(len(order), np.int64)
+    position[order] = np.arange(len(order))
+    per_node = np.bincount(node_of_time, minlength=node.max() + 1)
+    node_start = np.concatenate([[0], np.cumsum(per_node)])
+    earlier = times_up_to[position[len(time) :]] - node_start[node]
+    return per_node[node] - earlier
+
+
+def _distinct(keys: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct pairs of (key, t), sorted by key and then t."""
+    order = np.lexsort((t, keys))
+    keys, t = keys[order], t[order]
+    new = np.ones(len(t), bool)
+    new[1:] = (keys[1:] != keys[:-1]) | (t[1:] != t[:-1])
+    return keys[new], t[new]
 
 
 class Flags(NamedTuple):
