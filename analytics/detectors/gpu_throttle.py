@@ -32,7 +32,8 @@ import pandas as pd
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, frame
 from analytics.detectors.counters import MAX_CANDIDATES, evidence_number
-from analytics.detectors.dcgm import CLOCK_EVENT_MASKS, CLOCK_EVENT_REASONS, mask_reasons, metric_in
+from analytics.detectors.dcgm import CLOCK_EVENT_BITS, CLOCK_EVENT_MASKS, CLOCK_EVENT_REASONS, MASK_LIMIT
+from analytics.detectors.tape import group_extreme, group_sum, groups, label, tape_view
 from analytics.store.protocols import Reader
 
 # NVML's clocks-event reasons (fleetlens_gpu_clock_throttle_reason{reason}) that mean the GPU lowered its
@@ -55,37 +56,24 @@ UNKNOWN_REASON = (
 )
 REASON_TEXTS = {**SLOWDOWN_REASONS, UNKNOWN: UNKNOWN_REASON}  # reason -> (its name, what to look at)
 REASON_SERIES = (CLOCK_EVENT_REASONS, *CLOCK_EVENT_MASKS)
-THROTTLE_METRICS = (
+SM_CLOCK, UTIL, TEMP, POWER = (
     "DCGM_FI_DEV_SM_CLOCK",
     "DCGM_FI_DEV_GPU_UTIL",
     "DCGM_FI_DEV_GPU_TEMP",
     "DCGM_FI_DEV_POWER_USAGE",
-    *REASON_SERIES,
 )
-# Every GPU with an SM clock in the window: the candidates and their peers. `reasons`: the slowdown
-# reasons set at any sample, named (fleetlens) or as bits of a mask (DCGM); `reasons_known`: whether the
-# GPU has any reason series at all.
-GPUS_SQL = f"""
-SELECT node, concat('gpu:', labels['gpu']) AS component, '' AS job, any(labels['modelName']) AS model,
-    avgIf(value, metric = 'DCGM_FI_DEV_SM_CLOCK') AS sm_clock_mhz,
-    avgIf(value, metric = 'DCGM_FI_DEV_GPU_UTIL') AS util_percent,
-    maxIf(value, metric = 'DCGM_FI_DEV_GPU_TEMP') AS temp_c,
-    avgIf(value, metric = 'DCGM_FI_DEV_POWER_USAGE') AS power_w,
-    countIf({metric_in(REASON_SERIES)}) > 0 AS reasons_known,
-    arraySort(arrayFilter(
-        reason -> has({{slowdown_reasons:Array(String)}}, reason),
-        arrayDistinct(arrayConcat(
-            groupUniqArrayIf(labels['reason'], metric = '{CLOCK_EVENT_REASONS}' AND value = 1),
-            groupUniqArrayArrayIf({mask_reasons("value")}, {metric_in(CLOCK_EVENT_MASKS)})
-        ))
-    )) AS reasons
-FROM metrics
-WHERE metric IN {{metrics:Array(String)}} AND ts >= {{start:DateTime64(3)}} AND ts < {{end:DateTime64(3)}}
-    AND labels['gpu'] != ''
-GROUP BY node, component
-HAVING countIf(metric = 'DCGM_FI_DEV_SM_CLOCK') > 0
-ORDER BY node, component
-"""
+THROTTLE_METRICS = (SM_CLOCK, UTIL, TEMP, POWER, *REASON_SERIES)
+KINDS = {metric: kind for kind, metric in enumerate(THROTTLE_METRICS)}
+ORDERED_REASONS = sorted(SLOWDOWN_REASONS)  # a GPU's reasons as bits, in this order: sorted when listed
+REASON_BITS = {reason: 1 << position for position, reason in enumerate(ORDERED_REASONS)}
+REASON_LISTS = [  # the reasons of each combination of bits
+    tuple(reason for position, reason in enumerate(ORDERED_REASONS) if bits >> position & 1)
+    for bits in range(1 << len(ORDERED_REASONS))
+]
+GPU_COLUMNS = [
+    "node", "component", "job", "model", "sm_clock_mhz", "util_percent", "temp_c", "power_w",
+    "reasons_known", "reasons",
+]  # fmt: skip
 # The candidates' own clocks before the window, busy and idle apart (util and clock of one scrape).
 PAST_SQL = """
 SELECT node, component,
@@ -136,12 +124,7 @@ class GpuThrottle(Detector):
         self.min_unknown_drop = min_unknown_drop
 
     def features(self, source: Reader, window: Window) -> pd.DataFrame:
-        parameters = {
-            **window.parameters,
-            "metrics": list(THROTTLE_METRICS),
-            "slowdown_reasons": list(SLOWDOWN_REASONS),
-        }
-        gpus = frame(source.query(GPUS_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
+        gpus = window_gpus(source, window)
         gpus["busy"] = gpus["util_percent"] >= self.busy_util_percent
         # without reasons, only busy GPUs that some reference could put `min_unknown_drop` above
         could_drop = _below_ceiling(gpus, self.min_unknown_drop)
@@ -180,6 +163,9 @@ class GpuThrottle(Detector):
         past[alone.index] = own["past_busy_mhz"].where(own["busy"], own["past_idle_mhz"]).astype(float)
         return past
 
+    def tape_needs(self) -> dict[str, float]:
+        return dict.fromkeys(THROTTLE_METRICS, 0.0)
+
     def score(self, features: pd.DataFrame) -> np.ndarray:
         if features.empty:
             return np.zeros(0)
@@ -198,6 +184,80 @@ class GpuThrottle(Detector):
             else:
                 found += [_gpu_finding(row) for row in rows.itertuples()]
         return found
+
+
+def window_gpus(source: Reader, window: Window) -> pd.DataFrame:
+    """Every GPU with an SM clock in the window, by node and component ("gpu:3"), from the tape: its
+    model, mean SM clock, utilisation and power, highest temperature (0 without one), whether it has any
+    reason series (`reasons_known`), and the slowdown reasons set at any sample, named (fleetlens) or as
+    bits of a mask (DCGM), sorted (`reasons`). NaN for a mean without samples, as SQL's avg."""
+    view = tape_view(source, THROTTLE_METRICS, window, 0.0)
+    identity = view.derived(_gpu_identity)
+    code = identity["gpu"].to_numpy()
+    on_gpu = code >= 0
+    group, member = groups(code[on_gpu])
+    count = len(member)
+    series_gpu = np.full(len(code), count)  # a series of no GPU goes to an extra group, left out
+    series_gpu[on_gpu] = group
+    gpu, kind, value = series_gpu[view.group], identity["kind"].to_numpy()[view.group], view.value
+
+    def tally(where: np.ndarray) -> np.ndarray:
+        return np.bincount(gpu[where], minlength=count + 1)[:count]
+
+    def mean(metric: str) -> np.ndarray:
+        of = kind == THROTTLE_METRICS.index(metric)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return group_sum(gpu, count + 1, value, of)[:count] / tally(of)
+
+    bits = np.zeros(count + 1, np.int64)
+    named = (kind == THROTTLE_METRICS.index(CLOCK_EVENT_REASONS)) & (value == 1)
+    np.bitwise_or.at(bits, gpu[named], identity["reason_bit"].to_numpy()[view.group][named])
+    masked = kind > THROTTLE_METRICS.index(CLOCK_EVENT_REASONS)
+    np.bitwise_or.at(bits, gpu[masked], _mask_bits(value[masked]))
+    found = identity.iloc[np.flatnonzero(on_gpu)[member]].reset_index(drop=True)
+    found = found.assign(
+        job="",
+        sm_clock_mhz=mean(SM_CLOCK),
+        util_percent=mean(UTIL),
+        temp_c=group_extreme(np.fmax, gpu, count + 1, value, kind == THROTTLE_METRICS.index(TEMP))[:count],
+        power_w=mean(POWER),
+        reasons_known=(tally(kind >= THROTTLE_METRICS.index(CLOCK_EVENT_REASONS)) > 0).astype(np.int64),
+        reasons=[list(REASON_LISTS[mask]) for mask in bits[:count]],
+    )
+    return found[tally(kind == THROTTLE_METRICS.index(SM_CLOCK)) > 0][GPU_COLUMNS].reset_index(drop=True)
+
+
+def _gpu_identity(catalog: pd.DataFrame) -> pd.DataFrame:
+    """Per series: its GPU's node, `component` and `model`, `gpu` (a code ordering GPUs by node and
+    component; -1 for a series without a gpu label), its metric's position in THROTTLE_METRICS (`kind`)
+    and the bit of ORDERED_REASONS its reason label names (`reason_bit`, 0 for none of them)."""
+    gpu = label(catalog, "gpu")
+    identity = pd.DataFrame(
+        {
+            "node": catalog["node"],
+            "component": "gpu:" + gpu,
+            "model": label(catalog, "modelName"),
+            "kind": catalog["metric"]
+            .map({metric: k for k, metric in enumerate(THROTTLE_METRICS)})
+            .to_numpy(),
+            "reason_bit": label(catalog, "reason").map(REASON_BITS).fillna(0).to_numpy(np.int64),
+        }
+    )
+    code = identity.groupby(["node", "component"], sort=True).ngroup().to_numpy()
+    identity["gpu"] = np.where(gpu.to_numpy() != "", code, -1)
+    return identity
+
+
+def _mask_bits(masks: np.ndarray) -> np.ndarray:
+    """The bits of ORDERED_REASONS set in each NVML clocks-event mask (none for a value that is no mask,
+    dcgm.MASK_LIMIT)."""
+    valid = np.isfinite(masks) & (masks >= 0) & (masks < MASK_LIMIT)
+    nvml = np.where(valid, masks, 0).astype(np.uint64)
+    bits = np.zeros(len(masks), np.int64)
+    for position, reason in enumerate(ORDERED_REASONS):
+        if reason in CLOCK_EVENT_BITS:
+            bits |= ((nvml & np.uint64(CLOCK_EVENT_BITS[reason])) != 0).astype(np.int64) << position
+    return bits
 
 
 def _below_ceiling(gpus: pd.DataFrame, drop: float) -> pd.Series:

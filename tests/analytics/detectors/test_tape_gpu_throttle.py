@@ -1,0 +1,167 @@
+"""gpu_throttle computes on the tape the very frames its ClickHouse SQL gave before it moved onto it (kept
+here as the reference): its window's GPUs and its features, on every call of the gpu_throttle scenarios
+(test_gpu_throttle.py, the DCGM ones of test_stock_exporters.py, hostile tables), alone or under the
+runner's warm tape, and on a fleet stepped window by window."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from analytics.detectors import gpu_throttle, links
+from analytics.detectors.base import Window, frame
+from analytics.detectors.counters import MAX_CANDIDATES
+from analytics.detectors.dcgm import CLOCK_EVENT_MASKS, CLOCK_EVENT_REASONS, mask_reasons, metric_in
+from analytics.detectors.gpu_throttle import REASON_SERIES, SLOWDOWN_REASONS, THROTTLE_METRICS, GpuThrottle
+from analytics.detectors.runner import DetectionRunner
+from analytics.store import Store
+from analytics.store.protocols import Reader
+from analytics.store.records import ScrapeBatch
+from tests.analytics.detectors import test_gpu_throttle, test_stock_exporters
+from tests.analytics.detectors.test_tape_detectors import Compared, assert_same_frame
+from tests.support.fleetdata import SimulatedFleet
+
+GPUS_SQL = f"""
+SELECT node, concat('gpu:', labels['gpu']) AS component, '' AS job, any(labels['modelName']) AS model,
+    avgIf(value, metric = 'DCGM_FI_DEV_SM_CLOCK') AS sm_clock_mhz,
+    avgIf(value, metric = 'DCGM_FI_DEV_GPU_UTIL') AS util_percent,
+    maxIf(value, metric = 'DCGM_FI_DEV_GPU_TEMP') AS temp_c,
+    avgIf(value, metric = 'DCGM_FI_DEV_POWER_USAGE') AS power_w,
+    countIf({metric_in(REASON_SERIES)}) > 0 AS reasons_known,
+    arraySort(arrayFilter(
+        reason -> has({{slowdown_reasons:Array(String)}}, reason),
+        arrayDistinct(arrayConcat(
+            groupUniqArrayIf(labels['reason'], metric = '{CLOCK_EVENT_REASONS}' AND value = 1),
+            groupUniqArrayArrayIf({mask_reasons("value")}, {metric_in(CLOCK_EVENT_MASKS)})
+        ))
+    )) AS reasons
+FROM metrics
+WHERE metric IN {{metrics:Array(String)}} AND ts >= {{start:DateTime64(3)}} AND ts < {{end:DateTime64(3)}}
+    AND labels['gpu'] != ''
+GROUP BY node, component
+HAVING countIf(metric = 'DCGM_FI_DEV_SM_CLOCK') > 0
+ORDER BY node, component
+"""
+
+
+def old_gpus(source: Reader, window: Window) -> pd.DataFrame:
+    parameters = {
+        **window.parameters,
+        "metrics": list(THROTTLE_METRICS),
+        "slowdown_reasons": list(SLOWDOWN_REASONS),
+    }
+    return frame(source.query(GPUS_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
+
+
+@pytest.fixture
+def compared(monkeypatch: pytest.MonkeyPatch) -> list[Compared]:
+    """The window's GPUs against the old SQL's, and the features against those computed from the old
+    SQL's GPUs."""
+    gpus = Compared(gpu_throttle.window_gpus, old_gpus)
+    features = GpuThrottle.features
+
+    def old_features(detector: GpuThrottle, source: Reader, window: Window) -> pd.DataFrame:
+        with monkeypatch.context() as patched:
+            patched.setattr(gpu_throttle, "window_gpus", old_gpus)
+            return features(detector, source, window)
+
+    checks = [gpus, Compared(features, old_features)]
+    monkeypatch.setattr(gpu_throttle, "window_gpus", gpus)
+    monkeypatch.setattr(GpuThrottle, "features", lambda self, *args: checks[1](self, *args))
+    return checks
+
+
+SCENARIOS = [
+    pytest.param(function, id=name)
+    for module in (test_gpu_throttle, test_stock_exporters)
+    for name, function in vars(module).items()
+    if name.startswith("test_")
+    and inspect.isfunction(function)
+    and "GpuThrottle" in inspect.getsource(function)
+]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_scenario_gives_the_frames_the_sql_gave(
+    scenario: Callable[..., None], compared: list[Compared], request: pytest.FixtureRequest
+):
+    arguments = {
+        name: request.getfixturevalue(name) if name != "mask" else CLOCK_EVENT_MASKS[0]
+        for name in inspect.signature(scenario).parameters
+    }
+    scenario(**arguments)
+    assert compared[0].rows > 0
+
+
+GPU_LABELS = st.fixed_dictionaries(
+    {"gpu": st.sampled_from(["0", "1", "2", "10", ""])},
+    optional={"reason": st.sampled_from([*SLOWDOWN_REASONS, "gpu_idle", ""])},
+)
+VALUES = st.one_of(
+    st.sampled_from([0.0, 1.0, 2.0, 8.0, 136.0, 2.0**32, -8.0, math.nan, math.inf, -math.inf, 1e18]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(0, 2**32 - 1).map(float),
+)
+FIXTURE_CHECKS = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+examples = itertools.count()
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=FIXTURE_CHECKS)
+@given(
+    samples=st.lists(
+        st.tuples(
+            st.sampled_from(["n1", "n2"]),
+            st.integers(-3, 12),
+            st.sampled_from(THROTTLE_METRICS),
+            GPU_LABELS,
+            VALUES,
+        ),
+        max_size=60,
+    )
+)
+def test_any_samples_give_the_gpus_the_sql_gave(
+    store: Store, samples: list[tuple[str, int, str, dict[str, str], float]]
+):
+    """Random GPU series: NaN, infinite and huge values, masks that are no mask, reasons of every kind,
+    series without a gpu label, samples at and outside the window's edges, several per series."""
+    base = 1_700_000_000.0 - next(examples) * 7200  # an hour from every other example's rows, both ways
+    batches = []
+    for node, offset, metric, labels, value in samples:
+        model = {"n1": "H100", "n2": "A100"}[node]
+        batches.append(
+            ScrapeBatch(
+                f"{node}:9400", node, base + offset, [metric], [{**labels, "modelName": model}], [value]
+            )
+        )
+    store.insert_samples(batches, token=f"gpus-{base}")
+    for window in (Window(base, base + 10), Window(base - 10, base)):
+        assert_same_frame(gpu_throttle.window_gpus(store, window), old_gpus(store, window))
+
+
+def test_a_fleet_stepped_by_the_runner_gives_the_frames_the_sql_gave(
+    store: Store, tmp_path: Path, compared: list[Compared]
+):
+    """Throttling GPUs, a braked node, a reboot and a scrape gap, every window through one runner's tape,
+    held for link_flap's minute, warm from the second window on."""
+    runner = DetectionRunner([GpuThrottle(), links.LinkFlap()])
+    with SimulatedFleet(store, tmp_path, nodes=5, gpus=4) as fleet:
+        windows = [fleet.tick() for _ in range(3)]
+        fleet["vela-002"].gpus.set_fault(3, "thermal_throttle", temp_c=91, clock_factor=0.7)
+        test_gpu_throttle.brake_every_gpu(fleet["vela-004"])
+        fleet.set_load("vela-003", 0.0)
+        windows += [fleet.tick() for _ in range(4)]
+        fleet.restart("vela-002")
+        windows += [fleet.tick(skip={"vela-005"}) for _ in range(2)]
+        windows += [fleet.tick() for _ in range(3)]
+        for window in windows:
+            runner.step(store, window)
+    assert runner.failures == {}
+    assert compared[1].rows > 0
