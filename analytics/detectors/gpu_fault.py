@@ -248,16 +248,18 @@ def _xid_code(text: str) -> int | None:
 def _fault_series(view: TapeView, identity: pd.DataFrame) -> pd.DataFrame:
     """Per series: `samples`, `increase`, `steady_increase`, lowest and highest value in the window
     (`low`, `high`), its `first_t` since the lookback, whether it is `born` (sampled in the window, not
-    before it, on a node where some series was) and its Xid `events`: its increase, and its first value
-    too when it was born (the xid collector exports a code's counter only once the code happened)."""
+    before it, on a node where some series was), its `first_value` in the window and its Xid `events`: its
+    increase, and its first value too when it was born (the xid collector exports a code's counter only
+    once the code happened)."""
     summaries = view.summaries()
     seen_before = view.count(~view.inside) > 0
     node = identity["node_code"].to_numpy()
     node_seen_before = np.bincount(node[seen_before], minlength=node.max() + 1) > 0
     samples = summaries["samples"].to_numpy()
     born = (samples > 0) & ~seen_before & node_seen_before[node]
+    first_inside = _first_inside(view)
     first_value = np.zeros(len(samples))
-    first_value[view.group[_first_inside(view)]] = view.value[_first_inside(view)]
+    first_value[view.group[first_inside]] = view.value[first_inside]
     return pd.DataFrame(
         {
             "samples": samples,
@@ -267,6 +269,7 @@ def _fault_series(view: TapeView, identity: pd.DataFrame) -> pd.DataFrame:
             "high": summaries["inside_max"].to_numpy(),
             "first_t": view.t[view.first],
             "born": born,
+            "first_value": first_value,
             "events": summaries["increase"].to_numpy() + np.where(born, first_value, 0.0),
         }
     )
@@ -291,15 +294,16 @@ def _xids(
         counted = (
             (metric == XID_COUNTER) & identity["counted"].to_numpy() & np.isfinite(events) & (events > 0)
         )
-    turned = view.step & (view.value != view.previous_value)
-    born = series["born"].to_numpy()[view.group] & _first_inside(view)
-    gauge = np.flatnonzero((metric == LAST_XID)[view.group] & (turned | born))
-    values = view.value[gauge]
+    gauge = metric == LAST_XID
+    turned = np.flatnonzero(gauge[view.group] & view.step & (view.value != view.previous_value))
+    born = np.flatnonzero(gauge & series["born"].to_numpy())
+    owner = np.concatenate([view.group[turned], born])
+    values = np.concatenate([view.value[turned], series["first_value"].to_numpy()[born]])
     with np.errstate(invalid="ignore"):
         named = (
             np.isfinite(values) & (values >= 1) & (values < LARGEST_GAUGE_CODE) & (values == np.floor(values))
         )
-    turns = pd.DataFrame({"series": view.group[gauge[named]], "code": values[named].astype(np.int64)})
+    turns = pd.DataFrame({"series": owner[named], "code": values[named].astype(np.int64)})
     turns = turns.value_counts(sort=False).rename("events").reset_index()
     candidates = pd.concat(
         [
