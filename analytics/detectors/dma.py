@@ -78,6 +78,10 @@ ROLES = {
     "net_devices": (NCCL_NET_DEVICES,),
 }
 PCIE_FIGURES = [f"pcie_{figure}" for figure in PCIE_LINK]
+TEXT_COLUMNS = ["node", "unit", "rank_text", "status", "net_port"]  # _dma_identity's columns of text
+FIGURES = [*PCIE_FIGURES, "pcie_replays", "roce_bytes_per_s", "ecn_marks_per_s", "transmit_wait_per_s"]
+FLAGS = ["is_port", "has_ecn", "link_steady"]
+Columns = dict[str, np.ndarray]  # a frame's columns, each a numpy array, until the candidates' frame
 CANDIDATE_COLUMNS = [
     "node", "component", *PCIE_FIGURES, "pcie_replays", "is_port", "roce_bytes_per_s", "ecn_marks_per_s",
     "has_ecn", "transmit_wait_per_s", "link_steady", "nccl_without_gdr", "job", "peers_roce_bytes_per_s",
@@ -92,24 +96,21 @@ def candidates(source: Reader, window: Window, lookback_s: float) -> pd.DataFram
     steady ports (`peers_roce_bytes_per_s`). Only ports, GPUs below their maximum link and components
     with such ranks are candidates, ordered by node and component."""
     view = tape_view(source, DMA_METRICS, window, lookback_s)
-    identity = view.derived(_dma_identity)
-    units = _units(view, identity)
-    found = _components(units)
-    jobs = node_jobs(source, window, lookback_s).reindex(found["node"], fill_value="").to_numpy()
-    steady_ports = found["is_port"].to_numpy(bool) & found["link_steady"].to_numpy(bool)
-    roce = found["roce_bytes_per_s"].to_numpy()
-    peers = np.full(len(found), np.nan)
+    found = _components(_units(view, view.derived(_dma_identity)))
+    jobs = node_jobs(source, window, lookback_s).reindex(found["node"], fill_value="").to_numpy(object)
+    steady_ports = found["is_port"].astype(bool) & found["link_steady"].astype(bool)
+    peers = np.full(len(jobs), np.nan)
     for job in np.unique(jobs):
         of_job = jobs == job
-        peers[of_job] = median_exact(roce[of_job & steady_ports])
-    found = found.assign(job=jobs, peers_roce_bytes_per_s=peers)
+        peers[of_job] = median_exact(found["roce_bytes_per_s"][of_job & steady_ports])
+    found |= {"job": jobs, "peers_roce_bytes_per_s": peers}
     kept = (
-        found["is_port"].to_numpy(bool)
-        | (found["pcie_gen"] < found["pcie_max_gen"]).to_numpy()
-        | (found["pcie_width"] < found["pcie_max_width"]).to_numpy()
-        | (found["nccl_without_gdr"].map(len) > 0).to_numpy()
+        found["is_port"].astype(bool)
+        | (found["pcie_gen"] < found["pcie_max_gen"])
+        | (found["pcie_width"] < found["pcie_max_width"])
+        | np.array([len(entry) > 0 for entry in found["nccl_without_gdr"]], dtype=bool)
     )
-    return found[kept][CANDIDATE_COLUMNS].reset_index(drop=True)
+    return pd.DataFrame({name: found[name][kept] for name in CANDIDATE_COLUMNS})
 
 
 def _dma_identity(catalog: pd.DataFrame) -> pd.DataFrame:
@@ -135,7 +136,7 @@ def _dma_identity(catalog: pd.DataFrame) -> pd.DataFrame:
     identity["net_index"] = label(catalog, "index").map(_uint32_or_zero).to_numpy(np.int64)
     identity["net_port"] = (device + ":" + port).to_numpy()
     identity["unit_code"] = identity.groupby(["node", "unit"], sort=True).ngroup()
-    return identity
+    return identity.astype(dict.fromkeys(TEXT_COLUMNS, object))  # taken per view: numpy's take, not arrow's
 
 
 def _net_without_gdr(via: str) -> int:
@@ -152,7 +153,7 @@ def _uint32_or_zero(text: str) -> int:
     return number if number < 1 << 32 else 0
 
 
-def _units(view: TapeView, identity: pd.DataFrame) -> pd.DataFrame:
+def _units(view: TapeView, identity: pd.DataFrame) -> Columns:
     """Per unit of a node (a GPU, a port, an NCCL rank: `unit`), its figures (candidates' columns) and
     the `component` it is judged as."""
     series = view.summaries()
@@ -171,7 +172,7 @@ def _units(view: TapeView, identity: pd.DataFrame) -> pd.DataFrame:
     def counted(where: np.ndarray) -> np.ndarray:
         return np.bincount(group[where], minlength=count)
 
-    units = identity.iloc[member][["node", "unit", "is_rank"]].reset_index(drop=True)
+    units: Columns = {name: identity[name].to_numpy()[member] for name in ("node", "unit", "is_rank")}
     for figure in PCIE_FIGURES:
         units[figure] = group_extreme(np.fmax, group, count, last, role[figure] & sampled)
     units["pcie_replays"] = total(series["steady_increase"].to_numpy(), role["replays"])
@@ -182,44 +183,38 @@ def _units(view: TapeView, identity: pd.DataFrame) -> pd.DataFrame:
     units["transmit_wait_per_s"] = total(rate, role["wait"])
     active = group_extreme(np.fmin, group, count, low, role["state"] & sampled) == ACTIVE
     units["link_steady"] = active & (group_extreme(np.fmax, group, count, high - low, role["downed"]) == 0)
-    units["component"] = units["unit"]
-    units["nccl_without_gdr"] = [[] for _ in range(count)]
     _place_ranks(units, group, identity, sampled & (last == 1), sampled)
     return units
 
 
 def _place_ranks(
-    units: pd.DataFrame,
-    group: np.ndarray,
-    identity: pd.DataFrame,
-    status_now: np.ndarray,
-    sampled: np.ndarray,
+    units: Columns, group: np.ndarray, identity: pd.DataFrame, status_now: np.ndarray, sampled: np.ndarray
 ) -> None:
-    """Each NCCL rank's component (the port its connections without GPUDirect RDMA go through, "" when
-    none or several) and, where its status is no or partial, its `nccl_without_gdr` entry. Where a
-    rank's series disagree (ClickHouse's any), the first series in the tape's order is read."""
+    """Each unit's `component` (a NCCL rank's: the port its connections without GPUDirect RDMA go
+    through, "" when none or several) and `nccl_without_gdr` (a rank's entry where its status is no or
+    partial). Where a rank's series disagree (ClickHouse's any), the first in the tape's order is read."""
+    count = len(units["unit"])
     nccl = identity["is_rank"].to_numpy(bool)
     gdr = first_of(group, nccl & identity["gdr"].to_numpy(bool) & status_now)
     ranks = first_of(group, nccl)
-    named = np.zeros(len(units), np.int64)  # per unit: its first NCCL series, which names its rank
+    named = np.zeros(count, np.int64)  # per unit: its first NCCL series, which names its rank
     named[group[ranks]] = ranks
     without = identity["net_without_gdr"].to_numpy()
     connections = np.flatnonzero(identity["connections"].to_numpy(bool) & sampled & (without >= 0))
     pairs = np.unique(np.stack([group[connections], without[connections]]), axis=1)
-    nets = np.bincount(pairs[0], minlength=len(units))
-    single = np.full(len(units), -1)
+    nets = np.bincount(pairs[0], minlength=count)
+    single = np.full(count, -1)
     single[pairs[0][nets[pairs[0]] == 1]] = pairs[1][nets[pairs[0]] == 1]
     devices = identity["net_devices"].to_numpy(bool) & sampled
     through = first_of(group, devices & (identity["net_index"].to_numpy() == single[group]))
-    components = units["component"].to_numpy(object).copy()
-    components[units["is_rank"].to_numpy(bool)] = ""
-    components[group[through]] = identity["net_port"].to_numpy()[through]
-    entries = units["nccl_without_gdr"].to_list()
+    component = np.where(units["is_rank"], "", units["unit"]).astype(object)
+    component[group[through]] = identity["net_port"].to_numpy()[through]
+    entries = np.empty(count, object)
+    entries[:] = [()] * count
     status, rank_text = identity["status"].to_numpy(), identity["rank_text"].to_numpy()
     for series in gdr[np.isin(status[gdr], NO_GDR)]:
-        entries[group[series]] = [f"{rank_text[named[group[series]]]}: {status[series]}"]
-    units["component"] = components
-    units["nccl_without_gdr"] = entries
+        entries[group[series]] = (f"{rank_text[named[group[series]]]}: {status[series]}",)
+    units |= {"component": component, "nccl_without_gdr": entries}
 
 
 def first_of(group: np.ndarray, where: np.ndarray) -> np.ndarray:
@@ -229,28 +224,24 @@ def first_of(group: np.ndarray, where: np.ndarray) -> np.ndarray:
     return chosen[first]
 
 
-def _components(units: pd.DataFrame) -> pd.DataFrame:
+def _components(units: Columns) -> Columns:
     """The units merged by node and component (the largest of each figure, every rank's entry), ordered
-    by node and component."""
-    keys = units.groupby(["node", "component"], sort=True).ngroup().to_numpy()
-    group, member = groups(keys)
+    by node and component (code points: ClickHouse's byte order of UTF-8)."""
+    _, node_code = np.unique(units["node"], return_inverse=True)
+    components, component_code = np.unique(units["component"], return_inverse=True)
+    group, member = groups(node_code.astype(np.int64) * len(components) + component_code)
     count = len(member)
-    found = units.iloc[member][["node", "component"]].reset_index(drop=True)
-    for column in (
-        *PCIE_FIGURES,
-        "pcie_replays",
-        "roce_bytes_per_s",
-        "ecn_marks_per_s",
-        "transmit_wait_per_s",
-    ):
-        values = units[column].to_numpy(np.float64)
-        found[column] = group_extreme(np.fmax, group, count, values, np.ones(len(values), bool))
-    for flag in ("is_port", "has_ecn", "link_steady"):
-        found[flag] = (np.bincount(group[units[flag].to_numpy(bool)], minlength=count) > 0).astype(np.int64)
+    found: Columns = {"node": units["node"][member], "component": units["component"][member]}
+    everywhere = np.ones(len(group), bool)
+    for figure in FIGURES:
+        found[figure] = group_extreme(np.fmax, group, count, units[figure].astype(np.float64), everywhere)
+    for flag in FLAGS:
+        found[flag] = (np.bincount(group[units[flag].astype(bool)], minlength=count) > 0).astype(np.int64)
     entries: list[list[str]] = [[] for _ in range(count)]
-    for unit, entry in zip(group, units["nccl_without_gdr"], strict=True):
-        entries[unit] += entry
-    found["nccl_without_gdr"] = [sorted(entry) for entry in entries]
+    for unit in np.flatnonzero([len(entry) > 0 for entry in units["nccl_without_gdr"]]):
+        entries[group[unit]] += units["nccl_without_gdr"][unit]
+    found["nccl_without_gdr"] = np.empty(count, object)
+    found["nccl_without_gdr"][:] = [sorted(entry) for entry in entries]
     return found
 
 
