@@ -274,9 +274,11 @@ def _other_nodes_median(candidates: pd.DataFrame, gpus: pd.DataFrame) -> pd.Seri
     """Per candidate, the median SM clock of the GPUs of its model and busy state on other nodes (NaN
     when there are none)."""
     medians = pd.Series(np.nan, index=candidates.index, dtype=float)
-    for (node, model, busy), own in candidates.groupby(["node", "model", "busy"]):
-        others = gpus[(gpus["model"] == model) & (gpus["busy"] == busy) & (gpus["node"] != node)]
-        medians[own.index] = others["sm_clock_mhz"].median()
+    nodes, models, busy = (gpus[column].to_numpy() for column in ("node", "model", "busy"))
+    clocks = gpus["sm_clock_mhz"].to_numpy(np.float64)
+    for (node, model, is_busy), own in candidates.groupby(["node", "model", "busy"]):
+        others = (models == model) & (busy == is_busy) & (nodes != node)
+        medians[own.index] = pd.Series(clocks[others]).median()
     return medians
 
 
