@@ -21,6 +21,7 @@ import pandas as pd
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, passing
 from analytics.detectors.counters import LOOKBACK_S, evidence_number
+from analytics.detectors.groups import median_exact
 from analytics.detectors.tape import group_sum, groups, label, tape_view
 from analytics.store.protocols import Reader
 
@@ -79,13 +80,6 @@ def _port_identity(catalog: pd.DataFrame) -> pd.DataFrame:
     identity["notifying"] = metric.isin([ECN_MARKED, CNP_HANDLED]).to_numpy(bool)
     identity["port"] = identity.groupby(["node", "component"], sort=True).ngroup()
     return identity
-
-
-def median_exact(values: np.ndarray) -> float:
-    """ClickHouse's medianExact: of the values not NaN (NaN when none), the one at half their count in
-    sorted order, the upper of the two middle ones for an even count."""
-    known = np.sort(values[~np.isnan(values)])
-    return float(known[len(known) // 2]) if len(known) else np.nan
 
 
 @register

@@ -30,9 +30,10 @@ import pandas as pd
 
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window
-from analytics.detectors.congestion import ECN_MARKED, TRANSMIT_WAIT, median_exact
+from analytics.detectors.congestion import ECN_MARKED, TRANSMIT_WAIT
 from analytics.detectors.counters import LOOKBACK_S, Evidence, evidence_number, signal_count, signal_findings
 from analytics.detectors.dcgm import PCIE_LINK
+from analytics.detectors.groups import median_exact
 from analytics.detectors.peers import node_jobs
 from analytics.detectors.tape import TapeView, group_extreme, group_sum, groups, label, tape_view
 from analytics.store.protocols import Reader

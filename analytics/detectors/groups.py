@@ -101,3 +101,10 @@ class Groups:
     def _sorted(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The values grouped and sorted within groups (NaN last), and each group's count of non-NaN."""
         return values[self._value_order(values)], self.non_null(values)
+
+
+def median_exact(values: np.ndarray) -> float:
+    """ClickHouse's medianExact: of the values not NaN (NaN when none), the one at half their count in
+    sorted order, the upper of the two middle ones for an even count."""
+    known = np.sort(values[~np.isnan(values)])
+    return float(known[len(known) // 2]) if len(known) else np.nan

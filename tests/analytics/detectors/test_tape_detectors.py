@@ -5,7 +5,6 @@ fleet stepped window by window."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from analytics.detectors.runner import DetectionRunner
 from analytics.store import Store
 from analytics.store.protocols import Reader
 from tests.analytics.detectors import test_congestion, test_links
+from tests.analytics.detectors.replay import play, scenarios
 from tests.support.fleetdata import SimulatedFleet
 
 L = links
@@ -131,20 +131,14 @@ def compared(monkeypatch: pytest.MonkeyPatch) -> list[Compared]:
     return checks
 
 
-SCENARIOS = [
-    pytest.param(function, id=name)
-    for module in (test_links, test_congestion)
-    for name, function in vars(module).items()
-    if name.startswith("test_") and inspect.isfunction(function)
-]
+SCENARIOS = scenarios(test_links, test_congestion)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_every_scenario_gives_the_frames_the_sql_gave(
     scenario: Callable[..., None], compared: list[Compared], request: pytest.FixtureRequest
 ):
-    arguments = {name: request.getfixturevalue(name) for name in inspect.signature(scenario).parameters}
-    scenario(**arguments)
+    play(scenario, request)
     assert sum(check.rows for check in compared) > 0
 
 

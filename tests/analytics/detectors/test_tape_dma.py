@@ -4,7 +4,6 @@ warm tape, and on a fleet stepped window by window with every signal firing."""
 
 from __future__ import annotations
 
-import inspect
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ from analytics.detectors.runner import DetectionRunner
 from analytics.store import Store
 from analytics.store.protocols import Reader
 from tests.analytics.detectors import test_dma
+from tests.analytics.detectors.replay import play, scenarios
 from tests.analytics.detectors.test_tape_detectors import assert_same_frame
 from tests.support.fleetdata import SimulatedFleet
 
@@ -143,19 +143,14 @@ def compared(monkeypatch: pytest.MonkeyPatch) -> Compared:
     return check
 
 
-SCENARIOS = [
-    pytest.param(function, id=name)
-    for name, function in vars(test_dma).items()
-    if name.startswith("test_") and inspect.isfunction(function)
-]
+SCENARIOS = scenarios(test_dma)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_every_scenario_gives_the_frame_the_sql_gave(
     scenario: Callable[..., None], compared: Compared, request: pytest.FixtureRequest
 ):
-    arguments = {name: request.getfixturevalue(name) for name in inspect.signature(scenario).parameters}
-    scenario(**arguments)
+    play(scenario, request)
     assert compared.rows > 0
 
 

@@ -5,7 +5,6 @@ through Xids of several kinds, a lost GPU, ECC counter resets and DCGM going sil
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +39,7 @@ from analytics.detectors.runner import DetectionRunner
 from analytics.store import Store
 from analytics.store.protocols import Reader
 from tests.analytics.detectors import test_gpu_fault, test_stock_exporters
+from tests.analytics.detectors.replay import play, scenarios
 from tests.analytics.detectors.test_gpu_fault import store_gpu_scrapes
 from tests.analytics.detectors.test_hostile_inputs import BASE, VALUES, XID_LABELS, examples
 from tests.analytics.detectors.test_tape_detectors import Compared, assert_same_frame
@@ -125,22 +125,14 @@ def compared(monkeypatch: pytest.MonkeyPatch) -> Compared:
     return check
 
 
-SCENARIOS = [
-    pytest.param(function, id=f"{module.__name__.rsplit('.', 1)[-1]}.{name}")
-    for module in (test_gpu_fault, test_stock_exporters)
-    for name, function in vars(module).items()
-    if name.startswith("test_")
-    and inspect.isfunction(function)
-    and (module is test_gpu_fault or "GpuFault" in inspect.getsource(function))
-]
+SCENARIOS = scenarios(test_gpu_fault, test_stock_exporters, mentioning={test_stock_exporters: "GpuFault"})
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_every_scenario_gives_the_frame_the_sql_gave(
     scenario: Callable[..., None], compared: Compared, request: pytest.FixtureRequest
 ):
-    arguments = {name: request.getfixturevalue(name) for name in inspect.signature(scenario).parameters}
-    scenario(**arguments)
+    play(scenario, request)
     assert compared.rows > 0
 
 

@@ -5,7 +5,6 @@ runner's warm tape, and on a fleet stepped window by window."""
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import math
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from analytics.store import Store
 from analytics.store.protocols import Reader
 from analytics.store.records import ScrapeBatch
 from tests.analytics.detectors import test_gpu_throttle, test_stock_exporters
+from tests.analytics.detectors.replay import play, scenarios
 from tests.analytics.detectors.test_tape_detectors import Compared, assert_same_frame
 from tests.support.fleetdata import SimulatedFleet
 
@@ -79,25 +79,18 @@ def compared(monkeypatch: pytest.MonkeyPatch) -> list[Compared]:
     return checks
 
 
-SCENARIOS = [
-    pytest.param(function, id=name)
-    for module in (test_gpu_throttle, test_stock_exporters)
-    for name, function in vars(module).items()
-    if name.startswith("test_")
-    and inspect.isfunction(function)
-    and "GpuThrottle" in inspect.getsource(function)
-]
+SCENARIOS = scenarios(
+    test_gpu_throttle,
+    test_stock_exporters,
+    mentioning={test_gpu_throttle: "GpuThrottle", test_stock_exporters: "GpuThrottle"},
+)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_every_scenario_gives_the_frames_the_sql_gave(
     scenario: Callable[..., None], compared: list[Compared], request: pytest.FixtureRequest
 ):
-    arguments = {
-        name: request.getfixturevalue(name) if name != "mask" else CLOCK_EVENT_MASKS[0]
-        for name in inspect.signature(scenario).parameters
-    }
-    scenario(**arguments)
+    play(scenario, request, mask=CLOCK_EVENT_MASKS[0])
     assert compared[0].rows > 0
 
 
