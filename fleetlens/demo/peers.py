@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import time
@@ -16,6 +17,9 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+PRIVATE_PORTS_FROM = 20000  # below the ephemeral range, above what system services usually hold
 
 # One receiver that notifies nobody: what Alertmanager holds is read through its API and UI.
 ALERTMANAGER_CONFIG = """\
@@ -34,14 +38,36 @@ def free_port() -> int:
     return port
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` distinct TCP ports on 127.0.0.1 that nothing listens on right now (held together while
-    chosen, so that none is handed out twice)."""
+def free_ports(count: int, port_range: Path = EPHEMERAL_RANGE) -> list[int]:
+    """`count` distinct TCP ports on 127.0.0.1 that nothing listens on right now.
+
+    They are held together while chosen, so none is handed out twice, and drawn from below the kernel's
+    ephemeral range: a port from `bind(0)` is free only until someone binds it, and between our choice and
+    the peer's bind every exporter bound to port 0 and every outgoing connection takes ports from that
+    range (CI once lost the demo's hub port to one)."""
+    low, _ = _ephemeral_range(port_range)
+    candidates = random.sample(range(PRIVATE_PORTS_FROM, low), k=low - PRIVATE_PORTS_FROM)
+    chosen: list[int] = []
     with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
+        for port in candidates:
+            sock = stack.enter_context(socket.socket())
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+    raise OSError(f"fewer than {count} free TCP ports on 127.0.0.1 below {low}")
+
+
+def _ephemeral_range(path: Path) -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux's default where the file cannot be read)."""
+    try:
+        low, high = (int(field) for field in path.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return max(low, PRIVATE_PORTS_FROM + 1024), high
 
 
 def wait_http(url: str, process: subprocess.Popen, timeout: float = 20.0) -> None:
