@@ -72,7 +72,6 @@ MAX_STAMPS = 100_000  # encoded timestamps the fast path knows (one per target a
 # field 2 (Sample) of 16 bytes: field 1 (double value), field 2 (varint timestamp); or of 7 bytes when the
 # value is 0 (proto3 leaves it out).
 _VALUE_SAMPLE, _TIMESTAMP, _ZERO_SAMPLE = b"\x12\x10\x09", b"\x10", b"\x12\x07\x10"
-_ZERO = bytes(8)
 _STALE = struct.pack("<Q", STALE_NAN_BITS)
 _DOUBLE = struct.Struct("<d")
 
@@ -174,13 +173,18 @@ class _Series:
     instance: str
     claims_node: bool  # says which node its target belongs to (a node label or Hostname)
     role: int  # SAMPLE, UP (a target status) or SCRAPE_INFO (a sample its target's status reads too)
+    place: tuple[str, str]  # (instance, node): its samples' batch, with their time
+    direct: bool  # its in-time samples go straight into their batch: a SAMPLE that names its node
 
     @classmethod
     def of(cls, name: str, labels: dict[str, str], node: str, weak: bool) -> _Series:
         target = _target_of(labels)
         claims = bool(node) and not weak and not _target_level(name) and bool(target[1])
         role = UP if name == "up" else SCRAPE_INFO if name in (SCRAPE_DURATION, SCRAPE_SAMPLES) else SAMPLE
-        return cls(name, labels, node, weak, target, labels.get("instance", ""), claims, role)
+        instance = labels.get("instance", "")
+        return cls(
+            name, labels, node, weak, target, instance, claims, role, (instance, node), not role and not weak
+        )
 
 
 SAMPLE, UP, SCRAPE_INFO = range(3)
@@ -366,32 +370,40 @@ class RemoteWriteReceiver:
         claims: dict[tuple[str, str], str] = {}
         later: list[tuple[_Series, int, float]] = []
         count = stale = 0
+        place, batch_ts, add_name, add_labels, add_value = None, None, None, None, None
         for index, raw in enumerate(timeseries):
             if raw[-18:-15] == _VALUE_SAMPLE and raw[-7:-6] == _TIMESTAMP:
-                key, value_bytes = raw[:-18], raw[-15:-7]
+                info, value_at = cache.get(raw[:-18]), len(raw) - 15
             elif raw[-9:-6] == _ZERO_SAMPLE:
-                key, value_bytes = raw[:-9], _ZERO
+                info, value_at = cache.get(raw[:-9]), -1
             else:
-                key = None
-            info = cache.get(key) if key is not None else None
+                info = None
             ts_ms = stamps.get(raw[-6:]) if info is not None else None
             if ts_ms is None:
                 count += self._parsed(raw, index, later, received.dropped)
                 continue
             count += 1
-            if value_bytes == _STALE:
+            value = _DOUBLE.unpack_from(raw, value_at)[0] if value_at >= 0 else 0.0
+            if value != value and raw[-15:-7] == _STALE:  # only a NaN can be the marker
                 stale += 1
-            elif info.role or info.weak or ts_ms > newest_ms:  # a 6-byte stamp is after 1971
-                later.append((info, ts_ms, _DOUBLE.unpack(value_bytes)[0]))
+            elif not info.direct or ts_ms > newest_ms:  # a 6-byte stamp is after 1971
+                later.append((info, ts_ms, value))
             else:
                 if info.claims_node:
                     claims[info.target] = info.node
-                batch = groups.get((info.instance, info.node, ts_ms)) or _open_batch(
-                    groups, info.instance, info.node, ts_ms
-                )
-                batch.names.append(info.name)
-                batch.labels.append(info.labels)
-                batch.values.append(_DOUBLE.unpack(value_bytes)[0])
+                if ts_ms != batch_ts or info.place != place:  # Prometheus queues a scrape's samples together
+                    place, batch_ts = info.place, ts_ms
+                    batch = groups.get((*place, ts_ms))
+                    if batch is None:
+                        batch = _open_batch(groups, *place, ts_ms)
+                    add_name, add_labels, add_value = (
+                        batch.names.append,
+                        batch.labels.append,
+                        batch.values.append,
+                    )
+                add_name(info.name)
+                add_labels(info.labels)
+                add_value(value)
         if count > self.limits.max_samples:
             raise PayloadError(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
@@ -431,9 +443,9 @@ class RemoteWriteReceiver:
                 if not node:
                     no_node += 1
                     continue
-            batch = groups.get((info.instance, node, ts_ms)) or _open_batch(
-                groups, info.instance, node, ts_ms
-            )
+            batch = groups.get((info.instance, node, ts_ms))
+            if batch is None:  # not `or`: that would count the batch's samples (len) every time
+                batch = _open_batch(groups, info.instance, node, ts_ms)
             batch.names.append(info.name)
             batch.labels.append(info.labels)
             batch.values.append(value)
