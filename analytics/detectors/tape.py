@@ -47,14 +47,14 @@ SELECT series_id, toUnixTimestamp64Milli(ts) AS t, value
 FROM samples
 WHERE {SAMPLES_IN_RANGE}
 """
-# Every series of the metrics, as `series` lists them; and, for a series sampled in a range that it does not
-# list (none of the store's writers leaves one out), its metric and node from the samples and no labels,
-# as series_sql's join gives them.
+# The series of `ids` (of the metrics), as `series` lists them; and, for a series sampled in a range that it
+# does not list (none of the store's writers leaves one out), its metric and node from the samples and no
+# labels, as series_sql's join gives them.
 SERIES_SQL = """
 SELECT series_id, CAST(metric, 'String') AS metric, CAST(node, 'String') AS node,
     CAST(labels, 'Map(String, String)') AS labels
 FROM series
-WHERE metric IN {metrics:Array(String)}
+WHERE metric IN {metrics:Array(String)} AND series_id IN {ids:Array(UInt64)}
 """
 UNLISTED_SQL = f"""
 SELECT series_id, CAST(any(metric), 'String') AS sampled_metric, CAST(any(node), 'String') AS sampled_node,
@@ -155,12 +155,15 @@ class Tape:
     def _catalogue(
         self, source: Reader, ids: np.ndarray, metrics: list[str], from_ms: int, until_ms: int
     ) -> None:
-        """Add the series of `ids` not seen before to the catalog (series id -> metric, node, labels)."""
-        unseen = np.unique(ids)[self.ids_.get_indexer(np.unique(ids)) < 0]
+        """Add the series of `ids` not seen before to the catalog (series id -> metric, node, labels),
+        reading their rows of `series` alone: the whole table of the metrics holds every series they ever
+        had."""
+        unique = np.unique(ids)
+        unseen = unique[self.ids_.get_indexer(unique) < 0]
         if not len(unseen):
             return
-        listed = self._catalog_rows(source, SERIES_SQL, {"metrics": metrics})
-        listed = listed[listed["series_id"].isin(unseen)].drop_duplicates("series_id")
+        listed = self._catalog_rows(source, SERIES_SQL, {"metrics": metrics, "ids": unseen.tolist()})
+        listed = listed.drop_duplicates("series_id")
         unlisted = np.setdiff1d(unseen, listed["series_id"].to_numpy(np.uint64))
         if len(unlisted):
             parameters = {

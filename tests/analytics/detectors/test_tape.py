@@ -160,6 +160,24 @@ def test_the_tape_reads_only_the_new_samples_and_its_overlap_when_warm(store: St
     assert view.summaries()["samples"].tolist() == [10]
 
 
+def test_a_warm_tape_reads_the_catalog_rows_of_new_series_alone(store: Store):
+    """A series first sampled in a later window costs its own row of `series`, not the metric's table."""
+    start_ms = base_ms()
+    old = [
+        ("node-0", "churn", {"gpu": str(gpu)}, start_ms + k * 10_000, 1.0)
+        for gpu in range(9)
+        for k in range(13)
+    ]
+    store_samples(store, [*old, ("node-1", "churn", {"gpu": "0"}, start_ms + 125_000, 2.0)])
+    tape, reads = Tape(), CountingReader(store)
+    window = Window(start_ms / 1000 + 110, start_ms / 1000 + 120)
+    tape.view(reads, ["churn"], window, 60.0)
+    following = Window(window.end, window.end + WINDOW_S)
+    view = tape.view(reads, ["churn"], following, 60.0)
+    assert reads.rows[1] == 9 and reads.rows[3] == 1  # the catalog: nine series, then the new one alone
+    assert_same(view.summaries(), expected(store, ["churn"], following, 60.0))
+
+
 def test_a_detector_alone_reads_a_fresh_tape_through_any_reader(store: Store):
     """A Reader without columnar reads (a HubClient, a fake) gets the same summaries through query()."""
     start_ms = base_ms()
