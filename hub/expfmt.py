@@ -26,7 +26,7 @@ import re
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
-from operator import itemgetter
+from operator import getitem, itemgetter
 
 from hub.errors import DeadlineExceeded, ExpositionError
 
@@ -167,7 +167,9 @@ class _Shape:
 
     `values_of` answers a body whose lines are the same in number, whose comments and blank lines are
     the same text, and whose sample lines are the same up to their last space; and only when every value
-    after it is one the full parse's cached path takes (float(), no "_"). Then it gives what the full
+    after it is one the full parse's cached path takes (float(), no "_"). A sample line is checked as its
+    last body's text up to the value and a space (`prefixes`) with no space after (then that space is its
+    last), which makes no string but the value's. Then it gives what the full
     parse would: the last body's series, its types, no timestamps or duplicates. Any other body, broken
     or changed, returns None and takes the full parse. A shape is only made from a body whose sample
     lines all took the cached path (series text, a space, a value; no timestamp, no duplicate).
@@ -177,7 +179,8 @@ class _Shape:
     samples: Callable[[list[str]], tuple[str, ...]]
     others: Callable[[list[str]], tuple[str, ...]]
     other_text: tuple[str, ...]
-    heads: list[str]
+    prefixes: list[str]
+    values: list[slice]
     names: list[str]
     labels: list[dict[str, str]]
     types: dict[str, str]
@@ -197,8 +200,10 @@ class _Shape:
             return None
         others = [i for i, line in enumerate(lines) if not line or line[0] == "#"]
         pick_others = _picker(others)
+        prefixes = [head + " " for head in heads]
         return cls(
-            len(lines), _picker(samples), pick_others, pick_others(lines), heads,
+            len(lines), _picker(samples), pick_others, pick_others(lines), prefixes,
+            [slice(len(prefix), None) for prefix in prefixes],
             parsed.names, parsed.labels, parsed.types,
         )  # fmt: skip
 
@@ -206,11 +211,12 @@ class _Shape:
         lines = text.split("\n")
         if len(lines) != self.lines or self.others(lines) != self.other_text:
             return None
-        parts = [line.rpartition(" ") for line in self.samples(lines)]
-        if list(map(itemgetter(0), parts)) != self.heads:
+        samples = self.samples(lines)
+        if not all(map(str.startswith, samples, self.prefixes)):
             return None
-        tokens = list(map(itemgetter(2), parts))
-        if "_" in " ".join(tokens):
+        tokens = list(map(getitem, samples, self.values))
+        joined = "".join(tokens)
+        if " " in joined or "_" in joined:
             return None
         try:
             values = list(map(float, tokens))

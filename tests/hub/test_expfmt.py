@@ -357,10 +357,14 @@ def test_a_steady_bodys_values_only_path_gives_exactly_what_the_full_parse_gives
 
 def test_a_steady_body_reads_only_its_values(monkeypatch: pytest.MonkeyPatch) -> None:
     parser = ExpositionParser()
-    parser.parse(STEADY)
+    first = parser.parse(STEADY)
     monkeypatch.setattr(parser, "_lines", None)  # the full parse would fail: only the values are read
     changed = STEADY.replace(" 1\n", " 0\n").replace(" 40\n", " 41.5\n")
     assert outcome(parser, changed) == outcome(ExpositionParser(), changed)
-    assert parser.parse(changed).values[0] == 41.5
+    steady = parser.parse(changed)
+    assert steady.values[0] == 41.5
+    # the series columns are the first parse's lists, not copies: no per-sample copy, nothing for the GC
+    assert (steady.names, steady.labels, steady.types) == (first.names, first.labels, first.types)
+    assert steady.names is first.names and steady.labels is first.labels
     with pytest.raises(TypeError):  # a new series is not a steady body: the full parse is tried
         parser.parse(STEADY + "new 1\n")
