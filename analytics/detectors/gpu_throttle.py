@@ -33,7 +33,8 @@ from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, frame
 from analytics.detectors.counters import MAX_CANDIDATES, evidence_number
 from analytics.detectors.dcgm import CLOCK_EVENT_BITS, CLOCK_EVENT_MASKS, CLOCK_EVENT_REASONS, MASK_LIMIT
-from analytics.detectors.tape import group_extreme, group_sum, groups, label, tape_view
+from analytics.detectors.groups import group_bit_or, group_mean
+from analytics.detectors.tape import group_extreme, groups, label, tape_view
 from analytics.store.protocols import Reader
 
 # NVML's clocks-event reasons (fleetlens_gpu_clock_throttle_reason{reason}) that mean the GPU lowered its
@@ -205,26 +206,24 @@ def window_gpus(source: Reader, window: Window) -> pd.DataFrame:
         return np.bincount(gpu[where], minlength=count + 1)[:count]
 
     def mean(metric: str) -> np.ndarray:
-        of = kind == THROTTLE_METRICS.index(metric)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return group_sum(gpu, count + 1, value, of)[:count] / tally(of)
+        of = kind == KINDS[metric]
+        return group_mean(gpu[of], count + 1, value[of])[:count]
 
-    bits = np.zeros(count + 1, np.int64)
-    named = (kind == THROTTLE_METRICS.index(CLOCK_EVENT_REASONS)) & (value == 1)
-    np.bitwise_or.at(bits, gpu[named], identity["reason_bit"].to_numpy()[view.group][named])
-    masked = kind > THROTTLE_METRICS.index(CLOCK_EVENT_REASONS)
-    np.bitwise_or.at(bits, gpu[masked], _mask_bits(value[masked]))
+    named = (kind == KINDS[CLOCK_EVENT_REASONS]) & (value == 1)
+    masked = kind > KINDS[CLOCK_EVENT_REASONS]
+    bits = group_bit_or(gpu[named], count + 1, identity["reason_bit"].to_numpy()[view.group][named])
+    bits |= group_bit_or(gpu[masked], count + 1, _mask_bits(value[masked]))
     found = identity.iloc[np.flatnonzero(on_gpu)[member]].reset_index(drop=True)
     found = found.assign(
         job="",
         sm_clock_mhz=mean(SM_CLOCK),
         util_percent=mean(UTIL),
-        temp_c=group_extreme(np.fmax, gpu, count + 1, value, kind == THROTTLE_METRICS.index(TEMP))[:count],
+        temp_c=group_extreme(np.fmax, gpu, count + 1, value, kind == KINDS[TEMP])[:count],
         power_w=mean(POWER),
-        reasons_known=(tally(kind >= THROTTLE_METRICS.index(CLOCK_EVENT_REASONS)) > 0).astype(np.int64),
+        reasons_known=(tally(kind >= KINDS[CLOCK_EVENT_REASONS]) > 0).astype(np.int64),
         reasons=[list(REASON_LISTS[mask]) for mask in bits[:count]],
     )
-    return found[tally(kind == THROTTLE_METRICS.index(SM_CLOCK)) > 0][GPU_COLUMNS].reset_index(drop=True)
+    return found[tally(kind == KINDS[SM_CLOCK]) > 0][GPU_COLUMNS].reset_index(drop=True)
 
 
 def _gpu_identity(catalog: pd.DataFrame) -> pd.DataFrame:
@@ -237,9 +236,7 @@ def _gpu_identity(catalog: pd.DataFrame) -> pd.DataFrame:
             "node": catalog["node"],
             "component": "gpu:" + gpu,
             "model": label(catalog, "modelName"),
-            "kind": catalog["metric"]
-            .map({metric: k for k, metric in enumerate(THROTTLE_METRICS)})
-            .to_numpy(),
+            "kind": catalog["metric"].map(KINDS).to_numpy(),
             "reason_bit": label(catalog, "reason").map(REASON_BITS).fillna(0).to_numpy(np.int64),
         }
     )

@@ -108,3 +108,19 @@ def median_exact(values: np.ndarray) -> float:
     sorted order, the upper of the two middle ones for an even count."""
     known = np.sort(values[~np.isnan(values)])
     return float(known[len(known) // 2]) if len(known) else np.nan
+
+
+def group_mean(groups: np.ndarray, count: int, values: np.ndarray) -> np.ndarray:
+    """Per group (0 .. count - 1) of each row's `groups`, ClickHouse's avg of its rows' `values`: their sum,
+    added in row order from 0 (a NaN or infinite value goes into it), over their number; NaN for a group
+    without rows."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.bincount(groups, weights=values, minlength=count) / np.bincount(groups, minlength=count)
+
+
+def group_bit_or(groups: np.ndarray, count: int, values: np.ndarray) -> np.ndarray:
+    """Per group (0 .. count - 1) of each row's `groups`, ClickHouse's groupBitOr of its rows' integer
+    `values`: every bit set in any of them; 0 for a group without rows."""
+    bits = np.zeros(count, np.int64)
+    np.bitwise_or.at(bits, groups, values.astype(np.int64))
+    return bits

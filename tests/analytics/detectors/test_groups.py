@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analytics.detectors.groups import Groups
+from analytics.detectors.groups import Groups, group_bit_or, group_mean
+from analytics.store import Store
 
 VALUES = st.one_of(
     st.sampled_from([np.nan, 0.0, 1.0, 1.0 / 3, -2.5, np.inf, -np.inf]),
@@ -74,3 +75,37 @@ def test_no_rows_no_groups() -> None:
     assert groups.count == 0
     for reduction in (groups.median, groups.max, groups.sum, groups.mean, groups.first, groups.rank):
         assert len(reduction(empty)) == 0
+
+
+ROWS_BY_CODE = st.lists(  # a group code (4 groups, some without rows), a value, some bits
+    st.tuples(st.integers(0, 3), VALUES, st.integers(0, (1 << 62) - 1)), max_size=40
+)
+CLICKHOUSE_REDUCTIONS = """
+SELECT g, avg(v) AS mean, groupBitOr(b) AS bits
+FROM (
+    SELECT arrayJoin(arrayZip({g:Array(Int64)}, {v:Array(Float64)}, {b:Array(Int64)})) AS row,
+        row.1 AS g, row.2 AS v, row.3 AS b
+)
+GROUP BY g
+ORDER BY g
+"""
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ROWS_BY_CODE)
+def test_group_mean_and_bit_or_are_clickhouses_avg_and_group_bit_or(
+    store: Store, rows: list[tuple[int, float, int]]
+) -> None:
+    codes = np.array([row[0] for row in rows], dtype=np.int64)
+    values = np.array([row[1] for row in rows], dtype=float)
+    bits = np.array([row[2] for row in rows], dtype=np.int64)
+    parameters = {"g": codes.tolist(), "v": values.tolist(), "b": bits.tolist()}
+    result = store.query(CLICKHOUSE_REDUCTIONS, parameters=parameters)
+    want_mean, want_bits = np.full(4, np.nan), np.zeros(4, np.int64)  # a group without rows: NaN and 0
+    for group, mean, bit_or in result.rows:
+        want_mean[group], want_bits[group] = mean, bit_or
+    got_mean = group_mean(codes, 4, values)
+    assert np.array_equal(got_mean, want_mean, equal_nan=True), (got_mean, want_mean)
+    numbers = ~np.isnan(want_mean)  # a zero's sign too; NaN's has no meaning
+    assert np.array_equal(np.signbit(got_mean[numbers]), np.signbit(want_mean[numbers]))
+    assert np.array_equal(group_bit_or(codes, 4, bits), want_bits)
