@@ -101,8 +101,9 @@ def candidates(source: Reader, window: Window, lookback_s: float) -> pd.DataFram
     jobs = node_jobs(source, window, lookback_s).reindex(found["node"], fill_value="").to_numpy(object)
     steady_ports = found["is_port"].astype(bool) & found["link_steady"].astype(bool)
     peers = np.full(len(jobs), np.nan)
-    for job in np.unique(jobs):
-        of_job = jobs == job
+    job_code, job_names = pd.factorize(jobs)  # not np.unique: its sort of Python strings is 10x dearer
+    for code in range(len(job_names)):
+        of_job = job_code == code
         peers[of_job] = median_exact(found["roce_bytes_per_s"][of_job & steady_ports])
     found |= {"job": jobs, "peers_roce_bytes_per_s": peers}
     kept = (
@@ -111,7 +112,11 @@ def candidates(source: Reader, window: Window, lookback_s: float) -> pd.DataFram
         | (found["pcie_width"] < found["pcie_max_width"])
         | np.array([len(entry) > 0 for entry in found["nccl_without_gdr"]], dtype=bool)
     )
-    return pd.DataFrame({name: found[name][kept] for name in CANDIDATE_COLUMNS})
+    chosen = {name: found[name][kept] for name in CANDIDATE_COLUMNS}
+    # each candidate's ranks as a list in order, as SQL's arraySort gives them: for the kept rows alone
+    chosen["nccl_without_gdr"] = np.empty(len(chosen["node"]), object)
+    chosen["nccl_without_gdr"][:] = [sorted(entry) for entry in found["nccl_without_gdr"][kept]]
+    return pd.DataFrame(chosen)
 
 
 def _dma_identity(catalog: pd.DataFrame) -> pd.DataFrame:
@@ -162,10 +167,12 @@ def _units(view: TapeView, identity: pd.DataFrame) -> Columns:
     count = len(member)
     sampled = series["samples"].to_numpy() > 0
     last, rate = series["last"].to_numpy(np.float64), series["steady_rate"].to_numpy()
-    everywhere = np.ones(len(view.value), bool)
-    low = group_extreme(np.fmin, view.group, len(series), view.value, everywhere)
-    high = view.max(view.value, everywhere)
     role = {name: identity[name].to_numpy(bool) for name in ROLES}
+    on_link = (role["state"] | role["downed"])[view.group]  # the samples whose lookback range is read
+    low = group_extreme(np.fmin, view.group, len(series), view.value, on_link)
+    high = view.max(view.value, on_link)
+    with np.errstate(invalid="ignore"):  # an infinite counter's inf - inf is NaN, as in ClickHouse
+        moved = high - low
 
     def total(values: np.ndarray, where: np.ndarray) -> np.ndarray:
         return group_sum(group, count, values, where)
@@ -183,7 +190,7 @@ def _units(view: TapeView, identity: pd.DataFrame) -> Columns:
     units["has_ecn"] = counted(role["ecn"]) > 0
     units["transmit_wait_per_s"] = total(rate, role["wait"])
     active = group_extreme(np.fmin, group, count, low, role["state"] & sampled) == ACTIVE
-    units["link_steady"] = active & (group_extreme(np.fmax, group, count, high - low, role["downed"]) == 0)
+    units["link_steady"] = active & (group_extreme(np.fmax, group, count, moved, role["downed"]) == 0)
     _place_ranks(units, group, identity, sampled & (last == 1), sampled)
     return units
 
@@ -226,10 +233,11 @@ def first_of(group: np.ndarray, where: np.ndarray) -> np.ndarray:
 
 
 def _components(units: Columns) -> Columns:
-    """The units merged by node and component (the largest of each figure, every rank's entry), ordered
-    by node and component (code points: ClickHouse's byte order of UTF-8)."""
-    _, node_code = np.unique(units["node"], return_inverse=True)
-    components, component_code = np.unique(units["component"], return_inverse=True)
+    """The units merged by node and component (the largest of each figure, every rank's entry, in no
+    order), ordered by node and component (code points: ClickHouse's byte order of UTF-8, which
+    factorize's sort of Python strings follows, as np.unique's does at ten times the cost)."""
+    node_code, _ = pd.factorize(units["node"], sort=True)
+    component_code, components = pd.factorize(units["component"], sort=True)
     group, member = groups(node_code.astype(np.int64) * len(components) + component_code)
     count = len(member)
     found: Columns = {"node": units["node"][member], "component": units["component"][member]}
@@ -238,11 +246,10 @@ def _components(units: Columns) -> Columns:
         found[figure] = group_extreme(np.fmax, group, count, units[figure].astype(np.float64), everywhere)
     for flag in FLAGS:
         found[flag] = (np.bincount(group[units[flag].astype(bool)], minlength=count) > 0).astype(np.int64)
-    entries: list[list[str]] = [[] for _ in range(count)]
-    for unit in np.flatnonzero([len(entry) > 0 for entry in units["nccl_without_gdr"]]):
-        entries[group[unit]] += units["nccl_without_gdr"][unit]
     found["nccl_without_gdr"] = np.empty(count, object)
-    found["nccl_without_gdr"][:] = [sorted(entry) for entry in entries]
+    found["nccl_without_gdr"].fill(())
+    for unit in np.flatnonzero([len(entry) > 0 for entry in units["nccl_without_gdr"]]):
+        found["nccl_without_gdr"][group[unit]] += units["nccl_without_gdr"][unit]
     return found
 
 
@@ -289,27 +296,33 @@ class DmaDegraded(Detector):
         return signal_findings("dma_degraded", "warning", features, scores, self._signals, EVIDENCE)
 
     def _signals(self, features: pd.DataFrame) -> dict[str, pd.Series]:
-        """Each signal of a degraded DMA path, True per row where it fired."""
-        below_max = (features["pcie_gen"] < features["pcie_max_gen"]) | (
-            features["pcie_width"] < features["pcie_max_width"]
-        )
-        ratio = features["roce_bytes_per_s"] / features["peers_roce_bytes_per_s"]
-        return {
-            "pcie": below_max & (features["pcie_replays"] > 0),
-            "roce_bytes": features["is_port"].astype(bool)
-            & features["link_steady"].astype(bool)
-            & (features["peers_roce_bytes_per_s"] >= self.min_peer_bytes_per_s)
-            & (ratio <= self.max_roce_ratio)
-            & self._fabric_quiet(features),
-            "nccl": features["nccl_without_gdr"].map(len) > 0,
+        """Each signal of a degraded DMA path, True per row where it fired (numpy on the columns: pandas's
+        operators cost more than the rows)."""
+        column = {
+            name: features[name].to_numpy(np.float64) for name in [*FIGURES, *FLAGS, "peers_roce_bytes_per_s"]
         }
+        below_max = (column["pcie_gen"] < column["pcie_max_gen"]) | (
+            column["pcie_width"] < column["pcie_max_width"]
+        )
+        with np.errstate(divide="ignore", invalid="ignore"):  # x / 0 is inf or NaN, as pandas divides
+            ratio = column["roce_bytes_per_s"] / column["peers_roce_bytes_per_s"]
+        signals = {
+            "pcie": below_max & (column["pcie_replays"] > 0),
+            "roce_bytes": (column["is_port"] != 0)
+            & (column["link_steady"] != 0)
+            & (column["peers_roce_bytes_per_s"] >= self.min_peer_bytes_per_s)
+            & (ratio <= self.max_roce_ratio)
+            & self._fabric_quiet(column),
+            "nccl": np.array([len(entry) > 0 for entry in features["nccl_without_gdr"]], bool),
+        }
+        return {name: pd.Series(signal, index=features.index, copy=False) for name, signal in signals.items()}
 
-    def _fabric_quiet(self, features: pd.DataFrame) -> pd.Series:
+    def _fabric_quiet(self, column: Columns) -> np.ndarray:
         """Ports whose fabric does not push back (congestion moves fewer bytes too): few ECN marks where
         the port has ECN counters, else little transmit wait."""
-        has_ecn = features["has_ecn"].astype(bool)
-        few_marks = features["ecn_marks_per_s"] <= self.max_ecn_marks_per_s
-        little_wait = features["transmit_wait_per_s"] <= self.max_transmit_wait_per_s
+        has_ecn = column["has_ecn"] != 0
+        few_marks = column["ecn_marks_per_s"] <= self.max_ecn_marks_per_s
+        little_wait = column["transmit_wait_per_s"] <= self.max_transmit_wait_per_s
         return (has_ecn & few_marks) | (~has_ecn & little_wait)
 
 
