@@ -11,8 +11,10 @@ A window's read covers the samples since what the tape holds, less `overlap_s` (
 which is read again: a sample inserted after the previous window ran but within that overlap of its end
 (the hub runs a window `lag_s` after it closes; a slow scrape round can land later) is seen as SQL would
 see it. A sample later than that is missed by a warm tape until it leaves the lookback. A fresh tape (the
-first window, a detector run alone through detect()) reads the whole lookback at once; so does one asked
-for a metric, a longer lookback or a source it does not hold, or stepped out of order.
+first window, a detector run alone through detect()) reads the whole lookback at once, one read per
+distinct lookback; so does one stepped out of order or asked for another source, and a metric it does not
+hold or wants a longer lookback for is read so alone. Each metric is held for its own (longest) lookback,
+and the new samples are merged into those held, which stay sorted by series and time.
 
 The per-series summaries follow counters.series_sql (its module doc says what `inside`, `points` and
 `steps` are) value for value: sums add a series' steps in time order from 0, as ClickHouse's arraySum
@@ -72,19 +74,22 @@ def millis(seconds: float) -> int:
 
 
 class Tape:
-    """Samples of the registered metrics over the longest registered lookback and the last window, per
-    series in time order; see the module doc."""
+    """Samples of the registered metrics, each over its own lookback and the last window, per series in
+    time order; see the module doc."""
 
     def __init__(self, overlap_s: float = OVERLAP_S) -> None:
         self.overlap_s = overlap_s
         self.needs_: dict[str, float] = {}  # metric -> the longest lookback it is read with
+        self.codes_: dict[str, int] = {}  # metric -> its code, in the order metrics were registered
         self.source_: Reader | None = None  # what the samples were read from
-        self.metrics_: frozenset[str] = frozenset()  # the metrics held
-        self.from_ms_ = self.until_ms_ = 0  # the samples held are those in [from_ms_, until_ms_)
+        self.held_: dict[str, int] = {}  # metric -> from_ms: it is held over [from_ms, until_ms_)
+        self.until_ms_ = 0
         self.key_ = np.empty(0, np.int64)  # per sample: its series' row of catalog_; sorted by key, then t
         self.t_ms_ = np.empty(0, np.int64)
         self.value_ = np.empty(0, np.float64)
+        self.starts_ = np.zeros(1, np.int64)  # per row of catalog_ and one more: where its samples start
         self.catalog_ = pd.DataFrame(columns=CATALOG_COLUMNS)  # one row per series seen
+        self.metric_ = np.empty(0, np.int64)  # per row of catalog_: its metric's code
         self.ids_ = pd.Index([], dtype=np.uint64)  # catalog_'s series ids, to find a series' row
         self.derived_: dict[Derive, pd.DataFrame] = {}  # per derivation: its columns per row of catalog_
 
@@ -92,15 +97,19 @@ class Tape:
         """Add metrics to read every window, each with the lookback its reader uses."""
         for metric, lookback_s in needs.items():
             self.needs_[metric] = max(lookback_s, self.needs_.get(metric, 0.0))
+            self.codes_.setdefault(metric, len(self.codes_))
 
     def view(self, source: Reader, metrics: Sequence[str], window: Window, lookback_s: float) -> TapeView:
         """The samples of `metrics` in [window.start - lookback_s, window.end), read from `source` as far
         as the tape does not hold them yet."""
         self.register(dict.fromkeys(metrics, lookback_s))
         self._advance(source, window)
-        chosen = self.catalog_["metric"].isin(list(metrics)).to_numpy(bool)[self.key_]
-        chosen &= (self.t_ms_ >= millis(window.start - lookback_s)) & (self.t_ms_ < millis(window.end))
-        return TapeView(self, self.key_[chosen], self.t_ms_[chosen], self.value_[chosen], window.start)
+        rows = np.flatnonzero(np.isin(self.metric_, [self.codes_[metric] for metric in metrics]))
+        chosen = spans(self.starts_[rows], self.starts_[rows + 1])  # their samples, by row then time
+        t_ms = self.t_ms_[chosen]
+        inside = (t_ms >= millis(window.start - lookback_s)) & (t_ms < millis(window.end))
+        chosen = chosen[inside]
+        return TapeView(self, self.key_[chosen], t_ms[inside], self.value_[chosen], window.start)
 
     def derived(self, derive: Derive) -> pd.DataFrame:
         """`derive`'s columns for every series seen, computed again only when new series were seen."""
@@ -110,32 +119,55 @@ class Tape:
         return known
 
     def _advance(self, source: Reader, window: Window) -> None:
-        """Hold every registered metric over [end - the longest lookback, end): the new samples only, with
-        the overlap, when the tape already holds the rest."""
-        from_ms = millis(window.start - max(self.needs_.values()))
+        """Hold each registered metric over [start - its lookback, end): the new samples only, with the
+        overlap, where the tape already holds the rest; merged into those held, which stay sorted."""
         until_ms = millis(window.end)
-        warm = (
-            source is self.source_
-            and self.needs_.keys() <= self.metrics_
-            and self.from_ms_ <= from_ms
-            and from_ms <= self.until_ms_ - round(self.overlap_s * 1000)
-        )
-        if warm and until_ms <= self.until_ms_:
+        froms = {metric: millis(window.start - lookback_s) for metric, lookback_s in self.needs_.items()}
+        same = source is self.source_
+        held = {
+            metric
+            for metric, from_ms in froms.items()
+            if same and metric in self.held_ and self.held_[metric] <= from_ms
+        }
+        if len(held) == len(froms) and until_ms <= self.until_ms_:
             return
-        read_from = self.until_ms_ - round(self.overlap_s * 1000) if warm else from_ms
-        kept = (self.t_ms_ >= from_ms) & (self.t_ms_ < read_from) if warm else np.zeros(len(self.t_ms_), bool)
-        metrics = sorted(self.needs_)
-        ids, t_ms, value = self._read(source, metrics, read_from, until_ms)
-        self._catalogue(source, ids, metrics, read_from, until_ms)
-        rows = self.ids_.get_indexer(ids)
-        known = rows >= 0  # all but a series whose samples expired between the two reads
-        key = np.concatenate([self.key_[kept], rows[known]])
-        t_ms = np.concatenate([self.t_ms_[kept], t_ms[known]])
+        overlap_ms = self.until_ms_ - round(self.overlap_s * 1000)
+        resume = same and until_ms >= self.until_ms_
+        # per metric: the first sample read (held ones keep those before it), a held one's from the overlap
+        reads = {
+            metric: overlap_ms if resume and metric in held and from_ms <= self.until_ms_ else from_ms
+            for metric, from_ms in froms.items()
+        }
+        ids, t_ms, value = self._read_all(source, reads, until_ms)
+        self._catalogue(source, ids, sorted(reads), min(reads.values()), until_ms)
+        lowest, first_read = self._per_row(froms), self._per_row(reads)
+        kept = (self.t_ms_ >= lowest[self.key_]) & (self.t_ms_ < first_read[self.key_])
+        key = self.ids_.get_indexer(ids)
+        new = key >= 0  # all but a series whose samples expired between the two reads
+        new[new] = t_ms[new] >= lowest[key[new]]  # a held metric's overlap read before its lookback
+        key, t_ms, value = key[new], t_ms[new], value[new]
         order = np.lexsort((t_ms, key))
-        self.key_, self.t_ms_ = key[order], t_ms[order]
-        self.value_ = np.concatenate([self.value_[kept], value[known]])[order]
-        self.source_, self.metrics_ = source, frozenset(metrics)
-        self.from_ms_, self.until_ms_ = from_ms, until_ms
+        self.key_, self.t_ms_, self.value_ = merge(
+            (self.key_[kept], self.t_ms_[kept], self.value_[kept]), (key[order], t_ms[order], value[order])
+        )
+        self.starts_ = np.searchsorted(self.key_, np.arange(len(self.catalog_) + 1))
+        self.source_, self.held_, self.until_ms_ = source, froms, until_ms
+
+    def _per_row(self, per_metric: Mapping[str, int]) -> np.ndarray:
+        """Per row of catalog_, its metric's figure in `per_metric`."""
+        figures = np.zeros(len(self.codes_), np.int64)
+        figures[[self.codes_[metric] for metric in per_metric]] = list(per_metric.values())
+        return figures[self.metric_]
+
+    def _read_all(
+        self, source: Reader, reads: Mapping[str, int], until_ms: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The samples of each metric of `reads` from its first ms until `until_ms`: one read per first ms."""
+        by_first: dict[int, list[str]] = {}
+        for metric in sorted(reads):
+            by_first.setdefault(reads[metric], []).append(metric)
+        found = [self._read(source, metrics, from_ms, until_ms) for from_ms, metrics in by_first.items()]
+        return tuple(np.concatenate(column) for column in zip(*found, strict=True))
 
     def _read(
         self, source: Reader, metrics: list[str], from_ms: int, until_ms: int
@@ -177,12 +209,44 @@ class Tape:
         new = listed[CATALOG_COLUMNS].astype({"series_id": np.uint64, "metric": str, "node": str})
         new = new.reset_index(drop=True)
         self.catalog_ = pd.concat([self.catalog_, new], ignore_index=True) if len(self.catalog_) else new
+        self.metric_ = np.concatenate([self.metric_, new["metric"].map(self.codes_).to_numpy(np.int64)])
         self.ids_ = pd.Index(self.catalog_["series_id"].to_numpy(np.uint64))
 
     @staticmethod
     def _catalog_rows(source: Reader, sql: str, parameters: Mapping[str, object]) -> pd.DataFrame:
         found = read_frame(source, sql, parameters=parameters, max_rows=MAX_TAPE_ROWS).frame
         return found.astype({"series_id": np.uint64})
+
+
+def spans(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """The indices of [starts[i], stops[i]) for each i in turn: where some rows' samples lie."""
+    lengths = stops - starts
+    return np.arange(lengths.sum()) + np.repeat(starts + lengths - np.cumsum(lengths), lengths)
+
+
+Samples = tuple[np.ndarray, np.ndarray, np.ndarray]  # key (catalog row), t_ms and value per sample
+
+
+def merge(held: Samples, new: Samples) -> Samples:
+    """`held` and `new` samples, each sorted by key then time, in one run sorted alike: a new sample after
+    a held one of the same key and time, where a stable sort of the two appended would put it. Each pair
+    (key, time) is one int64, key x the span held in ms: under 2**63 for 10**11 series over a day."""
+    if not len(held[0]) or not len(new[0]):
+        return held if len(held[0]) else new
+    base = min(held[1].min(), new[1].min())
+    span = int(max(held[1].max(), new[1].max()) - base) + 1
+    if (max(int(held[0][-1]), int(new[0][-1])) + 1) * span >= 2**63:
+        raise DetectorError("the tape's samples span too long a time to merge: a lookback too long")
+    into = np.searchsorted(held[0] * span + (held[1] - base), new[0] * span + (new[1] - base), side="right")
+    placed = into + np.arange(len(into))  # where each new sample lands among all
+    is_new = np.zeros(len(held[0]) + len(into), bool)
+    is_new[placed] = True
+    merged = []
+    for held_column, new_column in zip(held, new, strict=True):
+        column = np.empty(len(is_new), held_column.dtype)
+        column[placed], column[~is_new] = new_column, held_column
+        merged.append(column)
+    return merged[0], merged[1], merged[2]
 
 
 class TapeView:

@@ -113,13 +113,19 @@ def assert_same(got: pd.DataFrame, want: pd.DataFrame) -> None:
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(fleet=fleets, late=fleets, lookback_s=st.sampled_from([5.0, 20.0, 60.0]))
+@given(
+    fleet=fleets,
+    late=fleets,
+    lookbacks=st.lists(st.sampled_from([0.0, 5.0, 20.0, 60.0]), min_size=3, max_size=3),
+)
 def test_the_tape_summarises_each_series_as_series_sql_does_stepped_or_fresh(
     store: Store,
     fleet: list[tuple[int, int, dict[int, float]]],
     late: list[tuple[int, int, dict[int, float]]],
-    lookback_s: float,
+    lookbacks: list[float],
 ):
+    """Each metric read with its own lookback (all alike, or mixed, held each for its own), and series
+    that first appear in a later window (`late`)."""
     example = next(examples)
     metrics = [f"tape_{example}_metric_{k}" for k in range(3)]
     start_ms = base_ms()
@@ -137,14 +143,19 @@ def test_the_tape_summarises_each_series_as_series_sql_does_stepped_or_fresh(
     stored: set[tuple[int, int, int, int]] = set()  # a late sample never repeats a stored one's time
     store_samples(store, samples(fleet, lambda ms: True))
     stored.update((n, m, i, ms) for i, (n, m, points) in enumerate(fleet) for ms in points)
+    readers: dict[float, list[str]] = defaultdict(list)  # lookback -> the metrics read with it
+    for metric, lookback_s in zip(metrics, lookbacks, strict=True):
+        readers[lookback_s].append(metric)
     tape = Tape()
+    tape.register(dict(zip(metrics, lookbacks, strict=True)))
     for index, window in enumerate(windows):
         if index:  # samples for the last window, inserted after it ran, within the overlap of its end
             since_ms = round((window.start - OVERLAP_S) * 1000)
             store_samples(store, samples(late, lambda ms, w=window, s=since_ms: s <= ms < w.start * 1000))
-        want = expected(store, metrics, window, lookback_s)
-        assert_same(tape.view(store, metrics, window, lookback_s).summaries(), want)
-        assert_same(Tape().view(store, metrics, window, lookback_s).summaries(), want)
+        for lookback_s, read in readers.items():
+            want = expected(store, read, window, lookback_s)
+            assert_same(tape.view(store, read, window, lookback_s).summaries(), want)
+            assert_same(Tape().view(store, read, window, lookback_s).summaries(), want)
 
 
 def test_the_tape_reads_only_the_new_samples_and_its_overlap_when_warm(store: Store):
