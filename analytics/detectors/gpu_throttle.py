@@ -33,7 +33,7 @@ from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, frame
 from analytics.detectors.counters import MAX_CANDIDATES, evidence_number
 from analytics.detectors.dcgm import CLOCK_EVENT_BITS, CLOCK_EVENT_MASKS, CLOCK_EVENT_REASONS, MASK_LIMIT
-from analytics.detectors.groups import group_bit_or, group_mean
+from analytics.detectors.groups import Groups, group_bit_or, group_mean
 from analytics.detectors.tape import group_extreme, groups, label, tape_view
 from analytics.store.protocols import Reader
 
@@ -137,10 +137,12 @@ class GpuThrottle(Detector):
         throttling = gpus["reasons"].map(len) > 0
         # the per-node figures only for nodes with a candidate: most windows have none
         on_their_nodes = gpus[gpus["node"].isin(gpus.loc[throttling, "node"])].copy()
-        on_their_nodes["node_gpus"] = on_their_nodes.groupby("node")["component"].transform("size")
-        on_their_nodes["node_peers_mhz"] = on_their_nodes.groupby(["node", "busy"])["sm_clock_mhz"].transform(
-            "median"
-        )
+        node = on_their_nodes["node"].to_numpy()
+        hosts, alike = Groups(node), Groups(node, on_their_nodes["busy"].to_numpy())
+        on_their_nodes["node_gpus"] = hosts.sizes[hosts.ids]
+        on_their_nodes["node_peers_mhz"] = alike.median(on_their_nodes["sm_clock_mhz"].to_numpy(np.float64))[
+            alike.ids
+        ]
         candidates = on_their_nodes[throttling[on_their_nodes.index]].copy()
         candidates["fleet_peers_mhz"] = _other_nodes_median(candidates, gpus)
         candidates["past_mhz"] = self._past(source, window, candidates)
@@ -257,26 +259,29 @@ def _mask_bits(masks: np.ndarray) -> np.ndarray:
     return bits
 
 
-def _below_ceiling(gpus: pd.DataFrame, drop: float) -> pd.Series:
+def _below_ceiling(gpus: pd.DataFrame, drop: float) -> np.ndarray:
     """Whether each GPU's clock is at least `drop` below the fastest GPU of its model and busy state in the
     fleet, which no reference exceeds: its node's and other nodes' medians are at most that; its own past
     is read only when no other node has its model (then every such GPU is kept)."""
-    group = gpus.groupby(["model", "busy"])
-    alone = group["node"].transform("nunique") <= 1
-    ceiling = group["sm_clock_mhz"].transform("max").where(~alone, np.inf)
-    return gpus["sm_clock_mhz"] <= (1 - drop) * ceiling
+    kinds = Groups(gpus["model"].to_numpy(), gpus["busy"].to_numpy())
+    on_nodes = Groups(kinds.ids, gpus["node"].to_numpy())  # each kind's nodes
+    alone = (np.bincount(kinds.ids[on_nodes.first_rows()], minlength=kinds.count) <= 1)[kinds.ids]
+    clocks = gpus["sm_clock_mhz"].to_numpy(np.float64)
+    ceiling = np.where(alone, np.inf, kinds.max(clocks)[kinds.ids])
+    return clocks <= (1 - drop) * ceiling
 
 
-def _other_nodes_median(candidates: pd.DataFrame, gpus: pd.DataFrame) -> pd.Series:
+def _other_nodes_median(candidates: pd.DataFrame, gpus: pd.DataFrame) -> np.ndarray:
     """Per candidate, the median SM clock of the GPUs of its model and busy state on other nodes (NaN
     when there are none)."""
-    medians = pd.Series(np.nan, index=candidates.index, dtype=float)
     nodes, models, busy = (gpus[column].to_numpy() for column in ("node", "model", "busy"))
     clocks = gpus["sm_clock_mhz"].to_numpy(np.float64)
-    for (node, model, is_busy), own in candidates.groupby(["node", "model", "busy"]):
+    keys = list(zip(candidates["node"], candidates["model"], candidates["busy"], strict=True))
+    medians: dict[tuple[object, object, object], float] = {}  # one per (node, model, busy) of candidates
+    for node, model, is_busy in dict.fromkeys(keys):
         others = (models == model) & (busy == is_busy) & (nodes != node)
-        medians[own.index] = pd.Series(clocks[others]).median()
-    return medians
+        medians[node, model, is_busy] = pd.Series(clocks[others]).median()
+    return np.array([medians[key] for key in keys], dtype=np.float64)
 
 
 def _reference(row: object) -> float:

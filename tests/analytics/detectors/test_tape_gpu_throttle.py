@@ -61,17 +61,47 @@ def old_gpus(source: Reader, window: Window) -> pd.DataFrame:
     return frame(source.query(GPUS_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
 
 
+def pandas_features(
+    detector: GpuThrottle, source: Reader, window: Window, gpus: pd.DataFrame
+) -> pd.DataFrame:
+    """GpuThrottle.features on `gpus` as pandas computed it before its groupbys moved onto numpy codes."""
+    gpus["busy"] = gpus["util_percent"] >= detector.busy_util_percent
+    group = gpus.groupby(["model", "busy"])
+    alone = group["node"].transform("nunique") <= 1
+    ceiling = group["sm_clock_mhz"].transform("max").where(~alone, math.inf)
+    could_drop = gpus["sm_clock_mhz"] <= (1 - detector.min_unknown_drop) * ceiling
+    gpus["unknown"] = ~gpus["reasons_known"].astype(bool) & gpus["busy"] & could_drop
+    gpus["reasons"] = [
+        [gpu_throttle.UNKNOWN] if unknown else list(reasons)
+        for reasons, unknown in zip(gpus["reasons"], gpus["unknown"], strict=True)
+    ]
+    throttling = gpus["reasons"].map(len) > 0
+    on_their_nodes = gpus[gpus["node"].isin(gpus.loc[throttling, "node"])].copy()
+    on_their_nodes["node_gpus"] = on_their_nodes.groupby("node")["component"].transform("size")
+    on_their_nodes["node_peers_mhz"] = on_their_nodes.groupby(["node", "busy"])["sm_clock_mhz"].transform(
+        "median"
+    )
+    candidates = on_their_nodes[throttling[on_their_nodes.index]].copy()
+    medians = pd.Series(math.nan, index=candidates.index, dtype=float)
+    nodes, models, busy = (gpus[column].to_numpy() for column in ("node", "model", "busy"))
+    clocks = gpus["sm_clock_mhz"].to_numpy(float)
+    for (node, model, is_busy), own in candidates.groupby(["node", "model", "busy"]):
+        others = (models == model) & (busy == is_busy) & (nodes != node)
+        medians[own.index] = pd.Series(clocks[others]).median()
+    candidates["fleet_peers_mhz"] = medians
+    candidates["past_mhz"] = detector._past(source, window, candidates)
+    return candidates.reset_index(drop=True)
+
+
 @pytest.fixture
 def compared(monkeypatch: pytest.MonkeyPatch) -> list[Compared]:
-    """The window's GPUs against the old SQL's, and the features against those computed from the old
-    SQL's GPUs."""
-    gpus = Compared(gpu_throttle.window_gpus, old_gpus)
+    """The window's GPUs against the old SQL's, and the features against those the old pandas code
+    (pandas_features) computed from the old SQL's GPUs."""
     features = GpuThrottle.features
+    gpus = Compared(gpu_throttle.window_gpus, old_gpus)
 
     def old_features(detector: GpuThrottle, source: Reader, window: Window) -> pd.DataFrame:
-        with monkeypatch.context() as patched:
-            patched.setattr(gpu_throttle, "window_gpus", old_gpus)
-            return features(detector, source, window)
+        return pandas_features(detector, source, window, old_gpus(source, window))
 
     checks = [gpus, Compared(features, old_features)]
     monkeypatch.setattr(gpu_throttle, "window_gpus", gpus)
