@@ -343,8 +343,9 @@ def groups(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def group_sum(groups: np.ndarray, count: int, values: np.ndarray, where: np.ndarray) -> np.ndarray:
     """Per group (0 .. count - 1), the sum of `values` where `where`, added in their order from 0 as
-    ClickHouse adds them (a NaN or infinite value goes into the sum)."""
-    return np.bincount(groups[where], weights=values[where], minlength=count)
+    ClickHouse adds them (a NaN or infinite value goes into the sum); float64 even where nothing is
+    summed, which np.bincount alone gives as int64 zeros."""
+    return np.bincount(groups[where], weights=values[where], minlength=count).astype(np.float64, copy=False)
 
 
 def group_extreme(

@@ -28,7 +28,7 @@ from analytics.detectors.counters import (
     series_parameters,
     series_sql,
 )
-from analytics.detectors.tape import OVERLAP_S, Tape, tape_view
+from analytics.detectors.tape import OVERLAP_S, Tape, group_sum, tape_view
 from analytics.store import Store
 from analytics.store.records import ScrapeBatch
 
@@ -257,3 +257,10 @@ def test_a_sample_later_than_the_overlap_is_missed_by_a_warm_tape_only(store: St
     warm = tape.view(store, [f"late_{overlap_s}"], following, 60.0).summaries()
     fresh = Tape().view(store, [f"late_{overlap_s}"], following, 60.0).summaries()
     assert (warm["increase"].tolist() == fresh["increase"].tolist()) == (overlap_s > 0)
+
+
+@pytest.mark.parametrize("where", [[False, False, False], [True, False, True]])
+def test_group_sum_is_float64_whether_or_not_anything_is_summed(where: list[bool]):
+    sums = group_sum(np.array([0, 1, 1]), 3, np.array([1.5, 2.0, 4.0]), np.array(where))
+    assert sums.dtype == np.float64
+    assert sums.tolist() == [float(where[0]) * 1.5, 4.0 * where[2], 0.0]
