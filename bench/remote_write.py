@@ -27,7 +27,9 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.error
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -47,6 +49,7 @@ LAG_S = 10.0  # a send lag past this (or growing by more than 2 s) is not keepin
 FAILED = "prometheus_remote_storage_samples_failed_total"
 SHARDS = "prometheus_remote_storage_shards"
 HUB_RECEIVED = "fleetlens_hub_remote_write_samples_total"
+BUSY_RETRIES = 50  # a busy server's 503s are asked again this many times, 0.2 s apart
 PROM_RECEIVED = "prometheus_tsdb_head_samples_appended_total"
 
 
@@ -95,13 +98,26 @@ class Window:
 
     def _read(self) -> dict[str, float]:
         pid, base, counter = self.receiver
-        read = {"receiver_cpu": cpu_seconds(pid), "stored": own_metric(base, counter)}
+        read = {"receiver_cpu": cpu_seconds(pid), "stored": _metric(base, counter)}
         if self.sender:
             pid, base = self.sender
             read["sender_cpu"] = cpu_seconds(pid)
             names = (SENT, READ, PENDING, FAILED, SHARDS, NEWEST_IN, NEWEST_SENT)
-            read.update({name: own_metric(base, name) for name in names})
+            read.update({name: _metric(base, name) for name in names})
         return read
+
+
+def _metric(base: str, name: str) -> float:
+    """own_metric, asked again while the server answers 503: a hub that falls behind holds its
+    connection cap (256) in remote write requests waiting for their group, and the reading is still due."""
+    for _ in range(BUSY_RETRIES):
+        try:
+            return own_metric(base, name)
+        except urllib.error.HTTPError as error:
+            if error.code != HTTPStatus.SERVICE_UNAVAILABLE:
+                raise
+            time.sleep(0.2)
+    return own_metric(base, name)
 
     def end(self) -> Phase:
         last = self._read()
