@@ -50,23 +50,31 @@ def ports(source: Reader, window: Window) -> pd.DataFrame:
     group, member = groups(identity["port"].to_numpy())
     count = len(member)
     rate, steady_s = series["steady_rate"].to_numpy(), series["steady_seconds"].to_numpy()
-    found = identity.iloc[member][["node", "component"]].reset_index(drop=True)
-    found["job"] = ""
-    for name in RATES:
-        found[name] = group_sum(group, count, rate, identity[name].to_numpy())
-    found["notifications_per_s"] = found["ecn_marks_per_s"] + found["cnp_handled_per_s"]
+    rates = {name: group_sum(group, count, rate, identity[name].to_numpy()) for name in RATES}
+    notifications = rates["ecn_marks_per_s"] + rates["cnp_handled_per_s"]
     notified = np.bincount(group[identity["notifying"].to_numpy() & (steady_s > 0)], minlength=count) > 0
-    found["notified"] = notified.astype(np.int64)
-    found["signal"] = np.where(notified, NOTIFICATIONS, WAIT)
-    found["per_s"] = np.where(notified, found["notifications_per_s"], found["transmit_wait_per_s"])
     stepped = np.bincount(group[steady_s > 0], minlength=count) > 0  # max(steady_s) > 0
-    found = found[stepped].reset_index(drop=True)
-    per_s, notified = found["per_s"].to_numpy(), notified[stepped]
-    median, mad = np.zeros(len(found)), np.zeros(len(found))
+    per_s = np.where(notified, notifications, rates["transmit_wait_per_s"])[stepped]
+    notified = notified[stepped]
+    median, mad = np.zeros(len(per_s)), np.zeros(len(per_s))
     for judged_alike in (notified, ~notified):
         median[judged_alike] = median_exact(per_s[judged_alike])
         mad[judged_alike] = median_exact(np.abs(per_s[judged_alike] - median[judged_alike]))
-    return found.assign(fleet_median_per_s=median, fleet_mad_per_s=mad)
+    ported = member[stepped]
+    return pd.DataFrame(
+        {
+            "node": identity["node"].to_numpy()[ported],
+            "component": identity["component"].to_numpy()[ported],
+            "job": "",
+            **{name: column[stepped] for name, column in rates.items()},
+            "notifications_per_s": notifications[stepped],
+            "notified": notified.astype(np.int64),
+            "signal": np.where(notified, NOTIFICATIONS, WAIT).astype(object),
+            "per_s": per_s,
+            "fleet_median_per_s": median,
+            "fleet_mad_per_s": mad,
+        }
+    )
 
 
 def _port_identity(catalog: pd.DataFrame) -> pd.DataFrame:

@@ -69,32 +69,36 @@ def links(source: Reader, window: Window, lookback_s: float, ignored: str) -> pd
     series = _link_series(view, identity)
     group, member = groups(identity["link"].to_numpy())
     count = len(member)
-    sampled, gauge = series["samples"].to_numpy() > 0, identity["gauge"].to_numpy()
+    sampled, gauge = series["samples"] > 0, identity["gauge"].to_numpy()
     state_metric = identity["state_metric"].to_numpy()
 
     def largest(column: str, where: np.ndarray) -> np.ndarray:
-        return group_extreme(np.fmax, group, count, series[column].to_numpy(np.float64), where)
+        return group_extreme(np.fmax, group, count, series[column].astype(np.float64), where)
 
-    found = identity.iloc[member][["node", "component"]].reset_index(drop=True)
     netdev = identity["netdev"].to_numpy()[member]
     reported = np.bincount(group[state_metric & sampled], minlength=count) > 0
     state = largest("last", state_metric & sampled)
     physical_state = largest("last", identity["physical"].to_numpy() & sampled)
     up_now = reported & np.where(netdev, state == CARRIER_UP, (state == ACTIVE) & (physical_state == LINK_UP))
     state_falls = largest("falls", gauge).astype(np.int64)
-    link_downed = group_sum(group, count, series["increase"].to_numpy(), ~gauge)
-    found = found.assign(
-        job="",
-        netdev=netdev.astype(np.int64),
-        reported=reported.astype(np.int64),
-        state=state,
-        physical_state=physical_state,
-        up_now=up_now.astype(np.int64),
-        down_whole_window=(reported & (largest("down_inside", gauge & sampled) > 0)).astype(np.int64),
-        down_s=largest("down_s", gauge & sampled),
-        state_falls=state_falls,
-        link_downed=link_downed,
-        downs=np.maximum(state_falls, link_downed),
+    link_downed = group_sum(group, count, series["increase"], ~gauge)
+    found = pd.DataFrame(
+        {
+            "node": identity["node"].to_numpy()[member],
+            "component": identity["component"].to_numpy()[member],
+            "job": "",
+            "netdev": netdev.astype(np.int64),
+            "reported": reported.astype(np.int64),
+            "state": state,
+            "physical_state": physical_state,
+            "up_now": up_now.astype(np.int64),
+            "down_whole_window": (reported & (largest("down_inside", gauge & sampled) > 0)).astype(np.int64),
+            "down_s": largest("down_s", gauge & sampled),
+            "state_falls": state_falls,
+            "link_downed": link_downed,
+            "downs": np.maximum(state_falls, link_downed),
+        },
+        columns=LINK_COLUMNS,
     )
     node = identity["node_code"].to_numpy()[member]
     interfaces_only = ~np.isin(node, node[~netdev])
@@ -102,9 +106,7 @@ def links(source: Reader, window: Window, lookback_s: float, ignored: str) -> pd
     judged = ~netdev
     for link in np.flatnonzero(netdev & interfaces_only):  # the interfaces of nodes without ports: few
         judged[link] = not is_ignored(found["component"].iat[link])
-    return (
-        found[judged].sort_values(["node", "component"], kind="stable")[LINK_COLUMNS].reset_index(drop=True)
-    )
+    return found[judged].sort_values(["node", "component"], kind="stable").reset_index(drop=True)
 
 
 def matcher(pattern: str) -> Callable[[str], bool]:
@@ -142,21 +144,23 @@ def _link_identity(catalog: pd.DataFrame) -> pd.DataFrame:
     return identity
 
 
-def _link_series(view: TapeView, identity: pd.DataFrame) -> pd.DataFrame:
-    """Per series of LINK_METRICS: its summaries, how often it went from up to down between samples since
-    the lookback (`falls`), whether it was down at every sample of the window (`down_inside`), for how
-    long it has been down at its last sample (`down_s`: since it was last up, else since its first
+def _link_series(view: TapeView, identity: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Per series of LINK_METRICS: its `samples` in the window and `last` value (as TapeView.summaries
+    gives them, without the rates links do not read), how often it went from up to down between samples
+    since the lookback (`falls`), whether it was down at every sample of the window (`down_inside`), for
+    how long it has been down at its last sample (`down_s`: since it was last up, else since its first
     sample), and its steady `increase` since the lookback."""
-    series = view.summaries()
     up = identity["up"].to_numpy()[view.group]
     last_up_t = view.max(view.t, view.value == up)
     first_t, last_t = view.t[view.first], view.t[view.last]
-    return series.assign(
-        falls=view.count(view.recent_step & (view.previous_value == up) & (view.value != up)),
-        down_inside=view.count(view.inside & (view.value == up)) == 0,
-        down_s=last_t - np.where(last_up_t > 0, last_up_t, first_t),
-        increase=view.steady_increase(view.recent_step),
-    )
+    return {
+        "samples": view.count(view.inside),
+        "last": view.value[view.last],
+        "falls": view.count(view.recent_step & (view.previous_value == up) & (view.value != up)),
+        "down_inside": view.count(view.inside & (view.value == up)) == 0,
+        "down_s": last_t - np.where(last_up_t > 0, last_up_t, first_t),
+        "increase": view.steady_increase(view.recent_step),
+    }
 
 
 def _link_evidence(row: Any) -> dict[str, Any]:
