@@ -106,19 +106,6 @@ class Window:
             read.update({name: _metric(base, name) for name in names})
         return read
 
-
-def _metric(base: str, name: str) -> float:
-    """own_metric, asked again while the server answers 503: a hub that falls behind holds its
-    connection cap (256) in remote write requests waiting for their group, and the reading is still due."""
-    for _ in range(BUSY_RETRIES):
-        try:
-            return own_metric(base, name)
-        except urllib.error.HTTPError as error:
-            if error.code != HTTPStatus.SERVICE_UNAVAILABLE:
-                raise
-            time.sleep(0.2)
-    return own_metric(base, name)
-
     def end(self) -> Phase:
         last = self._read()
         span = time.monotonic() - self.start
@@ -137,6 +124,19 @@ def _metric(base: str, name: str) -> float:
             last.get(FAILED, 0.0) - self.first.get(FAILED, 0.0),
             last.get(SHARDS, 0.0),
         )
+
+
+def _metric(base: str, name: str) -> float:
+    """own_metric, asked again while the server answers 503: a hub that falls behind holds its
+    connection cap (256) in remote write requests waiting for their group, and the reading is still due."""
+    for _ in range(BUSY_RETRIES):
+        try:
+            return own_metric(base, name)
+        except urllib.error.HTTPError as error:
+            if error.code != HTTPStatus.SERVICE_UNAVAILABLE:
+                raise
+            time.sleep(0.2)
+    return own_metric(base, name)
 
 
 def measure(
