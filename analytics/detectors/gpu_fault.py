@@ -182,40 +182,41 @@ def gpu_faults(source: Reader, window: Window, lookback_s: float) -> pd.DataFram
 
     def finite_sum(column: str, name: str) -> np.ndarray:
         values = series[column].to_numpy()
-        # float even where no series counts (bincount's sum of nothing is int)
-        return group_sum(group, count, values, (metric == name) & np.isfinite(values)).astype(np.float64)
+        return group_sum(group, count, values, (metric == name) & np.isfinite(values))
 
     has_up = any_of(is_up)
     reported = np.where(has_up, any_of(is_up & sampled), any_of(answers & sampled))
     codes, events = _xids(view, identity, series, group, count)
-    answered_at = _answer_times(view, group, answers, count)
+    answer_gpu, answer_t = _answer_times(view, group, answers)
+    answers_of = np.bincount(answer_gpu, minlength=count)
     first_seen = group_extreme(np.fmin, group, count, series["first_t"].to_numpy(), np.ones(len(group), bool))
-    found = identity.iloc[member][["node", "gpu", "pci_bus_id"]].reset_index(drop=True)
-    known_gpu = found["gpu"].to_numpy() != ""
-    nodes = found["node"]
+    # numpy columns and one frame at the end: a frame's assign of 17 columns cost more than their figures
+    found = {name: identity[name].to_numpy(object)[member] for name in ("node", "gpu", "pci_bus_id")}
+    known_gpu = found["gpu"] != ""
     node = identity["node_code"].to_numpy()[member]
     node_reported = np.bincount(node[reported], minlength=node.max() + 1) > 0
-    found = found.assign(
-        known_gpu=known_gpu.astype(np.int64),
-        component=np.where(known_gpu, "gpu:" + found["gpu"], ""),
-        xids=list(zip(codes, events, strict=True)),
-        xid_codes=codes,
-        xid_events=events,
-        has_up=has_up.astype(np.int64),
-        reported=reported.astype(np.int64),
-        gpu_up=group_extreme(np.fmin, group, count, series["low"].to_numpy(), is_up & sampled),
-        answered_at=[times.tolist() for times in answered_at],
-        first_seen=first_seen,
-        row_remap_failure=group_extreme(
+    jobs = peers.node_jobs(source, window, lookback_s)
+    found |= {
+        "known_gpu": known_gpu.astype(np.int64),
+        "component": np.where(known_gpu, "gpu:" + found["gpu"], ""),
+        "xids": list(zip(codes, events, strict=True)),
+        "xid_codes": codes,
+        "xid_events": events,
+        "has_up": has_up.astype(np.int64),
+        "reported": reported.astype(np.int64),
+        "gpu_up": group_extreme(np.fmin, group, count, series["low"].to_numpy(), is_up & sampled),
+        "answered_at": _split(answer_t.tolist(), answers_of),
+        "first_seen": first_seen,
+        "row_remap_failure": group_extreme(
             np.fmax, group, count, series["high"].to_numpy(), (metric == ROW_REMAP_FAILURE) & sampled
         ),
-        dbe_errors=np.maximum(*(finite_sum("increase", name) for name in DBE_COUNTERS)),
-        remapped_rows=finite_sum("steady_increase", REMAPPED_ROWS),
-        job=peers.node_jobs(source, window, lookback_s).reindex(nodes, fill_value="").to_numpy(),
-        node_reported=node_reported[node].astype(np.int64),
-        silent_scrapes=_silent_scrapes(node, answered_at, first_seen),
-    )
-    return found[FAULT_COLUMNS]
+        "dbe_errors": np.maximum(*(finite_sum("increase", name) for name in DBE_COUNTERS)),
+        "remapped_rows": finite_sum("steady_increase", REMAPPED_ROWS),
+        "job": jobs.reindex(found["node"], fill_value="").to_numpy(),
+        "node_reported": node_reported[node].astype(np.int64),
+        "silent_scrapes": _silent_scrapes(node, answer_gpu, answer_t, first_seen),
+    }
+    return pd.DataFrame({name: found[name] for name in FAULT_COLUMNS})
 
 
 def _fault_identity(catalog: pd.DataFrame) -> pd.DataFrame:
@@ -303,50 +304,64 @@ def _xids(
         named = (
             np.isfinite(values) & (values >= 1) & (values < LARGEST_GAUGE_CODE) & (values == np.floor(values))
         )
-    turns = pd.DataFrame({"series": owner[named], "code": values[named].astype(np.int64)})
-    turns = turns.value_counts(sort=False).rename("events").reset_index()
-    candidates = pd.concat(
-        [
-            pd.DataFrame(
-                {
-                    "gpu": group[counted],
-                    "code": identity["counted_code"].to_numpy()[counted],
-                    "events": events[counted],
-                }
-            ),
-            pd.DataFrame(
-                {
-                    "gpu": group[turns["series"].to_numpy(np.int64)],
-                    "code": turns["code"].to_numpy(np.int64),
-                    "events": turns["events"].to_numpy(np.float64),
-                }
-            ),
-        ]
+    # how often each gauge turned to each code, then per GPU and code the most of those and the counters'
+    turn_series, turn_code, turns = _runs(owner[named], values[named].astype(np.int64))
+    gpu, code, most = _runs(
+        np.concatenate([group[counted], group[turn_series]]),
+        np.concatenate([identity["counted_code"].to_numpy()[counted], turn_code]),
+        np.concatenate([events[counted], turns.astype(np.float64)]),
     )
     codes: list[list[int]] = [[] for _ in range(count)]
     counts: list[list[float]] = [[] for _ in range(count)]
-    most = candidates.groupby(["gpu", "code"], sort=True)["events"].max()
-    for (gpu, code), most_events in most.items():  # the few GPUs with Xids
-        codes[gpu].append(int(code))
-        counts[gpu].append(float(most_events))
+    for at in range(len(gpu)):  # the few GPUs with Xids
+        codes[gpu[at]].append(int(code[at]))
+        counts[gpu[at]].append(float(most[at]))
     return codes, counts
 
 
-def _answer_times(view: TapeView, group: np.ndarray, answers: np.ndarray, count: int) -> list[np.ndarray]:
-    """Per GPU, the distinct times DCGM answered for it (a sample of ANSWERS) since the lookback, sorted."""
+def _runs(
+    first: np.ndarray, second: np.ndarray, values: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct pairs of (first, second), sorted by first and then second, with each pair's largest
+    of `values` (finite numbers), or how many times it came without them."""
+    order = np.lexsort((second, first))
+    first, second = first[order], second[order]
+    new = np.ones(len(order), bool)
+    new[1:] = (first[1:] != first[:-1]) | (second[1:] != second[:-1])
+    starts = np.flatnonzero(new)
+    if values is None:
+        found = np.diff(np.append(starts, len(order)))
+    else:
+        found = np.maximum.reduceat(values[order], starts) if len(starts) else values[:0]
+    return first[starts], second[starts], found
+
+
+def _answer_times(view: TapeView, group: np.ndarray, answers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (GPU, time) pairs of DCGM's answers for a GPU (samples of ANSWERS) since the
+    lookback, sorted by GPU and time: flat arrays, not an array per GPU (1,536 of them at 192 nodes)."""
     answered = answers[view.group]
-    gpu, t = _distinct(group[view.group[answered]], view.t[answered])
-    return np.split(t, np.searchsorted(gpu, np.arange(1, count)))
+    gpu, t, _ = _runs(group[view.group[answered]], view.t[answered])
+    return gpu, t
 
 
-def _silent_scrapes(node: np.ndarray, answered_at: list[np.ndarray], first_seen: np.ndarray) -> np.ndarray:
-    """Per GPU (of `node`), how many of its node's distinct answer times are later than its own last
-    answer, or than its first sample less a millisecond when it never answered."""
-    sizes = np.array([len(times) for times in answered_at], np.int64)
-    times = np.concatenate(answered_at)
-    node_of_time, time = _distinct(np.repeat(node, sizes), times)
-    last = np.array([times[-1] if len(times) else np.nan for times in answered_at])
-    after = np.where(sizes > 0, last, first_seen - 0.001)
+def _split(values: list[float], sizes: np.ndarray) -> list[list[float]]:
+    """`values` cut into consecutive lists of `sizes`."""
+    ends = np.cumsum(sizes).tolist()
+    return [values[end - size : end] for size, end in zip(sizes.tolist(), ends, strict=True)]
+
+
+def _silent_scrapes(
+    node: np.ndarray, answer_gpu: np.ndarray, answer_t: np.ndarray, first_seen: np.ndarray
+) -> np.ndarray:
+    """Per GPU (of `node`), how many of its node's distinct answer times (`answer_t` of `answer_gpu`,
+    sorted by GPU and time) are later than its own last answer, or than its first sample less a
+    millisecond when it never answered."""
+    node_of_time, time, _ = _runs(node[answer_gpu], answer_t)
+    sizes = np.bincount(answer_gpu, minlength=len(node))
+    answered = sizes > 0
+    last = np.full(len(node), np.nan)
+    last[answered] = answer_t[np.cumsum(sizes)[answered] - 1]
+    after = np.where(answered, last, first_seen - 0.001)
     # each GPU's bound placed among its node's times, after those equal to it: those later are counted
     keys = np.concatenate([node_of_time, node])
     at = np.concatenate([time, after])
@@ -359,15 +374,6 @@ def _silent_scrapes(node: np.ndarray, answered_at: list[np.ndarray], first_seen:
     node_start = np.concatenate([[0], np.cumsum(per_node)])
     earlier = times_up_to[position[len(time) :]] - node_start[node]
     return per_node[node] - earlier
-
-
-def _distinct(keys: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct pairs of (key, t), sorted by key and then t."""
-    order = np.lexsort((t, keys))
-    keys, t = keys[order], t[order]
-    new = np.ones(len(t), bool)
-    new[1:] = (keys[1:] != keys[:-1]) | (t[1:] != t[:-1])
-    return keys[new], t[new]
 
 
 class Flags(NamedTuple):
