@@ -188,3 +188,38 @@ def test_a_fleet_stepped_by_the_runner_gives_the_frames_the_sql_gave(
             runner.step(store, window)
     assert runner.failures == {}
     assert compared[1].rows > 0
+
+
+GPU_ROWS = st.lists(  # one GPU each: node, model, utilisation, SM clock, whether it has reasons, its reasons
+    st.tuples(
+        st.sampled_from(["n1", "n2", "n3", "n4"]),
+        st.sampled_from(["H100", "A100", ""]),
+        st.sampled_from([0.0, 10.0, 20.0, 95.0, math.nan]),
+        st.one_of(st.sampled_from([math.nan, 0.0, 1410.0, 1980.0]), st.floats(0, 2000)),
+        st.booleans(),
+        st.lists(st.sampled_from(sorted(SLOWDOWN_REASONS)), unique=True, max_size=2).map(sorted),
+    ),
+    max_size=24,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=GPU_ROWS, drop=st.sampled_from([0.1, 0.25, 0.6]))
+def test_any_gpus_give_the_features_the_pandas_code_gave(
+    rows: list[tuple[str, str, float, float, bool, list[str]]], drop: float
+):
+    """Random GPUs of several models over a few nodes, idle and busy, with and without reasons: a model on
+    one node, on two and on more, NaN clocks and utilisations, equal clocks."""
+    gpus = pd.DataFrame(
+        [
+            (node, f"gpu:{i}", "", model, clock, util, 60.0, 300.0, int(known), reasons if known else [])
+            for i, (node, model, util, clock, known, reasons) in enumerate(rows)
+        ],
+        columns=gpu_throttle.GPU_COLUMNS,
+    ).astype({"sm_clock_mhz": float, "util_percent": float, "temp_c": float, "power_w": float})
+    detector = GpuThrottle(min_unknown_drop=drop, past_s=0)  # no past: no store to read it from
+    new = pytest.MonkeyPatch.context()
+    with new as patched:
+        patched.setattr(gpu_throttle, "window_gpus", lambda *_: gpus.copy())
+        got = detector.features(None, Window(0, 10))  # type: ignore[arg-type]
+    assert_same_frame(got, pandas_features(detector, None, Window(0, 10), gpus.copy()))  # type: ignore[arg-type]
