@@ -6,8 +6,10 @@ power, utilization) and 4 RoCE ports x 6 series (state, link_downed, bytes recei
 and handled): 56 series per node. Besides: a scrape row per node every 10 s, one step row per node every
 10 s (one job, 4 pipeline stages; one node slower for the last two hours), and a week of anomalies,
 alert changes and drain decisions. The first FLAPPING nodes' scrapes fail every 10 minutes, so that a
-job's postmortem over the week lists thousands of target gaps. The 1-minute rollup is merged (OPTIMIZE
-FINAL), as background merges leave a week-old store, and its whole hours rolled up into samples_1h.
+job's postmortem over the week lists thousands of target gaps. The raw samples are rolled up into the
+1-minute rollup up to the last minutes (read from raw samples, as on a live hub), which is merged
+(OPTIMIZE FINAL), as background merges leave a week-old store, and its whole hours rolled up into
+samples_1h.
 
 Each page then runs under Streamlit's AppTest against the store, with each of the sidebar's ranges
 ending at the data's end (1 h reads raw samples, 24 h the 1-minute rollup, 7 d mostly the hourly one;
@@ -301,8 +303,9 @@ def main() -> None:
         samples = seed_samples(client, "bench", args.nodes, first, args.days)
         seed_scrapes_and_steps(client, "bench", args.nodes, first, args.days)
         seed_events(store, args.nodes, first, last, count=200 * args.days)
+        client.command(schema.roll_up_minutes(Layout("bench")))  # as the store's owner does now and then
         client.command("OPTIMIZE TABLE bench.samples_1m FINAL")
-        client.command(schema.roll_up_hours(Layout("bench")))  # as the store's owner does now and then
+        client.command(schema.roll_up_hours(Layout("bench")))
         failed, gaps = target_gaps(client, "bench")
         print(
             f"seeded {samples / 1e6:.0f} M samples of {args.nodes} nodes over {args.days} days"

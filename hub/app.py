@@ -63,7 +63,7 @@ from hub.writer import Writer
 log = logging.getLogger("fleetlens.hub")
 
 JSON = "application/json"
-ROLL_UP_EVERY_S = 300.0  # how often the hub rolls finished hours into the hourly rollup
+ROLL_UP_EVERY_S = 15.0  # how often the hub rolls finished minutes and hours into the rollups
 MAX_JSON_DEPTH = 32  # nesting of the API's JSON bodies, far more than any of them needs
 OTHER_PATH = "other"  # what unknown paths count as in fleetlens_hub_refused_requests
 NO_CONTENT = (b"", "")  # a handler's answer that is a 204: taken, nothing to say
@@ -150,8 +150,8 @@ class Hub:
     # -- ingestion ---------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the scrape loop (if there are targets), the detection loop and the hourly roll-up, each
-        in a thread.
+        """Start the scrape loop (if there are targets), the detection loop and the roll-ups, each in a
+        thread.
 
         Rounds are written by one insert thread of their own (hub.rounds), in order, so that the next
         round is scraped on time while the store takes the last one (chDB works outside the GIL); rounds
@@ -174,13 +174,16 @@ class Hub:
         self._threads.append(thread)
 
     def _roll_up_until_stopped(self) -> None:
-        """Roll finished hours into the hourly rollup at start and every ROLL_UP_EVERY_S: pages over days
-        read it, and what is not rolled yet costs them time, not numbers."""
+        """Roll finished minutes into the 1-minute rollup, then finished hours into the hourly one, at
+        start and every ROLL_UP_EVERY_S: pages over hours and days read them, and what is not rolled yet
+        (read from raw samples or minutes instead) costs them time, not numbers. Often enough that the
+        raw samples read for the minutes not rolled stay a few minutes' worth."""
         while True:
             try:
+                self.store.roll_up_minutes()
                 self.store.roll_up_hours()
             except StoreError as error:
-                log.warning("rolling up hours failed (retried in %.0f s): %s", ROLL_UP_EVERY_S, error)
+                log.warning("rolling up failed (retried in %.0f s): %s", ROLL_UP_EVERY_S, error)
             if self._stop.wait(ROLL_UP_EVERY_S):
                 return
 

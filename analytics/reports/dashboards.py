@@ -10,8 +10,9 @@ A frame whose query hit the row limit says so in `frame.attrs["truncated"]`.
 
 The metric queries read the tables behind the `metrics` views (samples, samples_1m, series), as the
 detectors do: grouping samples by series id and joining each series' labels once costs a fraction of
-grouping the view's rows. Ranges longer than RAW_MAX_S read the 1-minute rollup; over MINUTES_MAX_S,
-the hourly one for the whole hours of the range (see HOURLY), when the query needs no finer buckets.
+grouping the view's rows. Ranges longer than RAW_MAX_S read the 1-minute rollup (raw samples for the
+minutes not rolled up yet); over MINUTES_MAX_S, the hourly one for the whole hours of the range (see
+HOURLY), when the query needs no finer buckets.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pandas as pd
 
 from analytics.reports.straggler import JOB_SLOWDOWN, LOST_GPU_HOURS, straggler_cost
 from analytics.store.protocols import Reader
+from analytics.store.schema import minute_rows
 
 RAW_MAX_S = 6 * 3600.0  # longer ranges read samples_1m
 MINUTES_MAX_S = 86400.0  # longer ranges read samples_1h for their whole hours
@@ -130,20 +132,31 @@ class Resolution:
         return f"FROM {self.table} WHERE {where} AND {_in_range(self.time)}"
 
 
+def _minutes(where: str, since: str, until: str) -> str:
+    """The 1-minute rollup's rows that match `where` with minutes in [since, until): samples_1m's up to the
+    last minute rolled up, raw samples as minute rows after it (schema.minute_rows)."""
+    return minute_rows("samples_1m", "samples", f"{where} AND minute >= {since} AND minute < {until}")
+
+
+class Minutes(Resolution):
+    """The 1-minute rollup's rows, the minutes not rolled up yet read from raw samples."""
+
+    def scan(self, where: str) -> str:
+        return f"FROM ({_minutes(where, START, END)})"
+
+
 class Hourly(Resolution):
     """The 1-minute rollup's rows, the range's whole hours read from the hourly rollup instead: the same
     aggregates as the minute rows of [start, end) (the minutes before the first whole hour and from the
-    last one on, or from the first hour not rolled up yet, come from samples_1m), from 60 times fewer
-    rows. Buckets must be whole hours."""
+    last one on, or from the first hour not rolled up yet, come from the minute rows), from 60 times
+    fewer rows. Buckets must be whole hours."""
 
     def scan(self, where: str) -> str:
-        columns = "metric, node, series_id, {time} AS minute, min, max, sum, count, last"
-        minutes = f"SELECT {columns.format(time='minute')} FROM samples_1m WHERE {where} AND minute"
-        hours = f"SELECT {columns.format(time='hour')} FROM samples_1h WHERE {where} AND hour"
+        hours = "SELECT metric, node, series_id, hour AS minute, min, max, sum, count, last FROM samples_1h"
         return f"""FROM (
-        {minutes} >= {START} AND minute < {FIRST_HOUR}
-        UNION ALL {hours} >= {FIRST_HOUR} AND hour < {LAST_HOUR}
-        UNION ALL {minutes} >= {LAST_HOUR} AND minute < {END}
+        {_minutes(where, START, FIRST_HOUR)}
+        UNION ALL {hours} WHERE {where} AND hour >= {FIRST_HOUR} AND hour < {LAST_HOUR}
+        UNION ALL {_minutes(where, LAST_HOUR, END)}
     )"""
 
 
@@ -155,7 +168,7 @@ RAW = Resolution(
     f" argMax(value, ts) AS latest_value, {_unix('max(ts)')} AS latest_ts",
     step_s=10.0,
 )
-ROLLUP = Resolution(
+ROLLUP = Minutes(
     table="samples_1m",
     time="minute",
     summary="sum(sum) AS total, sum(count) AS samples, min(min) AS low, max(max) AS high",

@@ -72,6 +72,7 @@ __all__ = ["DEFAULT_DATABASE", "DEFAULT_DSN", "Retention", "Store", "series_id"]
 DEFAULT_DSN = "chdb://./data"
 DEFAULT_DATABASE = "fleetlens"
 MAX_KNOWN_SERIES = 2_000_000  # past this the known-series memo starts over (see KnownSeries)
+ROLL_UP_MINUTES_AT_ONCE = 60  # minutes one roll_up_minutes call rolls at most: a lagging roll-up catches up
 
 SERIES_COLUMNS = ("series_id", "metric", "node", "labels", "first_seen")
 KEEP_UNTIL_MAX_S = (1 << 32) - 1  # the latest time the steps.keep_until DateTime column holds (2106)
@@ -328,16 +329,44 @@ class Store:
         """Store delivery outcomes; returns the number of rows sent."""
         return self._insert_records("notifications", _columns(NotificationRow), rows, token)
 
+    def roll_up_minutes(self, most: int = ROLL_UP_MINUTES_AT_ONCE) -> int:
+        """Roll the raw samples of the whole minutes that ended ROLL_UP_MINUTES_AFTER_S ago into the
+        1-minute rollup, up to `most` minutes (the earliest); returns how many were rolled. Readers read
+        raw samples for the minutes not rolled yet (schema.minute_rows). One insert per minute, its token
+        naming the minute: hubs sharing a store may run it at once, and the second insert of a minute is
+        dropped. Minutes without samples are skipped, not rolled one by one."""
+        samples, minutes = self._layout.name("samples"), self._layout.name("samples_1m")
+        with self._failures("samples_1m"):
+            found = self._client.query(
+                f"SELECT DISTINCT toUnixTimestamp(toStartOfMinute(ts)) AS minute FROM {samples}"
+                f" WHERE ts >= {schema.rolled_minutes(minutes)} AND ts < toStartOfMinute(now() - "
+                f"toIntervalSecond({schema.ROLL_UP_MINUTES_AFTER_S})) ORDER BY minute LIMIT {int(most)}"
+            ).result_rows
+            for (minute,) in found:
+                self._client.command(
+                    schema.roll_up_minutes(
+                        self._layout, f"toDateTime({minute})", f"toDateTime({minute + 60})"
+                    ),
+                    settings=self._settings(f"roll-up-minute-{minute}"),
+                )
+        return len(found)
+
     def roll_up_hours(self) -> None:
-        """Roll the whole hours that ended a while ago into the hourly rollup (schema.roll_up_hours), so
-        that week-long reads stay cheap; the store's writer calls it now and then. Hubs sharing a store
-        may run it at once: the insert's token names the hours it rolls, so the second is dropped."""
+        """Roll the whole hours that ended a while ago, and whose samples are rolled into minutes, into
+        the hourly rollup (schema.roll_up_hours), so that week-long reads stay cheap; the store's writer
+        calls it now and then, after roll_up_minutes. Hubs sharing a store may run it at once: the
+        insert's token names the hours it rolls, so the second is dropped."""
         hourly = self._layout.name("samples_1h")
         with self._failures("samples_1h"):
             since, until = self._client.query(
                 f"SELECT toUnixTimestamp(max(hour)) + 3600, toUnixTimestamp(toStartOfHour("
                 f"now() - toIntervalSecond({schema.ROLL_UP_AFTER_S}))) FROM {hourly}"
             ).result_rows[0]
+            if since < until:  # once an hour: only then the raw samples are read for those not rolled
+                pending = self._client.query(
+                    f"SELECT toUnixTimestamp(toStartOfHour({schema.minutes_pending(self._layout)}))"
+                ).result_rows[0][0]
+                until = until if pending is None else min(until, pending)
             if since < until:
                 self._client.command(
                     schema.roll_up_hours(self._layout, f"toDateTime({since})", f"toDateTime({until})"),

@@ -27,9 +27,9 @@ from analytics.store.schema import Retention
 
 DAY_S = 86_400
 KEEP_DAYS_MAX = 3650  # ten years: past that, keeping history is an archive's job, not a TTL's
-# The retention settings that keep a row of each table the store inserts into. A sample older than
-# raw_days still feeds the 1-minute rollup (kept rollup_days), so it is refused only past both.
-KEPT_BY = {"samples": ("raw_days", "rollup_days"), "steps": ("steps_days",), "targets": ("targets_days",)}
+# The retention settings that keep a row of each table the store inserts into. A sample reaches the
+# rollups only from raw samples (schema.roll_up_minutes), so one older than raw_days is kept by nothing.
+KEPT_BY = {"samples": ("raw_days",), "steps": ("steps_days",), "targets": ("targets_days",)}
 
 Row = TypeVar("Row")
 

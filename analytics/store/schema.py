@@ -4,10 +4,12 @@ Tables and views (docs/schema.md has every column, with example queries):
 
     series        one row per series: series_id, metric, node, labels, first_seen
     samples       raw samples: metric, node, series_id, ts, value; TTL raw_days
-    samples_1m    1-minute rollup (min, max, sum, count, last), filled by samples_1m_mv; TTL rollup_days
+    samples_1m    1-minute rollup (min, max, sum, count, last), rolled from samples (roll_up_minutes);
+                  TTL rollup_days
     samples_1h    1-hour rollup, the same columns, filled from samples_1m (roll_up_hours); TTL rollup_days
     metrics       VIEW (ts, metric, node, labels, value): the stable interface for postmortem SQL and Grafana
-    metrics_1m    VIEW (ts, metric, node, labels, min, max, avg, sum, count, last) over the rollup
+    metrics_1m    VIEW (ts, metric, node, labels, min, max, avg, sum, count, last) over the rollup, and
+                  raw samples for the minutes not rolled up yet
     metrics_1h    VIEW, the same columns over the hourly rollup
     steps         training steps per rank: ts, job, rank, node, step, duration_s, compute_s, comm_s, data_s,
                   dp_rank, pp_stage, tp_rank, steps, source, keep_until; TTL steps_days, or keep_until
@@ -45,28 +47,33 @@ lookups, as SigNoz does with metric_name; the LowCardinality metric and node col
 nothing sorted first. Labels live once per series in `series`, joined by the `metrics` view.
 Everything is partitioned by day and raw samples expire a whole part at a time.
 
-The rollup's view is a projection, not a GROUP BY: at a 1 s scrape interval one insert holds one sample
-per series, so grouping inside the insert reduces nothing, and it cost half the insert (one round of a
-192-node fleet, 126k samples, into chDB: 465 ms grouping with argMaxState, 225 ms as a projection).
-AggregatingMergeTree folds a minute's rows together in background merges; readers aggregate whatever
-is not merged yet (metrics_1m does). `last` is the max of (ts, value) tuples: the value at the latest
-ts, as exact as argMax, with no aggregate state to merge.
+The 1-minute rollup has no materialized view either (migration 7 dropped samples_1m_mv): the view cost
+0.9 us of the hub's 4.4 us of CPU per scraped sample (one round of 192 nodes, 126k samples, into chDB:
+197 ms with it, 81 ms without). Instead roll_up_minutes() rolls the raw samples of every whole minute
+after the last one rolled, once that minute is ROLL_UP_MINUTES_AFTER_S old, into samples_1m, one insert
+per minute (Store.roll_up_minutes, which the hub runs every few seconds; bench/rollup.py measures both
+costs). Readers read samples_1m up to its last minute and raw samples after it, each sample as a row of
+its minute (minute_rows), so a late roll-up costs speed, not numbers; samples that arrive for a minute
+already rolled up reach raw samples only. AggregatingMergeTree folds a period's rows together in
+background merges; readers aggregate whatever is not merged yet (metrics_1m does). `last` is the max of
+(ts, value) tuples: the value at the latest ts, as exact as argMax, with no aggregate state to merge.
 
 The hourly rollup serves ranges of days: a week of the Fleet page's port matrix reads 60 times fewer rows
-than from samples_1m (bench/ui.py). It has no materialized view: a second view on samples doubled the CPU
-of the hub's inserts into chDB (one round of 192 nodes, 126k samples: 244 -> 493 ms). Instead
-roll_up_hours() rolls the minutes of every whole hour after the last one rolled, once that hour is
-ROLL_UP_AFTER_S old, into samples_1h: migration 6 runs it once, the store's owner runs it now and then.
-Readers read samples_1h up to its last hour and samples_1m after it, so a late roll-up costs speed,
-not numbers; samples that arrive for an hour already rolled up (older than ROLL_UP_AFTER_S) reach
-samples_1m only.
+than from samples_1m (bench/ui.py). It never had a materialized view: a second view on samples (beside
+samples_1m_mv, then) doubled the CPU of the hub's inserts into chDB (one round of 192 nodes, 126k
+samples: 244 -> 493 ms). Instead roll_up_hours() rolls the minutes of every whole hour after the last
+one rolled, once that hour is ROLL_UP_AFTER_S old and its samples are rolled into minutes, into
+samples_1h: migration 6 runs it once, the store's owner runs it now and then. Readers read samples_1h up
+to its last hour and the minute rows after it; samples that arrive for an hour already rolled up (older
+than ROLL_UP_AFTER_S, so their minute is rolled up too) reach raw samples only.
 
 Cluster mode: every table is a Replicated*MergeTree `<name>_local` on each shard plus a Distributed
 `<name>` over them (sharded by series_id where a view joins, so that each join is shard-local); views are
 `<name>_local` views with a Distributed `<name>` on top. Readers and writers always use the plain name.
 
 Migrations are applied in order and recorded in schema_migrations; every statement is idempotent
-(IF NOT EXISTS, or OR REPLACE for views), so a migration interrupted halfway is simply applied again.
+(IF NOT EXISTS, OR REPLACE for views, IF EXISTS for a drop; migration 7's delete takes only minutes the
+roll-up rolls again), so a migration interrupted halfway is simply applied again.
 A table's CREATE always shows its latest columns; a migration that adds a column to an existing table
 (AddColumn) is then a no-op on a fresh database and an ALTER on an old one. TTLs are not migrated:
 whatever a table's TTL is, Store.open brings it in line with the code's (retention_changes).
@@ -75,6 +82,7 @@ whatever a table's TTL is, Store.open brings it in line with the code's (retenti
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -259,7 +267,17 @@ class Fill:
         return [self.statement(layout)]
 
 
-SchemaObject = Table | View | MaterializedView | AddColumn | Fill
+@dataclass(frozen=True)
+class DropView:
+    """Drops the view (or materialized view) `name` where it exists."""
+
+    name: str
+
+    def create(self, layout: Layout) -> list[str]:
+        return [f"DROP VIEW IF EXISTS {layout.name(self.name)}{layout.on_cluster}"]
+
+
+SchemaObject = Table | View | MaterializedView | AddColumn | Fill | DropView
 
 
 @dataclass(frozen=True)
@@ -332,59 +350,132 @@ def rollup_table(name: str, time: str) -> Table:
     )
 
 
-def rollup_view(table: Table, start_of: str) -> MaterializedView:
-    """Every sample inserted, as one row of `table` (a rollup_table) for its period (`start_of` its ts)."""
-    time = table.order_by.rsplit(", ", 1)[1]
+# Each raw sample as a row of the 1-minute rollup, its minute named `minute`: what readers aggregate for the
+# minutes not rolled up yet, and what migration 1's materialized view wrote into samples_1m on every insert.
+SAMPLE_AS_MINUTE = """metric, node, series_id, toStartOfMinute(ts) AS minute,
+    value AS min, value AS max, value AS sum, toUInt64(1) AS count, (ts, value) AS last"""
+
+
+def rollup_view(table: Table) -> MaterializedView:
+    """Every sample inserted, as one row of the 1-minute rollup `table`: migration 1's, dropped by 7."""
     return MaterializedView(
         name=f"{table.name}_mv",
         source="samples",
         target=table.name,
-        select=f"""SELECT metric, node, series_id, {start_of}(ts) AS {time},
-    value AS min, value AS max, value AS sum, toUInt64(1) AS count, (ts, value) AS last
-FROM {{source}}""",
+        select=f"SELECT {SAMPLE_AS_MINUTE}\nFROM {{source}}",
     )
 
 
-def rollup_metrics(name: str, table: Table) -> View:
-    """The rollup `table` as the metrics view's rows: one per series and period, labels joined."""
+def rollup_metrics(name: str, table: Table, rows: str = "", sources: tuple[str, ...] = ()) -> View:
+    """The rollup `table` as the metrics view's rows: one per series and period, labels joined. `rows`
+    (a SELECT over `sources`, named as {placeholders}) stands in for the table's rows where given."""
     time = table.order_by.rsplit(", ", 1)[1]
     return View(
         name=name,
         select=f"""SELECT m.{time} AS ts, CAST(m.metric, 'String') AS metric, CAST(m.node, 'String') AS node,
     CAST(r.labels, 'Map(String, String)') AS labels,
     CAST(m.min, 'Float64') AS min, CAST(m.max, 'Float64') AS max, m.sum / m.count AS avg,
-    m.sum AS sum, m.count AS count, m.last.value AS last
+    m.sum AS sum, m.count AS count, m.last.2 AS last
 FROM (
     SELECT metric, node, series_id, {time}, min(min) AS min, max(max) AS max, sum(sum) AS sum,
         sum(count) AS count, max(last) AS last
-    FROM {{{table.name}}}
+    FROM {f"({rows})" if rows else f"{{{table.name}}}"}
     GROUP BY metric, node, series_id, {time}
 ) AS m
 ANY LEFT JOIN {{series}} AS r ON m.series_id = r.series_id""",
-        sources=(table.name, "series"),
+        sources=(table.name, *sources, "series"),
     )
 
 
 SAMPLES_1M = rollup_table("samples_1m", "minute")
-SAMPLES_1M_MV = rollup_view(SAMPLES_1M, "toStartOfMinute")
+SAMPLES_1M_MV = rollup_view(SAMPLES_1M)
 SAMPLES_1H = rollup_table("samples_1h", "hour")
 ROLL_UP_AFTER_S = 600  # an hour is rolled up this long after it ends: samples come in up to that late
+# A minute is rolled up this long after it ends. A scraped round is stored within a second or two of its
+# scrape; rounds queued behind a slow store (hub.rounds.MAX_PENDING_ROUNDS, 10 s at 1 s) and remote write
+# batches (sent within 5 s, retried with a backoff of at most 5 s) within a minute. Rounds replayed from
+# the spool after a longer outage come later and reach raw samples only.
+ROLL_UP_MINUTES_AFTER_S = 120
+
+
+def rolled_minutes(samples_1m: str) -> str:
+    """The end of the minutes rolled up into `samples_1m` (the table's name) so far: the minute after its
+    last. Minutes from there on are read from raw samples."""
+    return f"(SELECT max(minute) + 60 FROM {samples_1m})"
+
+
+def minute_rows(samples_1m: str, samples: str, where: str = "1") -> str:
+    """The 1-minute rollup's rows that match `where` (on metric, node, series_id and minute), as a UNION
+    ALL: samples_1m's up to the last minute rolled up, then every raw sample as a row of its minute, as
+    the materialized view wrote them. Readers group by series and minute whatever the rows' source, so
+    what is rolled up changes their speed, never their numbers."""
+    rolled = rolled_minutes(samples_1m)
+    return f"""SELECT metric, node, series_id, minute, min, max, sum, count, last FROM {samples_1m}
+        WHERE {where} AND minute < {rolled}
+        UNION ALL SELECT {SAMPLE_AS_MINUTE} FROM {samples}
+        WHERE {where} AND ts >= {rolled}"""
+
+
+def roll_up_minutes(layout: Layout, since: str = "", until: str = "") -> str:
+    """Rolls the raw samples of the whole minutes from `since` to `until` (SQL DateTime expressions) into
+    samples_1m; by default every minute after samples_1m's last one that ended ROLL_UP_MINUTES_AFTER_S
+    ago (Store.roll_up_minutes rolls them one insert per minute, for several writers at once). Through
+    the Distributed tables in a cluster: the rows land on their shard."""
+    minutes, samples = layout.name("samples_1m"), layout.name("samples")
+    since = since or rolled_minutes(minutes)
+    until = until or f"toStartOfMinute(now() - toIntervalSecond({ROLL_UP_MINUTES_AFTER_S}))"
+    # grouped by series_id alone, which names its metric and node: 2.5 times less CPU than by all three
+    return f"""INSERT INTO {minutes}
+SELECT any(metric) AS metric, any(node) AS node, series_id, toStartOfMinute(ts) AS minute,
+    min(value) AS min, max(value) AS max, sum(value) AS sum, count() AS count, max((ts, value)) AS last
+FROM {samples}
+WHERE ts >= {since} AND ts < {until}
+GROUP BY series_id, minute"""
 
 
 def roll_up_hours(layout: Layout, since: str = "", until: str = "") -> str:
     """Rolls the 1-minute rollup's whole hours from `since` to `until` (SQL DateTime expressions) into
-    samples_1h; by default every hour after samples_1h's last one that ended ROLL_UP_AFTER_S ago, so each
-    hour once however often it runs (see Store.roll_up_hours for several writers at once). Through the
-    Distributed tables in a cluster, where one node runs it: the rows land on their shard."""
+    samples_1h; by default every hour after samples_1h's last one that ended ROLL_UP_AFTER_S ago and
+    whose samples are all rolled into minutes, so each hour once however often it runs (see
+    Store.roll_up_hours for several writers at once). Through the Distributed tables in a cluster, where
+    one node runs it: the rows land on their shard."""
     hourly, minutes = layout.name("samples_1h"), layout.name("samples_1m")
     since = since or f"(SELECT max(hour) + 3600 FROM {hourly})"
-    until = until or f"toStartOfHour(now() - toIntervalSecond({ROLL_UP_AFTER_S}))"
+    until = until or hours_rolled_up_until(layout)
     return f"""INSERT INTO {hourly}
 SELECT metric, node, series_id, toStartOfHour(minute) AS hour, min(min) AS min, max(max) AS max,
     sum(sum) AS sum, sum(count) AS count, max(last) AS last
 FROM {minutes}
 WHERE minute >= {since} AND minute < {until}
 GROUP BY metric, node, series_id, hour"""
+
+
+def minutes_pending(layout: Layout) -> str:
+    """The time of the earliest raw sample not rolled up into minutes yet (NULL when none is): hours
+    from its own on must wait for it, or they would miss it for good."""
+    samples, minutes = layout.name("samples"), layout.name("samples_1m")
+    return f"(SELECT minOrNull(ts) FROM {samples} WHERE ts >= {rolled_minutes(minutes)})"
+
+
+def hours_rolled_up_until(layout: Layout) -> str:
+    """The end of the hours to roll up now: those that ended ROLL_UP_AFTER_S ago and before the earliest
+    raw sample not rolled into minutes yet."""
+    return (
+        f"least(toStartOfHour(now() - toIntervalSecond({ROLL_UP_AFTER_S})),"
+        f" toStartOfHour(ifNull({minutes_pending(layout)}, now())))"
+    )
+
+
+def trim_minutes_the_view_left_partial(layout: Layout) -> str:
+    """Deletes the 1-minute rollup's rows of the minutes that ended less than ROLL_UP_MINUTES_AFTER_S ago
+    (the last of them written by the materialized view, just dropped, only in part): the roll-up rolls
+    them again from raw samples, whole. Readers read raw samples for them meanwhile. The time is taken
+    when the migration runs, a constant in the statement, so that every replica deletes the same rows."""
+    cut = (int(time.time()) - ROLL_UP_MINUTES_AFTER_S) // 60 * 60
+    return (
+        f"ALTER TABLE {layout.local('samples_1m')}{layout.on_cluster}"
+        f" DELETE WHERE minute >= toDateTime({cut}) SETTINGS mutations_sync = 2"
+    )
 
 
 METRICS = View(
@@ -396,7 +487,9 @@ ANY LEFT JOIN {series} AS r ON s.series_id = r.series_id""",
     sources=("samples", "series"),
 )
 
-METRICS_1M = rollup_metrics("metrics_1m", SAMPLES_1M)
+METRICS_1M = rollup_metrics(
+    "metrics_1m", SAMPLES_1M, minute_rows("{samples_1m}", "{samples}"), sources=("samples",)
+)
 METRICS_1H = rollup_metrics("metrics_1h", SAMPLES_1H)
 
 # Imported history kept on purpose (`fleetlens steps import --keep-days N`): a row expires at the later of
@@ -530,6 +623,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         6,
         "1-hour rollup, filled from the 1-minute rollup, and the metrics_1h view",
         (SAMPLES_1H, Fill(roll_up_hours), METRICS_1H),
+    ),
+    Migration(
+        7,
+        "1-minute rollup rolled up from raw samples by the store's owner, not by a view on every insert",
+        (METRICS_1M, DropView(SAMPLES_1M_MV.name), Fill(trim_minutes_the_view_left_partial)),
     ),
 )
 LATEST_VERSION = MIGRATIONS[-1].version

@@ -439,7 +439,7 @@ def test_a_store_that_falls_far_behind_never_holds_up_the_scrape_loop(store, tmp
     assert_every_round_stored_whole(store)
 
 
-def test_the_hub_rolls_finished_hours_into_the_hourly_rollup_when_it_starts(store, tmp_path):
+def test_the_hub_rolls_finished_minutes_and_hours_into_the_rollups_when_it_starts(store, tmp_path):
     hour = (time.time() // 3600 - 3) * 3600  # an hour that ended long enough ago to be rolled up
     batches = [
         ScrapeBatch(
@@ -456,3 +456,4 @@ def test_the_hub_rolls_finished_hours_into_the_hourly_rollup_when_it_starts(stor
         time.sleep(0.2)
     hub.close()
     assert rows == [(50.0, 70.0, 60.0, 60.0, 3)]
+    assert store.query("SELECT count(), sum(count) FROM samples_1m").rows == [(3, 3)]

@@ -28,6 +28,7 @@ GAUGES = ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_SM_CLOCK")
 COUNTERS = dashboards.PORT_METRICS[1:]  # link_downed, bytes, CNPs
 RESET_AT = 17 * 3600 + 1234  # vela-002's counters restart from zero here (its driver reloaded)
 ROLLED_UNTIL = int(START) + 26 * 3600  # the roll-up's last hour ends here
+MINUTES_ROLLED_UNTIL = int(START) + 29 * 3600 + 420  # and its last minute here
 
 
 def scrape(node: int, at: float) -> ScrapeBatch:
@@ -48,19 +49,24 @@ def scrape(node: int, at: float) -> ScrapeBatch:
 
 @pytest.fixture(scope="module")
 def week(chdb_dir: Path) -> Iterator[Store]:
-    """HOURS of scrapes of both nodes, a minute apart, rolled up into hours up to ROLLED_UNTIL only, as if
-    the roll-up had not run since."""
+    """HOURS of scrapes of both nodes, a minute apart, rolled up into hours up to ROLLED_UNTIL and into
+    minutes up to MINUTES_ROLLED_UNTIL only, as if the roll-ups had not run since."""
     with Store.open(f"chdb://{chdb_dir}", database=f"test_{uuid.uuid4().hex[:12]}") as store:
         ticks = range(0, HOURS * 3600, INTERVAL_S)
         batches = [scrape(node, START + t + 7 * node) for t in ticks for node in range(len(NODES))]
         store.insert_samples(batches, token="week")
         client = clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir))
         try:
+            client.command(schema.roll_up_minutes(Layout(store.database)))
             client.command(schema.roll_up_hours(Layout(store.database)))
-            client.command(
-                f"ALTER TABLE {store.database}.samples_1h DELETE WHERE hour >= toDateTime({ROLLED_UNTIL})",
-                settings={"mutations_sync": 2},
-            )
+            for table, time, until in (
+                ("samples_1h", "hour", ROLLED_UNTIL),
+                ("samples_1m", "minute", MINUTES_ROLLED_UNTIL),
+            ):
+                client.command(
+                    f"ALTER TABLE {store.database}.{table} DELETE WHERE {time} >= toDateTime({until})",
+                    settings={"mutations_sync": 2},
+                )
         finally:
             client.close()
         yield store
@@ -127,3 +133,57 @@ def test_the_hourly_rollup_has_each_hours_min_max_mean_and_last_raw_value(week):
     for expected, got in zip(raw, rollup, strict=True):
         assert got[:4] == expected[:4] and got[5:] == expected[5:]
         assert got[4] == pytest.approx(expected[4], rel=1e-12)
+
+
+# --- the minutes not rolled up yet --------------------------------------------------------------------------
+
+RECENT_HOURS = 26  # up to now: the last minutes are too recent to be rolled up
+
+
+def recent_pages(store: Store, now: float) -> dict[str, pd.DataFrame]:
+    """What the pages show over ranges that end now: the 1-minute rollup (a day) and the hourly one."""
+    day, longer = (now - 86400 + 0.5, now), (now - RECENT_HOURS * 3600 + 1.5, now)
+    assert dashboards.resolution(*day) is ROLLUP and dashboards.resolution(*longer) is HOURLY
+    pages = {}
+    for name, (start, end) in (("day", day), ("longer", longer)):
+        pages[f"gpus {name}"] = dashboards.gpu_matrix(store, GAUGES[0], start, end)
+        pages[f"ports {name}"] = dashboards.port_matrix(store, start, end)
+        pages[f"node {name}"] = dashboards.node_series(store, NODES[1], start, end, [*GAUGES, *COUNTERS])
+    pages["metrics_1m"] = frame(
+        store,
+        "SELECT ts, metric, node, labels, min, max, avg, sum, count, last FROM metrics_1m"
+        " ORDER BY metric, node, toString(labels), ts",
+        {},
+        max_rows=1_000_000,
+    )
+    return pages
+
+
+def test_pages_over_a_range_ending_now_show_the_same_numbers_with_the_minutes_rolled_up_or_not(chdb_dir):
+    """Before any roll-up every minute is read from raw samples; after the hub's roll-ups (minutes, then
+    hours) the rollups hold all but the last minutes, which are still read from raw samples."""
+    now = time.time()
+    first = now // 60 * 60 - RECENT_HOURS * 3600
+    with Store.open(f"chdb://{chdb_dir}", database=f"test_{uuid.uuid4().hex[:12]}") as store:
+        ticks = [first + t for t in range(0, RECENT_HOURS * 3600, INTERVAL_S)]
+        ticks += [now - 300 + t for t in range(0, 300, 10)]  # the last minutes every 10 s
+        store.insert_samples(
+            [scrape(node, at + 7 * node) for at in ticks for node in range(len(NODES))], token="recent"
+        )
+        unrolled = recent_pages(store, now)
+        assert store.query("SELECT count() FROM samples_1m").rows == [(0,)]
+        with clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir)) as client:
+            # all but the last minutes at once, then the last ones as the hub rolls them: one by one
+            until = f"toDateTime({int(now) // 60 * 60 - 600})"
+            client.command(schema.roll_up_minutes(Layout(store.database), until=until))
+        assert 0 < store.roll_up_minutes() <= 10
+        store.roll_up_hours()
+        rolled = store.query(
+            "SELECT (SELECT toUnixTimestamp(max(minute)) + 60 FROM samples_1m),"
+            " (SELECT toUnixTimestamp(max(hour)) + 3600 FROM samples_1h)"
+        ).rows[0]
+        assert now - 300 < rolled[0] <= time.time() - schema.ROLL_UP_MINUTES_AFTER_S  # the last are not
+        assert now - 2 * 3600 < rolled[1] <= now - schema.ROLL_UP_AFTER_S
+        for name, page in recent_pages(store, now).items():
+            assert not page.empty, name
+            pd.testing.assert_frame_equal(page, unrolled[name], check_exact=False, rtol=1e-12, obj=name)

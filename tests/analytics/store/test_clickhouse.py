@@ -518,7 +518,7 @@ def test_query_errors_are_one_short_line(store: Store, sql: str, expected: str) 
     assert "\n" not in str(refused.value) and "SETTINGS" not in str(refused.value)
 
 
-def test_two_writers_rolling_up_the_same_hours_at_once_store_them_once(store):
+def test_two_writers_rolling_up_the_same_minutes_and_hours_at_once_store_them_once(store):
     hour = (time.time() // 3600 - 3) * 3600  # ended long enough ago to be rolled up
     store.insert_samples([gpu_temps(hour + m * 60, 50.0 + m) for m in range(3)], token="an-old-hour")
     writers = [store.session(), store.session()]  # two hubs sharing one store
@@ -532,9 +532,17 @@ def test_two_writers_rolling_up_the_same_hours_at_once_store_them_once(store):
             return answer
 
         writer._client.query = read_then_wait
-    threads = [threading.Thread(target=writer.roll_up_hours) for writer in writers]
+
+    def roll_up(writer: Store) -> None:  # as each hub's roll-up thread does
+        assert writer.roll_up_minutes() == 3
+        writer.roll_up_hours()
+
+    threads = [threading.Thread(target=roll_up, args=(writer,)) for writer in writers]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
+    assert store.query("SELECT count(), sum(count), min(min), max(max) FROM samples_1m").rows == [
+        (3, 3, 50.0, 52.0)
+    ]
     assert store.query("SELECT count, min, max FROM metrics_1h").rows == [(3, 50.0, 52.0)]

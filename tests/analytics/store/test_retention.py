@@ -63,10 +63,10 @@ def test_the_cutoff_names_the_table_the_setting_and_an_iso_time() -> None:
     assert cutoff.describe() == "older than the steps retention cutoff 2026-11-01T00:00:00Z (steps_days=30)"
 
 
-def test_a_sample_is_refused_only_past_the_rollup_that_outlives_it() -> None:
-    """A sample past raw_days still feeds the 1-minute rollup, kept rollup_days."""
+def test_a_sample_is_refused_past_raw_days_though_the_rollups_outlive_it() -> None:
+    """The rollups are rolled from raw samples, which a sample past raw_days would never be."""
     cutoff = Cutoff.of(Retention(raw_days=15, rollup_days=400), "samples", NOW)
-    assert (cutoff.setting, cutoff.days) == ("rollup_days", 400)
+    assert (cutoff.setting, cutoff.days) == ("raw_days", 15)
 
 
 @pytest.mark.parametrize("value", [0, -1, KEEP_DAYS_MAX + 1, "ten", "", 1.5, True, None])
@@ -149,7 +149,7 @@ def test_old_samples_and_targets_are_refused_and_counted(store: Store) -> None:
     )
     fresh = dataclasses.replace(batch, ts=NOW)
     inserted = store.insert_samples([batch, fresh], token="samples")
-    assert (inserted, inserted.refused, inserted.cutoff.setting) == (2, 2, "rollup_days")
+    assert (inserted, inserted.refused, inserted.cutoff.setting) == (2, 2, "raw_days")
     status = TargetStatus(NOW - 16 * DAY_S, "vela-001:9400", "vela-001", True, 0.1, 2)
     targets = store.insert_targets([status, dataclasses.replace(status, ts=NOW)], token="targets")
     assert (targets, targets.refused, targets.cutoff.setting) == (1, 1, "targets_days")

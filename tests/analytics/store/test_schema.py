@@ -21,6 +21,8 @@ CREATE = re.compile(
     r"CREATE (?:TABLE|DATABASE|VIEW|MATERIALIZED VIEW|OR REPLACE VIEW)(?: IF NOT EXISTS)? (\S+)"
 )
 ADD_COLUMN = re.compile(r"ALTER TABLE (\S+)(?: ON CLUSTER '[^']+')? ADD COLUMN IF NOT EXISTS (\w+) ")
+DROP_VIEW = re.compile(r"DROP VIEW IF EXISTS (\S+)")
+DELETE = re.compile(r"ALTER TABLE (\S+)(?: ON CLUSTER '[^']+')? DELETE WHERE ")
 BACKFILL = re.compile(r"INSERT INTO (\S+)\n.*?\nFROM (\S+)\n", re.DOTALL)
 
 
@@ -37,7 +39,9 @@ def by_name(statements: list[str]) -> dict[str, str]:
 def test_cluster_ddl_runs_every_create_on_the_cluster() -> None:
     """Every statement but a backfill's INSERT, which goes through the Distributed tables from one node."""
     statements = [s for s in ddl("fleet", cluster=CLUSTER) if not BACKFILL.match(s)]
-    assert all(CREATE.match(s) or ADD_COLUMN.match(s) for s in statements)
+    assert all(
+        CREATE.match(s) or ADD_COLUMN.match(s) or DROP_VIEW.match(s) or DELETE.match(s) for s in statements
+    )
     assert all(f"ON CLUSTER '{CLUSTER}'" in s.splitlines()[0] for s in statements)
 
 
@@ -213,9 +217,10 @@ def open_store_from_before_the_hourly_rollup(chdb_dir: Path, samples: list[list]
 
 
 def roll_up(chdb_dir: Path, database: str) -> None:
-    """What the store's owner runs now and then."""
+    """What the store's owner runs now and then: minutes, then hours."""
     client = clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir))
     try:
+        client.command(schema.roll_up_minutes(Layout(database)))
         client.command(schema.roll_up_hours(Layout(database)))
     finally:
         client.close()
@@ -224,7 +229,7 @@ def roll_up(chdb_dir: Path, database: str) -> None:
 def test_a_store_from_before_the_hourly_rollup_gets_it_filled_from_its_minutes(chdb_dir: Path) -> None:
     """Migration 6 fills samples_1h with the hours of what samples_1m holds (the same min, max, sum, count
     and last per series and hour); rolling up again adds nothing, until samples of a later hour come."""
-    start = int(time.time()) // HOUR_S * HOUR_S - 30 * 86400 - 1_234  # not on an hour: the first is partial
+    start = int(time.time()) // HOUR_S * HOUR_S - 3 * 86400 - 1_234  # not on an hour: the first is partial
     samples = [
         ["DCGM_FI_DEV_GPU_TEMP", "vela-001", series, (start + 37 * i + series) * 1000, (i * 7919 % 101) / 3]
         for series in (1, 2)
@@ -260,3 +265,50 @@ def test_the_roll_up_leaves_the_hours_that_ended_less_than_roll_up_after_s_ago(s
         "SELECT count(), toUnixTimestamp(max(hour)) + 3600 FROM samples_1h"
     ).rows
     assert hours == 1 and rolled_until <= now - schema.ROLL_UP_AFTER_S
+
+
+# --- the 1-minute rollup's migration off the view ----------------------------------------------------------
+
+METRICS_1M = (
+    "SELECT ts, metric, node, labels, min, max, avg, sum, count, last FROM metrics_1m ORDER BY node, ts"
+)
+
+
+def test_a_store_with_the_minute_view_loses_it_and_reads_the_same_minutes(chdb_dir: Path) -> None:
+    """Migration 7 drops the view and deletes the minutes that ended less than ROLL_UP_MINUTES_AFTER_S ago,
+    which readers then read from raw samples until the roll-up rolls them again: metrics_1m shows the
+    rows the view's rollup gave (read as metrics_1m read it before). Samples stored after it reach
+    samples_1m by the roll-up only."""
+    now = int(time.time())
+    layout = Layout(f"test_{uuid.uuid4().hex[:12]}")
+    database = layout.database
+    client = clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir))
+    try:
+        build(client, layout, [m for m in schema.MIGRATIONS if m.version <= 6])
+        for statement in schema.rollup_metrics("metrics_1m", schema.SAMPLES_1M).create(layout):
+            client.command(statement)  # metrics_1m as it was: the rollup's rows only
+        samples = [
+            ["m", f"n{n}", n, (now - 900 + 13 * i + n) * 1000, i * 7 % 11 / 3]
+            for n in (1, 2)
+            for i in range(69)
+        ]
+        client.insert(
+            f"{database}.samples", samples, column_names=["metric", "node", "series_id", "ts", "value"]
+        )
+        before = client.query(METRICS_1M.replace("metrics_1m", f"{database}.metrics_1m")).result_rows
+        cut = (int(time.time()) - schema.ROLL_UP_MINUTES_AFTER_S) // 60 * 60
+    finally:
+        client.close()
+    assert len(before) > 2 * 12
+    with Store.open(f"chdb://{chdb_dir}", database=database) as store:
+        assert store.query(METRICS_1M).rows == before
+        with clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir)) as client:
+            assert ("samples_1m_mv",) not in client.query(f"SHOW TABLES FROM {database}").result_rows
+        [(rolled, recent)] = store.query(
+            "SELECT count(), countIf(minute >= toDateTime({cut:UInt32})) FROM samples_1m",
+            parameters={"cut": cut},
+        ).rows
+        assert rolled > 0 and recent == 0
+        store.insert_samples([ScrapeBatch("t:9400", "n1", now, ["m"], [{}], [5.0])], token="after")
+        assert store.query("SELECT count() FROM samples_1m").rows == [(rolled,)]
+        assert store.query("SELECT sum(count) FROM metrics_1m").rows == [(len(samples) + 1,)]
