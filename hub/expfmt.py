@@ -254,6 +254,7 @@ class ExpositionParser:
         self._comments: dict[str, tuple[str, str] | tuple[()]] = {}
         self._last_found: list[Series] = []  # the last body's series, known free of duplicates
         self._shape: _Shape | None = None  # the last body less its values, when it can be reused
+        self.steady = False  # whether the last parse read only values: every series was known
 
     def parse(self, text: str, deadline: float | None = None) -> Exposition:
         """Parse a whole body; raises ExpositionError at its first broken line or exceeded limit, and
@@ -275,8 +276,10 @@ class ExpositionParser:
             if deadline is not None and self.clock() >= deadline:
                 raise DeadlineExceeded(1)
             same = self._shape.values_of(text)
+            self.steady = same is not None
             if same is not None:
                 return same
+        self.steady = False
         self._shape = None
         parsed = _Parsed()
         lineno = 1

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import json
 import logging
 import os
@@ -607,6 +608,7 @@ class Scraper:
         self._sessions: dict[str, _TargetSession] = {}
         self._selector = selectors.DefaultSelector()
         self._resolver: ThreadPoolExecutor | None = None
+        self._settled = False
 
     def scrape_once(self) -> tuple[list[ScrapeBatch], list[TargetStatus]]:
         """One round now: every target of this shard, concurrently, each until its deadline."""
@@ -627,7 +629,21 @@ class Scraper:
                 sink(batches, statuses)
             except Exception:
                 log.exception("scrape sink failed; %d batches of this round are lost", len(batches))
+            if not self._settled:
+                self._settle()
             tick = self._next_tick(tick)
+
+    def _settle(self) -> None:
+        """After the first round whose targets that answered all sent steady bodies (every series cached),
+        collect garbage once and freeze what lives: the parsers' caches and the store's memo, a few objects
+        per series, which every full collection would otherwise walk (about 240 ms of CPU for 126k series,
+        one in some 30 rounds). Objects frozen are still freed when no longer referenced; series that come
+        later are collected as usual. Only the hub's loop (`run`) does it, once."""
+        up = [session for session in self._sessions.values() if session.was_up]
+        if up and all(session.parser.steady for session in up):
+            self._settled = True
+            gc.collect()
+            gc.freeze()
 
     def close(self) -> None:
         for session in self._sessions.values():

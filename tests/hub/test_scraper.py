@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import gzip
 import itertools
 import json
@@ -166,6 +167,28 @@ def test_keeps_one_connection_per_target_across_rounds() -> None:
             _, (status,) = scraper.scrape_once()
             assert status.up and status.samples == 2
         assert server.connections == 1
+
+
+def test_the_loop_freezes_the_collector_once_when_every_target_sends_steady_bodies() -> None:
+    """The caches of a fleet's series are moved out of the garbage collector's walks after the first round
+    whose bodies all took the values-only path, not before (the first parse fills the caches)."""
+    seen: list[tuple[int, bool]] = []
+    stop = threading.Event()
+
+    def sink(batches: list[ScrapeBatch], statuses: list[TargetStatus]) -> None:
+        assert [status.up for status in statuses] == [True]
+        seen.append((gc.get_freeze_count(), scraper._settled))
+        if len(seen) == 3:
+            stop.set()
+
+    gc.unfreeze()
+    try:
+        with fixed_target(BODY) as server, Scraper(lambda: [Target(address(server))]) as scraper:
+            scraper.run(stop, sink)
+    finally:
+        gc.unfreeze()
+    assert seen[:2] == [(0, False), (0, False)], "the first round parses in full; it settles after the second"
+    assert seen[2][0] > 0 and seen[2][1]
 
 
 def test_a_broken_or_oversized_body_fails_only_its_target() -> None:
