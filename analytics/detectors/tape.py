@@ -90,6 +90,7 @@ class Tape:
         self.starts_ = np.zeros(1, np.int64)  # per row of catalog_ and one more: where its samples start
         self.catalog_ = pd.DataFrame(columns=CATALOG_COLUMNS)  # one row per series seen
         self.metric_ = np.empty(0, np.int64)  # per row of catalog_: its metric's code
+        self.seen_ms_ = np.empty(0, np.int64)  # per row of catalog_: the last until_ms_ it had samples held
         self.ids_ = pd.Index([], dtype=np.uint64)  # catalog_'s series ids, to find a series' row
         self.derived_: dict[Derive, pd.DataFrame] = {}  # per derivation: its columns per row of catalog_
 
@@ -112,7 +113,8 @@ class Tape:
         return TapeView(self, self.key_[chosen], t_ms[inside], self.value_[chosen], window.start)
 
     def derived(self, derive: Derive) -> pd.DataFrame:
-        """`derive`'s columns for every series seen, computed again only when new series were seen."""
+        """`derive`'s columns for every series in the catalog, computed again only when new series were
+        seen (forgetting series empties the cache: a catalog as long as before may hold other series)."""
         known = self.derived_.get(derive)
         if known is None or len(known) != len(self.catalog_):
             known = self.derived_[derive] = derive(self.catalog_).reset_index(drop=True)
@@ -152,6 +154,22 @@ class Tape:
         )
         self.starts_ = np.searchsorted(self.key_, np.arange(len(self.catalog_) + 1))
         self.source_, self.held_, self.until_ms_ = source, froms, until_ms
+        self._forget()
+
+    def _forget(self) -> None:
+        """Drop from the catalog the series with no sample held for longer than the longest lookback, so
+        that series that come and go (jobs' ranks, replaced GPUs) do not grow the tape for as long as it
+        lives; one back later is read into the catalog again."""
+        self.seen_ms_[np.diff(self.starts_) > 0] = self.until_ms_
+        kept = self.seen_ms_ >= self.until_ms_ - round(max(self.needs_.values()) * 1000)
+        if kept.all():
+            return
+        self.key_ = (np.cumsum(kept) - 1)[self.key_]  # a series with samples held is kept
+        self.catalog_ = self.catalog_[kept].reset_index(drop=True)
+        self.metric_, self.seen_ms_ = self.metric_[kept], self.seen_ms_[kept]
+        self.ids_ = pd.Index(self.catalog_["series_id"].to_numpy(np.uint64))
+        self.starts_ = np.searchsorted(self.key_, np.arange(len(self.catalog_) + 1))
+        self.derived_.clear()
 
     def _per_row(self, per_metric: Mapping[str, int]) -> np.ndarray:
         """Per row of catalog_, its metric's figure in `per_metric`."""
@@ -210,6 +228,7 @@ class Tape:
         new = new.reset_index(drop=True)
         self.catalog_ = pd.concat([self.catalog_, new], ignore_index=True) if len(self.catalog_) else new
         self.metric_ = np.concatenate([self.metric_, new["metric"].map(self.codes_).to_numpy(np.int64)])
+        self.seen_ms_ = np.concatenate([self.seen_ms_, np.full(len(new), until_ms)])
         self.ids_ = pd.Index(self.catalog_["series_id"].to_numpy(np.uint64))
 
     @staticmethod

@@ -264,3 +264,33 @@ def test_group_sum_is_float64_whether_or_not_anything_is_summed(where: list[bool
     sums = group_sum(np.array([0, 1, 1]), 3, np.array([1.5, 2.0, 4.0]), np.array(where))
     assert sums.dtype == np.float64
     assert sums.tolist() == [float(where[0]) * 1.5, 4.0 * where[2], 0.0]
+
+
+def test_the_tape_forgets_series_without_samples_for_the_longest_lookback(store: Store):
+    """A series sampled no more is dropped from the catalog once nothing of it has been held for the
+    longest lookback; its derived columns go with it, also when a new series takes its place in the
+    catalog's length, and one sampled again is read back."""
+    start_ms = base_ms()
+    rows = [("node-0", "gone", {"gpu": "0"}, start_ms + k * 10_000, float(k)) for k in range(30)]
+    rows += [("node-0", "gone", {"gpu": "1"}, start_ms + k * 10_000, float(k)) for k in range(6)]
+    rows += [("node-0", "gone", {"gpu": "2"}, start_ms + k * 10_000, float(k)) for k in range(10, 30)]
+    rows += [("node-0", "gone", {"gpu": "1"}, start_ms + k * 10_000, float(k)) for k in range(26, 30)]
+    store_samples(store, rows)
+    tape = Tape()
+    tape.register({"gone": 20.0})
+    catalogs = []
+
+    def identity(catalog: pd.DataFrame) -> pd.DataFrame:  # one derivation, cached from window to window
+        return catalog[["labels"]]
+
+    for k in range(3, 29):
+        window = Window(start_ms / 1000 + k * WINDOW_S, start_ms / 1000 + (k + 1) * WINDOW_S)
+        view = tape.view(store, ["gone"], window, 20.0)
+        assert_same(view.summaries(), expected(store, ["gone"], window, 20.0))
+        derived = view.derived(identity)
+        assert derived["labels"].tolist() == view.series["labels"].tolist()
+        catalogs.append([labels["gpu"] for labels in tape.catalog_["labels"]])
+    # gpu 1's last sample (50 s) is held up to the window ending at 80 s: forgotten over 20 s after that,
+    # in the window ending at 110 s, where gpu 2 first comes (the catalog as long as before)
+    assert catalogs[6] == ["0", "1"] and catalogs[7] == ["0", "2"]
+    assert catalogs[-1] == ["0", "2", "1"]
