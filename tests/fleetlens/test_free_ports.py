@@ -3,12 +3,26 @@ by an exporter bound to port 0 or by an outgoing connection before the peer bind
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from pathlib import Path
 
 import pytest
 
 from fleetlens.demo.peers import free_ports
+
+POOL = range(20000, 21030)  # the ports below an ephemeral range starting at 21030
+
+
+def bound(port: int) -> socket.socket | None:
+    """A socket bound to 127.0.0.1:`port`, None where that port is taken."""
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
 def test_ports_are_distinct_bindable_and_below_the_ephemeral_range(tmp_path: Path):
@@ -22,16 +36,20 @@ def test_ports_are_distinct_bindable_and_below_the_ephemeral_range(tmp_path: Pat
             sock.bind(("127.0.0.1", port))
 
 
-def test_a_port_in_use_is_never_handed_out(tmp_path: Path):
+def test_only_the_free_ports_of_the_pool_are_handed_out_and_too_few_is_an_error(tmp_path: Path):
     port_range = tmp_path / "ip_local_port_range"
-    port_range.write_text("21030 60999")  # 20000..21029: a small pool, so the taken port is drawn for sure
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 20000))
-        taken.listen()
-        ports = free_ports(1029, port_range)
-        with pytest.raises(OSError, match=r"fewer than 1030 free TCP ports on 127\.0\.0\.1 below 21030"):
-            free_ports(1030, port_range)
-    assert 20000 not in ports and len(set(ports)) == 1029
+    port_range.write_text(f"{POOL.stop} 60999")
+    with contextlib.ExitStack() as stack:
+        held = [stack.enter_context(sock) for port in POOL if (sock := bound(port)) is not None]
+        assert len(held) > 2, "the pool is taken by others"
+        freed = [held.pop(), held.pop()]
+        left = {sock.getsockname()[1] for sock in freed}
+        for sock in freed:
+            sock.close()
+
+        assert set(free_ports(2, port_range)) == left  # every other port of the pool is taken
+        with pytest.raises(OSError, match=rf"fewer than 3 free TCP ports on 127\.0\.0\.1 below {POOL.stop}"):
+            free_ports(3, port_range)
 
 
 def test_an_unreadable_range_falls_back_to_linux_defaults(tmp_path: Path):
