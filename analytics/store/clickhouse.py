@@ -86,10 +86,6 @@ SAMPLE_COLUMNS = {
     "ts": "DateTime64(3, 'UTC')",
     "value": "Float64",
 }
-# A scraped round holds one sample per series, so the rollup tables that the samples views feed find
-# nothing to collapse at insert: skipping that pass saves about a fifth of the insert's CPU. Rows of one
-# period that do arrive together (a spool replay) are collapsed by merges, and every reader aggregates.
-SAMPLES_INSERT_SETTINGS = {"optimize_on_insert": 0}
 
 
 def series_id(metric: str, node: str, labels: Mapping[str, str]) -> int:
@@ -266,12 +262,7 @@ class Store:
             rows = sum(len(batch) for batch in batches)
             if not rows:
                 return Inserted(0, refused, cutoff)
-            self._insert_native(
-                "samples",
-                lambda: _samples_block(batches, series, rows),
-                f"{token}/samples",
-                SAMPLES_INSERT_SETTINGS,
-            )
+            self._insert_native("samples", lambda: _samples_block(batches, series, rows), f"{token}/samples")
             return Inserted(rows, refused, cutoff)
 
     def insert_targets(self, statuses: Sequence[TargetStatus], *, token: str) -> Inserted:
@@ -460,17 +451,13 @@ class Store:
                 column_oriented=column_oriented,
             )
 
-    def _insert_native(
-        self, table: str, block: Callable[[], bytes], token: str, settings: Mapping[str, Any]
-    ) -> None:
+    def _insert_native(self, table: str, block: Callable[[], bytes], token: str) -> None:
         """Insert the Native block that `block()` encodes (names and types inside it) into `table`."""
         with self._failures(table):
-            self._client.raw_insert(
-                table, insert_block=block(), settings=self._settings(token, settings), fmt="Native"
-            )
+            self._client.raw_insert(table, insert_block=block(), settings=self._settings(token), fmt="Native")
 
-    def _settings(self, token: str, settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        return {"insert_deduplication_token": token, **self._insert_settings, **(settings or {})}
+    def _settings(self, token: str) -> dict[str, Any]:
+        return {"insert_deduplication_token": token, **self._insert_settings}
 
     @contextlib.contextmanager
     def _failures(self, table: str) -> Iterator[None]:
