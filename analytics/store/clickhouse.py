@@ -330,8 +330,8 @@ class Store:
         with self._failures("samples_1m"):
             found = self._client.query(
                 f"SELECT DISTINCT toUnixTimestamp(toStartOfMinute(ts)) AS minute FROM {samples}"
-                f" WHERE ts >= {schema.rolled_minutes(minutes)} AND ts < toStartOfMinute(now() - "
-                f"toIntervalSecond({schema.ROLL_UP_MINUTES_AFTER_S})) ORDER BY minute LIMIT {int(most)}"
+                f" WHERE ts >= {schema.rolled_minutes(minutes)} AND ts < {schema.MINUTES_DUE}"
+                f" ORDER BY minute LIMIT {int(most)}"
             ).result_rows
             for (minute,) in found:
                 self._client.command(

@@ -398,6 +398,10 @@ ROLL_UP_AFTER_S = 600  # an hour is rolled up this long after it ends: samples c
 ROLL_UP_MINUTES_AFTER_S = 120
 
 
+# The end of the minutes old enough to roll up now (SQL): those that ended ROLL_UP_MINUTES_AFTER_S ago.
+MINUTES_DUE = f"toStartOfMinute(now() - toIntervalSecond({ROLL_UP_MINUTES_AFTER_S}))"
+
+
 def rolled_minutes(samples_1m: str) -> str:
     """The end of the minutes rolled up into `samples_1m` (the table's name) so far: the minute after its
     last. Minutes from there on are read from raw samples."""
@@ -423,7 +427,7 @@ def roll_up_minutes(layout: Layout, since: str = "", until: str = "") -> str:
     the Distributed tables in a cluster: the rows land on their shard."""
     minutes, samples = layout.name("samples_1m"), layout.name("samples")
     since = since or rolled_minutes(minutes)
-    until = until or f"toStartOfMinute(now() - toIntervalSecond({ROLL_UP_MINUTES_AFTER_S}))"
+    until = until or MINUTES_DUE
     # grouped by series_id alone, which names its metric and node: 2.5 times less CPU than by all three
     return f"""INSERT INTO {minutes}
 SELECT any(metric) AS metric, any(node) AS node, series_id, toStartOfMinute(ts) AS minute,
