@@ -428,13 +428,16 @@ def roll_up_minutes(layout: Layout, since: str = "", until: str = "") -> str:
     minutes, samples = layout.name("samples_1m"), layout.name("samples")
     since = since or rolled_minutes(minutes)
     until = until or MINUTES_DUE
-    # grouped by series_id alone, which names its metric and node: 2.5 times less CPU than by all three
+    # Grouped by samples' sort key (metric, node, series_id) and the minute, read in that order: each
+    # series' rows are aggregated as they stream by, without a hash table of every series. A minute of 192
+    # nodes at 1 s (7.5 M samples) took 0.13 us of CPU per sample so, 0.38 us by a hash on series_id.
     return f"""INSERT INTO {minutes}
-SELECT any(metric) AS metric, any(node) AS node, series_id, toStartOfMinute(ts) AS minute,
+SELECT metric, node, series_id, toStartOfMinute(ts) AS minute,
     min(value) AS min, max(value) AS max, sum(value) AS sum, count() AS count, max((ts, value)) AS last
 FROM {samples}
 WHERE ts >= {since} AND ts < {until}
-GROUP BY series_id, minute"""
+GROUP BY metric, node, series_id, minute
+SETTINGS optimize_aggregation_in_order = 1"""
 
 
 def roll_up_hours(layout: Layout, since: str = "", until: str = "") -> str:
