@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from analytics.detectors.peer_outlier import PeerOutlier
+import numpy as np
+import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from sklearn.ensemble import IsolationForest
+
+from analytics.detectors.peer_outlier import NAMES, PeerOutlier
 from analytics.detectors.runner import DetectionRunner
 from analytics.store import Store
 from tests.analytics.detectors import SyncJob
@@ -56,3 +63,18 @@ def test_healthy_nodes_and_a_pipeline_stage_slower_by_design_are_not_reported(
 
     span = run_job(store, tmp_path, SyncJob(nodes=NODES, stages=8, slowdown=slow_last_stage))
     assert DetectionRunner([PeerOutlier()]).run(store, *span) == []
+
+
+Z = st.one_of(st.sampled_from([0.0, -0.0, 4.0, 1e30, np.inf, -np.inf]), st.floats(-50, 50))
+
+
+@settings(max_examples=60, deadline=None)
+@given(vectors=hnp.arrays(float, st.tuples(st.integers(2, 300), st.just(len(NAMES))), elements=Z))
+def test_scores_are_a_plain_isolation_forests_without_sklearns_checks(vectors: np.ndarray) -> None:
+    """score() skips sklearn's validation: the scores stay those of the forest fitted as sklearn does by
+    default, bit for bit, on any z vectors (ties, infinities, more nodes than a tree samples)."""
+    detector = PeerOutlier()
+    features = pd.DataFrame(vectors, columns=[f"z_{name}" for name in NAMES])
+    forest = IsolationForest(n_estimators=detector.n_estimators, random_state=detector.random_state)
+    expected = -forest.fit(vectors).score_samples(vectors)
+    np.testing.assert_array_equal(detector.score(features), expected)
