@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 from array import array
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -72,16 +72,18 @@ __all__ = ["DEFAULT_DATABASE", "DEFAULT_DSN", "Retention", "Store", "series_id"]
 DEFAULT_DSN = "chdb://./data"
 DEFAULT_DATABASE = "fleetlens"
 MAX_KNOWN_SERIES = 2_000_000  # past this the known-series memo starts over (see KnownSeries)
+MAX_KEYS = 1 << 16  # past this many metric or node names the samples blocks' dictionaries start over
 ROLL_UP_MINUTES_AT_ONCE = 60  # minutes one roll_up_minutes call rolls at most: a lagging roll-up catches up
 
 SERIES_COLUMNS = ("series_id", "metric", "node", "labels", "first_seen")
 KEEP_UNTIL_MAX_S = (1 << 32) - 1  # the latest time the steps.keep_until DateTime column holds (2106)
 # Samples as sent: one block of ClickHouse's Native format per insert, encoded here rather than by
-# clickhouse-connect (a Python loop per value). Metric and node go as plain String, which ClickHouse turns
-# into the table's LowCardinality on arrival.
+# clickhouse-connect (a Python loop per value). Metric and node go as the table's LowCardinality(String),
+# a dictionary and an index per row (LowCardinalityKeys), so that ClickHouse need not look each row's
+# string up in a dictionary of its own on arrival, as it did for plain String (bench/rollup.py).
 SAMPLE_COLUMNS = {
-    "metric": "String",
-    "node": "String",
+    "metric": "LowCardinality(String)",
+    "node": "LowCardinality(String)",
     "series_id": "UInt64",
     "ts": "DateTime64(3, 'UTC')",
     "value": "Float64",
@@ -99,9 +101,46 @@ def series_id(metric: str, node: str, labels: Mapping[str, str]) -> int:
 SeriesRow = tuple[int, str, str, Mapping[str, str], int]  # series_id, metric, node, labels, first_seen (ms)
 
 
+class LowCardinalityKeys:
+    """The dictionary of a LowCardinality(String) column of the samples blocks: every value met since it
+    (re)started, numbered in the order met. A row is sent as its value's number (UInt32), and each block
+    carries the whole dictionary, whose encoding grows as values are added rather than being built per
+    block. The metric and node names of a fleet are few (hundreds), so the dictionary is small beside
+    a block's rows; past MAX_KEYS (names that churn) its owner starts it over."""
+
+    def __init__(self) -> None:
+        self._numbers: dict[str, int] = {}
+        self._encoded = bytearray()
+
+    def __len__(self) -> int:
+        return len(self._numbers)
+
+    def numbers(self, values: Iterable[str]) -> array:
+        """The number of each value, adding those not met yet."""
+        numbers = array("I")
+        known = self._numbers
+        for value in values:
+            number = known.get(value)
+            if number is None:
+                number = known[value] = len(known)
+                self._encoded += _native_string(value)
+            numbers.append(number)
+        return numbers
+
+    def column(self, rows: bytes) -> bytes:
+        """A Native LowCardinality(String) column of `rows` (the UInt32 numbers, little-endian): the
+        serialization version, the index type (UInt32, with a dictionary of its own that the block
+        brings along), the dictionary's values, then the row count and the rows."""
+        head = _UINT64S.pack(
+            LC_KEYS_VERSION, LC_UINT32_INDEXES | LC_ADDITIONAL_KEYS | LC_UPDATE_DICTIONARY, len(self._numbers)
+        )
+        return b"".join((head, self._encoded, _UINT64.pack(len(rows) // 4), rows))
+
+
 @dataclass(frozen=True, slots=True)
 class SeriesColumns:
-    """A batch's series as the metric, node and series_id columns of a Native samples block.
+    """A batch's series as the metric, node and series_id columns of a Native samples block, the metric
+    and node as numbers in the KnownSeries' dictionaries.
 
     A target sends the same series scrape after scrape, so these bytes are encoded once per target and
     reused: per scrape only the ts and value columns are new."""
@@ -112,9 +151,16 @@ class SeriesColumns:
     series_id: bytes
 
     @classmethod
-    def encode(cls, node: str, names: Sequence[str], ids: list[int]) -> SeriesColumns:
+    def encode(
+        cls,
+        node: str,
+        names: Sequence[str],
+        ids: list[int],
+        metrics: LowCardinalityKeys,
+        nodes: LowCardinalityKeys,
+    ) -> SeriesColumns:
         return cls(
-            ids, b"".join(map(_native_string, names)), _native_string(node) * len(ids), _le(array("Q", ids))
+            ids, _le(metrics.numbers(names)), _le(nodes.numbers((node,))) * len(ids), _le(array("Q", ids))
         )
 
 
@@ -126,16 +172,25 @@ class KnownSeries:
     names and labels equal its target's previous batch (in this call or an earlier one) reuses its ids and
     their encoded columns: one list comparison (of the parser's shared objects) instead of a lookup per
     sample. Past `limit` series (label churn) the memo starts over; registering a series again is harmless
-    (the series table merges duplicates).
+    (the series table merges duplicates). `metrics` and `nodes` are the dictionaries that the batches'
+    columns number their names in; past `max_keys` names in either, both start over, and with them the
+    batches that hold numbers in them, at the start of the next resolve().
     """
 
-    def __init__(self, limit: int = MAX_KNOWN_SERIES) -> None:
+    def __init__(self, limit: int = MAX_KNOWN_SERIES, max_keys: int = MAX_KEYS) -> None:
         self._limit = limit
+        self._max_keys = max_keys
         self._ids: dict[tuple[str, str, tuple[tuple[str, str], ...]], int] = {}
         self._last: dict[str, tuple[ScrapeBatch, SeriesColumns]] = {}
+        self.metrics = LowCardinalityKeys()
+        self.nodes = LowCardinalityKeys()
 
     def resolve(self, batches: Sequence[ScrapeBatch]) -> tuple[list[SeriesColumns], list[SeriesRow]]:
-        """The series columns of every batch, and the rows of the series not stored yet."""
+        """The series columns of every batch, and the rows of the series not stored yet. The columns
+        number the names in `metrics` and `nodes` as they are until the next call."""
+        if max(len(self.metrics), len(self.nodes)) > self._max_keys:
+            self.metrics, self.nodes = LowCardinalityKeys(), LowCardinalityKeys()
+            self._last.clear()
         columns = []
         new: dict[int, SeriesRow] = {}
         latest = dict(self._last)  # a call may hold several scrapes of one target (a spool replay, a sim)
@@ -155,7 +210,7 @@ class KnownSeries:
                     sid = series_id(metric, batch.node, labels)
                     new.setdefault(sid, (sid, metric, batch.node, labels, _millis(batch.ts)))
                 ids.append(sid)
-            columns.append(SeriesColumns.encode(batch.node, batch.names, ids))
+            columns.append(SeriesColumns.encode(batch.node, batch.names, ids, self.metrics, self.nodes))
             latest[batch.target] = (batch, columns[-1])
         return columns, list(new.values())
 
@@ -262,7 +317,11 @@ class Store:
             rows = sum(len(batch) for batch in batches)
             if not rows:
                 return Inserted(0, refused, cutoff)
-            self._insert_native("samples", lambda: _samples_block(batches, series, rows), f"{token}/samples")
+            self._insert_native(
+                "samples",
+                lambda: _samples_block(batches, series, rows, self._series.metrics, self._series.nodes),
+                f"{token}/samples",
+            )
             return Inserted(rows, refused, cutoff)
 
     def insert_targets(self, statuses: Sequence[TargetStatus], *, token: str) -> Inserted:
@@ -491,15 +550,22 @@ def _columns(record: type) -> tuple[str, ...]:
     return tuple(field.name for field in fields(record))
 
 
-def _samples_block(batches: Sequence[ScrapeBatch], series: Sequence[SeriesColumns], rows: int) -> bytes:
-    """The samples of `batches` as one Native block of SAMPLE_COLUMNS: the series columns as encoded,
-    each batch's time repeated, the values as one array."""
+def _samples_block(
+    batches: Sequence[ScrapeBatch],
+    series: Sequence[SeriesColumns],
+    rows: int,
+    metrics: LowCardinalityKeys,
+    nodes: LowCardinalityKeys,
+) -> bytes:
+    """The samples of `batches` as one Native block of SAMPLE_COLUMNS: the series columns as encoded
+    (metric and node numbered in `metrics` and `nodes`), each batch's time repeated, the values as one
+    array."""
     values = array("d")
     for batch in batches:
         values.extend(batch.values)  # TypeError for a value that is no number
     columns = {
-        "metric": b"".join(s.metric for s in series),
-        "node": b"".join(s.node for s in series),
+        "metric": metrics.column(b"".join(s.metric for s in series)),
+        "node": nodes.column(b"".join(s.node for s in series)),
         "series_id": b"".join(s.series_id for s in series),
         "ts": b"".join(_INT64.pack(_millis(batch.ts)) * len(batch) for batch in batches),
         "value": _le(values),
@@ -511,6 +577,15 @@ def _samples_block(batches: Sequence[ScrapeBatch], series: Sequence[SeriesColumn
 
 
 _INT64 = struct.Struct("<q")
+_UINT64 = struct.Struct("<Q")
+_UINT64S = struct.Struct("<3Q")
+# A LowCardinality column in Native: its serialization version (shared dictionaries with additional keys),
+# then per block a UInt64 of the index type (UInt32: 2) and flags: the block brings its dictionary along
+# (additional keys) and it replaces any earlier one (update dictionary), as clickhouse-connect writes it.
+LC_KEYS_VERSION = 1
+LC_UINT32_INDEXES = 2
+LC_ADDITIONAL_KEYS = 1 << 9
+LC_UPDATE_DICTIONARY = 1 << 10
 
 
 def _varint(number: int) -> bytes:
