@@ -31,7 +31,7 @@ Every signal has a reading from the series stock dcgm-exporter serves (docs/stoc
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -56,16 +56,18 @@ DBE_COUNTERS = ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL"
 # one is a new DBE where the ECC counters are not exported
 REMAPPED_ROWS = "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"
 FAULT_METRICS = (XID_COUNTER, LAST_XID, GPU_UP, ROW_REMAP_FAILURE, *DBE_COUNTERS, REMAPPED_ROWS, *ANSWERS)
+KINDS = {metric: kind for kind, metric in enumerate(FAULT_METRICS)}  # a series' metric as an integer
 # a code as ClickHouse's toInt64OrNull reads an `xid` label: ASCII digits, a sign, in Int64's range
 XID_LABEL = re.compile(r"[+-]?[0-9]+", re.ASCII)
 INT64_RANGE = range(-(2**63), 2**63)
 # a value of the last-Xid gauge that names an Xid: an integer in [1, 1e9)
 LARGEST_GAUGE_CODE = 1e9
 FAULT_COLUMNS = [
-    "node", "known_gpu", "component", "pci_bus_id", "xids", "xid_codes", "xid_events", "has_up", "reported",
-    "gpu_up", "answered_at", "first_seen", "row_remap_failure", "dbe_errors", "remapped_rows", "job",
-    "node_reported", "silent_scrapes",
+    "node", "known_gpu", "component", "pci_bus_id", "xid_counts", "has_up", "reported", "gpu_up",
+    "first_seen", "row_remap_failure", "dbe_errors", "remapped_rows", "job", "node_reported",
+    "silent_scrapes",
 ]  # fmt: skip
+Columns = dict[str, np.ndarray]  # a frame's columns, each a numpy array, until the features' frame
 APP_ERROR_SCORE = 0.5  # a GPU with application Xids alone: less than any failure signal
 # what each failure signal besides Xids asks for: NVIDIA's answer to a GPU off the bus (Xid 79) is a
 # reboot; a row that could not be remapped needs the GPU inspected; a DBE needs a reset to retire its row
@@ -102,15 +104,7 @@ class GpuFault(Detector):
         self.lost_after_scrapes = lost_after_scrapes
 
     def features(self, source: Reader, window: Window) -> pd.DataFrame:
-        features = gpu_faults(source, window, self.lookback_s)
-        if features.empty:
-            return features
-        # a dict per row, but only the few rows with Xids count them
-        counts = [
-            _xid_counts(codes, counted) if len(codes) else {}
-            for codes, counted in zip(features["xid_codes"], features["xid_events"], strict=True)
-        ]
-        return features.assign(xid_counts=counts)
+        return gpu_faults(source, window, self.lookback_s)
 
     def tape_needs(self) -> dict[str, float]:
         return dict.fromkeys(FAULT_METRICS, self.lookback_s)
@@ -158,57 +152,53 @@ class GpuFault(Detector):
 
 def gpu_faults(source: Reader, window: Window, lookback_s: float) -> pd.DataFrame:
     """One row per GPU (node, `gpu` and `pci_bus_id` labels) with a series of FAULT_METRICS sampled in
-    the window or the `lookback_s` before it, ordered by node, component and pci_bus_id: its Xids (per
-    code the most any series counted: `xid_codes`, `xid_events`, both in `xids`); `has_up`: fleetlens's
-    exporter reports fleetlens_gpu_up for it, and `reported` is then whether that was sampled in the
-    window, else whether DCGM answered for it (ANSWERS) in the window; `gpu_up` its lowest reading;
-    `answered_at`: the times DCGM answered for it since the lookback; `first_seen` its first sample;
-    `row_remap_failure`, `dbe_errors` and `remapped_rows`; its node's `job`; `node_reported`: whether
-    any GPU of its node was reported; `silent_scrapes`: the times its node's GPUs answered after its own
-    last answer (after its first sample, when it never answered)."""
+    the window or the `lookback_s` before it, ordered by node, component and pci_bus_id: `xid_counts`,
+    its Xids in the window (code -> events: per code the most any series counted, where at least 1);
+    `has_up`: fleetlens's exporter reports fleetlens_gpu_up for it, and `reported` is then whether that
+    was sampled in the window, else whether DCGM answered for it (ANSWERS) in the window; `gpu_up` its
+    lowest reading; `first_seen` its first sample; `row_remap_failure`, `dbe_errors` and
+    `remapped_rows`; its node's `job`; `node_reported`: whether any GPU of its node was reported;
+    `silent_scrapes`: the times its node's GPUs answered after its own last answer (after its first
+    sample, when it never answered)."""
     view = tape_view(source, FAULT_METRICS, window, lookback_s)
     if not len(view.series):
         return pd.DataFrame(columns=FAULT_COLUMNS)
-    identity = view.derived(_fault_identity)
+    # the identity's columns once, as numpy arrays: a frame's column lookups cost more than the figures
+    identity = {name: column.to_numpy() for name, column in view.derived(_fault_identity).items()}
     series = _fault_series(view, identity)
-    group, member = groups(identity["gpu_code"].to_numpy())
+    group, member = groups(identity["gpu_code"])
     count = len(member)
-    sampled = series["samples"].to_numpy() > 0
-    metric = identity["metric"].to_numpy()
-    is_up, answers = metric == GPU_UP, np.isin(metric, ANSWERS)
+    sampled = series["samples"] > 0
+    kind = identity["kind"]
+    is_up, answers = kind == KINDS[GPU_UP], np.isin(kind, [KINDS[name] for name in ANSWERS])
 
     def any_of(where: np.ndarray) -> np.ndarray:
         return np.bincount(group[where], minlength=count) > 0
 
     def finite_sum(column: str, name: str) -> np.ndarray:
-        values = series[column].to_numpy()
-        return group_sum(group, count, values, (metric == name) & np.isfinite(values))
+        values = series[column]
+        return group_sum(group, count, values, (kind == KINDS[name]) & np.isfinite(values))
 
     has_up = any_of(is_up)
     reported = np.where(has_up, any_of(is_up & sampled), any_of(answers & sampled))
-    codes, events = _xids(view, identity, series, group, count)
     answer_gpu, answer_t = _answer_times(view, group, answers)
-    answers_of = np.bincount(answer_gpu, minlength=count)
-    first_seen = group_extreme(np.fmin, group, count, series["first_t"].to_numpy(), np.ones(len(group), bool))
+    first_seen = group_extreme(np.fmin, group, count, series["first_t"], np.ones(len(group), bool))
     # numpy columns and one frame at the end: a frame's assign of 17 columns cost more than their figures
-    found = {name: identity[name].to_numpy(object)[member] for name in ("node", "gpu", "pci_bus_id")}
+    found = {name: identity[name][member] for name in ("node", "gpu", "pci_bus_id")}
     known_gpu = found["gpu"] != ""
-    node = identity["node_code"].to_numpy()[member]
+    node = identity["node_code"][member]
     node_reported = np.bincount(node[reported], minlength=node.max() + 1) > 0
     jobs = peers.node_jobs(source, window, lookback_s)
     found |= {
         "known_gpu": known_gpu.astype(np.int64),
         "component": np.where(known_gpu, "gpu:" + found["gpu"], ""),
-        "xids": list(zip(codes, events, strict=True)),
-        "xid_codes": codes,
-        "xid_events": events,
+        "xid_counts": _xid_counts(view, identity, series, group, count),
         "has_up": has_up.astype(np.int64),
         "reported": reported.astype(np.int64),
-        "gpu_up": group_extreme(np.fmin, group, count, series["low"].to_numpy(), is_up & sampled),
-        "answered_at": _split(answer_t.tolist(), answers_of),
+        "gpu_up": group_extreme(np.fmin, group, count, series["low"], is_up & sampled),
         "first_seen": first_seen,
         "row_remap_failure": group_extreme(
-            np.fmax, group, count, series["high"].to_numpy(), (metric == ROW_REMAP_FAILURE) & sampled
+            np.fmax, group, count, series["high"], (kind == KINDS[ROW_REMAP_FAILURE]) & sampled
         ),
         "dbe_errors": np.maximum(*(finite_sum("increase", name) for name in DBE_COUNTERS)),
         "remapped_rows": finite_sum("steady_increase", REMAPPED_ROWS),
@@ -221,15 +211,16 @@ def gpu_faults(source: Reader, window: Window, lookback_s: float) -> pd.DataFram
 
 def _fault_identity(catalog: pd.DataFrame) -> pd.DataFrame:
     """Per series, what its identity says: its node, GPU (`gpu`, `pci_bus_id` labels, "" where absent),
-    metric, the Xid code its `xid` label names (`counted`, `counted_code`), `gpu_code` (a code ordering
-    GPUs by node, gpu and pci_bus_id, as by node and component) and `node_code`."""
+    its metric's position in FAULT_METRICS (`kind`, -1 for another tape metric), the Xid code its `xid`
+    label names (`counted`, `counted_code`), `gpu_code` (a code ordering GPUs by node, gpu and
+    pci_bus_id, as by node and component) and `node_code`."""
     codes = [_xid_code(text) for text in label(catalog, "xid")]
     identity = pd.DataFrame(
         {
             "node": catalog["node"],
             "gpu": label(catalog, "gpu"),
             "pci_bus_id": label(catalog, "pci_bus_id"),
-            "metric": catalog["metric"].to_numpy(object),
+            "kind": catalog["metric"].map(KINDS).fillna(-1).to_numpy(np.int64),
             "counted": np.array([code is not None for code in codes], bool),
             "counted_code": np.array([code or 0 for code in codes], np.int64),
         }
@@ -246,7 +237,7 @@ def _xid_code(text: str) -> int | None:
     return int(text)
 
 
-def _fault_series(view: TapeView, identity: pd.DataFrame) -> pd.DataFrame:
+def _fault_series(view: TapeView, identity: Columns) -> Columns:
     """Per series: `samples`, `increase`, `steady_increase`, lowest and highest value in the window
     (`low`, `high`), its `first_t` since the lookback, whether it is `born` (sampled in the window, not
     before it, on a node where some series was), its `first_value` in the window and its Xid `events`: its
@@ -254,26 +245,25 @@ def _fault_series(view: TapeView, identity: pd.DataFrame) -> pd.DataFrame:
     once the code happened)."""
     summaries = view.summaries()
     seen_before = view.count(~view.inside) > 0
-    node = identity["node_code"].to_numpy()
+    node = identity["node_code"]
     node_seen_before = np.bincount(node[seen_before], minlength=node.max() + 1) > 0
     samples = summaries["samples"].to_numpy()
     born = (samples > 0) & ~seen_before & node_seen_before[node]
     first_inside = _first_inside(view)
     first_value = np.zeros(len(samples))
     first_value[view.group[first_inside]] = view.value[first_inside]
-    return pd.DataFrame(
-        {
-            "samples": samples,
-            "increase": summaries["increase"].to_numpy(),
-            "steady_increase": summaries["steady_increase"].to_numpy(),
-            "low": summaries["inside_min"].to_numpy(),
-            "high": summaries["inside_max"].to_numpy(),
-            "first_t": view.t[view.first],
-            "born": born,
-            "first_value": first_value,
-            "events": summaries["increase"].to_numpy() + np.where(born, first_value, 0.0),
-        }
-    )
+    increase = summaries["increase"].to_numpy()
+    return {
+        "samples": samples,
+        "increase": increase,
+        "steady_increase": summaries["steady_increase"].to_numpy(),
+        "low": summaries["inside_min"].to_numpy(),
+        "high": summaries["inside_max"].to_numpy(),
+        "first_t": view.t[view.first],
+        "born": born,
+        "first_value": first_value,
+        "events": increase + np.where(born, first_value, 0.0),
+    }
 
 
 def _first_inside(view: TapeView) -> np.ndarray:
@@ -283,23 +273,21 @@ def _first_inside(view: TapeView) -> np.ndarray:
     return view.inside & (view.first | before)
 
 
-def _xids(
-    view: TapeView, identity: pd.DataFrame, series: pd.DataFrame, group: np.ndarray, count: int
-) -> tuple[list[list[int]], list[list[float]]]:
-    """Per GPU, its Xid codes in ascending order and the events of each: per code the most any of its
-    series counted (maxMap); an Xid counter counts its `events` for the code its label names, the
-    last-Xid gauge how often it turned to the code (its first value too, when born)."""
-    metric = identity["metric"].to_numpy()
-    events = series["events"].to_numpy()
+def _xid_counts(
+    view: TapeView, identity: Columns, series: Columns, group: np.ndarray, count: int
+) -> np.ndarray:
+    """Per GPU, a dict of its Xid codes in ascending order to the events of each, rounded, where at
+    least 1: per code the most any of its series counted (maxMap); an Xid counter counts its `events`
+    for the code its label names, the last-Xid gauge how often it turned to the code (its first value
+    too, when born). A dict of integers is no garbage collector's work, as lists per GPU were."""
+    kind, events = identity["kind"], series["events"]
     with np.errstate(invalid="ignore"):
-        counted = (
-            (metric == XID_COUNTER) & identity["counted"].to_numpy() & np.isfinite(events) & (events > 0)
-        )
-    gauge = metric == LAST_XID
+        counted = (kind == KINDS[XID_COUNTER]) & identity["counted"] & np.isfinite(events) & (events > 0)
+    gauge = kind == KINDS[LAST_XID]
     turned = np.flatnonzero(gauge[view.group] & view.step & (view.value != view.previous_value))
-    born = np.flatnonzero(gauge & series["born"].to_numpy())
+    born = np.flatnonzero(gauge & series["born"])
     owner = np.concatenate([view.group[turned], born])
-    values = np.concatenate([view.value[turned], series["first_value"].to_numpy()[born]])
+    values = np.concatenate([view.value[turned], series["first_value"][born]])
     with np.errstate(invalid="ignore"):
         named = (
             np.isfinite(values) & (values >= 1) & (values < LARGEST_GAUGE_CODE) & (values == np.floor(values))
@@ -308,15 +296,14 @@ def _xids(
     turn_series, turn_code, turns = _runs(owner[named], values[named].astype(np.int64))
     gpu, code, most = _runs(
         np.concatenate([group[counted], group[turn_series]]),
-        np.concatenate([identity["counted_code"].to_numpy()[counted], turn_code]),
+        np.concatenate([identity["counted_code"][counted], turn_code]),
         np.concatenate([events[counted], turns.astype(np.float64)]),
     )
-    codes: list[list[int]] = [[] for _ in range(count)]
-    counts: list[list[float]] = [[] for _ in range(count)]
-    for at in range(len(gpu)):  # the few GPUs with Xids
-        codes[gpu[at]].append(int(code[at]))
-        counts[gpu[at]].append(float(most[at]))
-    return codes, counts
+    counts = np.empty(count, object)
+    counts[:] = [{} for _ in range(count)]
+    for at in np.flatnonzero(most >= 1).tolist():  # the few GPUs with Xids
+        counts[gpu[at]][int(code[at])] = round(float(most[at]))
+    return counts
 
 
 def _runs(
@@ -342,12 +329,6 @@ def _answer_times(view: TapeView, group: np.ndarray, answers: np.ndarray) -> tup
     answered = answers[view.group]
     gpu, t, _ = _runs(group[view.group[answered]], view.t[answered])
     return gpu, t
-
-
-def _split(values: list[float], sizes: np.ndarray) -> list[list[float]]:
-    """`values` cut into consecutive lists of `sizes`."""
-    ends = np.cumsum(sizes).tolist()
-    return [values[end - size : end] for size, end in zip(sizes.tolist(), ends, strict=True)]
 
 
 def _silent_scrapes(
@@ -394,11 +375,6 @@ def _vanished(flags: Flags) -> np.ndarray:
     """GPUs whose fleetlens_gpu_up was not sampled in the window while their node's other GPUs' were:
     fleetlens's exporter reads every GPU in every scrape, so one scrape without it is a GPU gone."""
     return flags.known_gpu & flags.has_up & ~flags.reported & flags.node_reported
-
-
-def _xid_counts(codes: Sequence[int], counted: Sequence[float]) -> dict[int, int]:
-    """A GPU's Xids in the window: how many of each code (those seen at least once)."""
-    return {int(code): round(events) for code, events in zip(codes, counted, strict=True) if events >= 1}
 
 
 def _not_by_application(code: int) -> bool:
