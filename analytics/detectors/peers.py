@@ -14,6 +14,7 @@ import pandas as pd
 
 from analytics.detectors.base import Window, frame
 from analytics.detectors.groups import Groups
+from analytics.detectors.tape import millis
 from analytics.store.protocols import Reader
 from analytics.store.records import QueryResult
 
@@ -28,26 +29,46 @@ GROUP BY job, node, stage
 ORDER BY job, node, stage
 """
 # Each node's job: the job of its latest step row since the lookback ("" for a node without one, after a
-# LEFT JOIN ... ON candidates.node = jobs.node), for detectors whose candidates are a node's parts.
+# LEFT JOIN ... ON candidates.node = jobs.node), for detectors whose candidates are a node's parts. The
+# definition, which the tape's tests join against; node_jobs answers it from NODE_LAST_STEPS.
 NODE_JOBS = """
     SELECT node, argMax(job, ts) AS job
     FROM steps
     WHERE ts >= {lookback:DateTime64(3)} AND ts < {end:DateTime64(3)}
     GROUP BY node
 """
+# Per node and job, the time of its latest step row (Unix ms) since JOBS_LOOKBACK_S or more before the window
+NODE_LAST_STEPS = """
+    SELECT node, job, toUnixTimestamp64Milli(max(ts)) AS last_ms
+    FROM steps
+    WHERE ts >= {lookback:DateTime64(3)} AND ts < {end:DateTime64(3)}
+    GROUP BY node, job
+"""
+# node_jobs reads at least this far back: the longest lookback of its callers (gpu_fault's), so that each
+# caller sends the same query and the runner's shared reads run it once a window, whatever their lookbacks
+JOBS_LOOKBACK_S = 300.0
 
 
 def node_jobs(source: Reader, window: Window, lookback_s: float) -> pd.Series:
     """NODE_JOBS for `window` and the `lookback_s` before it, as a Series: job by node. A node missing
-    from it has no job: read it with `.reindex(nodes, fill_value="")`, as the LEFT JOIN reads it."""
+    from it has no job: read it with `.reindex(nodes, fill_value="")`, as the LEFT JOIN reads it.
+
+    Read as each (node, job)'s latest step since JOBS_LOOKBACK_S (or `lookback_s` if longer): those
+    whose latest step falls in the lookback are the jobs with a row in it, and the latest of them is the
+    job of the node's latest row. Of jobs whose latest rows tie, the last by name (argMax picks any)."""
     parameters = {
-        "lookback": datetime.fromtimestamp(window.start - lookback_s, UTC),
+        "lookback": datetime.fromtimestamp(window.start - max(lookback_s, JOBS_LOOKBACK_S), UTC),
         "end": datetime.fromtimestamp(window.end, UTC),
     }
-    jobs = frame(source.query(NODE_JOBS, parameters=parameters, max_rows=1_000_000))
-    if jobs.empty:
+    since = millis(window.start - lookback_s)
+    latest: dict[str, tuple[int, str]] = {}  # node -> its latest (last_ms, job) since the lookback
+    for node, job, last_ms in source.query(NODE_LAST_STEPS, parameters=parameters, max_rows=1_000_000).rows:
+        if last_ms >= since and (last_ms, job) > latest.get(node, (since - 1, "")):
+            latest[node] = (last_ms, job)
+    if not latest:
         return pd.Series(dtype=object, name="job")
-    return jobs.set_index("node")["job"]
+    jobs = [job for _, job in latest.values()]
+    return pd.Series(jobs, index=pd.Index(list(latest), name="node"), dtype=object, name="job")
 
 
 def step_aggregates(source: Reader, window: Window) -> pd.DataFrame:

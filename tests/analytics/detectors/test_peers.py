@@ -1,17 +1,36 @@
 """analytics.detectors.peers: the numpy peer baseline gives the numbers of the pandas one it replaced
-(kept here as the reference), on random features with NaNs, infinities, lone nodes and empty stages."""
+(kept here as the reference), on random features with NaNs, infinities, lone nodes and empty stages; and
+node_jobs answers NODE_JOBS for any lookback with the one query its callers share."""
 
 from __future__ import annotations
 
+import itertools
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
 import numpy as np
 import pandas as pd
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from analytics.detectors.base import Window
+from analytics.detectors.dma import DmaDegraded
+from analytics.detectors.gpu_fault import GpuFault
 from analytics.detectors.groups import Groups
-from analytics.detectors.peers import MAD_TO_SIGMA, clip_lower, node_values, peer_baseline
+from analytics.detectors.peers import (
+    MAD_TO_SIGMA,
+    NODE_JOBS,
+    clip_lower,
+    node_jobs,
+    node_values,
+    peer_baseline,
+)
+from analytics.store import Store
 from analytics.store.records import QueryResult
+from collectors.steprecord import StepRecord
 
 FEATURES = 3
 VALUES = st.one_of(
@@ -77,3 +96,66 @@ def test_node_values_place_each_row_and_leave_the_rest_nan() -> None:
     )
     values = node_values(result, ["m1", "m2"], ["n1", "n2", "n3"])
     assert np.array_equal(values, [[2.0, np.nan], [3.0, np.nan], [np.nan, np.nan]], equal_nan=True)
+
+
+BASE = time.time() // 3600 * 3600 - 3 * 86400  # recent enough for the steps' retention
+examples = itertools.count()
+# a row's time after BASE in ms: anywhere, or at the bounds of a window [1000 s, 1010 s) and its lookbacks
+MILLISECONDS = st.one_of(
+    st.integers(0, 1_010_000),
+    st.sampled_from([699_999, 700_000, 700_001, 940_000, 990_000, 999_999, 1_000_000, 1_009_999, 1_010_000]),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.lists(
+        st.tuples(st.sampled_from(["n1", "n2", "n3"]), st.sampled_from(["llm", "eval", "b"]), MILLISECONDS),
+        max_size=25,
+        unique_by=lambda row: (row[0], row[2]),  # no two rows of a node at one time: argMax would pick any
+    ),
+    lookback_s=st.sampled_from([0.0, 0.0015, 10.0, 60.0, 299.9995, 300.0, 900.0]),
+    window_start=st.sampled_from([1000.0, 1000.0005, 1000.25]),
+)
+def test_node_jobs_is_node_jobs_sql_for_any_lookback(
+    store: Store, rows: list[tuple[str, str, int]], lookback_s: float, window_start: float
+) -> None:
+    """Rows in the window, in and out of the lookback, and before the longest lookback read; times to the
+    millisecond, lookbacks and windows off the millisecond."""
+    base = BASE - next(examples) * 7200  # an hour from every other example's rows, both ways
+    steps = [
+        StepRecord(ts=base + ms / 1000, job=job, rank=0, node=node, step=0, duration_s=1.0)
+        for node, job, ms in rows
+    ]
+    store.insert_steps(steps, token=f"jobs-{base}")
+    window = Window(base + window_start, base + window_start + 10)
+    parameters = {
+        "lookback": datetime.fromtimestamp(window.start - lookback_s, UTC),
+        "end": datetime.fromtimestamp(window.end, UTC),
+    }
+    expected = dict(store.query(NODE_JOBS, parameters=parameters).rows)
+    assert node_jobs(store, window, lookback_s).to_dict() == expected
+
+
+class Recorder:
+    """A Reader that remembers the statements and parameters asked of it and finds no rows."""
+
+    def __init__(self) -> None:
+        self.asked: set[str] = set()
+
+    def query(
+        self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int = 10_000
+    ) -> QueryResult:
+        self.asked.add(repr((sql, sorted((parameters or {}).items()), max_rows)))
+        return QueryResult(
+            columns=["node", "job", "last_ms"], types=[], rows=[], truncated=False, elapsed_s=0.0
+        )
+
+
+def test_node_jobs_callers_send_the_same_query() -> None:
+    """gpu_fault and dma_degraded look back differently, but ask node_jobs the same: the runner's shared
+    reads run it once a window."""
+    recorder = Recorder()
+    for detector in (GpuFault(), DmaDegraded()):
+        assert node_jobs(recorder, Window(1000.0, 1010.0), detector.lookback_s).empty
+    assert len(recorder.asked) == 1
