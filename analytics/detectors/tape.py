@@ -339,9 +339,9 @@ class TapeView:
         return self.sum(self.value - self.previous_value, rises)
 
     def summaries(self) -> pd.DataFrame:
-        """One row per series: series_id, metric, node, labels and series_sql's INCREASE (`increase`),
+        """One row per series, in the rows of `series`: series_sql's INCREASE (`increase`),
         STEADY_INCREASE, STEADY_SECONDS, STEADY_RATE, LAST, INSIDE_MIN and INSIDE_MAX, and `samples`, the
-        length of `inside`."""
+        length of `inside`. Without the series' identity: detectors take theirs from derived()."""
         rising = self.value >= self.previous_value
         with np.errstate(invalid="ignore"):  # inf - inf is NaN, as in ClickHouse
             increase = self.sum(np.where(rising, self.value - self.previous_value, self.value), self.step)
@@ -353,7 +353,6 @@ class TapeView:
         # one frame built from its columns: DataFrame.assign of these eight cost 30 times as much
         return pd.DataFrame(
             {
-                **dict(self.series.items()),
                 "samples": samples,
                 "last": self.value[self.last],
                 "increase": increase,
