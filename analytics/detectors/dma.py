@@ -33,7 +33,7 @@ from analytics.detectors.base import Detector, Finding, Window
 from analytics.detectors.congestion import ECN_MARKED, TRANSMIT_WAIT
 from analytics.detectors.counters import LOOKBACK_S, Evidence, evidence_number, signal_count, signal_findings
 from analytics.detectors.dcgm import PCIE_LINK
-from analytics.detectors.groups import median_exact
+from analytics.detectors.groups import looked_up, median_exact
 from analytics.detectors.peers import node_jobs
 from analytics.detectors.tape import TapeView, group_extreme, group_sum, groups, label, tape_view
 from analytics.store.protocols import Reader
@@ -97,8 +97,10 @@ def candidates(source: Reader, window: Window, lookback_s: float) -> pd.DataFram
     steady ports (`peers_roce_bytes_per_s`). Only ports, GPUs below their maximum link and components
     with such ranks are candidates, ordered by node and component."""
     view = tape_view(source, DMA_METRICS, window, lookback_s)
-    found = _components(_units(view, view.derived(_dma_identity)))
-    jobs = node_jobs(source, window, lookback_s).reindex(found["node"], fill_value="").to_numpy(object)
+    # the identity's columns once, as numpy arrays: a frame's column lookups cost more than the figures
+    identity = {name: column.to_numpy() for name, column in view.derived(_dma_identity).items()}
+    found = _components(_units(view, identity))
+    jobs = looked_up(node_jobs(source, window, lookback_s), found["node"], "")
     steady_ports = found["is_port"].astype(bool) & found["link_steady"].astype(bool)
     peers = np.full(len(jobs), np.nan)
     job_code, job_names = pd.factorize(jobs)  # not np.unique: its sort of Python strings is 10x dearer
@@ -159,15 +161,15 @@ def _uint32_or_zero(text: str) -> int:
     return number if number < 1 << 32 else 0
 
 
-def _units(view: TapeView, identity: pd.DataFrame) -> Columns:
+def _units(view: TapeView, identity: Columns) -> Columns:
     """Per unit of a node (a GPU, a port, an NCCL rank: `unit`), its figures (candidates' columns) and
     the `component` it is judged as."""
     series = view.summaries()
-    group, member = groups(identity["unit_code"].to_numpy())
+    group, member = groups(identity["unit_code"])
     count = len(member)
     sampled = series["samples"].to_numpy() > 0
     last, rate = series["last"].to_numpy(np.float64), series["steady_rate"].to_numpy()
-    role = {name: identity[name].to_numpy(bool) for name in ROLES}
+    role = {name: identity[name] for name in ROLES}
     on_link = (role["state"] | role["downed"])[view.group]  # the samples whose lookback range is read
     low = group_extreme(np.fmin, view.group, len(series), view.value, on_link)
     high = view.max(view.value, on_link)
@@ -180,7 +182,7 @@ def _units(view: TapeView, identity: pd.DataFrame) -> Columns:
     def counted(where: np.ndarray) -> np.ndarray:
         return np.bincount(group[where], minlength=count)
 
-    units: Columns = {name: identity[name].to_numpy()[member] for name in ("node", "unit", "is_rank")}
+    units: Columns = {name: identity[name][member] for name in ("node", "unit", "is_rank")}
     for figure in PCIE_FIGURES:
         units[figure] = group_extreme(np.fmax, group, count, last, role[figure] & sampled)
     units["pcie_replays"] = total(series["steady_increase"].to_numpy(), role["replays"])
@@ -196,30 +198,30 @@ def _units(view: TapeView, identity: pd.DataFrame) -> Columns:
 
 
 def _place_ranks(
-    units: Columns, group: np.ndarray, identity: pd.DataFrame, status_now: np.ndarray, sampled: np.ndarray
+    units: Columns, group: np.ndarray, identity: Columns, status_now: np.ndarray, sampled: np.ndarray
 ) -> None:
     """Each unit's `component` (a NCCL rank's: the port its connections without GPUDirect RDMA go
     through, "" when none or several) and `nccl_without_gdr` (a rank's entry where its status is no or
     partial). Where a rank's series disagree (ClickHouse's any), the first in the tape's order is read."""
     count = len(units["unit"])
-    nccl = identity["is_rank"].to_numpy(bool)
-    gdr = first_of(group, nccl & identity["gdr"].to_numpy(bool) & status_now)
+    nccl = identity["is_rank"]
+    gdr = first_of(group, nccl & identity["gdr"] & status_now)
     ranks = first_of(group, nccl)
     named = np.zeros(count, np.int64)  # per unit: its first NCCL series, which names its rank
     named[group[ranks]] = ranks
-    without = identity["net_without_gdr"].to_numpy()
-    connections = np.flatnonzero(identity["connections"].to_numpy(bool) & sampled & (without >= 0))
+    without = identity["net_without_gdr"]
+    connections = np.flatnonzero(identity["connections"] & sampled & (without >= 0))
     pairs = np.unique(np.stack([group[connections], without[connections]]), axis=1)
     nets = np.bincount(pairs[0], minlength=count)
     single = np.full(count, -1)
     single[pairs[0][nets[pairs[0]] == 1]] = pairs[1][nets[pairs[0]] == 1]
-    devices = identity["net_devices"].to_numpy(bool) & sampled
-    through = first_of(group, devices & (identity["net_index"].to_numpy() == single[group]))
+    devices = identity["net_devices"] & sampled
+    through = first_of(group, devices & (identity["net_index"] == single[group]))
     component = np.where(units["is_rank"], "", units["unit"]).astype(object)
-    component[group[through]] = identity["net_port"].to_numpy()[through]
+    component[group[through]] = identity["net_port"][through]
     entries = np.empty(count, object)
     entries[:] = [()] * count
-    status, rank_text = identity["status"].to_numpy(), identity["rank_text"].to_numpy()
+    status, rank_text = identity["status"], identity["rank_text"]
     for series in gdr[np.isin(status[gdr], NO_GDR)]:
         entries[group[series]] = (f"{rank_text[named[group[series]]]}: {status[series]}",)
     units |= {"component": component, "nccl_without_gdr": entries}

@@ -41,6 +41,7 @@ from analytics.detectors import peers, register
 from analytics.detectors.base import SEVERITIES, Detector, Finding, Window
 from analytics.detectors.counters import Evidence, evidence_number, signal_count
 from analytics.detectors.dcgm import ANSWERS, GPU_UP
+from analytics.detectors.groups import looked_up
 from analytics.detectors.tape import TapeView, group_extreme, group_sum, groups, label, tape_view
 from analytics.reports.remedy import ACTION, ACTION_TEXT, ACTION_TEXT_KEY
 from analytics.store.protocols import Reader
@@ -202,7 +203,7 @@ def gpu_faults(source: Reader, window: Window, lookback_s: float) -> pd.DataFram
         ),
         "dbe_errors": np.maximum(*(finite_sum("increase", name) for name in DBE_COUNTERS)),
         "remapped_rows": finite_sum("steady_increase", REMAPPED_ROWS),
-        "job": jobs.reindex(found["node"], fill_value="").to_numpy(),
+        "job": looked_up(jobs, found["node"], ""),
         "node_reported": node_reported[node].astype(np.int64),
         "silent_scrapes": _silent_scrapes(node, answer_gpu, answer_t, first_seen),
     }

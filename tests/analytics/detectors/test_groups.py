@@ -8,7 +8,7 @@ import pandas as pd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analytics.detectors.groups import Groups, group_bit_or, group_mean
+from analytics.detectors.groups import Groups, group_bit_or, group_mean, looked_up
 from analytics.store import Store
 
 VALUES = st.one_of(
@@ -109,3 +109,19 @@ def test_group_mean_and_bit_or_are_clickhouses_avg_and_group_bit_or(
     numbers = ~np.isnan(want_mean)  # a zero's sign too; NaN's has no meaning
     assert np.array_equal(np.signbit(got_mean[numbers]), np.signbit(want_mean[numbers]))
     assert np.array_equal(group_bit_or(codes, 4, bits), want_bits)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    table=st.dictionaries(
+        st.sampled_from(["n1", "n2", "n3", "", "nœud"]), st.sampled_from(["job-a", "", "j"])
+    ),
+    keys=st.lists(st.sampled_from(["n1", "n2", "n3", "n4", "", "nœud"]), max_size=20),
+)
+def test_looked_up_is_reindex_with_its_default(table: dict[str, str], keys: list[str]) -> None:
+    """What peers.node_jobs(...).reindex(nodes, fill_value="") gave, from any table (empty too) and keys
+    in and out of it, repeated or none."""
+    series = pd.Series(table, dtype=object, name="job")
+    found = looked_up(series, np.array(keys, dtype=object), "")
+    expected = series.reindex(np.array(keys, dtype=object), fill_value="").to_numpy(object)
+    assert found.dtype == object and found.tolist() == expected.tolist()
