@@ -328,8 +328,24 @@ def _answer_times(view: TapeView, group: np.ndarray, answers: np.ndarray) -> tup
     """The distinct (GPU, time) pairs of DCGM's answers for a GPU (samples of ANSWERS) since the
     lookback, sorted by GPU and time: flat arrays, not an array per GPU (1,536 of them at 192 nodes)."""
     answered = answers[view.group]
-    gpu, t, _ = _runs(group[view.group[answered]], view.t[answered])
-    return gpu, t
+    return _distinct_times(group[view.group[answered]], view.t[answered])
+
+
+def _distinct_times(owner: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (owner, t) pairs, sorted by owner and then t, of times `t` in whole milliseconds
+    (the tape's): each pair one int64, owner x the span of milliseconds, sorted by a stable sort, which
+    merges the runs already in order (each series' samples); a lexsort of the two was three times dearer
+    on a window's 90,000 DCGM samples."""
+    if not len(t):
+        return owner[:0], t[:0]
+    ms = np.rint(t * 1000).astype(np.int64)
+    base = int(ms.min())
+    span = int(ms.max()) - base + 1
+    key = np.sort(owner.astype(np.int64) * span + (ms - base), kind="stable")
+    new = np.ones(len(key), bool)
+    new[1:] = key[1:] != key[:-1]
+    key = key[new]
+    return key // span, (key % span + base) / 1000
 
 
 def _silent_scrapes(
@@ -338,7 +354,7 @@ def _silent_scrapes(
     """Per GPU (of `node`), how many of its node's distinct answer times (`answer_t` of `answer_gpu`,
     sorted by GPU and time) are later than its own last answer, or than its first sample less a
     millisecond when it never answered."""
-    node_of_time, time, _ = _runs(node[answer_gpu], answer_t)
+    node_of_time, time = _distinct_times(node[answer_gpu], answer_t)
     sizes = np.bincount(answer_gpu, minlength=len(node))
     answered = sizes > 0
     last = np.full(len(node), np.nan)
