@@ -33,7 +33,7 @@ from analytics.detectors.base import Detector, Finding, Window
 from analytics.detectors.congestion import ECN_MARKED, TRANSMIT_WAIT
 from analytics.detectors.counters import LOOKBACK_S, Evidence, evidence_number, signal_count, signal_findings
 from analytics.detectors.dcgm import PCIE_LINK
-from analytics.detectors.groups import looked_up, median_exact
+from analytics.detectors.groups import columns_frame, looked_up, median_exact
 from analytics.detectors.peers import node_jobs
 from analytics.detectors.tape import TapeView, group_extreme, group_sum, groups, label, tape_view
 from analytics.store.protocols import Reader
@@ -118,7 +118,7 @@ def candidates(source: Reader, window: Window, lookback_s: float) -> pd.DataFram
     # each candidate's ranks as a list in order, as SQL's arraySort gives them: for the kept rows alone
     chosen["nccl_without_gdr"] = np.empty(len(chosen["node"]), object)
     chosen["nccl_without_gdr"][:] = [sorted(entry) for entry in found["nccl_without_gdr"][kept]]
-    return pd.DataFrame(chosen)
+    return columns_frame(chosen)
 
 
 def _dma_identity(catalog: pd.DataFrame) -> pd.DataFrame:

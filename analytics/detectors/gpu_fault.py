@@ -41,7 +41,7 @@ from analytics.detectors import peers, register
 from analytics.detectors.base import SEVERITIES, Detector, Finding, Window
 from analytics.detectors.counters import Evidence, evidence_number, signal_count
 from analytics.detectors.dcgm import ANSWERS, GPU_UP
-from analytics.detectors.groups import looked_up
+from analytics.detectors.groups import columns_frame, looked_up
 from analytics.detectors.tape import TapeView, group_extreme, group_sum, groups, label, tape_view
 from analytics.reports.remedy import ACTION, ACTION_TEXT, ACTION_TEXT_KEY
 from analytics.store.protocols import Reader
@@ -207,7 +207,7 @@ def gpu_faults(source: Reader, window: Window, lookback_s: float) -> pd.DataFram
         "node_reported": node_reported[node].astype(np.int64),
         "silent_scrapes": _silent_scrapes(node, answer_gpu, answer_t, first_seen),
     }
-    return pd.DataFrame({name: found[name] for name in FAULT_COLUMNS})
+    return columns_frame({name: found[name] for name in FAULT_COLUMNS})
 
 
 def _fault_identity(catalog: pd.DataFrame) -> pd.DataFrame:
