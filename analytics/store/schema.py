@@ -258,6 +258,23 @@ class AddColumn:
 
 
 @dataclass(frozen=True)
+class AddIndex:
+    """Adds the data-skipping index `index` (its DDL: name, expression, TYPE, GRANULARITY) to `table`'s
+    local tables, and builds it for the parts already stored (a mutation, in the background). A no-op
+    where the table has it (a fresh database, whose CREATE already lists it)."""
+
+    table: str
+    index: str
+
+    def create(self, layout: Layout) -> list[str]:
+        local, name = layout.local(self.table), self.index.split()[0]
+        return [
+            f"ALTER TABLE {local}{layout.on_cluster} ADD INDEX IF NOT EXISTS {self.index}",
+            f"ALTER TABLE {local}{layout.on_cluster} MATERIALIZE INDEX {name}",
+        ]
+
+
+@dataclass(frozen=True)
 class Fill:
     """Fills a table the migration adds from what the store already holds: `statement` of the layout."""
 
@@ -502,6 +519,10 @@ METRICS_1H = rollup_metrics("metrics_1h", SAMPLES_1H)
 # Imported history kept on purpose (`fleetlens steps import --keep-days N`): a row expires at the later of
 # ts + steps_days and keep_until; the default (1970) leaves steps_days alone.
 STEPS_KEEP_UNTIL = "keep_until DateTime('UTC') DEFAULT toDateTime(0)"
+# Steps are sorted by job, step and rank, but read by time: every window's detectors read the last seconds
+# of steps. Without an index on ts each such read scanned its month's partition: a 10 s read of six days of
+# 256 ranks (33 M rows) took 35 ms of CPU, with this index 11 ms.
+STEPS_TS_INDEX = "ts_minmax ts TYPE minmax GRANULARITY 1"
 
 STEPS = Table(
     name="steps",
@@ -519,7 +540,8 @@ STEPS = Table(
     tp_rank Nullable(UInt32),
     steps UInt32,
     source LowCardinality(String),
-    {STEPS_KEEP_UNTIL}""",
+    {STEPS_KEEP_UNTIL},
+    INDEX {STEPS_TS_INDEX}""",
     order_by="job, step, rank",
     partition_by="toYYYYMM(ts)",
     expiry=Expiry("toDateTime(ts)", "steps_days", kept_until="keep_until"),
@@ -635,6 +657,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         7,
         "1-minute rollup rolled up from raw samples by the store's owner, not by a view on every insert",
         (METRICS_1M, DropView(SAMPLES_1M_MV.name), Fill(trim_minutes_the_view_left_partial)),
+    ),
+    Migration(
+        8,
+        "steps: a minmax index on ts, which every window's reads of steps filter on",
+        (AddIndex("steps", STEPS_TS_INDEX),),
     ),
 )
 LATEST_VERSION = MIGRATIONS[-1].version

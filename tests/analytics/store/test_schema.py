@@ -3,6 +3,7 @@ is new enough to run, so it is checked as text and parsed by ClickHouse's own pa
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 import uuid
@@ -21,6 +22,9 @@ CREATE = re.compile(
     r"CREATE (?:TABLE|DATABASE|VIEW|MATERIALIZED VIEW|OR REPLACE VIEW)(?: IF NOT EXISTS)? (\S+)"
 )
 ADD_COLUMN = re.compile(r"ALTER TABLE (\S+)(?: ON CLUSTER '[^']+')? ADD COLUMN IF NOT EXISTS (\w+) ")
+INDEX = re.compile(
+    r"ALTER TABLE (\S+)(?: ON CLUSTER '[^']+')? (?:ADD INDEX IF NOT EXISTS|MATERIALIZE INDEX) (\w+)"
+)
 DROP_VIEW = re.compile(r"DROP VIEW IF EXISTS (\S+)")
 DELETE = re.compile(r"ALTER TABLE (\S+)(?: ON CLUSTER '[^']+')? DELETE WHERE ")
 BACKFILL = re.compile(r"INSERT INTO (\S+)\n.*?\nFROM (\S+)\n", re.DOTALL)
@@ -40,7 +44,8 @@ def test_cluster_ddl_runs_every_create_on_the_cluster() -> None:
     """Every statement but a backfill's INSERT, which goes through the Distributed tables from one node."""
     statements = [s for s in ddl("fleet", cluster=CLUSTER) if not BACKFILL.match(s)]
     assert all(
-        CREATE.match(s) or ADD_COLUMN.match(s) or DROP_VIEW.match(s) or DELETE.match(s) for s in statements
+        CREATE.match(s) or ADD_COLUMN.match(s) or INDEX.match(s) or DROP_VIEW.match(s) or DELETE.match(s)
+        for s in statements
     )
     assert all(f"ON CLUSTER '{CLUSTER}'" in s.splitlines()[0] for s in statements)
 
@@ -312,3 +317,33 @@ def test_a_store_with_the_minute_view_loses_it_and_reads_the_same_minutes(chdb_d
         store.insert_samples([ScrapeBatch("t:9400", "n1", now, ["m"], [{}], [5.0])], token="after")
         assert store.query("SELECT count() FROM samples_1m").rows == [(rolled,)]
         assert store.query("SELECT sum(count) FROM metrics_1m").rows == [(len(samples) + 1,)]
+
+
+def test_a_store_from_before_the_steps_ts_index_gets_it_and_reads_by_it(chdb_dir: Path) -> None:
+    """Migration 8 adds the minmax index on steps.ts to a store built without it (its rows kept), and a
+    window's read of steps then skips the granules outside the window by it."""
+    now = int(time.time())
+    layout = Layout(f"test_{uuid.uuid4().hex[:12]}")
+    database = layout.database
+    index_line = f",\n    INDEX {schema.STEPS_TS_INDEX}"
+    old_steps = dataclasses.replace(schema.STEPS, columns=schema.STEPS.columns.replace(index_line, ""))
+    old = [
+        dataclasses.replace(m, objects=tuple(old_steps if o is schema.STEPS else o for o in m.objects))
+        for m in schema.MIGRATIONS
+        if m.version <= 7
+    ]
+    rows = [[(now - 3600 + i) * 1000, "llm", i % 4, "n", i, 1.0, 1, "otlp"] for i in range(3600)]
+    with clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir)) as client:
+        build(client, layout, old)
+        columns = ["ts", "job", "rank", "node", "step", "duration_s", "steps", "source"]
+        client.insert(f"{database}.steps", rows, column_names=columns)
+        assert "INDEX" not in client.query(f"SHOW CREATE TABLE {database}.steps").result_rows[0][0]
+    with Store.open(f"chdb://{chdb_dir}", database=database) as store:
+        assert store.query("SELECT count() FROM steps").rows == [(len(rows),)]
+        window = f"ts >= toDateTime({now - 60})"
+        assert store.query(f"SELECT count() FROM steps WHERE {window}").rows == [(60,)]
+        with clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir)) as client:
+            plan = client.query(
+                f"EXPLAIN indexes = 1 SELECT count() FROM {database}.steps WHERE {window}"
+            ).result_rows
+        assert "ts_minmax" in "\n".join(row[0] for row in plan)
