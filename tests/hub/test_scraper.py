@@ -19,11 +19,14 @@ import sys
 import threading
 import time
 import urllib.request
+import zlib
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from analytics.store.records import ScrapeBatch, TargetStatus
@@ -31,9 +34,9 @@ from bench.hostile_targets import body_server, series_body, serving, silent, slo
 from collectors import registry
 from collectors.base import CollectorOptions
 from collectors.exporter import Exporter, make_registry, serve
-from hub.errors import ScraperConfigError
+from hub.errors import ScrapeError, ScraperConfigError
 from hub.expfmt import ExpositionParser
-from hub.scraper import ScrapeLimits, Scraper, Shard, Target, TargetsFile, parse_targets
+from hub.scraper import ScrapeLimits, Scraper, Shard, Target, TargetsFile, _gunzip, parse_targets
 from tests.support.peers import free_port, hung_listener
 
 BODY = (
@@ -480,3 +483,24 @@ def test_targets_going_down_together_make_one_log_line_per_round(caplog: pytest.
     message = record.getMessage()
     assert message.startswith(f"5 target(s) went down: {closed[0].address} (127.0.0.1): connection refused, ")
     assert message.endswith("; and 2 more")
+
+
+@settings(max_examples=60, deadline=None)
+@given(body=st.binary(max_size=20_000), level=st.integers(0, 9), cut=st.integers(0, 64))
+def test_gzip_bodies_inflate_as_zlib_inflates_them_and_broken_ones_fail_by_name(
+    body: bytes, level: int, cut: int
+) -> None:
+    """The scraper's inflate gives zlib's bytes for any gzip body, within the limit or refused past it,
+    and a body cut short or corrupted is a ScrapeError, never another exception."""
+    compressed = gzip.compress(body, compresslevel=level)
+    limit = max(1, len(body) // 2)
+    if len(body) > limit:
+        with pytest.raises(ScrapeError, match="once decompressed"):
+            _gunzip(compressed, limit)
+    assert _gunzip(compressed, len(body)) == zlib.decompressobj(wbits=31).decompress(compressed)
+    try:  # cut short: what arrived of the body, or refused
+        assert body.startswith(_gunzip(compressed[: len(compressed) - cut], len(body) + 1))
+    except ScrapeError as exc:
+        assert str(exc).startswith("bad gzip body")
+    with contextlib.suppress(ScrapeError):  # corrupted: some bytes or refused, nothing else
+        _gunzip(compressed[:10] + bytes([compressed[10] ^ 0xFF]) + compressed[11:], len(body) + 1)
