@@ -26,7 +26,7 @@ import re
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
-from operator import getitem, itemgetter
+from operator import itemgetter
 
 from hub.errors import DeadlineExceeded, ExpositionError
 
@@ -167,9 +167,12 @@ class _Shape:
 
     `values_of` answers a body whose lines are the same in number, whose comments and blank lines are
     the same text, and whose sample lines are the same up to their last space; and only when every value
-    after it is one the full parse's cached path takes (float(), no "_"). A sample line is checked as its
-    last body's text up to the value and a space (`prefixes`) with no space after (then that space is its
-    last), which makes no string but the value's. Then it gives what the full
+    after it is one the full parse's cached path takes (float(), no "_"). Each sample line has its last
+    body's text up to the value and a space (`prefixes`) removed, with no space left after (then that
+    space is its last), which makes no string but the value's. A line that does not start with its prefix
+    is left whole, so the values' total length tells whether every prefix was there: it is the body's
+    length less that of the rest (`fixed_chars`: newlines, comments and prefixes) exactly when each line
+    lost its prefix, all of them being longer than nothing. Then it gives what the full
     parse would: the last body's series, its types, no timestamps or duplicates. Any other body, broken
     or changed, returns None and takes the full parse. A shape is only made from a body whose sample
     lines all took the cached path (series text, a space, a value; no timestamp, no duplicate).
@@ -180,7 +183,7 @@ class _Shape:
     others: Callable[[list[str]], tuple[str, ...]]
     other_text: tuple[str, ...]
     prefixes: list[str]
-    values: list[slice]
+    fixed_chars: int
     names: list[str]
     labels: list[dict[str, str]]
     types: dict[str, str]
@@ -201,9 +204,10 @@ class _Shape:
         others = [i for i, line in enumerate(lines) if not line or line[0] == "#"]
         pick_others = _picker(others)
         prefixes = [head + " " for head in heads]
+        other_text = pick_others(lines)
+        fixed_chars = len(lines) - 1 + sum(map(len, other_text)) + sum(map(len, prefixes))
         return cls(
-            len(lines), _picker(samples), pick_others, pick_others(lines), prefixes,
-            [slice(len(prefix), None) for prefix in prefixes],
+            len(lines), _picker(samples), pick_others, other_text, prefixes, fixed_chars,
             parsed.names, parsed.labels, parsed.types,
         )  # fmt: skip
 
@@ -211,12 +215,9 @@ class _Shape:
         lines = text.split("\n")
         if len(lines) != self.lines or self.others(lines) != self.other_text:
             return None
-        samples = self.samples(lines)
-        if not all(map(str.startswith, samples, self.prefixes)):
-            return None
-        tokens = list(map(getitem, samples, self.values))
+        tokens = list(map(str.removeprefix, self.samples(lines), self.prefixes))
         joined = "".join(tokens)
-        if " " in joined or "_" in joined:
+        if len(joined) != len(text) - self.fixed_chars or " " in joined or "_" in joined:
             return None
         try:
             values = list(map(float, tokens))

@@ -355,6 +355,17 @@ def test_a_steady_bodys_values_only_path_gives_exactly_what_the_full_parse_gives
     )
 
 
+@pytest.mark.parametrize("line", ["12", "1e3", "Inf", "up1", "upp 1"])
+def test_a_sample_line_that_lost_its_series_is_not_read_as_a_value(line: str) -> None:
+    """A steady body whose last sample line (`up 1`) became a bare number or other text without the
+    series before its value: the values-only path must not take that text as up's value."""
+    parser = ExpositionParser()
+    parser.parse(STEADY)
+    changed = STEADY.replace("\nup 1\n", f"\n{line}\n")
+    assert outcome(parser, changed) == outcome(ExpositionParser(), changed)
+    assert not parser.steady
+
+
 def test_a_steady_body_reads_only_its_values(monkeypatch: pytest.MonkeyPatch) -> None:
     parser = ExpositionParser()
     first = parser.parse(STEADY)
