@@ -162,7 +162,7 @@ def gpu_faults(source: Reader, window: Window, lookback_s: float) -> pd.DataFram
     `silent_scrapes`: the times its node's GPUs answered after its own last answer (after its first
     sample, when it never answered)."""
     view = tape_view(source, FAULT_METRICS, window, lookback_s)
-    if not len(view.series):
+    if not len(view.rows):
         return pd.DataFrame(columns=FAULT_COLUMNS)
     # the identity's columns once, as numpy arrays: a frame's column lookups cost more than the figures
     identity = {name: column.to_numpy() for name, column in view.derived(_fault_identity).items()}

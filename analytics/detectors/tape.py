@@ -118,7 +118,7 @@ class Tape:
         seen (forgetting series empties the cache: a catalog as long as before may hold other series)."""
         known = self.derived_.get(derive)
         if known is None or len(known) != len(self.catalog_):
-            known = self.derived_[derive] = held_as_objects(derive(self.catalog_).reset_index(drop=True))
+            known = self.derived_[derive] = derived_columns(derive, self.catalog_)
         return known
 
     def _advance(self, source: Reader, window: Window) -> None:
@@ -238,6 +238,11 @@ class Tape:
         return found.astype({"series_id": np.uint64})
 
 
+def derived_columns(derive: Derive, catalog: pd.DataFrame) -> pd.DataFrame:
+    """`derive`'s columns for each row of `catalog`, numbered from 0, text held as Python strings."""
+    return held_as_objects(derive(catalog).reset_index(drop=True))
+
+
 def held_as_objects(columns: pd.DataFrame) -> pd.DataFrame:
     """`columns` with its text columns as numpy object arrays rather than pandas's Arrow strings: the tape
     hands out its rows of them window after window, and a numpy take of Python strings, then to_numpy(),
@@ -319,7 +324,7 @@ class TapeView:
         their summaries), each series' computed once for as long as the tape lives."""
         if self._catalog is self._tape.catalog_:
             return _take(self._tape.derived(derive), self.rows)
-        return _take(held_as_objects(derive(self._catalog).reset_index(drop=True)), self.rows)
+        return _take(derived_columns(derive, self._catalog), self.rows)
 
     def sum(self, values: np.ndarray, where: np.ndarray) -> np.ndarray:
         """Per series, the sum of `values` where `where`, in time order from 0 (arraySum's order)."""
@@ -367,8 +372,7 @@ class TapeView:
 
 
 def _take(frame: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
-    """The rows of `frame` at positions `rows`, numbered from 0: each column taken alone and kept its dtype
-    (a numpy array of Python strings stays one, not inferred as Arrow strings again)."""
+    """The rows of `frame` at positions `rows`, numbered from 0."""
     return frame.iloc[rows].reset_index(drop=True)
 
 

@@ -24,6 +24,7 @@ from analytics.detectors.counters import (
     steady_increase,
 )
 from analytics.detectors.runner import DetectionRunner
+from analytics.detectors.tape import held_as_objects
 from analytics.store import Store
 from analytics.store.protocols import Reader
 from tests.analytics.detectors import test_congestion, test_links
@@ -108,13 +109,7 @@ def assert_same_frame(new: pd.DataFrame, old: pd.DataFrame) -> None:
     if old.empty:
         assert new.empty and list(new.columns) == list(old.columns)
     else:
-        pd.testing.assert_frame_equal(as_python_text(new), as_python_text(old), check_exact=True)
-
-
-def as_python_text(frame: pd.DataFrame) -> pd.DataFrame:
-    """`frame` with its Arrow string columns as columns of Python strings."""
-    text = [name for name, dtype in frame.dtypes.items() if isinstance(dtype, pd.StringDtype)]
-    return frame.astype(dict.fromkeys(text, object))
+        pd.testing.assert_frame_equal(held_as_objects(new), held_as_objects(old), check_exact=True)
 
 
 class Compared:
