@@ -171,7 +171,10 @@ class KnownSeries:
     An exporter serves the same series in the same order scrape after scrape, so a batch whose node,
     names and labels equal its target's previous batch (in this call or an earlier one) reuses its ids and
     their encoded columns: one list comparison (of the parser's shared objects) instead of a lookup per
-    sample. Past `limit` series (label churn) the memo starts over; registering a series again is harmless
+    sample. Any other batch (a piece of a scrape that remote write's queue shards split) looks its series
+    up one by one, first by the identity of its labels dict (the parsers and the remote write receiver
+    share one per series), which costs a dict lookup, not a tuple of the labels built and hashed. Past
+    `limit` series (label churn) the memo starts over; registering a series again is harmless
     (the series table merges duplicates). `metrics` and `nodes` are the dictionaries that the batches'
     columns number their names in; past `max_keys` names in either, both start over, and with them the
     batches that hold numbers in them, at the start of the next resolve().
@@ -181,6 +184,8 @@ class KnownSeries:
         self._limit = limit
         self._max_keys = max_keys
         self._ids: dict[tuple[str, str, tuple[tuple[str, str], ...]], int] = {}
+        # id(labels) -> (metric, node, series id, labels): holding the dict keeps its id its own
+        self._objects: dict[int, tuple[str, str, int, Mapping[str, str]]] = {}
         self._last: dict[str, tuple[ScrapeBatch, SeriesColumns]] = {}
         self.metrics = LowCardinalityKeys()
         self.nodes = LowCardinalityKeys()
@@ -203,16 +208,28 @@ class KnownSeries:
             ):
                 columns.append(last[1])
                 continue
-            ids = []
-            for metric, labels in zip(batch.names, batch.labels, strict=True):
-                sid = self._ids.get((batch.node, metric, tuple(labels.items())))
-                if sid is None:
-                    sid = series_id(metric, batch.node, labels)
-                    new.setdefault(sid, (sid, metric, batch.node, labels, _millis(batch.ts)))
-                ids.append(sid)
+            ids = self._ids_of(batch, new)
             columns.append(SeriesColumns.encode(batch.node, batch.names, ids, self.metrics, self.nodes))
             latest[batch.target] = (batch, columns[-1])
         return columns, list(new.values())
+
+    def _ids_of(self, batch: ScrapeBatch, new: dict[int, SeriesRow]) -> list[int]:
+        """The series id of each sample of `batch`, each series looked up by its labels dict's identity,
+        else by its labels; a series not stored yet is added to `new`."""
+        node, objects, ids = batch.node, self._objects, []
+        for metric, labels in zip(batch.names, batch.labels, strict=True):
+            known = objects.get(id(labels))
+            if known is not None and known[0] == metric and known[1] == node:
+                ids.append(known[2])
+                continue
+            sid = self._ids.get((node, metric, tuple(labels.items())))
+            if sid is None:
+                sid = series_id(metric, node, labels)
+                new.setdefault(sid, (sid, metric, node, labels, _millis(batch.ts)))
+            else:  # stored, but met as another dict (a spool replay) or under another metric or node
+                objects[id(labels)] = (metric, node, sid, labels)
+            ids.append(sid)
+        return ids
 
     def remember(
         self, batches: Sequence[ScrapeBatch], columns: list[SeriesColumns], stored: list[SeriesRow]
@@ -221,8 +238,11 @@ class KnownSeries:
         if len(self._ids) + len(stored) > self._limit:
             self._ids.clear()
             self._last.clear()
+        if len(self._objects) > 2 * len(self._ids):  # labels met as ever new dicts (spool replays) or none
+            self._objects.clear()
         for sid, metric, node, labels, _first_seen in stored:
             self._ids[(node, metric, tuple(labels.items()))] = sid
+            self._objects[id(labels)] = (metric, node, sid, labels)
         for batch, encoded in zip(batches, columns, strict=True):
             self._last[batch.target] = (batch, encoded)
 

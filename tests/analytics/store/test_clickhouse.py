@@ -546,3 +546,36 @@ def test_two_writers_rolling_up_the_same_minutes_and_hours_at_once_store_them_on
         (3, 3, 50.0, 52.0)
     ]
     assert store.query("SELECT count, min, max FROM metrics_1h").rows == [(3, 50.0, 52.0)]
+
+
+def test_pieces_of_scrapes_stored_apart_read_back_under_their_own_series(store: Store) -> None:
+    # remote write spreads a scrape over requests: its pieces come in any order and share the receiver's
+    # labels dicts, which the store also meets under another metric or node, or as copies (a spool replay)
+    labels = [{"gpu": str(i), "Hostname": "vela-001"} for i in range(4)]
+
+    def piece(ts: float, order: list[int], metric: str = "temp", node: str = "vela-001") -> ScrapeBatch:
+        chosen = [labels[i] for i in order]
+        return ScrapeBatch(f"{node}:9400", node, ts, [metric] * len(order), chosen, [ts + i for i in order])
+
+    copies = piece(NOW + 4, [0, 1, 2, 3])
+    inserts = [
+        [piece(NOW, [0, 1, 2, 3])],
+        [piece(NOW + 1, [3, 1])],
+        [piece(NOW + 1, [2, 0]), piece(NOW + 2, [1])],
+        [piece(NOW + 3, [1, 0], metric="power"), piece(NOW + 3, [2], node="vela-002")],
+        [replace(copies, labels=[dict(one) for one in copies.labels])],
+        [piece(NOW + 5, [0, 1, 2, 3])],
+    ]
+    for i, batches in enumerate(inserts):
+        store.insert_samples(batches, token=f"insert-{i}")
+    sent = sorted(
+        (series_id(name, b.node, one), name, b.node, round(b.ts * 1000), value)
+        for batches in inserts
+        for b in batches
+        for name, one, value in zip(b.names, b.labels, b.values, strict=True)
+    )
+    stored = store.query(
+        "SELECT series_id, metric, node, toUnixTimestamp64Milli(ts), value FROM samples"
+    ).rows
+    assert sorted(stored) == sent
+    assert scalar(store, "SELECT count(DISTINCT series_id) FROM series") == 4 + 2 + 1
