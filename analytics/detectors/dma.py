@@ -79,6 +79,7 @@ ROLES = {
     "net_devices": (NCCL_NET_DEVICES,),
 }
 PCIE_FIGURES = [f"pcie_{figure}" for figure in PCIE_LINK]
+COUNTER_ROLES = ("replays", "port_bytes", "ecn", "wait")  # the roles read by their steady increase or rate
 TEXT_COLUMNS = ["node", "unit", "rank_text", "status", "net_port"]  # _dma_identity's columns of text
 FIGURES = [*PCIE_FIGURES, "pcie_replays", "roce_bytes_per_s", "ecn_marks_per_s", "transmit_wait_per_s"]
 FLAGS = ["is_port", "has_ecn", "link_steady"]
@@ -164,14 +165,15 @@ def _uint32_or_zero(text: str) -> int:
 def _units(view: TapeView, identity: Columns) -> Columns:
     """Per unit of a node (a GPU, a port, an NCCL rank: `unit`), its figures (candidates' columns) and
     the `component` it is judged as."""
-    series = view.summaries()
-    group, member = groups(identity["unit_code"])
-    count = len(member)
-    sampled = series["samples"].to_numpy() > 0
-    last, rate = series["last"].to_numpy(np.float64), series["steady_rate"].to_numpy()
     role = {name: identity[name] for name in ROLES}
+    counters = np.logical_or.reduce([role[name] for name in COUNTER_ROLES])
+    increase, seconds, rate = _counter_figures(view, counters)
+    group, member = _dense_groups(identity["unit_code"])
+    count = len(member)
+    sampled = view.count(view.inside) > 0
+    last = view.value[view.last]
     on_link = (role["state"] | role["downed"])[view.group]  # the samples whose lookback range is read
-    low = group_extreme(np.fmin, view.group, len(series), view.value, on_link)
+    low = group_extreme(np.fmin, view.group, len(view.rows), view.value, on_link)
     high = view.max(view.value, on_link)
     with np.errstate(invalid="ignore"):  # an infinite counter's inf - inf is NaN, as in ClickHouse
         moved = high - low
@@ -185,8 +187,8 @@ def _units(view: TapeView, identity: Columns) -> Columns:
     units: Columns = {name: identity[name][member] for name in ("node", "unit", "is_rank")}
     for figure in PCIE_FIGURES:
         units[figure] = group_extreme(np.fmax, group, count, last, role[figure] & sampled)
-    units["pcie_replays"] = total(series["steady_increase"].to_numpy(), role["replays"])
-    units["is_port"] = counted(role["port_bytes"] & (series["steady_seconds"].to_numpy() > 0)) == 2
+    units["pcie_replays"] = total(increase, role["replays"])
+    units["is_port"] = counted(role["port_bytes"] & (seconds > 0)) == 2
     units["roce_bytes_per_s"] = total(rate, role["port_bytes"])
     units["ecn_marks_per_s"] = total(rate, role["ecn"])
     units["has_ecn"] = counted(role["ecn"]) > 0
@@ -195,6 +197,31 @@ def _units(view: TapeView, identity: Columns) -> Columns:
     units["link_steady"] = active & (group_extreme(np.fmax, group, count, moved, role["downed"]) == 0)
     _place_ranks(units, group, identity, sampled & (last == 1), sampled)
     return units
+
+
+def _dense_groups(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """tape.groups of `codes` that number the catalog's units from 0 (unit_code): the codes present
+    renumbered in order by a count over their range, where np.unique sorts every series' code."""
+    present = np.zeros(int(codes.max()) + 1 if len(codes) else 0, np.int64)
+    present[codes] = 1
+    group = (np.cumsum(present) - 1)[codes]
+    member = np.empty(int(present.sum()), np.int64)
+    member[group] = np.arange(len(group))
+    return group, member
+
+
+def _counter_figures(view: TapeView, counters: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per series, the tape's STEADY_INCREASE, STEADY_SECONDS and STEADY_RATE (as TapeView.summaries gives
+    them) where `counters` (per series), 0 elsewhere: only the counters' steps are summed, since the
+    gauges (NCCL's, PCIe's, the links': four series in five) are read by their last value or range; the
+    eight summaries of every series cost twice these."""
+    steps = view.step & counters[view.group] & (view.value >= view.previous_value)
+    with np.errstate(invalid="ignore"):  # an infinite counter's inf - inf is NaN, as in ClickHouse
+        increase = view.sum(view.value - view.previous_value, steps)
+    seconds = view.sum(view.t - view.previous_t, steps)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = np.where(seconds > 0, increase / seconds, 0.0)
+    return increase, seconds, rate
 
 
 def _place_ranks(
