@@ -1,8 +1,9 @@
 """peer_outlier: the catch-all for what the rules miss, a node whose mix of GPU, NIC and step signals sets
 it apart from the other nodes of its job. Reported at info severity, for a human to look at.
 
-Per window, SQL reduces each node to one feature vector (FEATURES: medians of GPU gauges over the node's
-GPUs, per-second rates of RoCE counters summed over its ports, the median compute time of its ranks).
+Per window, each node is reduced to one feature vector (FEATURES: medians of GPU gauges over the node's
+GPUs, per-second rates of RoCE counters summed over its ports, from the runner's tape; the median compute
+time of its ranks, from SQL).
 Each feature is standardized against the node's peers in the same job and pipeline stage (robust z:
 median and MAD, with floors, as slow_node does), so that a stage slower by design is no outlier; a
 feature a node lacks (a scrape gap, a counter reset) counts as the peer median. An Isolation Forest
@@ -18,17 +19,19 @@ says whether the difference is big enough to matter. The evidence names the feat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 import numpy as np
 import pandas as pd
 import sklearn
-from sklearn.ensemble import IsolationForest
+from sklearn.ensemble._iforest import _average_path_length
+from sklearn.tree import ExtraTreeRegressor
+from sklearn.utils.random import sample_without_replacement
 
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window
 from analytics.detectors.groups import Groups
-from analytics.detectors.peers import node_values, peer_baseline, step_aggregates
+from analytics.detectors.peers import peer_baseline, step_aggregates
+from analytics.detectors.tape import TapeView, group_median, group_quantile_exact, group_sum, tape_view
 from analytics.store.protocols import Reader
 
 
@@ -60,22 +63,10 @@ NAMES = [feature.name for feature in FEATURES]
 MIN_SPREADS = np.array([feature.min_spread for feature in FEATURES])
 SAMPLED = [feature for feature in FEATURES if feature.metric]
 
-# per series: the median (gauges) and the rate over the span (counters; NULL across a reset or with one
-# sample); then per node: the median of its series' medians, or the sum of their rates
-NODE_FEATURES = """
-SELECT node, metric, if(has({counters:Array(String)}, metric), sum(rate), median(level)) AS value
-FROM (
-    SELECT node, CAST(metric, 'String') AS metric, quantileExact(0.5)(value) AS level,
-        argMax(value, ts) - argMin(value, ts) AS growth,
-        dateDiff('millisecond', min(ts), max(ts)) / 1000 AS seconds,
-        if(seconds > 0 AND growth >= 0, growth / seconds, NULL) AS rate
-    FROM samples
-    WHERE metric IN {metrics:Array(String)} AND node IN {nodes:Array(String)}
-        AND ts >= {since:DateTime64(3)} AND ts < {end:DateTime64(3)}
-    GROUP BY node, metric, series_id
-)
-GROUP BY node, metric
-"""
+SAMPLED_METRICS = [feature.metric for feature in SAMPLED]
+COUNTERS = np.array([feature.counter for feature in SAMPLED])
+MAX_SAMPLES = 256  # rows an isolation tree is grown on (IsolationForest's max_samples="auto")
+MAX_INT = np.iinfo(np.int32).max  # the bound of the seeds bagging draws
 
 
 @register
@@ -120,7 +111,10 @@ class PeerOutlier(Detector):
         job, node = steps["job"].to_numpy()[first], steps["node"].to_numpy()[first]
         stage = hosts.min(steps["stage"].to_numpy())
         values = np.column_stack(
-            [self._sampled(source, window, node), hosts.median(steps["compute_s"].to_numpy(dtype=float))]
+            [
+                sampled_features(source, window, node, self.lookback_s),
+                hosts.median(steps["compute_s"].to_numpy(dtype=float)),
+            ]
         )
         jobs = Groups(job)
         medians, spreads = peer_baseline(values, Groups(job, stage), self.relative_floor, MIN_SPREADS)
@@ -143,16 +137,14 @@ class PeerOutlier(Detector):
     def score(self, features: pd.DataFrame) -> np.ndarray:
         """-score_samples of one Isolation Forest fitted on every node's z vector; higher = more isolated.
         Each z is relative to the node's own job and stage, so one forest keeps jobs apart and costs one
-        fit per window however many jobs run. sklearn's checks are skipped: it would validate the
-        parameters of each of its trees and check each one's sample weights finite, a fourth of the fit's
-        CPU; the detector's parameters are valid, and the forest takes infinite z (its fit and
-        score_samples check with ensure_all_finite=False), so the scores are the same."""
+        fit per window however many jobs run."""
         vectors = features[[f"z_{name}" for name in NAMES]].to_numpy(dtype=float)
         if len(vectors) < 2:
             return np.zeros(len(vectors))  # nothing to be isolated from
-        forest = IsolationForest(n_estimators=self.n_estimators, random_state=self.random_state)
-        with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
-            return -forest.fit(vectors).score_samples(vectors)
+        return isolation_scores(vectors, self.n_estimators, self.random_state)
+
+    def tape_needs(self) -> dict[str, float]:
+        return dict.fromkeys(SAMPLED_METRICS, self.lookback_s)
 
     def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
         z = features[[f"z_{name}" for name in NAMES]].to_numpy(dtype=float)
@@ -174,19 +166,6 @@ class PeerOutlier(Detector):
             for row in np.flatnonzero(passed)
         ]
 
-    def _sampled(self, source: Reader, window: Window, nodes: np.ndarray) -> np.ndarray:
-        """The sample-based features (a column each, in SAMPLED's order) of each of `nodes`, over the
-        window and `lookback_s` before it (counters need two samples for a rate)."""
-        parameters = {
-            **window.parameters,
-            "since": datetime.fromtimestamp(window.start - self.lookback_s, UTC),
-            "metrics": [feature.metric for feature in SAMPLED],
-            "counters": [feature.metric for feature in SAMPLED if feature.counter],
-            "nodes": list(pd.unique(nodes)),
-        }
-        result = source.query(NODE_FEATURES, parameters=parameters)
-        return node_values(result, [feature.metric for feature in SAMPLED], nodes)
-
     def _evidence(self, row: pd.Series, z: np.ndarray) -> dict[str, object]:
         """Up to `top_features` features farthest from their peers: value, peer median and z of each."""
         drivers = [i for i in np.argsort(-np.abs(z), kind="stable")[: self.top_features] if z[i]]
@@ -203,6 +182,114 @@ class PeerOutlier(Detector):
                 for i in drivers
             ],
         }
+
+
+def sampled_features(source: Reader, window: Window, nodes: np.ndarray, lookback_s: float) -> np.ndarray:
+    """The sample-based features (a column each, in SAMPLED's order) of each of `nodes`, over the window
+    and `lookback_s` before it (counters need two samples for a rate), from the tape: per series the median
+    (gauges) or the rate over its span (counters); per node the median of its series' medians or the sum of
+    their rates, added in ascending order. NaN where a node has none. As the SQL it replaced computed them
+    (the tape test keeps it, its sums in that order), and as that SQL's rows were placed: a node listed
+    twice (two jobs in one window) has them on its last row alone."""
+    view = tape_view(source, SAMPLED_METRICS, window, lookback_s)
+    identity = view.derived(_series_identity)
+    feature = identity["feature"].to_numpy()
+    counter = COUNTERS[feature]
+    rows = _rows_of(identity, nodes)
+    cell = rows * len(SAMPLED) + feature  # per series: its (node row, feature) in the matrix, flattened
+    cells = len(nodes) * len(SAMPLED)
+    on_gauge = ~counter[view.group]
+    level = group_quantile_exact(view.group[on_gauge], len(view.rows), view.value[on_gauge])
+    gauges = (rows >= 0) & ~counter
+    medians = group_median(cell[gauges], cells, level[gauges])
+    sums = _ascending_sums(cell, cells, _rates(view), (rows >= 0) & counter)
+    return np.where(COUNTERS, sums.reshape(-1, len(SAMPLED)), medians.reshape(-1, len(SAMPLED)))
+
+
+def isolation_scores(vectors: np.ndarray, n_estimators: int, random_state: int) -> np.ndarray:
+    """-IsolationForest(n_estimators=, random_state=).fit(vectors).score_samples(vectors), bit for bit: the
+    same draws, trees and sums, without what sklearn spends beside the trees, most of its CPU on a few
+    hundred rows: a clone of the tree and its parameters looked up by signature per tree, a joblib batch,
+    and a RandomState made per draw (three per tree), which seeds itself from the OS before it is seeded;
+    here one RandomState is seeded again for each. sklearn's checks are skipped too: they validate each
+    tree's parameters and check its sample weights finite; the parameters are valid, and the forest takes
+    infinite z (its fit and score_samples check with ensure_all_finite=False)."""
+    rows = np.ascontiguousarray(vectors, dtype=np.float32)  # as the forest's fit and scoring take them
+    draws = np.random.RandomState(random_state)
+    targets = draws.uniform(size=len(rows))  # the trees' random y: an isolation tree splits at random
+    max_samples = min(MAX_SAMPLES, len(rows))
+    max_depth = int(np.ceil(np.log2(max(max_samples, 2))))
+    draws.seed(random_state)
+    depths = np.zeros(len(rows))
+    with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
+        for seed in draws.randint(MAX_INT, size=n_estimators):
+            weights, tree_seed = _bagged(draws, seed, rows.shape, max_samples)
+            draws.seed(tree_seed)
+            tree = ExtraTreeRegressor(
+                max_features=1, splitter="random", max_depth=max_depth, random_state=draws
+            )
+            tree.fit(rows, targets, sample_weight=weights, check_input=False)
+            leaves = tree.apply(rows, check_input=False)
+            lengths = tree.tree_.compute_node_depths()[leaves]
+            depths += lengths + _average_path_length(tree.tree_.n_node_samples)[leaves] - 1.0
+    denominator = n_estimators * _average_path_length([max_samples])
+    return 2 ** -np.divide(depths, denominator, out=np.ones_like(depths), where=denominator != 0)
+
+
+def _bagged(
+    draws: np.random.RandomState, seed: int, shape: tuple[int, int], max_samples: int
+) -> tuple[np.ndarray, int]:
+    """What bagging draws for one tree from its `seed`: each row's weight (1 for the `max_samples` rows
+    drawn, 0 for the others) and the tree's own seed; each drawn as from a RandomState of `seed` alone. The
+    draw of every feature before the rows' is kept, though the forest uses every feature, for its numbers."""
+    draws.seed(seed)
+    tree_seed = int(draws.randint(MAX_INT))
+    draws.seed(seed)
+    sample_without_replacement(shape[1], shape[1], random_state=draws)
+    chosen = sample_without_replacement(shape[0], max_samples, random_state=draws)
+    return np.bincount(chosen, minlength=shape[0]), tree_seed
+
+
+def _series_identity(catalog: pd.DataFrame) -> pd.DataFrame:
+    """Per series: its node, a code per node (`node_code`, from 0), and its metric's position in SAMPLED
+    (`feature`; -1 for another metric's)."""
+    features = {metric: i for i, metric in enumerate(SAMPLED_METRICS)}
+    feature = catalog["metric"].map(features).fillna(-1).to_numpy(np.int64)
+    node_code = pd.factorize(catalog["node"])[0]
+    return pd.DataFrame({"node": catalog["node"], "node_code": node_code, "feature": feature})
+
+
+def _rows_of(identity: pd.DataFrame, nodes: np.ndarray) -> np.ndarray:
+    """Per series of `identity`, the row of `nodes` its node has (the last, for a node listed twice); -1
+    for none. Looked up once per node: a hash of every series' node name cost more than the features."""
+    _, first, series_code = np.unique(
+        identity["node_code"].to_numpy(), return_index=True, return_inverse=True
+    )
+    last = {node: row for row, node in enumerate(nodes)}
+    names = identity["node"].to_numpy()[first]
+    return np.array([last.get(name, -1) for name in names], np.int64)[series_code]
+
+
+def _ascending_sums(cells: np.ndarray, count: int, rates: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """Per cell, the sum of the `rates` of its series where `where`, NaN ones (SQL's NULL) left out, added
+    in ascending order: an order of their own, so that a node's sum does not depend on the order the tape
+    or ClickHouse came to hold its series in (three rates or more may add to another last bit in
+    another order); NaN for a cell without any, as SQL's sum of none."""
+    summed = np.flatnonzero(where & ~np.isnan(rates))
+    summed = summed[np.lexsort((rates[summed], cells[summed]))]
+    found = group_sum(cells[summed], count, rates[summed], np.ones(len(summed), bool))
+    return np.where(np.bincount(cells[summed], minlength=count) > 0, found, np.nan)
+
+
+def _rates(view: TapeView) -> np.ndarray:
+    """Per series, its growth per second from its first sample to its last: NaN (SQL's NULL) with one
+    sample, or across a reset (growth below 0 or NaN). Seconds are whole milliseconds over 1000, as
+    ClickHouse's dateDiff('millisecond', ...) / 1000."""
+    growth = view.value[view.last] - view.value[view.first]
+    first_ms, last_ms = (np.rint(view.t[at] * 1000) for at in (view.first, view.last))  # t is ms / 1000
+    seconds = (last_ms - first_ms) / 1000
+    with np.errstate(invalid="ignore", divide="ignore"):  # inf - inf is NaN, as in ClickHouse
+        return np.where((seconds > 0) & (growth >= 0), growth / seconds, np.nan)
 
 
 def _number(value: float) -> float | None:

@@ -70,9 +70,10 @@ Z = st.one_of(st.sampled_from([0.0, -0.0, 4.0, 1e30, np.inf, -np.inf]), st.float
 
 @settings(max_examples=60, deadline=None)
 @given(vectors=hnp.arrays(float, st.tuples(st.integers(2, 300), st.just(len(NAMES))), elements=Z))
-def test_scores_are_a_plain_isolation_forests_without_sklearns_checks(vectors: np.ndarray) -> None:
-    """score() skips sklearn's validation: the scores stay those of the forest fitted as sklearn does by
-    default, bit for bit, on any z vectors (ties, infinities, more nodes than a tree samples)."""
+def test_scores_are_a_plain_isolation_forests(vectors: np.ndarray) -> None:
+    """score() grows the forest's trees itself, without sklearn's checks and per-tree overheads: the
+    scores stay those of the forest fitted as sklearn does by default, bit for bit, on any z vectors (ties,
+    infinities, more nodes than a tree samples)."""
     detector = PeerOutlier()
     features = pd.DataFrame(vectors, columns=[f"z_{name}" for name in NAMES])
     forest = IsolationForest(n_estimators=detector.n_estimators, random_state=detector.random_state)
