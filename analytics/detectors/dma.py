@@ -167,7 +167,9 @@ def _units(view: TapeView, identity: Columns) -> Columns:
     the `component` it is judged as."""
     role = {name: identity[name] for name in ROLES}
     counters = np.logical_or.reduce([role[name] for name in COUNTER_ROLES])
-    increase, seconds, rate = _counter_figures(view, counters)
+    # only the counters' steps are summed: the gauges (NCCL's, PCIe's, the links': four series in five)
+    # are read by their last value or range, and the eight summaries of every series cost twice these
+    increase, seconds, rate = view.steady_figures(view.step & counters[view.group])
     group, member = _dense_groups(identity["unit_code"])
     count = len(member)
     sampled = view.count(view.inside) > 0
@@ -208,20 +210,6 @@ def _dense_groups(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     member = np.empty(int(present.sum()), np.int64)
     member[group] = np.arange(len(group))
     return group, member
-
-
-def _counter_figures(view: TapeView, counters: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per series, the tape's STEADY_INCREASE, STEADY_SECONDS and STEADY_RATE (as TapeView.summaries gives
-    them) where `counters` (per series), 0 elsewhere: only the counters' steps are summed, since the
-    gauges (NCCL's, PCIe's, the links': four series in five) are read by their last value or range; the
-    eight summaries of every series cost twice these."""
-    steps = view.step & counters[view.group] & (view.value >= view.previous_value)
-    with np.errstate(invalid="ignore"):  # an infinite counter's inf - inf is NaN, as in ClickHouse
-        increase = view.sum(view.value - view.previous_value, steps)
-    seconds = view.sum(view.t - view.previous_t, steps)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        rate = np.where(seconds > 0, increase / seconds, 0.0)
-    return increase, seconds, rate
 
 
 def _place_ranks(

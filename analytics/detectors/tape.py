@@ -343,6 +343,16 @@ class TapeView:
         rises = steps & (self.value >= self.previous_value)
         return self.sum(self.value - self.previous_value, rises)
 
+    def steady_figures(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per series, over the steps ending where `steps`, those going down left out: STEADY_INCREASE,
+        STEADY_SECONDS and STEADY_RATE (the increase per second, 0 without a second)."""
+        with np.errstate(invalid="ignore"):  # inf - inf is NaN, as in ClickHouse
+            increase = self.steady_increase(steps)
+        seconds = self.sum(self.t - self.previous_t, steps & (self.value >= self.previous_value))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rate = np.where(seconds > 0, increase / seconds, 0.0)
+        return increase, seconds, rate
+
     def summaries(self) -> pd.DataFrame:
         """One row per series, in the rows of `series`: series_sql's INCREASE (`increase`),
         STEADY_INCREASE, STEADY_SECONDS, STEADY_RATE, LAST, INSIDE_MIN and INSIDE_MAX, and `samples`, the
@@ -350,11 +360,8 @@ class TapeView:
         rising = self.value >= self.previous_value
         with np.errstate(invalid="ignore"):  # inf - inf is NaN, as in ClickHouse
             increase = self.sum(np.where(rising, self.value - self.previous_value, self.value), self.step)
-            steady_increase = self.steady_increase(self.step)
-        steady_seconds = self.sum(self.t - self.previous_t, self.step & rising)
+        steady_increase, steady_seconds, steady_rate = self.steady_figures(self.step)
         samples = self.count(self.inside)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            steady_rate = np.where(steady_seconds > 0, steady_increase / steady_seconds, 0.0)
         # one frame built from its columns: DataFrame.assign of these eight cost 30 times as much
         return pd.DataFrame(
             {
