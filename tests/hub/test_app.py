@@ -346,6 +346,7 @@ def test_healthz_says_when_the_store_refuses_writes_and_logs_each_change_once(st
     assert sum("takes writes again" in message for message in said) == 1, said
 
 
+@pytest.mark.timing
 def test_two_long_queries_cost_ingest_no_interval(fleet, tmp_path):
     """Queries run on read sessions of their own: a scrape round never waits for them."""
     (tmp_path / "targets.json").write_text(json.dumps(fleet[:2]))  # the two exporters that answer
@@ -429,12 +430,14 @@ def assert_every_round_stored_whole(store) -> None:
     assert len(per_scrape) == len(stamps) and len({count for _, count in per_scrape}) == 1  # each whole
 
 
+@pytest.mark.timing
 def test_a_store_that_falls_behind_takes_the_rounds_that_waited_in_one_insert(store, tmp_path, fleet):
     hub = run_hub_on_slow_store(store, tmp_path, fleet, delay_s=1.5, pending_rounds=10)
     assert hub.coalesced_rounds > 0 and hub.deferred_rounds == 0  # caught up without the spool
     assert_every_round_stored_whole(store)
 
 
+@pytest.mark.timing
 def test_a_store_that_falls_far_behind_never_holds_up_the_scrape_loop(store, tmp_path, fleet):
     hub = run_hub_on_slow_store(store, tmp_path, fleet, delay_s=3, pending_rounds=1)
     assert hub.deferred_rounds > 0  # rounds past the one allowed to wait went to the spool

@@ -91,6 +91,7 @@ def by_target(statuses: list[TargetStatus]) -> dict[str, TargetStatus]:
     return {status.target: status for status in statuses}
 
 
+@pytest.mark.timing
 def test_failed_targets_are_recorded_and_hold_up_no_one(fixtures: Path) -> None:
     e2e = (fixtures / "node_exporter" / "e2e-output.txt").read_bytes()
     expected_samples = sum(len(f.samples) for f in text_string_to_metric_families(e2e.decode()))
@@ -381,6 +382,7 @@ def run_rounds(scraper: Scraper, rounds: int, sink_delay_s: float = 0.0) -> list
     return seen
 
 
+@pytest.mark.timing
 def test_hostile_targets_cost_only_themselves_on_every_tick(our_exporter: str) -> None:
     """At a 1 s interval with a 1 s timeout, next to a silent target, a slow-loris, a million series and a
     body that takes seconds to parse, our exporter is scraped at every tick; each hostile target is down,
