@@ -285,10 +285,10 @@ def _rates(view: TapeView) -> np.ndarray:
     """Per series, its growth per second from its first sample to its last: NaN (SQL's NULL) with one
     sample, or across a reset (growth below 0 or NaN). Seconds are whole milliseconds over 1000, as
     ClickHouse's dateDiff('millisecond', ...) / 1000."""
-    growth = view.value[view.last] - view.value[view.first]
     first_ms, last_ms = (np.rint(view.t[at] * 1000) for at in (view.first, view.last))  # t is ms / 1000
     seconds = (last_ms - first_ms) / 1000
     with np.errstate(invalid="ignore", divide="ignore"):  # inf - inf is NaN, as in ClickHouse
+        growth = view.value[view.last] - view.value[view.first]
         return np.where((seconds > 0) & (growth >= 0), growth / seconds, np.nan)
 
 
