@@ -170,7 +170,7 @@ def _units(view: TapeView, identity: Columns) -> Columns:
     # only the counters' steps are summed: the gauges (NCCL's, PCIe's, the links': four series in five)
     # are read by their last value or range, and the eight summaries of every series cost twice these
     increase, seconds, rate = view.steady_figures(view.step & counters[view.group])
-    group, member = _dense_groups(identity["unit_code"])
+    group, member = groups(identity["unit_code"])
     count = len(member)
     sampled = view.count(view.inside) > 0
     last = view.value[view.last]
@@ -199,17 +199,6 @@ def _units(view: TapeView, identity: Columns) -> Columns:
     units["link_steady"] = active & (group_extreme(np.fmax, group, count, moved, role["downed"]) == 0)
     _place_ranks(units, group, identity, sampled & (last == 1), sampled)
     return units
-
-
-def _dense_groups(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """tape.groups of `codes` that number the catalog's units from 0 (unit_code): the codes present
-    renumbered in order by a count over their range, where np.unique sorts every series' code."""
-    present = np.zeros(int(codes.max()) + 1 if len(codes) else 0, np.int64)
-    present[codes] = 1
-    group = (np.cumsum(present) - 1)[codes]
-    member = np.empty(int(present.sum()), np.int64)
-    member[group] = np.arange(len(group))
-    return group, member
 
 
 def _place_ranks(

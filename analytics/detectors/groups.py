@@ -107,10 +107,47 @@ class Groups:
 
 
 def median_exact(values: np.ndarray) -> float:
-    """ClickHouse's medianExact: of the values not NaN (NaN when none), the one at half their count in
-    sorted order, the upper of the two middle ones for an even count."""
-    known = np.sort(values[~np.isnan(values)])
-    return float(known[len(known) // 2]) if len(known) else np.nan
+    """ClickHouse's medianExact of all `values`: group_quantile_exact of one group."""
+    return float(group_quantile_exact(np.zeros(len(values), np.int64), 1, values)[0])
+
+
+def group_quantile_exact(groups: np.ndarray, count: int, values: np.ndarray) -> np.ndarray:
+    """Per group (0 .. count - 1), ClickHouse's quantileExact(0.5) of `values`: NaN values skipped, of the
+    n others sorted the one at n // 2 (the upper of two middles); NaN for a group with none."""
+    ordered, starts, sizes = _sorted_groups(groups, count, values)
+    found = np.full(count, np.nan)
+    some = sizes > 0
+    found[some] = ordered[starts[some] + sizes[some] // 2]
+    return found
+
+
+def group_median(groups: np.ndarray, count: int, values: np.ndarray) -> np.ndarray:
+    """Per group, ClickHouse's median (quantile(0.5): a reservoir sampler, exact below 8,192 values):
+    NaN values skipped, of the n others sorted, at h = 0.5 * (n - 1), a[l] * (l + 1 - h) + a[l + 1] * (h - l)
+    with l = floor(h), in that floating form (so 0.1 and 0.7 give 0.39999999999999997, and an infinite
+    a[l + 1] times 0 gives NaN, as ClickHouse does); a[l] alone when l is the last; NaN for none."""
+    ordered, starts, sizes = _sorted_groups(groups, count, values)
+    found = np.full(count, np.nan)
+    some = np.flatnonzero(sizes > 0)
+    index = 0.5 * (sizes[some] - 1)
+    left = index.astype(np.int64)
+    right = np.minimum(left + 1, sizes[some] - 1)
+    low, high = ordered[starts[some] + left], ordered[starts[some] + right]
+    with np.errstate(invalid="ignore"):  # inf x 0 is NaN, as in ClickHouse
+        interpolated = low * ((left + 1) - index) + high * (index - left)
+    found[some] = np.where(left + 1 == sizes[some], low, interpolated)
+    return found
+
+
+def _sorted_groups(
+    groups: np.ndarray, count: int, values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The non-NaN `values` sorted by group, then value; where each group's start; and how many each has."""
+    kept = ~np.isnan(values)
+    groups, values = groups[kept], values[kept]
+    ordered = values[np.lexsort((values, groups))]
+    sizes = np.bincount(groups, minlength=count)
+    return ordered, np.cumsum(sizes) - sizes, sizes
 
 
 def group_mean(groups: np.ndarray, count: int, values: np.ndarray) -> np.ndarray:

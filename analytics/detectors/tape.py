@@ -389,10 +389,14 @@ def label(catalog: pd.DataFrame, name: str) -> pd.Series:
 
 
 def groups(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For series grouped by integer `codes` (ordered as the groups are to be): the group of each series,
-    and one series of each group."""
-    unique, group = np.unique(codes, return_inverse=True)
-    member = np.empty(len(unique), np.int64)
+    """For series grouped by non-negative integer `codes` (ordered as the groups are to be; a catalog's
+    ngroup numbers, or products of them): the group of each series, and one series of each group. The
+    codes present are numbered in order by a count over their range, where np.unique sorted every code."""
+    codes = np.asarray(codes, np.int64)
+    present = np.zeros(int(codes.max()) + 1 if len(codes) else 0, np.int64)
+    present[codes] = 1
+    group = (np.cumsum(present) - 1)[codes]
+    member = np.empty(int(present.sum()), np.int64)
     member[group] = np.arange(len(group))
     return group, member
 
@@ -412,45 +416,6 @@ def group_extreme(
     found = np.full(count, np.nan)
     extreme.at(found, groups[where], values[where])
     return np.where(np.bincount(groups[where], minlength=count) > 0, found, 0.0)
-
-
-def group_quantile_exact(groups: np.ndarray, count: int, values: np.ndarray) -> np.ndarray:
-    """Per group (0 .. count - 1), ClickHouse's quantileExact(0.5) of `values`: NaN values skipped, of the
-    n others sorted the one at n // 2 (the upper of two middles); NaN for a group with none."""
-    ordered, starts, sizes = _sorted_groups(groups, count, values)
-    found = np.full(count, np.nan)
-    some = sizes > 0
-    found[some] = ordered[starts[some] + sizes[some] // 2]
-    return found
-
-
-def group_median(groups: np.ndarray, count: int, values: np.ndarray) -> np.ndarray:
-    """Per group, ClickHouse's median (quantile(0.5): a reservoir sampler, exact below 8,192 values):
-    NaN values skipped, of the n others sorted, at h = 0.5 * (n - 1), a[l] * (l + 1 - h) + a[l + 1] * (h - l)
-    with l = floor(h), in that floating form (so 0.1 and 0.7 give 0.39999999999999997, and an infinite
-    a[l + 1] times 0 gives NaN, as ClickHouse does); a[l] alone when l is the last; NaN for none."""
-    ordered, starts, sizes = _sorted_groups(groups, count, values)
-    found = np.full(count, np.nan)
-    some = np.flatnonzero(sizes > 0)
-    index = 0.5 * (sizes[some] - 1)
-    left = index.astype(np.int64)
-    right = np.minimum(left + 1, sizes[some] - 1)
-    low, high = ordered[starts[some] + left], ordered[starts[some] + right]
-    with np.errstate(invalid="ignore"):  # inf x 0 is NaN, as in ClickHouse
-        interpolated = low * ((left + 1) - index) + high * (index - left)
-    found[some] = np.where(left + 1 == sizes[some], low, interpolated)
-    return found
-
-
-def _sorted_groups(
-    groups: np.ndarray, count: int, values: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The non-NaN `values` sorted by group, then value; where each group's start; and how many each has."""
-    kept = ~np.isnan(values)
-    groups, values = groups[kept], values[kept]
-    ordered = values[np.lexsort((values, groups))]
-    sizes = np.bincount(groups, minlength=count)
-    return ordered, np.cumsum(sizes) - sizes, sizes
 
 
 @runtime_checkable

@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 
 from analytics.detectors import peer_outlier
 from analytics.detectors.base import Window
+from analytics.detectors.groups import group_median, group_quantile_exact
 from analytics.detectors.peer_outlier import SAMPLED, SAMPLED_METRICS, PeerOutlier
 from analytics.detectors.peers import node_values
 from analytics.detectors.runner import DetectionRunner
 from analytics.detectors.slow_node import SlowNode
-from analytics.detectors.tape import group_median, group_quantile_exact
 from analytics.store import Store
 from analytics.store.protocols import Reader
 from tests.analytics.detectors import SyncJob, test_peer_outlier, test_stock_exporters
