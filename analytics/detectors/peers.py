@@ -20,6 +20,9 @@ from analytics.store.records import QueryResult
 
 MAD_TO_SIGMA = 1.4826  # the MAD of normally distributed values times this is their standard deviation
 
+# Per job, node and pipeline stage in a window: steps (how many), median compute_s (NULL without phase
+# data) and median duration_s of the node's ranks. The definition, which step_aggregates answers from
+# STEP_SUMMARY (its tests hold it to this).
 STEP_AGGREGATES = """
 SELECT job, node, ifNull(pp_stage, 0) AS stage, toUInt64(sum(steps)) AS steps,
     quantileExact(0.5)(compute_s) AS compute_s, quantileExact(0.5)(duration_s) AS duration_s
@@ -30,39 +33,57 @@ ORDER BY job, node, stage
 """
 # Each node's job: the job of its latest step row since the lookback ("" for a node without one, after a
 # LEFT JOIN ... ON candidates.node = jobs.node), for detectors whose candidates are a node's parts. The
-# definition, which the tape's tests join against; node_jobs answers it from NODE_LAST_STEPS.
+# definition, which the tape's tests join against; node_jobs answers it from STEP_SUMMARY.
 NODE_JOBS = """
     SELECT node, argMax(job, ts) AS job
     FROM steps
     WHERE ts >= {lookback:DateTime64(3)} AND ts < {end:DateTime64(3)}
     GROUP BY node
 """
-# Per node and job, the time of its latest step row (Unix ms) since JOBS_LOOKBACK_S or more before the window
-NODE_LAST_STEPS = """
-    SELECT node, job, toUnixTimestamp64Milli(max(ts)) AS last_ms
-    FROM steps
-    WHERE ts >= {lookback:DateTime64(3)} AND ts < {end:DateTime64(3)}
-    GROUP BY node, job
+# What node_jobs and step_aggregates both answer from, in one statement a window: per job, node and stage
+# since JOBS_LOOKBACK_S (or more) before the window, the time of its latest step row (Unix ms), and
+# STEP_AGGREGATES's figures over the rows in the window (`window_rows` of them: none for a group seen only
+# before it). A statement costs its analysis (5-10 ms) however few its rows: two cost twice one.
+STEP_SUMMARY = """
+SELECT job, node, ifNull(pp_stage, 0) AS stage, toUnixTimestamp64Milli(max(ts)) AS last_ms,
+    countIf(ts >= {start:DateTime64(3)}) AS window_rows,
+    toUInt64(sumIf(steps, ts >= {start:DateTime64(3)})) AS steps,
+    quantileExactIf(0.5)(compute_s, ts >= {start:DateTime64(3)}) AS compute_s,
+    quantileExactIf(0.5)(duration_s, ts >= {start:DateTime64(3)}) AS duration_s
+FROM steps
+WHERE ts >= {lookback:DateTime64(3)} AND ts < {end:DateTime64(3)}
+GROUP BY job, node, stage
+ORDER BY job, node, stage
 """
-# node_jobs reads at least this far back: the longest lookback of its callers (gpu_fault's), so that each
-# caller sends the same query and the runner's shared reads run it once a window, whatever their lookbacks
+AGGREGATE_COLUMNS = ["job", "node", "stage", "steps", "compute_s", "duration_s"]
+# the summary reads at least this far back: the longest lookback of node_jobs's callers (gpu_fault's), so
+# that every caller, step_aggregates's too, sends the same statement and the runner's shared reads run it
+# once a window, whatever their lookbacks
 JOBS_LOOKBACK_S = 300.0
+
+
+def step_summary(source: Reader, window: Window, lookback_s: float = 0.0) -> QueryResult:
+    """STEP_SUMMARY for `window`, looking back `lookback_s` before it or JOBS_LOOKBACK_S if longer."""
+    parameters = {
+        **window.parameters,
+        "lookback": datetime.fromtimestamp(window.start - max(lookback_s, JOBS_LOOKBACK_S), UTC),
+    }
+    return source.query(STEP_SUMMARY, parameters=parameters, max_rows=1_000_000)
 
 
 def node_jobs(source: Reader, window: Window, lookback_s: float) -> pd.Series:
     """NODE_JOBS for `window` and the `lookback_s` before it, as a Series: job by node. A node missing
     from it has no job: read it with `.reindex(nodes, fill_value="")`, as the LEFT JOIN reads it.
 
-    Read as each (node, job)'s latest step since JOBS_LOOKBACK_S (or `lookback_s` if longer): those
-    whose latest step falls in the lookback are the jobs with a row in it, and the latest of them is the
-    job of the node's latest row. Of jobs whose latest rows tie, the last by name (argMax picks any)."""
-    parameters = {
-        "lookback": datetime.fromtimestamp(window.start - max(lookback_s, JOBS_LOOKBACK_S), UTC),
-        "end": datetime.fromtimestamp(window.end, UTC),
-    }
+    Read from each (job, node, stage)'s latest step since JOBS_LOOKBACK_S (or `lookback_s` if longer):
+    those whose latest step falls in the lookback are the jobs with a row in it, and the latest of them is
+    the job of the node's latest row. Of jobs whose latest rows tie, the last by name (argMax picks any)."""
     since = millis(window.start - lookback_s)
     latest: dict[str, tuple[int, str]] = {}  # node -> its latest (last_ms, job) since the lookback
-    for node, job, last_ms in source.query(NODE_LAST_STEPS, parameters=parameters, max_rows=1_000_000).rows:
+    summary = step_summary(source, window, lookback_s)
+    at = [summary.columns.index(name) for name in ("node", "job", "last_ms")]
+    for row in summary.rows:
+        node, job, last_ms = (row[i] for i in at)
         if last_ms >= since and (last_ms, job) > latest.get(node, (since - 1, "")):
             latest[node] = (last_ms, job)
     if not latest:
@@ -72,11 +93,13 @@ def node_jobs(source: Reader, window: Window, lookback_s: float) -> pd.Series:
 
 
 def step_aggregates(source: Reader, window: Window) -> pd.DataFrame:
-    """Per job, node and pipeline stage in `window`: steps (how many), median compute_s (NaN without
-    phase data) and median duration_s of the node's ranks."""
-    steps = frame(source.query(STEP_AGGREGATES, parameters=window.parameters))
+    """STEP_AGGREGATES for `window`: per job, node and pipeline stage, steps (how many), median
+    compute_s (NaN without phase data) and median duration_s of the node's ranks."""
+    steps = frame(step_summary(source, window))
+    steps = steps[steps["window_rows"] > 0] if len(steps) else steps
     if steps.empty:
-        return pd.DataFrame(columns=["job", "node", "stage", "steps", "compute_s", "duration_s"])
+        return pd.DataFrame(columns=AGGREGATE_COLUMNS)
+    steps = steps[AGGREGATE_COLUMNS].reset_index(drop=True)
     return steps.astype({"compute_s": float, "duration_s": float, "steps": int, "stage": int})
 
 

@@ -1,6 +1,7 @@
 """analytics.detectors.peers: the numpy peer baseline gives the numbers of the pandas one it replaced
 (kept here as the reference), on random features with NaNs, infinities, lone nodes and empty stages; and
-node_jobs answers NODE_JOBS for any lookback with the one query its callers share."""
+node_jobs and step_aggregates answer NODE_JOBS (for any lookback) and STEP_AGGREGATES from the one
+statement all their callers share."""
 
 from __future__ import annotations
 
@@ -16,17 +17,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from analytics.detectors.base import Window
+from analytics.detectors.base import Window, frame
 from analytics.detectors.dma import DmaDegraded
 from analytics.detectors.gpu_fault import GpuFault
 from analytics.detectors.groups import Groups
+from analytics.detectors.peer_outlier import PeerOutlier
 from analytics.detectors.peers import (
     MAD_TO_SIGMA,
     NODE_JOBS,
+    STEP_AGGREGATES,
     clip_lower,
     node_jobs,
     node_values,
     peer_baseline,
+    step_aggregates,
 )
 from analytics.store import Store
 from analytics.store.records import QueryResult
@@ -137,6 +141,53 @@ def test_node_jobs_is_node_jobs_sql_for_any_lookback(
     assert node_jobs(store, window, lookback_s).to_dict() == expected
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from(["n1", "n2"]),
+            st.sampled_from(["llm", "eval"]),
+            st.sampled_from([None, 0, 3]),  # pp_stage
+            st.sampled_from([None, 0.5, 1.0, 2.0, 0.25]),  # compute_s
+            st.sampled_from([0.5, 1.0, 4.0, 1.5]),  # duration_s
+            st.integers(1, 4),  # steps
+            MILLISECONDS,
+        ),
+        max_size=25,
+    ),
+    window_start=st.sampled_from([1000.0, 1000.0005]),
+)
+def test_step_aggregates_is_step_aggregates_sql(
+    store: Store, rows: list[tuple[Any, ...]], window_start: float
+) -> None:
+    """Rows in the window and before it (in the shared statement's lookback and beyond), stages and
+    compute times missing or not, groups with an even count (the median's upper middle)."""
+    base = BASE - next(examples) * 7200
+    steps = [
+        StepRecord(
+            ts=base + ms / 1000,
+            job=job,
+            rank=rank,
+            node=node,
+            step=rank,
+            duration_s=duration_s,
+            compute_s=compute_s,
+            pp_stage=stage,
+            steps=covered,
+        )
+        for rank, (node, job, stage, compute_s, duration_s, covered, ms) in enumerate(rows)
+    ]
+    store.insert_steps(steps, token=f"aggregates-{base}")
+    window = Window(base + window_start, base + window_start + 10)
+    expected = frame(store.query(STEP_AGGREGATES, parameters=window.parameters))
+    found = step_aggregates(store, window)
+    assert list(found.columns) == list(expected.columns)
+    assert len(found) == len(expected)
+    if len(expected):
+        expected = expected.astype({"compute_s": float, "duration_s": float, "steps": int, "stage": int})
+        pd.testing.assert_frame_equal(found, expected, check_dtype=False)
+
+
 class Recorder:
     """A Reader that remembers the statements and parameters asked of it and finds no rows."""
 
@@ -152,10 +203,12 @@ class Recorder:
         )
 
 
-def test_node_jobs_callers_send_the_same_query() -> None:
-    """gpu_fault and dma_degraded look back differently, but ask node_jobs the same: the runner's shared
-    reads run it once a window."""
+def test_step_readers_send_the_same_query() -> None:
+    """gpu_fault and dma_degraded look back differently, but ask node_jobs the same, and peer_outlier's
+    step_aggregates asks that too: the runner's shared reads run it once a window."""
     recorder = Recorder()
     for detector in (GpuFault(), DmaDegraded()):
         assert node_jobs(recorder, Window(1000.0, 1010.0), detector.lookback_s).empty
+    assert step_aggregates(recorder, Window(1000.0, 1010.0)).empty
+    assert PeerOutlier().features(recorder, Window(1000.0, 1010.0)).empty
     assert len(recorder.asked) == 1
