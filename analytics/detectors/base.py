@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -147,6 +147,25 @@ def passing(features: pd.DataFrame, scores: np.ndarray, threshold: float) -> Ite
     others are never turned into tuples, as a fleet's candidates are mostly below it."""
     passed = scores >= threshold
     return zip(features[passed].itertuples(), scores[passed], strict=True)
+
+
+Computed = TypeVar("Computed")
+
+
+@runtime_checkable
+class WindowReader(Reader, Protocol):
+    """A Reader that lives for one window (the runner's source for its detectors): what several detectors
+    compute alike from it (link_flap's and link_down's links) is computed once."""
+
+    def once(self, key: Hashable, compute: Callable[[], Computed]) -> Computed: ...
+
+
+def computed_once(source: Reader, key: Hashable, compute: Callable[[], Computed]) -> Computed:
+    """`compute()`, once per window and `key` where `source` is the runner's (the first caller's result,
+    which no caller may change), else each time (a detector run alone)."""
+    if isinstance(source, WindowReader):
+        return source.once(key, compute)
+    return compute()
 
 
 def frame(result: QueryResult) -> pd.DataFrame:

@@ -32,7 +32,7 @@ import pandas as pd
 import re2
 
 from analytics.detectors import register
-from analytics.detectors.base import Detector, Finding, Window, passing
+from analytics.detectors.base import Detector, Finding, Window, computed_once, passing
 from analytics.detectors.counters import LOOKBACK_S, evidence_number
 from analytics.detectors.tape import TapeView, group_extreme, group_sum, groups, label, tape_view
 from analytics.store.protocols import Reader
@@ -63,7 +63,13 @@ def links(source: Reader, window: Window, lookback_s: float, ignored: str) -> pd
     it has been down (`down_s`, as far back as the lookback reaches), and how often it went down in the
     window and the lookback before it (`downs`, the most any one signal counted). `link_downed` is the
     increase of a port's link_downed counter, or of an interface's carrier_down_changes_total.
-    Interfaces whose name matches the regular expression `ignored` are left out."""
+    Interfaces whose name matches the regular expression `ignored` are left out. Computed once a window
+    for link_flap and link_down alike (a copy each: what one adds to its frame the other does not see)."""
+    key = ("links", window, lookback_s, ignored)
+    return computed_once(source, key, lambda: _links(source, window, lookback_s, ignored)).copy(deep=False)
+
+
+def _links(source: Reader, window: Window, lookback_s: float, ignored: str) -> pd.DataFrame:
     view = tape_view(source, LINK_METRICS, window, lookback_s)
     identity = view.derived(_link_identity)
     series = _link_series(view, identity)

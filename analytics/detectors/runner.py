@@ -23,12 +23,12 @@ import math
 import traceback
 import uuid
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from analytics.detectors import DetectorError, build
-from analytics.detectors.base import SEVERITIES, Detector, Finding, Judgement, Window
+from analytics.detectors.base import SEVERITIES, Computed, Detector, Finding, Judgement, Window
 from analytics.detectors.tape import Tape, TapeView
 from analytics.errors import StoreUnavailable
 from analytics.store.protocols import Reader
@@ -60,13 +60,15 @@ def windows(start: float, end: float, window_s: float = 10.0) -> list[Window]:
 
 class _SharedQueries:
     """A source that runs each distinct query once: detectors that read the same rows in one window
-    share one query; and that reads the runner's tape, which carries the samples detectors read there
-    (link_flap, link_down, congestion) from window to window. Lives for one window."""
+    share one query, and what they compute alike (base.computed_once) is computed once; and that reads
+    the runner's tape, which carries the samples detectors read there (link_flap, link_down, congestion)
+    from window to window. Lives for one window."""
 
     def __init__(self, source: Reader, tape: Tape) -> None:
         self._source = source
         self._tape = tape
         self._results: dict[str, QueryResult] = {}
+        self._computed: dict[Hashable, Any] = {}
 
     def query(
         self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int = 10_000
@@ -78,6 +80,11 @@ class _SharedQueries:
 
     def tape_view(self, metrics: Sequence[str], window: Window, lookback_s: float) -> TapeView:
         return self._tape.view(self._source, metrics, window, lookback_s)
+
+    def once(self, key: Hashable, compute: Callable[[], Computed]) -> Computed:
+        if key not in self._computed:
+            self._computed[key] = compute()
+        return self._computed[key]
 
 
 @dataclass

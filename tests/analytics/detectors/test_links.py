@@ -6,10 +6,14 @@ import math
 import time
 from pathlib import Path
 
+import pytest
+
+from analytics.detectors import links as links_module
 from analytics.detectors.base import Detector, Window
 from analytics.detectors.counters import LOOKBACK_S
 from analytics.detectors.links import IGNORED_INTERFACES, LinkDown, LinkFlap, links
-from analytics.detectors.runner import DetectionRunner
+from analytics.detectors.runner import DetectionRunner, _SharedQueries
+from analytics.detectors.tape import Tape
 from analytics.store import Store
 from analytics.store.records import ScrapeBatch
 from collectors import registry
@@ -75,6 +79,30 @@ def test_the_runner_opens_a_flap_in_the_window_of_the_first_flap_and_keeps_it_th
 
     assert (opened.kind, opened.node, opened.component) == ("link_flap", "vela-004", "mlx5_0:1")
     assert opened.start == quiet[-1].end and opened.end is None
+
+
+def test_in_one_window_link_flap_and_link_down_compute_the_links_once_and_find_what_each_finds_alone(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    computed = []
+    real = links_module._links
+    monkeypatch.setattr(links_module, "_links", lambda *args: computed.append(args) or real(*args))
+    detectors = [LinkFlap(min_flaps=0), LinkDown(min_down_s=0)]  # every link a finding
+    with SimulatedFleet(store, tmp_path, gpus=0) as fleet:
+        fleet.tick(3)
+        fleet["vela-001"].sysfs.set_link(1, up=False)
+        flap(fleet, "vela-002", 0)
+        window = fleet.tick()
+        shared = _SharedQueries(store, Tape())  # what the runner's step hands its detectors
+        together = [detector.judge(shared, window).findings for detector in detectors]
+        assert len(computed) == 1
+        apart = [detector.judge(store, window).findings for detector in detectors]
+
+    assert len(computed) == 3
+    assert together == apart and all(len(found) == 2 * len(fleet.nodes) for found in together)  # 2 ports each
+    first = links(shared, window, LOOKBACK_S, IGNORED_INTERFACES)
+    first["down_s"] = -1.0  # what one caller does to its frame, the next does not see
+    assert (links(shared, window, LOOKBACK_S, IGNORED_INTERFACES)["down_s"] >= 0).all()
 
 
 def test_a_link_down_for_a_minute_and_a_half_is_link_down_from_its_first_minute_and_its_return_is_no_flap(
