@@ -290,8 +290,9 @@ class TapeView:
         self, tape: Tape, key: np.ndarray, t_ms: np.ndarray, value: np.ndarray, since: float
     ) -> None:
         self._tape = tape
+        self._t_ms = t_ms
+        self._since = since
         self.value = value
-        self.t = t_ms / 1000  # unix seconds, as series_sql's `t`
         first = np.ones(len(key), bool)
         first[1:] = key[1:] != key[:-1]
         starts = np.flatnonzero(first)
@@ -299,20 +300,53 @@ class TapeView:
         self.group = np.cumsum(first) - 1  # per sample: its series' row of `series`
         self.rows = key[starts]  # per series: its row of the tape's catalog
         self._catalog = tape.catalog_  # as it is now: a later read may add series to the tape's, or drop some
-        self.inside = self.t >= since
-        last = np.ones(len(key), bool)
-        last[:-1] = first[1:]
-        self.last = last  # the sample ends its series
-        following_inside = np.ones(len(key), bool)
+
+    # The per-sample masks below are computed when first asked: a detector that only groups values (GPU
+    # clocks) pays for none of them.
+
+    @functools.cached_property
+    def t(self) -> np.ndarray:
+        """Unix seconds, as series_sql's `t`."""
+        return self._t_ms / 1000
+
+    @functools.cached_property
+    def inside(self) -> np.ndarray:
+        """The sample is in the window."""
+        return self.t >= self._since
+
+    @functools.cached_property
+    def last(self) -> np.ndarray:
+        """The sample ends its series."""
+        last = np.ones(len(self.first), bool)
+        last[:-1] = self.first[1:]
+        return last
+
+    @functools.cached_property
+    def points(self) -> np.ndarray:
+        """`inside`, led by the last sample before the window."""
+        following_inside = np.ones(len(self.first), bool)
         following_inside[:-1] = self.inside[1:]
-        # points: `inside` led by the last sample before `since`
-        self.points = self.inside | (~self.inside & (last | following_inside))
-        previous = np.ones(len(key), bool)
+        return self.inside | (~self.inside & (self.last | following_inside))
+
+    @functools.cached_property
+    def step(self) -> np.ndarray:
+        """The sample ends a step between points."""
+        previous = np.ones(len(self.first), bool)
         previous[1:] = self.points[:-1]
-        self.step = self.points & previous & ~first  # the sample ends a step between points
-        self.recent_step = ~first  # the sample ends a step between any two samples since the lookback
-        self.previous_value = np.concatenate([[np.nan], value[:-1]])
-        self.previous_t = np.concatenate([[np.nan], self.t[:-1]])
+        return self.points & previous & ~self.first
+
+    @functools.cached_property
+    def recent_step(self) -> np.ndarray:
+        """The sample ends a step between any two samples since the lookback."""
+        return ~self.first
+
+    @functools.cached_property
+    def previous_value(self) -> np.ndarray:
+        return np.concatenate([[np.nan], self.value[:-1]])
+
+    @functools.cached_property
+    def previous_t(self) -> np.ndarray:
+        return np.concatenate([[np.nan], self.t[:-1]])
 
     @functools.cached_property
     def series(self) -> pd.DataFrame:
