@@ -176,8 +176,21 @@ def _link_evidence(row: Any) -> dict[str, Any]:
     return {"state": evidence_number(row.state), "physical_state": evidence_number(row.physical_state)}
 
 
+class _LinkDetector(Detector):
+    """What link_flap and link_down share: the window's links (one frame for both in a runner's window)."""
+
+    lookback_s: float
+    ignored_interfaces: str
+
+    def features(self, source: Reader, window: Window) -> pd.DataFrame:
+        return links(source, window, self.lookback_s, self.ignored_interfaces)
+
+    def tape_needs(self) -> dict[str, float]:
+        return dict.fromkeys(LINK_METRICS, self.lookback_s)
+
+
 @register
-class LinkFlap(Detector):
+class LinkFlap(_LinkDetector):
     """A link (port or interface) that is up now and went down at least `min_flaps` times in the window
     or the `lookback_s` before it.
 
@@ -202,12 +215,6 @@ class LinkFlap(Detector):
         self.lookback_s = lookback_s
         self.ignored_interfaces = ignored_interfaces
 
-    def features(self, source: Reader, window: Window) -> pd.DataFrame:
-        return links(source, window, self.lookback_s, self.ignored_interfaces)
-
-    def tape_needs(self) -> dict[str, float]:
-        return dict.fromkeys(LINK_METRICS, self.lookback_s)
-
     def score(self, features: pd.DataFrame) -> np.ndarray:
         return np.where(features["up_now"].astype(bool), features["downs"], 0.0).astype(float)
 
@@ -231,7 +238,7 @@ class LinkFlap(Detector):
 
 
 @register
-class LinkDown(Detector):
+class LinkDown(_LinkDetector):
     """A link (port or interface) that was down at every sample of the window, down for at least
     `min_down_s` seconds (by default the lookback: shorter is a flap, reported by link_flap when the link
     is back), on a node still reporting.
@@ -255,12 +262,6 @@ class LinkDown(Detector):
         self.min_down_s = min_down_s
         self.lookback_s = lookback_s
         self.ignored_interfaces = ignored_interfaces
-
-    def features(self, source: Reader, window: Window) -> pd.DataFrame:
-        return links(source, window, self.lookback_s, self.ignored_interfaces)
-
-    def tape_needs(self) -> dict[str, float]:
-        return dict.fromkeys(LINK_METRICS, self.lookback_s)
 
     def score(self, features: pd.DataFrame) -> np.ndarray:
         return np.where(features["down_whole_window"].astype(bool), features["down_s"], 0.0).astype(float)
