@@ -21,8 +21,8 @@ import pandas as pd
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, passing
 from analytics.detectors.counters import LOOKBACK_S, evidence_number
-from analytics.detectors.groups import median_exact
-from analytics.detectors.tape import group_sum, groups, label, tape_view
+from analytics.detectors.groups import group_sum, groups, median_exact
+from analytics.detectors.tape import label, tape_view
 from analytics.store.protocols import Reader
 
 ECN_MARKED = "node_infiniband_np_ecn_marked_roce_packets_received_total"

@@ -33,9 +33,16 @@ from analytics.detectors.base import Detector, Finding, Window
 from analytics.detectors.congestion import ECN_MARKED, TRANSMIT_WAIT
 from analytics.detectors.counters import LOOKBACK_S, Evidence, evidence_number, signal_count, signal_findings
 from analytics.detectors.dcgm import PCIE_LINK
-from analytics.detectors.groups import columns_frame, looked_up, median_exact
+from analytics.detectors.groups import (
+    columns_frame,
+    group_extreme,
+    group_sum,
+    groups,
+    looked_up,
+    median_exact,
+)
 from analytics.detectors.peers import node_jobs
-from analytics.detectors.tape import TapeView, group_extreme, group_sum, groups, label, tape_view
+from analytics.detectors.tape import TapeView, label, tape_view
 from analytics.store.protocols import Reader
 
 PCIE_REPLAYS = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"

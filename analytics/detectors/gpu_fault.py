@@ -41,8 +41,8 @@ from analytics.detectors import peers, register
 from analytics.detectors.base import SEVERITIES, Detector, Finding, Window
 from analytics.detectors.counters import Evidence, evidence_number, signal_count
 from analytics.detectors.dcgm import ANSWERS, GPU_UP
-from analytics.detectors.groups import columns_frame, looked_up
-from analytics.detectors.tape import TapeView, group_extreme, group_sum, groups, label, tape_view
+from analytics.detectors.groups import columns_frame, group_extreme, group_sum, groups, looked_up
+from analytics.detectors.tape import TapeView, label, tape_view
 from analytics.reports.remedy import ACTION, ACTION_TEXT, ACTION_TEXT_KEY
 from analytics.store.protocols import Reader
 from analytics.xid_catalog import Action, lookup, worst_action

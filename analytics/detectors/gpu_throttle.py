@@ -33,8 +33,8 @@ from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, frame
 from analytics.detectors.counters import MAX_CANDIDATES, evidence_number
 from analytics.detectors.dcgm import CLOCK_EVENT_BITS, CLOCK_EVENT_MASKS, CLOCK_EVENT_REASONS, MASK_LIMIT
-from analytics.detectors.groups import Groups, group_bit_or, group_mean
-from analytics.detectors.tape import group_extreme, groups, label, tape_view
+from analytics.detectors.groups import Groups, group_bit_or, group_extreme, group_mean, groups
+from analytics.detectors.tape import label, tape_view
 from analytics.store.protocols import Reader
 
 # NVML's clocks-event reasons (fleetlens_gpu_clock_throttle_reason{reason}) that mean the GPU lowered its

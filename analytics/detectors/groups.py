@@ -1,4 +1,5 @@
-"""Per-group reductions over numpy columns, equal to pandas groupby's to the bit.
+"""Per-group reductions over numpy columns, equal to the bit to pandas groupby's or to ClickHouse's
+aggregate functions (each says which: the SQL a detector's numpy replaced was one or the other).
 
 The peer-comparing detectors reduce a window's few thousand rows by job, node, stage and step; through
 pandas each groupby call costs a millisecond of bookkeeping whatever the rows, and a window made dozens
@@ -104,6 +105,36 @@ class Groups:
     def _sorted(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The values grouped and sorted within groups (NaN last), and each group's count of non-NaN."""
         return values[self._value_order(values)], self.non_null(values)
+
+
+def groups(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For series grouped by non-negative integer `codes` (ordered as the groups are to be; a catalog's
+    ngroup numbers, or products of them): the group of each series, and one series of each group. The
+    codes present are numbered in order by a count over their range, where np.unique sorted every code."""
+    codes = np.asarray(codes, np.int64)
+    present = np.zeros(int(codes.max()) + 1 if len(codes) else 0, np.int64)
+    present[codes] = 1
+    group = (np.cumsum(present) - 1)[codes]
+    member = np.empty(int(present.sum()), np.int64)
+    member[group] = np.arange(len(group))
+    return group, member
+
+
+def group_sum(groups: np.ndarray, count: int, values: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """Per group (0 .. count - 1), the sum of `values` where `where`, added in their order from 0 as
+    ClickHouse adds them (a NaN or infinite value goes into the sum); float64 even where nothing is
+    summed, which np.bincount alone gives as int64 zeros."""
+    return np.bincount(groups[where], weights=values[where], minlength=count).astype(np.float64, copy=False)
+
+
+def group_extreme(
+    extreme: np.ufunc, groups: np.ndarray, count: int, values: np.ndarray, where: np.ndarray
+) -> np.ndarray:
+    """Per group, `extreme` (np.fmin or np.fmax) of `values` where `where`, as ClickHouse's min and max
+    (and arrayMin, arrayMax) take it: NaN values skipped, NaN when all are, 0 where there are none."""
+    found = np.full(count, np.nan)
+    extreme.at(found, groups[where], values[where])
+    return np.where(np.bincount(groups[where], minlength=count) > 0, found, 0.0)
 
 
 def median_exact(values: np.ndarray) -> float:

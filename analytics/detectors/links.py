@@ -34,7 +34,8 @@ import re2
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, computed_once, passing
 from analytics.detectors.counters import LOOKBACK_S, evidence_number
-from analytics.detectors.tape import TapeView, group_extreme, group_sum, groups, label, tape_view
+from analytics.detectors.groups import group_extreme, group_sum, groups
+from analytics.detectors.tape import TapeView, label, tape_view
 from analytics.store.protocols import Reader
 
 STATE = "node_infiniband_state_id"

@@ -29,9 +29,9 @@ from sklearn.utils.random import sample_without_replacement
 
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window
-from analytics.detectors.groups import Groups, group_median, group_quantile_exact
+from analytics.detectors.groups import Groups, group_median, group_quantile_exact, group_sum
 from analytics.detectors.peers import peer_baseline, step_aggregates
-from analytics.detectors.tape import TapeView, group_sum, tape_view
+from analytics.detectors.tape import TapeView, tape_view
 from analytics.store.protocols import Reader
 
 

@@ -33,6 +33,7 @@ import pandas as pd
 
 from analytics.detectors import DetectorError
 from analytics.detectors.base import Window, read_frame
+from analytics.detectors.groups import group_extreme, group_sum
 from analytics.store.protocols import Reader
 
 OVERLAP_S = 10.0  # read again each window: samples inserted this late for the last window are still seen
@@ -420,36 +421,6 @@ def _take(frame: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
 def label(catalog: pd.DataFrame, name: str) -> pd.Series:
     """Each series' label `name`, "" where it has none (as a ClickHouse map reads a missing key)."""
     return catalog["labels"].map(lambda labels: labels.get(name, ""))
-
-
-def groups(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For series grouped by non-negative integer `codes` (ordered as the groups are to be; a catalog's
-    ngroup numbers, or products of them): the group of each series, and one series of each group. The
-    codes present are numbered in order by a count over their range, where np.unique sorted every code."""
-    codes = np.asarray(codes, np.int64)
-    present = np.zeros(int(codes.max()) + 1 if len(codes) else 0, np.int64)
-    present[codes] = 1
-    group = (np.cumsum(present) - 1)[codes]
-    member = np.empty(int(present.sum()), np.int64)
-    member[group] = np.arange(len(group))
-    return group, member
-
-
-def group_sum(groups: np.ndarray, count: int, values: np.ndarray, where: np.ndarray) -> np.ndarray:
-    """Per group (0 .. count - 1), the sum of `values` where `where`, added in their order from 0 as
-    ClickHouse adds them (a NaN or infinite value goes into the sum); float64 even where nothing is
-    summed, which np.bincount alone gives as int64 zeros."""
-    return np.bincount(groups[where], weights=values[where], minlength=count).astype(np.float64, copy=False)
-
-
-def group_extreme(
-    extreme: np.ufunc, groups: np.ndarray, count: int, values: np.ndarray, where: np.ndarray
-) -> np.ndarray:
-    """Per group, `extreme` (np.fmin or np.fmax) of `values` where `where`, as ClickHouse's min and max
-    (and arrayMin, arrayMax) take it: NaN values skipped, NaN when all are, 0 where there are none."""
-    found = np.full(count, np.nan)
-    extreme.at(found, groups[where], values[where])
-    return np.where(np.bincount(groups[where], minlength=count) > 0, found, 0.0)
 
 
 @runtime_checkable

@@ -188,6 +188,10 @@ def test_step_aggregates_is_step_aggregates_sql(
         pd.testing.assert_frame_equal(found, expected, check_dtype=False)
 
 
+# STEP_SUMMARY's columns: what a store sends with an empty result
+STEP_SUMMARY_COLUMNS = ["job", "node", "stage", "last_ms", "window_rows", "steps", "compute_s", "duration_s"]
+
+
 class Recorder:
     """A Reader that remembers the statements and parameters asked of it and finds no rows."""
 
@@ -198,9 +202,7 @@ class Recorder:
         self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int = 10_000
     ) -> QueryResult:
         self.asked.add(repr((sql, sorted((parameters or {}).items()), max_rows)))
-        return QueryResult(
-            columns=["node", "job", "last_ms"], types=[], rows=[], truncated=False, elapsed_s=0.0
-        )
+        return QueryResult(columns=STEP_SUMMARY_COLUMNS, types=[], rows=[], truncated=False, elapsed_s=0.0)
 
 
 def test_step_readers_send_the_same_query() -> None:

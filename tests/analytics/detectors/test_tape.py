@@ -28,7 +28,8 @@ from analytics.detectors.counters import (
     series_parameters,
     series_sql,
 )
-from analytics.detectors.tape import OVERLAP_S, Tape, TapeView, group_sum, tape_view
+from analytics.detectors.groups import group_sum
+from analytics.detectors.tape import OVERLAP_S, Tape, TapeView, tape_view
 from analytics.store import Store
 from analytics.store.records import ScrapeBatch
 
