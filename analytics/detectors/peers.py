@@ -7,13 +7,13 @@ stall or a pipeline stage slower by design moves every peer together and stands 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
 
 import numpy as np
 import pandas as pd
 
-from analytics.detectors.base import Window, frame
-from analytics.detectors.groups import Groups
+from analytics.detectors.base import Window, computed_once
+from analytics.detectors.groups import Groups, columns_frame, group_quantile_exact, ordered_groups
+from analytics.detectors.steptape import StepRows, step_rows
 from analytics.detectors.tape import millis
 from analytics.store.protocols import Reader
 from analytics.store.records import QueryResult
@@ -21,8 +21,8 @@ from analytics.store.records import QueryResult
 MAD_TO_SIGMA = 1.4826  # the MAD of normally distributed values times this is their standard deviation
 
 # Per job, node and pipeline stage in a window: steps (how many), median compute_s (NULL without phase
-# data) and median duration_s of the node's ranks. The definition, which step_aggregates answers from
-# STEP_SUMMARY (its tests hold it to this).
+# data) and median duration_s of the node's ranks. The definition, which step_aggregates answers from the
+# steps tape (its tests hold it to this).
 STEP_AGGREGATES = """
 SELECT job, node, ifNull(pp_stage, 0) AS stage, toUInt64(sum(steps)) AS steps,
     quantileExact(0.5)(compute_s) AS compute_s, quantileExact(0.5)(duration_s) AS duration_s
@@ -33,43 +33,54 @@ ORDER BY job, node, stage
 """
 # Each node's job: the job of its latest step row since the lookback ("" for a node without one, after a
 # LEFT JOIN ... ON candidates.node = jobs.node), for detectors whose candidates are a node's parts. The
-# definition, which the tape's tests join against; node_jobs answers it from STEP_SUMMARY.
+# definition, which the tape's tests join against; node_jobs answers it from the steps tape.
 NODE_JOBS = """
     SELECT node, argMax(job, ts) AS job
     FROM steps
     WHERE ts >= {lookback:DateTime64(3)} AND ts < {end:DateTime64(3)}
     GROUP BY node
 """
-# What node_jobs and step_aggregates both answer from, in one statement a window: per job, node and stage
-# since JOBS_LOOKBACK_S (or more) before the window, the time of its latest step row (Unix ms), and
-# STEP_AGGREGATES's figures over the rows in the window (`window_rows` of them: none for a group seen only
-# before it). A statement costs its parse and plan (about 10 ms) however few its rows: the two this
-# replaced cost 28-30 ms a window, this one 22-25.
-STEP_SUMMARY = """
-SELECT job, node, ifNull(pp_stage, 0) AS stage, toUnixTimestamp64Milli(max(ts)) AS last_ms,
-    countIf(ts >= {start:DateTime64(3)}) AS window_rows,
-    toUInt64(sumIf(steps, ts >= {start:DateTime64(3)})) AS steps,
-    quantileExactIf(0.5)(compute_s, ts >= {start:DateTime64(3)}) AS compute_s,
-    quantileExactIf(0.5)(duration_s, ts >= {start:DateTime64(3)}) AS duration_s
-FROM steps
-WHERE ts >= {lookback:DateTime64(3)} AND ts < {end:DateTime64(3)}
-GROUP BY job, node, stage
-ORDER BY job, node, stage
-"""
 AGGREGATE_COLUMNS = ["job", "node", "stage", "steps", "compute_s", "duration_s"]
-# the summary reads at least this far back: the longest lookback of node_jobs's callers (gpu_fault's), so
-# that every caller, step_aggregates's too, sends the same statement and the runner's shared reads run it
-# once a window, whatever their lookbacks
+# the summary looks at least this far back: the longest lookback of node_jobs's callers (gpu_fault's), so
+# that every caller, step_aggregates's too, asks for the same summary and the runner's window computes it
+# once, whatever their lookbacks
 JOBS_LOOKBACK_S = 300.0
 
+Summary = dict[str, np.ndarray]  # per (job, node, stage), in that order: one array per figure
 
-def step_summary(source: Reader, window: Window, lookback_s: float = 0.0) -> QueryResult:
-    """STEP_SUMMARY for `window`, looking back `lookback_s` before it or JOBS_LOOKBACK_S if longer."""
-    parameters = {
-        **window.parameters,
-        "lookback": datetime.fromtimestamp(window.start - max(lookback_s, JOBS_LOOKBACK_S), UTC),
+
+def step_summary(source: Reader, window: Window, lookback_s: float = 0.0) -> Summary:
+    """What node_jobs and step_aggregates both answer from, computed once a window on the runner's
+    source: per job, node and stage with a step row since JOBS_LOOKBACK_S (or `lookback_s` if longer)
+    before the window, in that order, the time of its latest row (`last_ms`, Unix ms), and
+    STEP_AGGREGATES's figures over its rows in the window (`window_rows` of them: none for one seen only
+    before it). `job_id` and `node_id` order as the names do. Callers must not change it."""
+    since = window.start - max(lookback_s, JOBS_LOOKBACK_S)
+    return computed_once(
+        source, ("step_summary", window, since), lambda: _summary(step_rows(source, window, since)[1], window)
+    )
+
+
+def _summary(rows: StepRows, window: Window) -> Summary:
+    key = (rows.job * len(rows.nodes) + rows.node) * (int(rows.stage.max(initial=0)) + 1) + rows.stage
+    group, first = ordered_groups(key)
+    count = len(first)
+    last_ms = np.full(count, np.iinfo(np.int64).min)
+    np.maximum.at(last_ms, group, rows.t_ms)
+    inside = rows.t_ms >= millis(window.start)
+    window_group = group[inside]
+    return {
+        "job_id": rows.job[first],
+        "node_id": rows.node[first],
+        "job": rows.jobs[rows.job[first]],
+        "node": rows.nodes[rows.node[first]],
+        "stage": rows.stage[first],
+        "last_ms": last_ms,
+        "window_rows": np.bincount(window_group, minlength=count),
+        "steps": np.bincount(window_group, weights=rows.steps[inside], minlength=count).astype(np.int64),
+        "compute_s": group_quantile_exact(window_group, count, rows.compute_s[inside]),
+        "duration_s": group_quantile_exact(window_group, count, rows.duration_s[inside]),
     }
-    return source.query(STEP_SUMMARY, parameters=parameters, max_rows=1_000_000)
 
 
 def node_jobs(source: Reader, window: Window, lookback_s: float) -> pd.Series:
@@ -79,29 +90,21 @@ def node_jobs(source: Reader, window: Window, lookback_s: float) -> pd.Series:
     Read from each (job, node, stage)'s latest step since JOBS_LOOKBACK_S (or `lookback_s` if longer):
     those whose latest step falls in the lookback are the jobs with a row in it, and the latest of them is
     the job of the node's latest row. Of jobs whose latest rows tie, the last by name (argMax picks any)."""
-    since = millis(window.start - lookback_s)
-    latest: dict[str, tuple[int, str]] = {}  # node -> its latest (last_ms, job) since the lookback
     summary = step_summary(source, window, lookback_s)
-    at = [summary.columns.index(name) for name in ("node", "job", "last_ms")]
-    for row in summary.rows:
-        node, job, last_ms = (row[i] for i in at)
-        if last_ms >= since and (last_ms, job) > latest.get(node, (since - 1, "")):
-            latest[node] = (last_ms, job)
-    if not latest:
-        return pd.Series(dtype=object, name="job")
-    jobs = [job for _, job in latest.values()]
-    return pd.Series(jobs, index=pd.Index(list(latest), name="node"), dtype=object, name="job")
+    recent = summary["last_ms"] >= millis(window.start - lookback_s)
+    node, last_ms, job = (summary[name][recent] for name in ("node_id", "last_ms", "job_id"))
+    order = np.lexsort((job, last_ms, node))  # each node's latest (last_ms, job) ends its run
+    latest = order[np.append(node[order][1:] != node[order][:-1], True)] if len(order) else order
+    names = summary["job"][recent][latest], summary["node"][recent][latest]
+    return pd.Series(names[0], index=pd.Index(names[1], dtype=object, name="node"), dtype=object, name="job")
 
 
 def step_aggregates(source: Reader, window: Window) -> pd.DataFrame:
     """STEP_AGGREGATES for `window`: per job, node and pipeline stage, steps (how many), median
     compute_s (NaN without phase data) and median duration_s of the node's ranks."""
-    steps = frame(step_summary(source, window))
-    steps = steps[steps["window_rows"] > 0]
-    if steps.empty:
-        return pd.DataFrame(columns=AGGREGATE_COLUMNS)
-    steps = steps[AGGREGATE_COLUMNS].reset_index(drop=True)
-    return steps.astype({"compute_s": float, "duration_s": float, "steps": int, "stage": int})
+    summary = step_summary(source, window)
+    seen = summary["window_rows"] > 0
+    return columns_frame({name: summary[name][seen] for name in AGGREGATE_COLUMNS})
 
 
 def node_values(result: QueryResult, names: Sequence[str], nodes: Sequence[str]) -> np.ndarray:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from analytics.detectors import DetectorError, build
 from analytics.detectors.base import SEVERITIES, Computed, Detector, Finding, Judgement, Window
+from analytics.detectors.steptape import StepRows, StepTape
 from analytics.detectors.tape import Tape, TapeView
 from analytics.errors import StoreUnavailable
 from analytics.store.protocols import Reader
@@ -61,12 +62,14 @@ def windows(start: float, end: float, window_s: float = 10.0) -> list[Window]:
 class _SharedQueries:
     """A source that runs each distinct query once: detectors that read the same rows in one window
     share one query, and what they compute alike (base.computed_once) is computed once; and that reads
-    the runner's tape, which carries the samples detectors read there (link_flap, link_down, congestion)
-    from window to window. Lives for one window."""
+    the runner's tapes, which carry the samples detectors read there (link_flap, link_down, congestion)
+    and the step rows (slow_node, peer_outlier, gpu_fault, dma_degraded) from window to window. Lives for
+    one window."""
 
-    def __init__(self, source: Reader, tape: Tape) -> None:
+    def __init__(self, source: Reader, tape: Tape, steps: StepTape) -> None:
         self._source = source
         self._tape = tape
+        self._steps = steps
         self._results: dict[str, QueryResult] = {}
         self._computed: dict[Hashable, Any] = {}
 
@@ -80,6 +83,9 @@ class _SharedQueries:
 
     def tape_view(self, metrics: Sequence[str], window: Window, lookback_s: float) -> TapeView:
         return self._tape.view(self._source, metrics, window, lookback_s)
+
+    def step_rows(self, window: Window, since: float) -> tuple[StepTape, StepRows]:
+        return self._steps, self._steps.rows(self._source, window, since)
 
     def once(self, key: Hashable, compute: Callable[[], Computed]) -> Computed:
         if key not in self._computed:
@@ -135,6 +141,7 @@ class DetectionRunner:
         self._tracks: dict[str, dict[TrackKey, _Track]] = {detector.name: {} for detector in self.detectors}
         self._causes_logged: set[tuple[str, str, str]] = set()
         self._tape = Tape()
+        self._steps = StepTape()
         for detector in self.detectors:
             self._tape.register(detector.tape_needs())
 
@@ -144,7 +151,7 @@ class DetectionRunner:
         window: its anomalies stay as they were. StoreUnavailable fails the whole window before any state
         moves, so that no anomaly closes for want of data."""
         found: dict[str, Judgement] = {}
-        shared = _SharedQueries(source, self._tape)
+        shared = _SharedQueries(source, self._tape, self._steps)
         for detector in self.detectors:
             try:
                 found[detector.name] = detector.judge(shared, window)

@@ -46,14 +46,19 @@ import pandas as pd
 
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window
-from analytics.detectors.groups import Groups, columns_frame
+from analytics.detectors.groups import Groups, columns_frame, group_quantile_exact
 from analytics.detectors.peers import MAD_TO_SIGMA, node_values
+from analytics.detectors.steptape import StepRows, step_rows
 from analytics.store.protocols import Reader
 
 MAX_LOOKBACK_S = 3600.0  # 5 steps of 10 minutes, with a margin: the longest lookback a window gets
 LAST_STEPS = 32  # per node and stage: the most steps a window reads (the lookback takes at most this many)
 OTLP_BUCKET_S = 10  # OTLP histograms cover runs of steps: their records are compared by time bucket
 
+# The definitions of what a window reads, which _recent_units answers from the steps tape (its tests hold
+# it to these): each job's step cadence over the hour (the median step; quantile is exact below 8,192
+# values, the tape at any count), and each node's steps (per job and stage, its last ones) in its job's
+# lookback, `since_ms` of its job on.
 JOB_CADENCE = """
 SELECT CAST(job, 'String') AS job, quantile(0.5)(duration_s) AS step_s
 FROM steps
@@ -61,7 +66,7 @@ WHERE ts >= {start:DateTime64(3)} AND ts < {end:DateTime64(3)}
 GROUP BY job
 """
 STEP_UNITS = """
-SELECT job, node, ifNull(pp_stage, 0) AS stage,
+SELECT CAST(job, 'String') AS job, CAST(node, 'String') AS node, ifNull(pp_stage, 0) AS stage,
     if(steps <= 1, toInt64(step), -1 - toInt64(intDiv(toUnixTimestamp(ts), {bucket_s:UInt32}))) AS unit,
     toUnixTimestamp64Milli(max(ts)) / 1000 AS ended,
     quantileExact(0.5)(compute_s) AS compute_s, quantileExact(0.5)(duration_s) AS duration_s,
@@ -74,17 +79,6 @@ GROUP BY job, node, stage, unit
 ORDER BY job, node, stage, ended DESC
 LIMIT {last:UInt32} BY job, node, stage
 """
-UNIT_TYPES = {  # STEP_UNITS's columns as numpy arrays (a NULL compute_s is NaN)
-    "job": object,
-    "node": object,
-    "stage": np.int64,
-    "unit": np.int64,
-    "ended": float,
-    "compute_s": float,
-    "duration_s": float,
-    "ranks": np.int64,
-    "covered": float,
-}
 Columns = dict[str, np.ndarray]  # rows as one numpy array per column
 GPU_SIGNALS = {  # store metric -> evidence name; the first one measures the slowdown
     "DCGM_FI_DEV_SM_CLOCK": "sm_clock_mhz",
@@ -200,30 +194,16 @@ class SlowNode(Detector):
         step length asks for; None if there are none. Only steps in the lookback are read, so a job that
         restarted from a checkpoint (its step numbers again) is not mixed with its steps before the
         restart."""
-        longest = Window(window.end - MAX_LOOKBACK_S, window.end)
-        cadence = source.query(JOB_CADENCE, parameters=longest.parameters, max_rows=1 << 16).rows
-        if not cadence:
+        tape, rows = step_rows(source, window, window.end - MAX_LOOKBACK_S)
+        if not len(rows):
             return None
-        jobs = [job for job, _ in cadence]
-        step_s = np.array([step for _, step in cadence], dtype=float)
-        lookback_s = np.clip(self.lookback_steps * step_s, window.end - window.start, MAX_LOOKBACK_S)
-        parameters = {
-            **Window(window.end - float(lookback_s.max()), window.end).parameters,  # read no further back
-            "jobs": jobs,
-            "since_ms": [int((window.end - seconds) * 1000) for seconds in lookback_s.tolist()],
-            "bucket_s": OTLP_BUCKET_S,
-            "last": LAST_STEPS,
-        }
-        result = source.query(STEP_UNITS, parameters=parameters, max_rows=1 << 20)
-        if not result.rows:
-            return None
-        raw = dict(zip(result.columns, zip(*result.rows, strict=True), strict=True))
-        units = {name: np.array(raw[name], dtype=dtype) for name, dtype in UNIT_TYPES.items()}
-        for name in ["job", "node"]:  # grouped by these integers: sorting strings again and again costs
-            # factorize's sort of Python strings: np.unique's order (code points) at a tenth of its cost
-            units[f"{name}_id"] = pd.factorize(units[name], sort=True)[0].astype(np.int64)
-        by_job = dict(zip(jobs, lookback_s.tolist(), strict=True))
-        units["lookback_s"] = np.array([by_job.get(job, np.nan) for job in units["job"]], dtype=float)
+        jobs, step_s = tape.job_medians(rows)
+        lookback_s = np.full(len(rows.jobs), np.nan)  # per job code
+        lookback_s[jobs] = np.clip(self.lookback_steps * step_s, window.end - window.start, MAX_LOOKBACK_S)
+        since_ms = np.zeros(len(rows.jobs), np.int64)
+        since_ms[jobs] = [int((window.end - seconds) * 1000) for seconds in lookback_s[jobs].tolist()]
+        units = step_units(rows.where(rows.t_ms >= since_ms[rows.job]), OTLP_BUCKET_S, LAST_STEPS)
+        units["lookback_s"] = lookback_s[units["job_id"]]
         return units
 
     def _without_phases(
@@ -277,6 +257,37 @@ class SlowNode(Detector):
             }
         # text kept as Python strings: the runner's and findings' row tuples read them back every window
         return columns_frame({name: nodes[name] for name in FEATURE_COLUMNS})
+
+
+def step_units(rows: StepRows, bucket_s: int, last: int) -> Columns:
+    """STEP_UNITS's rows over `rows` (those in the lookback of their job), a numpy array per column (a
+    NULL compute_s is NaN), with the job's and node's codes (`job_id`, `node_id`), which order as their
+    names do: per job, node, stage and unit (a step, or an OTLP record's time bucket), when its last row
+    ended, its ranks' median compute and step times, its ranks, and the steps each covered; each node's
+    `last` latest units per job and stage."""
+    unit = np.where(rows.steps <= 1, rows.step, -1 - (rows.t_ms // 1000) // bucket_s)
+    key = Groups(rows.job, rows.node, rows.stage, unit)
+    ended_ms = np.full(key.count, np.iinfo(np.int64).min)
+    np.maximum.at(ended_ms, key.ids, rows.t_ms)
+    first = key.first_rows()
+    ranks = np.bincount(key.ids[Groups(key.ids, rows.rank).first_rows()], minlength=key.count)  # distinct
+    units = {
+        "job_id": rows.job[first],
+        "node_id": rows.node[first],
+        "stage": rows.stage[first],
+        "unit": unit[first],
+        "ended": ended_ms / 1000,
+        "compute_s": group_quantile_exact(key.ids, key.count, rows.compute_s),
+        "duration_s": group_quantile_exact(key.ids, key.count, rows.duration_s),
+        "ranks": ranks,
+        "covered": np.bincount(key.ids, weights=rows.steps, minlength=key.count) / ranks,
+    }
+    order = np.lexsort((-units["ended"], units["stage"], units["node_id"], units["job_id"]))
+    units = {name: column[order] for name, column in units.items()}
+    run = Groups(units["job_id"], units["node_id"], units["stage"])
+    latest = np.arange(len(order)) - run.starts[run.ids] < last  # rows of a run are consecutive here
+    units = {name: column[latest] for name, column in units.items()}
+    return {"job": rows.jobs[units["job_id"]], "node": rows.nodes[units["node_id"]], **units}
 
 
 def _judged(units: Columns, window: Window, min_steps: int) -> np.ndarray:

@@ -13,6 +13,7 @@ from analytics.detectors.base import Detector, Window
 from analytics.detectors.counters import LOOKBACK_S
 from analytics.detectors.links import IGNORED_INTERFACES, LinkDown, LinkFlap, links
 from analytics.detectors.runner import DetectionRunner, _SharedQueries
+from analytics.detectors.steptape import StepTape
 from analytics.detectors.tape import Tape
 from analytics.store import Store
 from analytics.store.records import ScrapeBatch
@@ -93,7 +94,7 @@ def test_in_one_window_link_flap_and_link_down_compute_the_links_once_and_find_w
         fleet["vela-001"].sysfs.set_link(1, up=False)
         flap(fleet, "vela-002", 0)
         window = fleet.tick()
-        shared = _SharedQueries(store, Tape())  # what the runner's step hands its detectors
+        shared = _SharedQueries(store, Tape(), StepTape())  # what the runner's step hands its detectors
         together = [detector.judge(shared, window).findings for detector in detectors]
         assert len(computed) == 1
         apart = [detector.judge(store, window).findings for detector in detectors]

@@ -1,13 +1,12 @@
 """analytics.detectors.peers: the numpy peer baseline gives the numbers of the pandas one it replaced
 (kept here as the reference), on random features with NaNs, infinities, lone nodes and empty stages; and
-node_jobs and step_aggregates answer NODE_JOBS (for any lookback) and STEP_AGGREGATES from the one
-statement all their callers share."""
+node_jobs and step_aggregates answer NODE_JOBS (for any lookback) and STEP_AGGREGATES from the steps tape's
+rows."""
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,10 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from analytics.detectors.base import Window, frame
-from analytics.detectors.dma import DmaDegraded
-from analytics.detectors.gpu_fault import GpuFault
 from analytics.detectors.groups import Groups
-from analytics.detectors.peer_outlier import PeerOutlier
 from analytics.detectors.peers import (
     MAD_TO_SIGMA,
     NODE_JOBS,
@@ -186,31 +182,3 @@ def test_step_aggregates_is_step_aggregates_sql(
     if len(expected):
         expected = expected.astype({"compute_s": float, "duration_s": float, "steps": int, "stage": int})
         pd.testing.assert_frame_equal(found, expected, check_dtype=False)
-
-
-# STEP_SUMMARY's columns: what a store sends with an empty result
-STEP_SUMMARY_COLUMNS = ["job", "node", "stage", "last_ms", "window_rows", "steps", "compute_s", "duration_s"]
-
-
-class Recorder:
-    """A Reader that remembers the statements and parameters asked of it and finds no rows."""
-
-    def __init__(self) -> None:
-        self.asked: set[str] = set()
-
-    def query(
-        self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int = 10_000
-    ) -> QueryResult:
-        self.asked.add(repr((sql, sorted((parameters or {}).items()), max_rows)))
-        return QueryResult(columns=STEP_SUMMARY_COLUMNS, types=[], rows=[], truncated=False, elapsed_s=0.0)
-
-
-def test_step_readers_send_the_same_query() -> None:
-    """gpu_fault and dma_degraded look back differently, but ask node_jobs the same, and peer_outlier's
-    step_aggregates asks that too: the runner's shared reads run it once a window."""
-    recorder = Recorder()
-    for detector in (GpuFault(), DmaDegraded()):
-        assert node_jobs(recorder, Window(1000.0, 1010.0), detector.lookback_s).empty
-    assert step_aggregates(recorder, Window(1000.0, 1010.0)).empty
-    assert PeerOutlier().features(recorder, Window(1000.0, 1010.0)).empty
-    assert len(recorder.asked) == 1
