@@ -13,7 +13,7 @@ import pandas as pd
 
 from analytics.detectors.base import Window, computed_once
 from analytics.detectors.groups import Groups, columns_frame, group_quantile_exact, ordered_groups
-from analytics.detectors.steptape import StepRows, step_rows
+from analytics.detectors.steptape import StepRows, step_tape
 from analytics.detectors.tape import millis
 from analytics.store.protocols import Reader
 from analytics.store.records import QueryResult
@@ -56,8 +56,9 @@ def step_summary(source: Reader, window: Window, lookback_s: float = 0.0) -> Sum
     STEP_AGGREGATES's figures over its rows in the window (`window_rows` of them: none for one seen only
     before it). `job_id` and `node_id` order as the names do. Callers must not change it."""
     since = window.start - max(lookback_s, JOBS_LOOKBACK_S)
+    tape, reader = step_tape(source)
     return computed_once(
-        source, ("step_summary", window, since), lambda: _summary(step_rows(source, window, since)[1], window)
+        source, ("step_summary", window, since), lambda: _summary(tape.rows(reader, window, since), window)
     )
 
 

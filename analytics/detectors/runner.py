@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from analytics.detectors import DetectorError, build
 from analytics.detectors.base import SEVERITIES, Computed, Detector, Finding, Judgement, Window
-from analytics.detectors.steptape import StepRows, StepTape
+from analytics.detectors.steptape import StepTape
 from analytics.detectors.tape import Tape, TapeView
 from analytics.errors import StoreUnavailable
 from analytics.store.protocols import Reader
@@ -84,8 +84,8 @@ class _SharedQueries:
     def tape_view(self, metrics: Sequence[str], window: Window, lookback_s: float) -> TapeView:
         return self._tape.view(self._source, metrics, window, lookback_s)
 
-    def step_rows(self, window: Window, since: float) -> tuple[StepTape, StepRows]:
-        return self._steps, self._steps.rows(self._source, window, since)
+    def step_tape(self) -> tuple[StepTape, Reader]:
+        return self._steps, self._source
 
     def once(self, key: Hashable, compute: Callable[[], Computed]) -> Computed:
         if key not in self._computed:

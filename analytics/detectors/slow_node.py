@@ -48,7 +48,7 @@ from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window
 from analytics.detectors.groups import Groups, columns_frame, group_quantile_exact
 from analytics.detectors.peers import MAD_TO_SIGMA, node_values
-from analytics.detectors.steptape import StepRows, step_rows
+from analytics.detectors.steptape import StepRows, step_tape
 from analytics.store.protocols import Reader
 
 MAX_LOOKBACK_S = 3600.0  # 5 steps of 10 minutes, with a margin: the longest lookback a window gets
@@ -194,14 +194,15 @@ class SlowNode(Detector):
         step length asks for; None if there are none. Only steps in the lookback are read, so a job that
         restarted from a checkpoint (its step numbers again) is not mixed with its steps before the
         restart."""
-        tape, rows = step_rows(source, window, window.end - MAX_LOOKBACK_S)
-        if not len(rows):
+        tape, reader = step_tape(source)
+        jobs, step_s = tape.job_medians(reader, window, window.end - MAX_LOOKBACK_S)
+        if not len(jobs):
             return None
-        jobs, step_s = tape.job_medians(rows)
-        lookback_s = np.full(len(rows.jobs), np.nan)  # per job code
+        lookback_s = np.full(len(tape.jobs_.names), np.nan)  # per job code (none: durations all NaN)
         lookback_s[jobs] = np.clip(self.lookback_steps * step_s, window.end - window.start, MAX_LOOKBACK_S)
-        since_ms = np.zeros(len(rows.jobs), np.int64)
+        since_ms = np.zeros(len(lookback_s), np.int64)
         since_ms[jobs] = [int((window.end - seconds) * 1000) for seconds in lookback_s[jobs].tolist()]
+        rows = tape.rows(reader, window, int(since_ms[jobs].min()) / 1000)  # the longest lookback alone
         units = step_units(rows.where(rows.t_ms >= since_ms[rows.job]), OTLP_BUCKET_S, LAST_STEPS)
         units["lookback_s"] = lookback_s[units["job_id"]]
         return units

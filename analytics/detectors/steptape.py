@@ -4,18 +4,20 @@ slow_node's job cadence over an hour and its recent steps, and the step summary 
 and peer_outlier. On chDB those three cost 97 ms a window, their analysis alone 20-26 ms each.
 
     tape = StepTape()
-    rows = tape.rows(store, window, since=window.end - 3600)   # the rows in [since, window.end)
-    rows.jobs[rows.job]                                        # each row's job
-    tape.job_medians(rows)                                     # each job's median step over them
+    jobs, step_s = tape.job_medians(store, window, since=window.end - 3600)  # each job's median step
+    rows = tape.rows(store, window, since=window.end - 20)   # the rows in [since, window.end)
+    rows.jobs[rows.job]                                      # each row's job (jobs[job_medians's codes])
 
 As the samples tape (analytics.detectors.tape) does, a window's read covers the rows since what the tape
 holds, less `overlap_s` (one window by default), which is read again for rows inserted late; a row later
 than that is missed by a warm tape until it leaves the range. A fresh tape, or one asked for a longer range,
 another source or a window out of order, reads the whole range at once. The tape holds the longest range it
-was asked for, measured back from the window's end, rows in time order, job and node as codes.
+was asked for, measured back from the window's end: the rows of each read as a chunk, in time order, job
+and node as codes, so that a window adds a chunk and drops the rows that left the range, and copies none
+of the rest (an hour of a large fleet is 1.4 M rows: 1,536 ranks at 4 s).
 
-Each job's step durations are held sorted as well: the median step of a job over an hour of a large fleet
-(1.4 M rows for 1,536 ranks at 4 s) is then a merge of a window's new rows and a lookup, not a sort.
+Each job's step durations are held sorted as well, for the median over the longest range (slow_node's
+cadence): a window deletes the values that left and inserts the new ones, instead of sorting the hour.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from analytics.detectors.base import Window, read_frame
 from analytics.detectors.tape import OVERLAP_S, millis
 from analytics.store.protocols import Reader
 
+FORGET_AFTER = 16  # names without rows held kept beyond as many as those with rows
 MAX_STEP_ROWS = 50_000_000  # rows one read may return: an hour of a 100k-rank fleet at 7 s steps
 
 STEP_ROWS_SQL = """
@@ -50,6 +53,9 @@ COLUMN_TYPES = {  # the columns held, as numpy arrays (a NULL compute_s is NaN; 
     "compute_s": np.float64,
     "duration_s": np.float64,
 }
+
+
+Chunk = dict[str, np.ndarray]  # rows as a numpy array per column of COLUMN_TYPES
 
 
 @dataclass(frozen=True)
@@ -75,35 +81,42 @@ class StepRows:
     def __len__(self) -> int:
         return len(self.t_ms)
 
+    def since(self, since_ms: int) -> StepRows:
+        """The rows from `since_ms` on (views: they are in time order)."""
+        first = int(np.searchsorted(self.t_ms, since_ms))
+        return replace(
+            self, **{name: getattr(self, name)[first:] for name in COLUMN_TYPES}, since_ms=since_ms
+        )
+
     def where(self, kept: np.ndarray) -> StepRows:
         """The rows where `kept`."""
         return replace(self, **{name: getattr(self, name)[kept] for name in COLUMN_TYPES})
 
 
 class _Names:
-    """Text (jobs, nodes) as integer codes, in the order first seen, and their sorted order."""
+    """Text (jobs, nodes) as integer codes that order as the names do: the place of each in the sorted
+    names seen, which a new name renumbers (rare: a job starts, a node joins)."""
 
     def __init__(self) -> None:
-        self.codes: dict[str, int] = {}
-        self._sorted: tuple[np.ndarray, np.ndarray] | None = None
+        self.names = np.empty(0, object)
 
-    def encode(self, text: pd.Series) -> np.ndarray:
+    def encode(self, text: pd.Series) -> tuple[np.ndarray, np.ndarray | None]:
+        """The codes of `text`; and if it holds a name not seen before, each earlier code's new number."""
         codes, distinct = pd.factorize(text)
-        for name in distinct.tolist():
-            if name not in self.codes:
-                self.codes[name] = len(self.codes)
-                self._sorted = None
-        return np.array([self.codes[name] for name in distinct.tolist()], np.int64)[codes]
+        distinct = np.array(distinct.tolist(), dtype=object)
+        renumbered = None
+        if unseen := set(distinct.tolist()) - set(self.names.tolist()):
+            names = np.array(sorted({*self.names.tolist(), *unseen}), dtype=object)
+            renumbered = np.searchsorted(names, self.names)
+            self.names = names
+        return np.searchsorted(self.names, distinct)[codes], renumbered
 
-    def ranked(self) -> tuple[np.ndarray, np.ndarray]:
-        """The names sorted, and per code its name's place among them."""
-        if self._sorted is None:
-            names = np.array(list(self.codes), dtype=object)
-            order = np.argsort(names, kind="stable")
-            place = np.empty(len(names), np.int64)
-            place[order] = np.arange(len(names))
-            self._sorted = (names[order], place)
-        return self._sorted
+    def keep(self, used: np.ndarray) -> np.ndarray:
+        """Forget the names but those of codes `used` (sorted, distinct); each used code's new number."""
+        renumbered = np.full(len(self.names), -1, np.int64)
+        renumbered[used] = np.arange(len(used))
+        self.names = self.names[used]
+        return renumbered
 
 
 class StepTape:
@@ -115,86 +128,120 @@ class StepTape:
         self.source_: Reader | None = None
         self.from_ms_ = 0  # the rows held are those in [from_ms_, until_ms_)
         self.until_ms_ = 0
-        self.columns_ = _empty()  # in time order
+        self.chunks_: list[Chunk] = []  # a read's rows each, in time order
+        self.durations_: dict[int, np.ndarray] = {}  # job code -> its rows' durations but NaN, sorted
         self.jobs_, self.nodes_ = _Names(), _Names()
-        # every held row's job and duration, sorted by job, then duration; and each one's time
-        self.by_duration_ = {name: _empty()[name] for name in ["job", "duration_s", "t_ms"]}
 
     def rows(self, source: Reader, window: Window, since: float) -> StepRows:
         """The rows of `steps` in [since, window.end), read from `source` as far as the tape lacks them."""
+        since_ms, until_ms = self._advance(source, window, since)
+        parts = []
+        for chunk in reversed(self.chunks_):
+            t_ms = chunk["t_ms"]
+            if len(t_ms) and t_ms[-1] < since_ms:
+                break
+            first = int(np.searchsorted(t_ms, since_ms))
+            parts.append({name: column[first:] for name, column in chunk.items()} if first else chunk)
+        parts = parts[::-1] or [_empty()]
+        columns = {name: np.concatenate([part[name] for part in parts]) for name in COLUMN_TYPES}
+        names = {"jobs": self.jobs_.names, "nodes": self.nodes_.names}
+        return StepRows(**columns, **names, since_ms=since_ms, until_ms=until_ms)
+
+    def job_medians(self, source: Reader, window: Window, since: float) -> tuple[np.ndarray, np.ndarray]:
+        """Each job with a row in [since, window.end): its code (into the `jobs` of rows this tape hands
+        out in this window) and the median of its rows' durations, as ClickHouse's quantile(0.5) gives it
+        below 8,192 values (groups.group_median) and exactly at any count. Held for the longest range
+        asked for alone: `since` must be its start."""
+        since_ms, _ = self._advance(source, window, since)
+        if since_ms != self.from_ms_:
+            raise DetectorError("the steps tape keeps job medians over its longest range alone")
+        codes = np.array(sorted(self.durations_), np.int64)
+        return codes, np.array([_median(self.durations_[code]) for code in codes.tolist()])
+
+    def _advance(self, source: Reader, window: Window, since: float) -> tuple[int, int]:
+        """Hold the rows of the longest range asked for, `since` on counted: the new ones only, from the
+        overlap on, where the tape holds the rest. Returns [since, window.end) in ms."""
         since_ms, until_ms = millis(since), millis(window.end)
         self.span_ms_ = max(self.span_ms_, until_ms - since_ms)
-        self._advance(source, until_ms)
-        first, last = np.searchsorted(self.columns_["t_ms"], [since_ms, until_ms])
-        columns = {name: column[first:last] for name, column in self.columns_.items()}
-        jobs, job_place = self.jobs_.ranked()
-        nodes, node_place = self.nodes_.ranked()
-        columns["job"], columns["node"] = job_place[columns["job"]], node_place[columns["node"]]
-        return StepRows(**columns, jobs=jobs, nodes=nodes, since_ms=since_ms, until_ms=until_ms)
-
-    def job_medians(self, rows: StepRows) -> tuple[np.ndarray, np.ndarray]:
-        """For the jobs with rows in `rows` (a range this tape handed out in this window): their codes
-        among rows.jobs, and the median of their rows' durations, as ClickHouse's quantile(0.5) gives it
-        below 8,192 values (groups.group_median), exactly at any count."""
-        if rows.until_ms != self.until_ms_ or rows.since_ms < self.from_ms_:
-            raise DetectorError("job_medians asked of rows the tape no longer holds")
-        held = self.by_duration_
-        kept = (held["t_ms"] >= rows.since_ms) & (held["t_ms"] < rows.until_ms)
-        job, duration = held["job"][kept], held["duration_s"][kept]  # still sorted by job, then duration
-        codes, starts, sizes = np.unique(job, return_index=True, return_counts=True)
-        index = 0.5 * (sizes - 1)
-        left = index.astype(np.int64)
-        low, high = duration[starts + left], duration[starts + np.minimum(left + 1, sizes - 1)]
-        with np.errstate(invalid="ignore"):  # inf x 0 is NaN, as in ClickHouse
-            interpolated = low * ((left + 1) - index) + high * (index - left)
-        medians = np.where(left + 1 == sizes, low, interpolated)
-        return self.jobs_.ranked()[1][codes], medians
-
-    def _advance(self, source: Reader, until_ms: int) -> None:
-        """Hold the rows of [until_ms - span_ms_, until_ms): the new ones only, from the overlap on, where
-        the tape holds the rest."""
         from_ms = until_ms - self.span_ms_
         covered = source is self.source_ and self.from_ms_ <= from_ms
         if covered and until_ms == self.until_ms_:
-            return
+            return since_ms, until_ms
         resume = covered and self.until_ms_ < until_ms and from_ms <= self.until_ms_
         read_from = max(from_ms, self.until_ms_ - round(self.overlap_s * 1000)) if resume else from_ms
-        new = self._read(source, read_from, until_ms)
-        held = self.columns_
-        first, last = np.searchsorted(held["t_ms"], [from_ms, read_from]) if resume else (0, 0)
-        self.columns_ = {name: np.concatenate([held[name][first:last], new[name]]) for name in held}
-        self._merge_durations(new, from_ms, read_from if resume else from_ms)
+        if resume:
+            self._keep(from_ms, read_from)
+        else:
+            self.chunks_, self.durations_ = [], {}
+        new, named = self._read(source, read_from, until_ms)
+        if len(new["t_ms"]):
+            self.chunks_.append(new)
+            self._sort_in(new, added=True)
         self.source_, self.from_ms_, self.until_ms_ = source, from_ms, until_ms
+        if named:
+            self._forget()
+        return since_ms, until_ms
 
-    def _merge_durations(self, new: dict[str, np.ndarray], from_ms: int, read_from: int) -> None:
-        """Keep by_duration_ to the rows held: those before `from_ms` and those read again from `read_from`
-        out, the new ones in, each at its place in (job, duration) order."""
-        held = self.by_duration_
-        kept = (held["t_ms"] >= from_ms) & (held["t_ms"] < read_from)
-        held = {name: column[kept] for name, column in held.items()}
-        order = np.lexsort((new["duration_s"], new["job"]))
-        added = {name: new[name][order] for name in held}
-        places = np.empty(len(order), np.int64)
-        for job in np.unique(added["job"]).tolist():  # within each job's run, by duration
-            ours = added["job"] == job
-            first, last = np.searchsorted(held["job"], [job, job + 1])
-            within = np.searchsorted(held["duration_s"][first:last], added["duration_s"][ours], "right")
-            places[ours] = first + within
-        self.by_duration_ = {name: np.insert(held[name], places, added[name]) for name in held}
+    def _keep(self, from_ms: int, read_from: int) -> None:
+        """Keep the rows of [from_ms, read_from): drop those before (they left the range) and after (they
+        are read again), from the chunks and from the sorted durations."""
+        kept, gone = [], []
+        for chunk in self.chunks_:
+            t_ms = chunk["t_ms"]
+            first, last = (
+                (0, len(t_ms))
+                if from_ms <= t_ms[0] and t_ms[-1] < read_from
+                else (np.searchsorted(t_ms, [from_ms, read_from]).tolist())
+            )
+            if (first, last) == (0, len(t_ms)):
+                kept.append(chunk)
+                continue
+            gone.extend(
+                {name: column[lo:hi] for name, column in chunk.items()}
+                for lo, hi in [(0, first), (last, len(t_ms))]
+            )
+            if last > first:
+                kept.append({name: column[first:last] for name, column in chunk.items()})
+        self.chunks_ = kept
+        if gone:
+            self._sort_in(
+                {name: np.concatenate([part[name] for part in gone]) for name in COLUMN_TYPES}, added=False
+            )
 
-    def _read(self, source: Reader, from_ms: int, until_ms: int) -> dict[str, np.ndarray]:
-        """The rows of [from_ms, until_ms), in time order."""
+    def _sort_in(self, rows: Chunk, added: bool) -> None:
+        """Insert the durations of `rows` (added) into each job's sorted durations, or delete them."""
+        real = ~np.isnan(rows["duration_s"])  # quantile leaves NaN out
+        job, duration = rows["job"][real], rows["duration_s"][real]
+        for code in np.unique(job).tolist():
+            values = np.sort(duration[job == code])
+            held = self.durations_.get(code, np.empty(0))
+            if added:
+                held = np.insert(held, np.searchsorted(held, values, "right"), values)
+            else:  # each value deleted as many times as it left: the i-th of equal values i places on
+                repeat = np.arange(len(values)) - np.searchsorted(values, values, "left")
+                held = np.delete(held, np.searchsorted(held, values, "left") + repeat)
+            if len(held):
+                self.durations_[code] = held
+            else:
+                self.durations_.pop(code, None)
+
+    def _read(self, source: Reader, from_ms: int, until_ms: int) -> tuple[Chunk, bool]:
+        """The rows of [from_ms, until_ms), in time order; and whether they named a job or node not seen
+        before (the rows held are then numbered again)."""
         parameters = {"from_ms": from_ms, "until_ms": until_ms}
         result = read_frame(source, STEP_ROWS_SQL, parameters=parameters, max_rows=MAX_STEP_ROWS)
         if result.truncated:
             raise DetectorError(f"over {MAX_STEP_ROWS} step rows in the steps tape's range: a range too long")
         found = result.frame
         if found.empty:
-            return _empty()
+            return _empty(), False
+        job, renumbered_jobs = self.jobs_.encode(found["job"])
+        node, renumbered_nodes = self.nodes_.encode(found["node"])
+        self._renumber(renumbered_jobs, renumbered_nodes)
         columns = {
             "t_ms": found["t"].to_numpy(np.int64),
-            "job": self.jobs_.encode(found["job"]),
-            "node": self.nodes_.encode(found["node"]),
+            "job": job,
+            "node": node,
             **{name: found[name].to_numpy(np.int64) for name in ["rank", "step", "steps", "stage"]},
             **{
                 name: found[name].to_numpy(np.float64, na_value=np.nan)
@@ -202,7 +249,39 @@ class StepTape:
             },
         }
         order = np.argsort(columns["t_ms"], kind="stable")
-        return {name: column[order] for name, column in columns.items()}
+        named = renumbered_jobs is not None or renumbered_nodes is not None
+        return {name: column[order] for name, column in columns.items()}, named
+
+    def _renumber(self, jobs: np.ndarray | None, nodes: np.ndarray | None) -> None:
+        """Give the rows held the new codes of their jobs and nodes (each old code's new one)."""
+        for renumbered, column in ((jobs, "job"), (nodes, "node")):
+            if renumbered is not None:
+                self.chunks_ = [{**chunk, column: renumbered[chunk[column]]} for chunk in self.chunks_]
+        if jobs is not None:
+            self.durations_ = {int(jobs[code]): values for code, values in self.durations_.items()}
+
+    def _forget(self) -> None:
+        """Forget the names of jobs and nodes without a row held once they are most of those known, so
+        that names that come and go (jobs) do not grow the tape for as long as it lives. Looked at when a
+        new name comes, the only time their number grows."""
+        used = {}
+        for names, column in ((self.jobs_, "job"), (self.nodes_, "node")):
+            counts = sum(np.bincount(chunk[column], minlength=len(names.names)) for chunk in self.chunks_)
+            used[column] = np.flatnonzero(counts)
+        if len(self.jobs_.names) > 2 * len(used["job"]) + FORGET_AFTER:
+            self._renumber(self.jobs_.keep(used["job"]), None)
+        if len(self.nodes_.names) > 2 * len(used["node"]) + FORGET_AFTER:
+            self._renumber(None, self.nodes_.keep(used["node"]))
+
+
+def _median(ordered: np.ndarray) -> float:
+    """groups.group_median of one group's sorted values (without NaN)."""
+    index = 0.5 * (len(ordered) - 1)
+    left = int(index)
+    if left + 1 == len(ordered):
+        return float(ordered[left])
+    with np.errstate(invalid="ignore"):  # inf x 0 is NaN, as in ClickHouse
+        return float(ordered[left] * ((left + 1) - index) + ordered[left + 1] * (index - left))
 
 
 def _empty() -> dict[str, np.ndarray]:
@@ -213,13 +292,12 @@ def _empty() -> dict[str, np.ndarray]:
 class StepReader(Reader, Protocol):
     """A Reader with a steps tape behind it (the runner's source for its detectors)."""
 
-    def step_rows(self, window: Window, since: float) -> tuple[StepTape, StepRows]: ...
+    def step_tape(self) -> tuple[StepTape, Reader]: ...
 
 
-def step_rows(source: Reader, window: Window, since: float) -> tuple[StepTape, StepRows]:
-    """The rows of `steps` in [since, window.end), and the tape they are on: the runner's when `source`
-    has one, else a fresh one read at once (a detector run alone)."""
+def step_tape(source: Reader) -> tuple[StepTape, Reader]:
+    """A steps tape and the source to read it from: the runner's, when `source` has one; else a fresh
+    tape on `source` itself (a detector run alone), which reads what it is asked at once."""
     if isinstance(source, StepReader):
-        return source.step_rows(window, since)
-    tape = StepTape()
-    return tape, tape.rows(source, window, since)
+        return source.step_tape()
+    return StepTape(), source

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analytics.detectors import build
+from analytics.detectors import DetectorError, build
 from analytics.detectors.base import Window, frame
 from analytics.detectors.runner import DetectionRunner
 from analytics.detectors.slow_node import JOB_CADENCE, MAX_LOOKBACK_S, STEP_UNITS, step_units
@@ -70,9 +70,9 @@ def canonical(rows: StepRows) -> pd.DataFrame:
     return table.sort_values(list(COLUMN_TYPES)).reset_index(drop=True)
 
 
-def medians(tape: StepTape, rows: StepRows) -> dict[str, float]:
-    jobs, step_s = tape.job_medians(rows)
-    return dict(zip(rows.jobs[jobs].tolist(), step_s.tolist(), strict=True))
+def medians(tape: StepTape, store: Store, window: Window, since: float) -> dict[str, float]:
+    jobs, step_s = tape.job_medians(store, window, since)
+    return dict(zip(tape.jobs_.names[jobs].tolist(), step_s.tolist(), strict=True))
 
 
 @SETTINGS
@@ -93,7 +93,8 @@ def test_units_and_cadence_from_the_tape_are_step_units_and_job_cadence_sql(
     tape = StepTape()
     held = tape.rows(store, window, window.end - MAX_LOOKBACK_S)
     cadence = Window(window.end - MAX_LOOKBACK_S, window.end).parameters
-    assert medians(tape, held) == dict(store.query(JOB_CADENCE, parameters=cadence).rows)
+    expected_cadence = dict(store.query(JOB_CADENCE, parameters=cadence).rows)
+    assert medians(tape, store, window, window.end - MAX_LOOKBACK_S) == expected_cadence
 
     since = {"eval": int((window.end - lookbacks[0]) * 1000), "llm": int((window.end - lookbacks[1]) * 1000)}
     parameters = {
@@ -136,10 +137,11 @@ def test_a_tape_stepped_through_windows_holds_what_a_fresh_read_holds(
         fresh = fresh_tape.rows(store, window, window.end - 25)
         if overlap_s:
             pd.testing.assert_frame_equal(canonical(warm), canonical(fresh))
-            assert medians(tape, warm) == medians(fresh_tape, fresh)
+            since = window.end - 25
+            assert medians(tape, store, window, since) == medians(fresh_tape, store, window, since)
             part = window.end - 12
-            assert medians(tape, tape.rows(store, window, part)) == medians(
-                fresh_tape, fresh_tape.rows(store, window, part)
+            pd.testing.assert_frame_equal(
+                canonical(tape.rows(store, window, part)), canonical(fresh_tape.rows(store, window, part))
             )
         else:  # a late row is missed, and stays so while in the range: what the overlap buys
             assert len(warm) <= len(fresh)
@@ -173,13 +175,13 @@ def test_the_runner_reads_steps_once_a_steady_window_for_all_step_readers(store:
         assert reads.step_reads == 1
 
 
-def test_job_medians_of_a_range_the_tape_no_longer_holds_is_an_error(store: Store):
+def test_job_medians_are_kept_over_the_longest_range_alone(store: Store):
     store.insert_steps(SyncJob().steps(T0, 30), token="steps")
     tape = StepTape()
-    earlier = tape.rows(store, window(2), window(2).end - 60)
     tape.rows(store, window(3), window(3).end - 60)
-    with pytest.raises(Exception, match="no longer holds"):
-        tape.job_medians(earlier)
+    assert len(tape.job_medians(store, window(3), window(3).end - 60)[0]) == 1
+    with pytest.raises(DetectorError, match="longest range alone"):
+        tape.job_medians(store, window(3), window(3).end - 30)
 
 
 def test_the_tape_reads_every_column_as_the_store_holds_it(store: Store):
@@ -197,3 +199,24 @@ def test_the_tape_reads_every_column_as_the_store_holds_it(store: Store):
     assert table["step"].tolist() == [2**62, 1] and table["stage"].tolist() == [0, 4]
     assert np.isnan(table["compute_s"][0]) and table["compute_s"][1] == 2.0
     assert table["t_ms"].tolist() == [round(at * 1000)] * 2 and table["steps"].tolist() == [3, 1]
+
+
+def test_the_tape_forgets_jobs_without_rows_and_holds_what_a_fresh_read_holds(store: Store):
+    """Forty jobs one after the other, each named before the last (every new name numbers the others
+    again): the names kept stay few, the rows and medians those of a fresh read."""
+    base = BASE - next(examples) * 7200
+    tape = StepTape()
+    for k in range(40):
+        start = base + 100 + 10 * k
+        rows = [
+            (round((start - base) * 1000) + 1000 * i, ("n1", f"job-{99 - k}", i, None, k, 1, None, 1.0 + i))
+            for i in range(3)
+        ]
+        store.insert_steps(records(base, rows), token=f"jobs-{base}-{k}")
+        window = Window(start, start + 10)
+        fresh = StepTape()
+        pd.testing.assert_frame_equal(
+            canonical(tape.rows(store, window, start - 20)), canonical(fresh.rows(store, window, start - 20))
+        )
+        assert medians(tape, store, window, start - 20) == medians(fresh, store, window, start - 20)
+    assert len(tape.jobs_.names) <= 2 * 3 + 16 + 1
