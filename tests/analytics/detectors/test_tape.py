@@ -300,3 +300,31 @@ def test_the_tape_forgets_series_without_samples_for_the_longest_lookback(store:
     # in the window ending at 110 s, where gpu 2 first comes (the catalog as long as before)
     assert catalogs[6] == ["0", "1"] and catalogs[7] == ["0", "2"]
     assert catalogs[-1] == ["0", "2", "1"]
+
+
+def gpu_and_node(catalog: pd.DataFrame) -> pd.DataFrame:
+    """A derivation: each series' node and gpu label."""
+    return pd.DataFrame({"node": catalog["node"], "gpu": catalog["labels"].map(lambda labels: labels["gpu"])})
+
+
+def test_a_reader_changing_its_derived_columns_leaves_the_next_window_s_alone(store: Store):
+    """The same series window after window are taken once; what a reader does to its copy stays its own."""
+    start_ms = base_ms()
+    store_samples(
+        store,
+        [
+            ("node-0", "kept", {"gpu": str(gpu)}, start_ms + k * 5000, float(k))
+            for gpu in range(3)
+            for k in range(40)
+        ],
+    )
+    tape = Tape()
+    first = tape.view(store, ["kept"], Window(start_ms / 1000 + 100, start_ms / 1000 + 110), 30.0).derived(
+        gpu_and_node
+    )
+    expected = first.copy()
+    first["gpu"] = "changed"
+    first.loc[0, "node"] = "changed"
+    following = tape.view(store, ["kept"], Window(start_ms / 1000 + 110, start_ms / 1000 + 120), 30.0)
+    pd.testing.assert_frame_equal(following.derived(gpu_and_node), expected)
+    assert sorted(expected["gpu"]) == ["0", "1", "2"]
