@@ -38,6 +38,7 @@ has lasted x the job's GPUs (its ranks).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -202,7 +203,9 @@ class SlowNode(Detector):
         lookback_s[jobs] = np.clip(self.lookback_steps * step_s, window.end - window.start, MAX_LOOKBACK_S)
         since_ms = np.zeros(len(lookback_s), np.int64)
         since_ms[jobs] = [int((window.end - seconds) * 1000) for seconds in lookback_s[jobs].tolist()]
-        rows = tape.rows(reader, window, int(since_ms[jobs].min()) / 1000)  # the longest lookback alone
+        # the longest lookback's rows alone, in whole windows: a range that grew costs the tape a read
+        whole = math.ceil((window.end - since_ms[jobs].min() / 1000) / (window.end - window.start))
+        rows = tape.rows(reader, window, window.end - whole * (window.end - window.start))
         units = step_units(rows.where(rows.t_ms >= since_ms[rows.job]), OTLP_BUCKET_S, LAST_STEPS)
         units["lookback_s"] = lookback_s[units["job_id"]]
         return units

@@ -14,10 +14,12 @@ than that is missed by a warm tape until it leaves the range. A fresh tape, or o
 another source or a window out of order, reads the whole range at once. The tape holds the longest range it
 was asked for, measured back from the window's end: the rows of each read as a chunk, in time order, job
 and node as codes, so that a window adds a chunk and drops the rows that left the range, and copies none
-of the rest (an hour of a large fleet is 1.4 M rows: 1,536 ranks at 4 s).
+of the rest.
 
-Each job's step durations are held sorted as well, for the median over the longest range (slow_node's
-cadence): a window deletes the values that left and inserts the new ones, instead of sorting the hour.
+Each job's median step is kept over the range job_medians() is asked for (slow_node's cadence: an hour,
+1.4 M rows for 1,536 ranks at 4 s), from each job's durations held sorted: a window deletes the values that
+left and inserts the new ones, instead of sorting the hour. For that range the tape holds each row's time,
+job and duration alone (24 bytes), every column (72) only over the range rows() is asked for.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ COLUMN_TYPES = {  # the columns held, as numpy arrays (a NULL compute_s is NaN; 
 }
 
 
-Chunk = dict[str, np.ndarray]  # rows as a numpy array per column of COLUMN_TYPES
+Chunk = dict[str, np.ndarray]  # rows as a numpy array per column of COLUMN_TYPES (or of TIMED)
+TIMED = ["t_ms", "job", "duration_s"]  # what job medians are kept from
 
 
 @dataclass(frozen=True)
@@ -119,31 +122,75 @@ class _Names:
         return renumbered
 
 
+class _Chunks:
+    """Rows in time order as chunks, one per read, over a range that ends at the last window's end: a
+    window appends a chunk and drops the rows that left the range, and copies none of the rest."""
+
+    def __init__(self) -> None:
+        self.span_ms = 0  # the longest range asked for, back from a window's end
+        self.from_ms = 0  # the rows held are those from here to the tape's until_ms_
+        self.chunks: list[Chunk] = []
+
+    def keep(self, from_ms: int, read_from: int) -> list[Chunk]:
+        """Keep the rows of [from_ms, read_from): those before left the range, those after are read
+        again. Returns the rows dropped."""
+        kept, gone = [], []
+        for chunk in self.chunks:
+            t_ms = chunk["t_ms"]
+            if from_ms <= t_ms[0] and t_ms[-1] < read_from:
+                kept.append(chunk)
+                continue
+            first, last = np.searchsorted(t_ms, [from_ms, read_from]).tolist()
+            gone += [_part(chunk, 0, first), _part(chunk, last, len(t_ms))]
+            if last > first:
+                kept.append(_part(chunk, first, last))
+        self.chunks, self.from_ms = kept, from_ms
+        return gone
+
+    def put_first(self, chunk: Chunk) -> None:
+        """Hold `chunk`, rows before from_ms, ahead of the others (the caller sets the new from_ms)."""
+        if len(chunk["t_ms"]):
+            self.chunks.insert(0, chunk)
+
+    def add(self, chunk: Chunk) -> Chunk:
+        """Append the rows of `chunk` (after those held) that are in the range; returns them."""
+        chunk = _part(chunk, int(np.searchsorted(chunk["t_ms"], self.from_ms)), len(chunk["t_ms"]))
+        if len(chunk["t_ms"]):
+            self.chunks.append(chunk)
+        return chunk
+
+    def since(self, since_ms: int) -> Chunk:
+        """The rows from `since_ms` on, in one chunk."""
+        parts = []
+        for chunk in reversed(self.chunks):
+            t_ms = chunk["t_ms"]
+            if t_ms[-1] < since_ms:
+                break
+            parts.append(_part(chunk, int(np.searchsorted(t_ms, since_ms)), len(t_ms)))
+        parts = parts[::-1] or [_empty()]
+        return {name: np.concatenate([part[name] for part in parts]) for name in COLUMN_TYPES}
+
+    def renumber(self, column: str, renumbered: np.ndarray) -> None:
+        """Give the rows the new codes of column `column` (each old code's new one)."""
+        self.chunks = [{**chunk, column: renumbered[chunk[column]]} for chunk in self.chunks]
+
+
 class StepTape:
     """The step rows of the longest range asked for, before the last window's end; see the module doc."""
 
     def __init__(self, overlap_s: float = OVERLAP_S) -> None:
         self.overlap_s = overlap_s
-        self.span_ms_ = 0  # the longest range asked for, back from a window's end
         self.source_: Reader | None = None
-        self.from_ms_ = 0  # the rows held are those in [from_ms_, until_ms_)
         self.until_ms_ = 0
-        self.chunks_: list[Chunk] = []  # a read's rows each, in time order
-        self.durations_: dict[int, np.ndarray] = {}  # job code -> its rows' durations but NaN, sorted
+        self.rows_ = _Chunks()  # every column, over the longest range rows() was asked for
+        self.timed_ = _Chunks()  # time, job and duration alone, over the range of job_medians()
+        self.durations_: dict[int, np.ndarray] = {}  # job code -> timed_'s durations but NaN, sorted
         self.jobs_, self.nodes_ = _Names(), _Names()
 
     def rows(self, source: Reader, window: Window, since: float) -> StepRows:
         """The rows of `steps` in [since, window.end), read from `source` as far as the tape lacks them."""
-        since_ms, until_ms = self._advance(source, window, since)
-        parts = []
-        for chunk in reversed(self.chunks_):
-            t_ms = chunk["t_ms"]
-            if len(t_ms) and t_ms[-1] < since_ms:
-                break
-            first = int(np.searchsorted(t_ms, since_ms))
-            parts.append({name: column[first:] for name, column in chunk.items()} if first else chunk)
-        parts = parts[::-1] or [_empty()]
-        columns = {name: np.concatenate([part[name] for part in parts]) for name in COLUMN_TYPES}
+        since_ms, until_ms = self._advance(source, window, since, self.rows_)
+        columns = self.rows_.since(since_ms)
         names = {"jobs": self.jobs_.names, "nodes": self.nodes_.names}
         return StepRows(**columns, **names, since_ms=since_ms, until_ms=until_ms)
 
@@ -152,66 +199,61 @@ class StepTape:
         out in this window) and the median of its rows' durations, as ClickHouse's quantile(0.5) gives it
         below 8,192 values (groups.group_median) and exactly at any count. Held for the longest range
         asked for alone: `since` must be its start."""
-        since_ms, _ = self._advance(source, window, since)
-        if since_ms != self.from_ms_:
+        since_ms, _ = self._advance(source, window, since, self.timed_)
+        if since_ms != self.timed_.from_ms:
             raise DetectorError("the steps tape keeps job medians over its longest range alone")
         codes = np.array(sorted(self.durations_), np.int64)
         return codes, np.array([_median(self.durations_[code]) for code in codes.tolist()])
 
-    def _advance(self, source: Reader, window: Window, since: float) -> tuple[int, int]:
-        """Hold the rows of the longest range asked for, `since` on counted: the new ones only, from the
-        overlap on, where the tape holds the rest. Returns [since, window.end) in ms."""
+    def _advance(self, source: Reader, window: Window, since: float, asked: _Chunks) -> tuple[int, int]:
+        """Hold the rows of each range asked for, `since` on counted in `asked`'s: the new ones only,
+        from the overlap on, where the tape holds the rest. Returns [since, window.end) in ms."""
         since_ms, until_ms = millis(since), millis(window.end)
-        self.span_ms_ = max(self.span_ms_, until_ms - since_ms)
-        from_ms = until_ms - self.span_ms_
-        covered = source is self.source_ and self.from_ms_ <= from_ms
-        if covered and until_ms == self.until_ms_:
-            return since_ms, until_ms
-        resume = covered and self.until_ms_ < until_ms and from_ms <= self.until_ms_
-        read_from = max(from_ms, self.until_ms_ - round(self.overlap_s * 1000)) if resume else from_ms
-        if resume:
-            self._keep(from_ms, read_from)
+        asked.span_ms = max(asked.span_ms, until_ms - since_ms)
+        froms = {held: until_ms - held.span_ms for held in (self.rows_, self.timed_)}
+        first_ms, named = min(froms.values()), False
+        if source is not self.source_ or until_ms < self.until_ms_ or first_ms > self.until_ms_:
+            for held, from_ms in froms.items():
+                held.chunks, held.from_ms = [], from_ms
+            self.durations_ = {}
+            named = self._add(self._read(source, first_ms, until_ms))
         else:
-            self.chunks_, self.durations_ = [], {}
-        new, named = self._read(source, read_from, until_ms)
-        if len(new["t_ms"]):
-            self.chunks_.append(new)
-            self._sort_in(new, added=True)
-        self.source_, self.from_ms_, self.until_ms_ = source, from_ms, until_ms
+            for held, from_ms in froms.items():
+                if from_ms < held.from_ms:  # a longer range than before: its older rows alone
+                    named |= self._add(self._read(source, from_ms, held.from_ms), ahead_of=held)
+                    held.from_ms = from_ms
+            if until_ms > self.until_ms_:
+                read_from = max(first_ms, self.until_ms_ - round(self.overlap_s * 1000))
+                self.rows_.keep(froms[self.rows_], read_from)
+                self._sort_in(self.timed_.keep(froms[self.timed_], read_from), added=False)
+                named |= self._add(self._read(source, read_from, until_ms))
+        self.source_, self.until_ms_ = source, until_ms
         if named:
             self._forget()
         return since_ms, until_ms
 
-    def _keep(self, from_ms: int, read_from: int) -> None:
-        """Keep the rows of [from_ms, read_from): drop those before (they left the range) and after (they
-        are read again), from the chunks and from the sorted durations."""
-        kept, gone = [], []
-        for chunk in self.chunks_:
-            t_ms = chunk["t_ms"]
-            first, last = (
-                (0, len(t_ms))
-                if from_ms <= t_ms[0] and t_ms[-1] < read_from
-                else (np.searchsorted(t_ms, [from_ms, read_from]).tolist())
-            )
-            if (first, last) == (0, len(t_ms)):
-                kept.append(chunk)
-                continue
-            gone.extend(
-                {name: column[lo:hi] for name, column in chunk.items()}
-                for lo, hi in [(0, first), (last, len(t_ms))]
-            )
-            if last > first:
-                kept.append({name: column[first:last] for name, column in chunk.items()})
-        self.chunks_ = kept
-        if gone:
-            self._sort_in(
-                {name: np.concatenate([part[name] for part in gone]) for name in COLUMN_TYPES}, added=False
-            )
+    def _add(self, read: tuple[Chunk, bool], ahead_of: _Chunks | None = None) -> bool:
+        """Add the rows read after those held, or ahead of those of `ahead_of` alone (older rows of a
+        longer range); returns whether they named a job or node not seen before."""
+        rows, named = read
+        timed = {name: rows[name] for name in TIMED}
+        if ahead_of is None:
+            self.rows_.add(rows)
+            self._sort_in([self.timed_.add(timed)], added=True)
+        else:
+            ahead_of.put_first(rows if ahead_of is self.rows_ else timed)
+            if ahead_of is self.timed_:
+                self._sort_in([timed], added=True)
+        return named
 
-    def _sort_in(self, rows: Chunk, added: bool) -> None:
-        """Insert the durations of `rows` (added) into each job's sorted durations, or delete them."""
-        real = ~np.isnan(rows["duration_s"])  # quantile leaves NaN out
-        job, duration = rows["job"][real], rows["duration_s"][real]
+    def _sort_in(self, parts: list[Chunk], added: bool) -> None:
+        """Insert the durations of `parts` (added) into each job's sorted durations, or delete them."""
+        parts = [part for part in parts if len(part["t_ms"])]
+        if not parts:
+            return
+        job, duration = (np.concatenate([part[name] for part in parts]) for name in ("job", "duration_s"))
+        real = ~np.isnan(duration)  # quantile leaves NaN out
+        job, duration = job[real], duration[real]
         for code in np.unique(job).tolist():
             values = np.sort(duration[job == code])
             held = self.durations_.get(code, np.empty(0))
@@ -254,24 +296,34 @@ class StepTape:
 
     def _renumber(self, jobs: np.ndarray | None, nodes: np.ndarray | None) -> None:
         """Give the rows held the new codes of their jobs and nodes (each old code's new one)."""
-        for renumbered, column in ((jobs, "job"), (nodes, "node")):
-            if renumbered is not None:
-                self.chunks_ = [{**chunk, column: renumbered[chunk[column]]} for chunk in self.chunks_]
         if jobs is not None:
+            self.rows_.renumber("job", jobs)
+            self.timed_.renumber("job", jobs)
             self.durations_ = {int(jobs[code]): values for code, values in self.durations_.items()}
+        if nodes is not None:
+            self.rows_.renumber("node", nodes)
 
     def _forget(self) -> None:
         """Forget the names of jobs and nodes without a row held once they are most of those known, so
         that names that come and go (jobs) do not grow the tape for as long as it lives. Looked at when a
         new name comes, the only time their number grows."""
-        used = {}
-        for names, column in ((self.jobs_, "job"), (self.nodes_, "node")):
-            counts = sum(np.bincount(chunk[column], minlength=len(names.names)) for chunk in self.chunks_)
-            used[column] = np.flatnonzero(counts)
-        if len(self.jobs_.names) > 2 * len(used["job"]) + FORGET_AFTER:
-            self._renumber(self.jobs_.keep(used["job"]), None)
-        if len(self.nodes_.names) > 2 * len(used["node"]) + FORGET_AFTER:
-            self._renumber(None, self.nodes_.keep(used["node"]))
+        jobs, nodes = self._used("job", self.jobs_), self._used("node", self.nodes_)
+        if len(self.jobs_.names) > 2 * len(jobs) + FORGET_AFTER:
+            self._renumber(self.jobs_.keep(jobs), None)
+        if len(self.nodes_.names) > 2 * len(nodes) + FORGET_AFTER:
+            self._renumber(None, self.nodes_.keep(nodes))
+
+    def _used(self, column: str, names: _Names) -> np.ndarray:
+        """The codes of `column` that rows held have, sorted."""
+        chunks = [chunk for held in (self.rows_, self.timed_) for chunk in held.chunks if column in chunk]
+        return np.flatnonzero(sum(np.bincount(chunk[column], minlength=len(names.names)) for chunk in chunks))
+
+
+def _part(chunk: Chunk, first: int, last: int) -> Chunk:
+    """The rows [first, last) of `chunk`, as views."""
+    if (first, last) == (0, len(chunk["t_ms"])):
+        return chunk
+    return {name: column[first:last] for name, column in chunk.items()}
 
 
 def _median(ordered: np.ndarray) -> float:

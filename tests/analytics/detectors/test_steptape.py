@@ -124,7 +124,7 @@ def test_a_tape_stepped_through_windows_holds_what_a_fresh_read_holds(
     store: Store, rows: list[tuple[int, int, tuple[Any, ...]]], overlap_s: float
 ) -> None:
     """Rows inserted for the window about to run and late, for the one before it (within the overlap);
-    a range of 25 s, so that rows leave it; the cadence over the held range and over a part of it."""
+    rows over 25 s and medians over 40 s, so that rows leave each; rows over a part of the range."""
     base = BASE - next(examples) * 7200
     tape = StepTape(overlap_s=overlap_s)
     for k in range(6):
@@ -137,7 +137,7 @@ def test_a_tape_stepped_through_windows_holds_what_a_fresh_read_holds(
         fresh = fresh_tape.rows(store, window, window.end - 25)
         if overlap_s:
             pd.testing.assert_frame_equal(canonical(warm), canonical(fresh))
-            since = window.end - 25
+            since = window.end - 40  # longer than the rows': the medians' rows outlive the others
             assert medians(tape, store, window, since) == medians(fresh_tape, store, window, since)
             part = window.end - 12
             pd.testing.assert_frame_equal(
@@ -220,3 +220,22 @@ def test_the_tape_forgets_jobs_without_rows_and_holds_what_a_fresh_read_holds(st
         )
         assert medians(tape, store, window, start - 20) == medians(fresh, store, window, start - 20)
     assert len(tape.jobs_.names) <= 2 * 3 + 16 + 1
+
+
+def test_a_longer_range_reads_its_older_rows_alone(store: Store):
+    """A range asked for that grew (a job's steps lengthened) costs a read of the rows before those held,
+    not of the whole range; rows and medians stay those of a fresh read."""
+    store.insert_steps(SyncJob().steps(T0, 60), token="steps")
+    reads, tape = StatementCounter(store), StepTape()
+    tape.job_medians(reads, window(10), window(10).end - 30)
+    tape.rows(reads, window(10), window(10).end - 20)
+    assert reads.step_reads == 2  # each kind of range first asked for is read: medians keep 3 columns
+    for since_s, medians_since_s in [(60, 30), (60, 90)]:
+        reads.step_reads = 0
+        rows = tape.rows(reads, window(11), window(11).end - since_s)
+        got = medians(tape, reads, window(11), window(11).end - medians_since_s)
+        fresh = StepTape()
+        want = canonical(fresh.rows(store, window(11), window(11).end - since_s))
+        pd.testing.assert_frame_equal(canonical(rows), want)
+        assert got == medians(fresh, store, window(11), window(11).end - medians_since_s)
+        assert reads.step_reads == (2 if medians_since_s == 30 else 1)  # new rows and older; older alone
