@@ -13,6 +13,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from analytics.detectors.base import Window
 from collectors.steprecord import StepRecord
@@ -28,6 +29,25 @@ Slowdown = Callable[[str, int, float], float]  # (node, pipeline stage, step sta
 def window(index: int) -> Window:
     """The index-th 10 s window from T0."""
     return Window(T0 + index * WINDOW_S, T0 + (index + 1) * WINDOW_S)
+
+
+def records(base: float, rows: list[tuple[Any, ...]]) -> list[StepRecord]:
+    """Rows of (ms after base, (node, job, rank, pp_stage, step, steps, compute_s, duration_s)) as step
+    records: what property tests draw."""
+    return [
+        StepRecord(
+            ts=base + ms / 1000,
+            job=job,
+            rank=rank,
+            node=node,
+            step=step,
+            duration_s=duration_s,
+            compute_s=compute_s,
+            pp_stage=stage,
+            steps=steps,
+        )
+        for ms, (node, job, rank, stage, step, steps, compute_s, duration_s) in rows
+    ]
 
 
 def healthy(node: str, stage: int, t: float) -> float:

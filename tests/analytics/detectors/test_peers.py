@@ -31,6 +31,7 @@ from analytics.detectors.peers import (
 from analytics.store import Store
 from analytics.store.records import QueryResult
 from collectors.steprecord import StepRecord
+from tests.analytics.detectors import records
 
 FEATURES = 3
 VALUES = st.one_of(
@@ -159,20 +160,11 @@ def test_step_aggregates_is_step_aggregates_sql(
     """Rows in the window and before it (in the shared statement's lookback and beyond), stages and
     compute times missing or not, groups with an even count (the median's upper middle)."""
     base = BASE - next(examples) * 7200
-    steps = [
-        StepRecord(
-            ts=base + ms / 1000,
-            job=job,
-            rank=rank,
-            node=node,
-            step=rank,
-            duration_s=duration_s,
-            compute_s=compute_s,
-            pp_stage=stage,
-            steps=covered,
-        )
+    drawn = [
+        (ms, (node, job, rank, stage, rank, covered, compute_s, duration_s))
         for rank, (node, job, stage, compute_s, duration_s, covered, ms) in enumerate(rows)
     ]
+    steps = records(base, drawn)
     store.insert_steps(steps, token=f"aggregates-{base}")
     window = Window(base + window_start, base + window_start + 10)
     expected = frame(store.query(STEP_AGGREGATES, parameters=window.parameters))

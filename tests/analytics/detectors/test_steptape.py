@@ -25,7 +25,7 @@ from analytics.detectors.steptape import COLUMN_TYPES, StepRows, StepTape
 from analytics.store import Store
 from analytics.store.records import QueryResult
 from collectors.steprecord import StepRecord
-from tests.analytics.detectors import T0, SyncJob, window
+from tests.analytics.detectors import T0, SyncJob, records, window
 
 BASE = time.time() // 3600 * 3600 - 3 * 86400  # recent enough for the steps' retention
 examples = itertools.count()
@@ -42,24 +42,6 @@ ROW = st.tuples(
     st.sampled_from([None, 0.5, 1.0, 2.0, 0.25]),  # compute_s
     st.sampled_from([0.5, 1.0, 4.0, 1.5, 0.1, 0.7]),  # duration_s
 )
-
-
-def records(base: float, rows: list[tuple[Any, ...]]) -> list[StepRecord]:
-    """Rows of (ms after base, ROW's fields) as step records."""
-    return [
-        StepRecord(
-            ts=base + ms / 1000,
-            job=job,
-            rank=rank,
-            node=node,
-            step=step,
-            duration_s=duration_s,
-            compute_s=compute_s,
-            pp_stage=stage,
-            steps=steps,
-        )
-        for ms, (node, job, rank, stage, step, steps, compute_s, duration_s) in rows
-    ]
 
 
 def canonical(rows: StepRows) -> pd.DataFrame:
