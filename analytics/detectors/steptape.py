@@ -84,13 +84,6 @@ class StepRows:
     def __len__(self) -> int:
         return len(self.t_ms)
 
-    def since(self, since_ms: int) -> StepRows:
-        """The rows from `since_ms` on (views: they are in time order)."""
-        first = int(np.searchsorted(self.t_ms, since_ms))
-        return replace(
-            self, **{name: getattr(self, name)[first:] for name in COLUMN_TYPES}, since_ms=since_ms
-        )
-
     def where(self, kept: np.ndarray) -> StepRows:
         """The rows where `kept`."""
         return replace(self, **{name: getattr(self, name)[kept] for name in COLUMN_TYPES})
