@@ -173,14 +173,19 @@ def group_median(groups: np.ndarray, count: int, values: np.ndarray) -> np.ndarr
     ordered, starts, sizes = _sorted_groups(groups, count, values)
     found = np.full(count, np.nan)
     some = np.flatnonzero(sizes > 0)
-    index = 0.5 * (sizes[some] - 1)
+    found[some] = sorted_medians(ordered, starts[some], sizes[some])
+    return found
+
+
+def sorted_medians(ordered: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """group_median of groups already sorted: each of `sizes` (at least 1) values from its start in
+    `ordered`, without NaN (the steps tape keeps each job's durations so)."""
+    index = 0.5 * (sizes - 1)
     left = index.astype(np.int64)
-    right = np.minimum(left + 1, sizes[some] - 1)
-    low, high = ordered[starts[some] + left], ordered[starts[some] + right]
+    low, high = ordered[starts + left], ordered[starts + np.minimum(left + 1, sizes - 1)]
     with np.errstate(invalid="ignore"):  # inf x 0 is NaN, as in ClickHouse
         interpolated = low * ((left + 1) - index) + high * (index - left)
-    found[some] = np.where(left + 1 == sizes[some], low, interpolated)
-    return found
+    return np.where(left + 1 == sizes, low, interpolated)
 
 
 def _sorted_groups(

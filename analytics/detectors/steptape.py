@@ -32,6 +32,7 @@ import pandas as pd
 
 from analytics.detectors import DetectorError
 from analytics.detectors.base import Window, read_frame
+from analytics.detectors.groups import sorted_medians
 from analytics.detectors.tape import OVERLAP_S, millis
 from analytics.store.protocols import Reader
 
@@ -196,7 +197,12 @@ class StepTape:
         if since_ms != self.timed_.from_ms:
             raise DetectorError("the steps tape keeps job medians over its longest range alone")
         codes = np.array(sorted(self.durations_), np.int64)
-        return codes, np.array([_median(self.durations_[code]) for code in codes.tolist()])
+        first = np.zeros(1, np.int64)  # each job's sorted durations on their own: no copy of the hour
+        medians = [
+            sorted_medians(self.durations_[code], first, np.array([len(self.durations_[code])]))[0]
+            for code in codes.tolist()
+        ]
+        return codes, np.array(medians, np.float64)
 
     def _advance(self, source: Reader, window: Window, since: float, asked: _Chunks) -> tuple[int, int]:
         """Hold the rows of each range asked for, `since` on counted in `asked`'s: the new ones only,
@@ -317,16 +323,6 @@ def _part(chunk: Chunk, first: int, last: int) -> Chunk:
     if (first, last) == (0, len(chunk["t_ms"])):
         return chunk
     return {name: column[first:last] for name, column in chunk.items()}
-
-
-def _median(ordered: np.ndarray) -> float:
-    """groups.group_median of one group's sorted values (without NaN)."""
-    index = 0.5 * (len(ordered) - 1)
-    left = int(index)
-    if left + 1 == len(ordered):
-        return float(ordered[left])
-    with np.errstate(invalid="ignore"):  # inf x 0 is NaN, as in ClickHouse
-        return float(ordered[left] * ((left + 1) - index) + ordered[left + 1] * (index - left))
 
 
 def _empty() -> dict[str, np.ndarray]:
