@@ -29,7 +29,12 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process `pid` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return stat_cpu_seconds(Path(f"/proc/{pid}/stat"))
+
+
+def stat_cpu_seconds(stat: Path) -> float:
+    """User + system CPU time so far in a /proc stat file: a process's, or one thread's (task/<tid>/stat)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 

@@ -34,12 +34,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analytics.store.hubclient import HubClient
-from bench.exporter import cpu_seconds
+from bench.exporter import cpu_seconds, stat_cpu_seconds
 from bench.parser import prometheus_client_parse, samples_per_second, warm_parse
 from sim.fleet import SimFleet
 from tests.support.peers import free_port, peer
 
 WARMUP_S = 15
+MERGE_THREADS = "MergeMutate"  # chDB's background merge pool, as its threads name themselves
 HUB_SAMPLES = "fleetlens_hub_samples_total"
 PROM_SAMPLES = "prometheus_tsdb_head_samples_appended_total"
 
@@ -53,6 +54,16 @@ def own_metric(base: str, name: str) -> float:
     return 0.0
 
 
+def merge_cpu_seconds(pid: int) -> float:
+    """User + system CPU time so far of the background merge threads of process `pid` (a hub's chDB)."""
+    total = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            if (task / "comm").read_text().strip() == MERGE_THREADS:
+                total += stat_cpu_seconds(task / "stat")
+    return total
+
+
 def directory_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -64,6 +75,7 @@ class Measured:
     name: str
     samples_per_s: float
     cores: float
+    merge_cores: float = 0.0  # of `cores`, chDB's background merges (hubs only)
     lag: tuple[float, float, float, int] | None = None  # scrape p50, p99, max (s), failed scrapes
     error: str = ""  # the most frequent scrape error
 
@@ -78,11 +90,14 @@ class Window:
     def __init__(self, name: str, pid: int, base: str, counter: str) -> None:
         self.name, self.pid, self.base, self.counter = name, pid, base, counter
         self.cpu0, self.samples0, self.t0 = cpu_seconds(pid), own_metric(base, counter), time.monotonic()
+        self.merges0 = merge_cpu_seconds(pid)
 
     def end(self) -> Measured:
         elapsed = time.monotonic() - self.t0
         cores = (cpu_seconds(self.pid) - self.cpu0) / elapsed
-        return Measured(self.name, (own_metric(self.base, self.counter) - self.samples0) / elapsed, cores)
+        merge_cores = (merge_cpu_seconds(self.pid) - self.merges0) / elapsed
+        samples_per_s = (own_metric(self.base, self.counter) - self.samples0) / elapsed
+        return Measured(self.name, samples_per_s, cores, merge_cores)
 
 
 def scrape_lag(base: str, since_s: float) -> tuple[float, float, float, int]:
@@ -304,6 +319,10 @@ def report(
         f"{total.samples_per_s / max(total.cores, 1e-9):,.0f} samples/s per hub core)"
     )
     for hub in hubs:
+        print(
+            f"{hub.name} background merges (chDB): {hub.merge_cores:.3f} cores, "
+            f"{hub.merge_cores / max(hub.samples_per_s, 1e-9) * 1e6:.2f} us CPU/sample"
+        )
         p50, p99, worst, failed = hub.lag
         print(
             f"{hub.name} scrape duration p50 {p50 * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms, "

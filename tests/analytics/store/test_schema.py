@@ -347,3 +347,61 @@ def test_a_store_from_before_the_steps_ts_index_gets_it_and_reads_by_it(chdb_dir
                 f"EXPLAIN indexes = 1 SELECT count() FROM {database}.steps WHERE {window}"
             ).result_rows
         assert "ts_minmax" in "\n".join(row[0] for row in plan)
+
+
+# --- tiered merges ----------------------------------------------------------------------------------------
+
+TIERED = ("samples", "steps", "targets")
+
+
+def create_table(client: clickhouse_connect.driver.Client, layout: Layout, table: str) -> str:
+    return client.query(f"SHOW CREATE TABLE {layout.name(table)}").result_rows[0][0]
+
+
+def test_a_store_from_before_tiered_merges_gets_them_and_keeps_its_rows(chdb_dir: Path) -> None:
+    """Migration 9 switches the tables the hub appends to every few seconds to tiered merges, in a store
+    built without them, and leaves their rows as they were."""
+    layout = Layout(f"test_{uuid.uuid4().hex[:12]}")
+    untiered = {
+        t: dataclasses.replace(t, tiered_merges=False) for t in (schema.SAMPLES, schema.STEPS, schema.TARGETS)
+    }
+    old = [
+        dataclasses.replace(m, objects=tuple(untiered.get(o, o) for o in m.objects))
+        for m in schema.MIGRATIONS
+        if m.version <= 8
+    ]
+    now_ms = int(time.time()) * 1000
+    samples = [["DCGM_FI_DEV_GPU_TEMP", "vela-001", 1, now_ms - 1000 * i, float(i)] for i in range(100)]
+    with clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir)) as client:
+        build(client, layout, old)
+        client.insert(
+            layout.name("samples"), samples, column_names=["metric", "node", "series_id", "ts", "value"]
+        )
+        assert all(schema.TIERED_MERGES not in create_table(client, layout, table) for table in TIERED)
+    with Store.open(f"chdb://{chdb_dir}", database=layout.database) as store:
+        assert store.query("SELECT count(), sum(value) FROM samples").rows == [(100, sum(range(100)))]
+    with clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir)) as client:
+        assert all(schema.TIERED_MERGES in create_table(client, layout, table) for table in TIERED)
+
+
+def test_merges_write_each_sample_once_while_its_rounds_are_few(store: Store, chdb_dir: Path) -> None:
+    """Sixty rounds inserted one by one, as the hub inserts them, are merged ten at a time: every sample is
+    written once more by merges, not again with each few new rounds. ClickHouse's default selector merged
+    the one big part of the day with every few new ones: each sample was rewritten 8-12 times within the
+    first minutes, 60% of the hub's CPU (bench/ingest.py)."""
+    rounds, series = 60, 200
+    start = time.time() // 86400 * 86400 - 43200  # yesterday noon: one day's partition
+    for i in range(rounds):
+        batch = ScrapeBatch(
+            "t:9400", "vela-001", start + i, ["DCGM_FI_DEV_GPU_TEMP"] * series,
+            [{"gpu": str(gpu)} for gpu in range(series)], [float(i)] * series,
+        )  # fmt: skip
+        store.insert_samples([batch], token=f"round-{i}")
+    parts = f"FROM system.parts WHERE database = '{store.database}' AND table = 'samples'"
+    with clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir)) as client:
+        deadline = time.monotonic() + 60
+        while client.query(f"SELECT count() {parts} AND active AND level = 0").result_rows[0][0] >= 10:
+            assert time.monotonic() < deadline, "the rounds' parts were not merged within a minute"
+            time.sleep(0.2)
+        merged = client.query(f"SELECT sum(rows) {parts} AND level > 0").result_rows[0][0]
+    assert rounds * series - 9 * series <= merged <= rounds * series
