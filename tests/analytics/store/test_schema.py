@@ -25,6 +25,7 @@ ADD_COLUMN = re.compile(r"ALTER TABLE (\S+)(?: ON CLUSTER '[^']+')? ADD COLUMN I
 INDEX = re.compile(
     r"ALTER TABLE (\S+)(?: ON CLUSTER '[^']+')? (?:ADD INDEX IF NOT EXISTS|MATERIALIZE INDEX) (\w+)"
 )
+MODIFY_SETTING = re.compile(r"ALTER TABLE (\S+)(?: ON CLUSTER '[^']+')? MODIFY SETTING ")
 DROP_VIEW = re.compile(r"DROP VIEW IF EXISTS (\S+)")
 DELETE = re.compile(r"ALTER TABLE (\S+)(?: ON CLUSTER '[^']+')? DELETE WHERE ")
 BACKFILL = re.compile(r"INSERT INTO (\S+)\n.*?\nFROM (\S+)\n", re.DOTALL)
@@ -44,7 +45,12 @@ def test_cluster_ddl_runs_every_create_on_the_cluster() -> None:
     """Every statement but a backfill's INSERT, which goes through the Distributed tables from one node."""
     statements = [s for s in ddl("fleet", cluster=CLUSTER) if not BACKFILL.match(s)]
     assert all(
-        CREATE.match(s) or ADD_COLUMN.match(s) or INDEX.match(s) or DROP_VIEW.match(s) or DELETE.match(s)
+        CREATE.match(s)
+        or ADD_COLUMN.match(s)
+        or INDEX.match(s)
+        or MODIFY_SETTING.match(s)
+        or DROP_VIEW.match(s)
+        or DELETE.match(s)
         for s in statements
     )
     assert all(f"ON CLUSTER '{CLUSTER}'" in s.splitlines()[0] for s in statements)
@@ -356,6 +362,16 @@ TIERED = ("samples", "steps", "targets")
 
 def create_table(client: clickhouse_connect.driver.Client, layout: Layout, table: str) -> str:
     return client.query(f"SHOW CREATE TABLE {layout.name(table)}").result_rows[0][0]
+
+
+def test_tiered_merges_are_set_on_the_tables_that_hold_the_rows() -> None:
+    """In a cluster, on each shard's local table (a Distributed table has no parts to merge)."""
+    for cluster, suffix in ((None, ""), (CLUSTER, "_local")):
+        statements = ddl("fleet", cluster=cluster)
+        altered = [m.group(1) for s in statements if (m := MODIFY_SETTING.match(s))]
+        assert altered == [f"fleet.{table}{suffix}" for table in TIERED]
+        creates = by_name(statements)
+        assert all(schema.TIERED_MERGES in creates[f"fleet.{table}{suffix}"] for table in TIERED)
 
 
 def test_a_store_from_before_tiered_merges_gets_them_and_keeps_its_rows(chdb_dir: Path) -> None:
