@@ -168,10 +168,11 @@ class Tape:
         new[new] = t_ms[new] >= lowest[key[new]]  # a held metric's overlap read before its lookback
         key, t_ms, value = key[new], t_ms[new], value[new]
         order = np.lexsort((t_ms, key))
-        self.key_, self.t_ms_, self.value_ = merge(
-            (self.key_[kept], self.t_ms_[kept], self.value_[kept]), (key[order], t_ms[order], value[order])
+        (self.key_, self.t_ms_, self.value_), self.starts_ = append_per_key(
+            (self.key_[kept], self.t_ms_[kept], self.value_[kept]),
+            (key[order], t_ms[order], value[order]),
+            len(self.catalog_),
         )
-        self.starts_ = np.searchsorted(self.key_, np.arange(len(self.catalog_) + 1))
         self.source_, self.held_, self.until_ms_ = source, froms, until_ms
         self._forget()
 
@@ -276,26 +277,24 @@ def spans(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
 Samples = tuple[np.ndarray, np.ndarray, np.ndarray]  # key (catalog row), t_ms and value per sample
 
 
-def merge(held: Samples, new: Samples) -> Samples:
-    """`held` and `new` samples, each sorted by key then time, in one run sorted alike: a new sample after
-    a held one of the same key and time, where a stable sort of the two appended would put it. Each pair
-    (key, time) is one int64, key x the span held in ms: under 2**63 for 10**11 series over a day."""
-    if not len(held[0]) or not len(new[0]):
-        return held if len(held[0]) else new
-    base = min(held[1].min(), new[1].min())
-    span = int(max(held[1].max(), new[1].max()) - base) + 1
-    if (max(int(held[0][-1]), int(new[0][-1])) + 1) * span >= 2**63:
-        raise DetectorError("the tape's samples span too long a time to merge: a lookback too long")
-    into = np.searchsorted(held[0] * span + (held[1] - base), new[0] * span + (new[1] - base), side="right")
-    placed = into + np.arange(len(into))  # where each new sample lands among all
-    is_new = np.zeros(len(held[0]) + len(into), bool)
-    is_new[placed] = True
-    merged = []
+def append_per_key(held: Samples, new: Samples, keys: int) -> tuple[Samples, np.ndarray]:
+    """`held` and `new` samples, each sorted by key then time, in one run sorted alike, and where each of
+    the `keys` keys starts in it (one more at the end). Every new sample of a key is later than its held
+    ones (it was read from where those stop), so each key's held samples come first, then its new ones:
+    placed by counting them, with no comparison of keys and times (merging by comparison was 5% of a
+    steady cycle)."""
+    held_count = np.bincount(held[0], minlength=keys)
+    new_count = np.bincount(new[0], minlength=keys)
+    starts = np.zeros(keys + 1, np.int64)
+    np.cumsum(held_count + new_count, out=starts[1:])
+    held_at = np.arange(len(held[0])) + (np.cumsum(new_count) - new_count)[held[0]]
+    new_at = np.arange(len(new[0])) + np.cumsum(held_count)[new[0]]
+    appended = []
     for held_column, new_column in zip(held, new, strict=True):
-        column = np.empty(len(is_new), held_column.dtype)
-        column[placed], column[~is_new] = new_column, held_column
-        merged.append(column)
-    return merged[0], merged[1], merged[2]
+        column = np.empty(len(held_at) + len(new_at), held_column.dtype)
+        column[held_at], column[new_at] = held_column, new_column
+        appended.append(column)
+    return (appended[0], appended[1], appended[2]), starts
 
 
 class TapeView:
