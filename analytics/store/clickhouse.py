@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import math
 import struct
 import sys
@@ -68,6 +69,8 @@ from analytics.store.retention import Cutoff, Inserted
 from analytics.store.schema import Layout, Retention
 
 __all__ = ["DEFAULT_DATABASE", "DEFAULT_DSN", "Retention", "Store", "series_id"]
+
+log = logging.getLogger("fleetlens.store")
 
 DEFAULT_DSN = "chdb://./data"
 DEFAULT_DATABASE = "fleetlens"
@@ -707,6 +710,25 @@ def _migrate(client: Client, layout: Layout) -> None:
         parameters={"db": layout.database},
     ).result_rows
     _run(client, schema.retention_changes(layout, dict(engines)), "apply the retention")
+    _tier_merges(client, schema.merge_changes(layout, dict(engines)))
+
+
+def _tier_merges(client: Client, statements: Sequence[str]) -> None:
+    """Switch the tables that merge in tiers to them (schema's module doc, "Merges"); a store that refuses
+    the setting opens all the same, with ClickHouse's default merges, and the log says so once."""
+    for statement in statements:
+        try:
+            client.command(statement)
+        except ClickHouseError as error:
+            if unreachable(error):
+                raise
+            log.warning(
+                "the store keeps ClickHouse's default merges, which cost the hub more CPU per sample: %r was "
+                "refused: %s",
+                statement.splitlines()[0],
+                short(error),
+            )
+            return
 
 
 def _run(client: Client, statements: Sequence[str], what: str) -> None:

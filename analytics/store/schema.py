@@ -48,15 +48,16 @@ nothing sorted first. Labels live once per series in `series`, joined by the `me
 Everything is partitioned by day and raw samples expire a whole part at a time.
 
 Merges: the tables the hub appends to every few seconds (samples, steps, targets) merge in tiers, ten
-parts of one level into one part of the next (TIERED_MERGES, ClickHouse's Trivial selector), so that a
-sample is rewritten once per level: at most four times in a day of 1 s rounds (86,400 parts), and a
-partition holds at most nine parts of each level. ClickHouse's default selector weighs every part as its
-bytes plus a fixed 5 MiB; the hub's parts (one round of 192 nodes, 126k samples, is about 60 KB on disk)
-all look alike to it, and it merged the day's one big part again with every few new ones, each merge
-rewriting all of it: 3.63 of the hub's 5.43 us of CPU per scraped sample went to merges (bench/ingest.py,
-192 nodes at 1 s, the window from 190 to 310 s), and they took more as the day's part grew. Tiered: 1.11
-of 2.97 us. Young parts are merged less, so they take more bytes per sample for a while (0.77 against 0.55
-in that bench); a part merged in full takes as few as before.
+parts of one level into one part of the next (TIERED_MERGES, ClickHouse's Trivial selector, which
+Store.open sets where a table lacks it; a server that refuses it keeps its default merges, and the log
+says so), so that a sample is rewritten once per level: at most four times in a day of 1 s rounds (86,400
+parts), and a partition holds at most nine parts of each level. ClickHouse's default selector weighs every
+part as its bytes plus a fixed 5 MiB; the hub's parts (one round of 192 nodes, 126k samples, is about 60
+KB on disk) all look alike to it, and it merged the day's one big part again with every few new ones, each
+merge rewriting all of it: 3.63 of the hub's 5.43 us of CPU per scraped sample went to merges
+(bench/ingest.py, 192 nodes at 1 s, the window from 190 to 310 s), and they took more as the day's part
+grew. Tiered: 1.11 of 2.97 us. Young parts are merged less, so they take more bytes per sample for a while
+(0.77 against 0.55 in that bench); a part merged in full takes as few as before.
 
 The 1-minute rollup has no materialized view either (migration 7 dropped samples_1m_mv): the view cost
 0.9 us of the hub's 4.4 us of CPU per scraped sample (one round of 192 nodes, 126k samples, into chDB:
@@ -218,8 +219,6 @@ class Table:
         settings = [f"{window}_deduplication_window = {DEDUP_WINDOW}"]
         if self.ttl_drops_whole_parts:
             settings.append("ttl_only_drop_parts = 1")
-        if self.tiered_merges:
-            settings.append(TIERED_MERGES)
         return settings
 
     def target(self, layout: Layout) -> str:
@@ -296,17 +295,6 @@ class AddIndex:
 
 
 @dataclass(frozen=True)
-class TierMerges:
-    """Switches an existing `table` to tiered merges (TIERED_MERGES); parts already merged stay as they
-    are. A no-op where the table has them (a fresh database, whose CREATE already sets them)."""
-
-    table: Table
-
-    def create(self, layout: Layout) -> list[str]:
-        return [f"ALTER TABLE {self.table.target(layout)}{layout.on_cluster} MODIFY SETTING {TIERED_MERGES}"]
-
-
-@dataclass(frozen=True)
 class Fill:
     """Fills a table the migration adds from what the store already holds: `statement` of the layout."""
 
@@ -326,7 +314,7 @@ class DropView:
         return [f"DROP VIEW IF EXISTS {layout.name(self.name)}{layout.on_cluster}"]
 
 
-SchemaObject = Table | View | MaterializedView | AddColumn | AddIndex | TierMerges | Fill | DropView
+SchemaObject = Table | View | MaterializedView | AddColumn | AddIndex | Fill | DropView
 
 
 @dataclass(frozen=True)
@@ -698,11 +686,6 @@ MIGRATIONS: tuple[Migration, ...] = (
         "steps: a minmax index on ts, which every window's reads of steps filter on",
         (AddIndex("steps", STEPS_TS_INDEX),),
     ),
-    Migration(
-        9,
-        "tiered merges for the tables the hub appends to every few seconds: samples, steps, targets",
-        (TierMerges(SAMPLES), TierMerges(STEPS), TierMerges(TARGETS)),
-    ),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 # What queries may read: every table and view, by the name readers use (not the materialized view).
@@ -724,6 +707,29 @@ def ddl(database: str, cluster: str | None = None, retention: Retention | None =
     """Every statement that builds the latest schema from nothing, in order."""
     layout = Layout(database, cluster, retention or Retention())
     return bootstrap(layout) + [s for migration in MIGRATIONS for s in migration.statements(layout)]
+
+
+TIERED_TABLES = tuple(
+    item
+    for migration in MIGRATIONS
+    for item in migration.objects
+    if isinstance(item, Table) and item.tiered_merges
+)
+
+
+def merge_changes(layout: Layout, engines: Mapping[str, str]) -> list[str]:
+    """ALTERs that switch to tiered merges the tables that merge in tiers (in `engines`: local table name ->
+    system.tables.engine_full) and do not yet. Not part of a table's CREATE: a server that refuses the
+    setting (one from before it, or one that allows no experimental setting: ClickHouse marks it so) must
+    still open the store, with ClickHouse's default merges."""
+    changes = []
+    for table in TIERED_TABLES:
+        local = table.target(layout).split(".", 1)[1]
+        if local in engines and TIERED_MERGES not in engines[local]:
+            changes.append(
+                f"ALTER TABLE {table.target(layout)}{layout.on_cluster} MODIFY SETTING {TIERED_MERGES}"
+            )
+    return changes
 
 
 def retention_changes(layout: Layout, engines: Mapping[str, str]) -> list[str]:

@@ -13,7 +13,7 @@ import clickhouse_connect
 import pytest
 
 from analytics.errors import SchemaError
-from analytics.store import Store, schema
+from analytics.store import Store, clickhouse, schema
 from analytics.store.records import ScrapeBatch
 from analytics.store.schema import Layout, Retention, ddl, retention_changes
 
@@ -45,12 +45,7 @@ def test_cluster_ddl_runs_every_create_on_the_cluster() -> None:
     """Every statement but a backfill's INSERT, which goes through the Distributed tables from one node."""
     statements = [s for s in ddl("fleet", cluster=CLUSTER) if not BACKFILL.match(s)]
     assert all(
-        CREATE.match(s)
-        or ADD_COLUMN.match(s)
-        or INDEX.match(s)
-        or MODIFY_SETTING.match(s)
-        or DROP_VIEW.match(s)
-        or DELETE.match(s)
+        CREATE.match(s) or ADD_COLUMN.match(s) or INDEX.match(s) or DROP_VIEW.match(s) or DELETE.match(s)
         for s in statements
     )
     assert all(f"ON CLUSTER '{CLUSTER}'" in s.splitlines()[0] for s in statements)
@@ -364,40 +359,76 @@ def create_table(client: clickhouse_connect.driver.Client, layout: Layout, table
     return client.query(f"SHOW CREATE TABLE {layout.name(table)}").result_rows[0][0]
 
 
-def test_tiered_merges_are_set_on_the_tables_that_hold_the_rows() -> None:
-    """In a cluster, on each shard's local table (a Distributed table has no parts to merge)."""
+def altered(layout: Layout, engines: dict[str, str]) -> list[str]:
+    """The tables merge_changes switches to tiered merges."""
+    return [m.group(1) for s in schema.merge_changes(layout, engines) if (m := MODIFY_SETTING.match(s))]
+
+
+def test_tiered_merges_alter_the_tables_that_hold_the_rows_where_they_lack_them() -> None:
+    """In a cluster, each shard's local table (a Distributed table has no parts to merge); a table that
+    has them already, or is not created yet, is left alone."""
     for cluster, suffix in ((None, ""), (CLUSTER, "_local")):
-        statements = ddl("fleet", cluster=cluster)
-        altered = [m.group(1) for s in statements if (m := MODIFY_SETTING.match(s))]
-        assert altered == [f"fleet.{table}{suffix}" for table in TIERED]
-        creates = by_name(statements)
-        assert all(schema.TIERED_MERGES in creates[f"fleet.{table}{suffix}"] for table in TIERED)
+        layout = Layout("fleet", cluster)
+        engines = {
+            f"{table}{suffix}": "MergeTree ORDER BY ts SETTINGS index_granularity = 8192" for table in TIERED
+        }
+
+        assert altered(layout, engines) == [f"fleet.{table}{suffix}" for table in TIERED]
+        engines[f"samples{suffix}"] = f"MergeTree ORDER BY ts SETTINGS {schema.TIERED_MERGES}"
+        del engines[f"targets{suffix}"]
+        assert altered(layout, engines) == [f"fleet.steps{suffix}"]
+        assert all(layout.on_cluster in s for s in schema.merge_changes(layout, engines))
 
 
-def test_a_store_from_before_tiered_merges_gets_them_and_keeps_its_rows(chdb_dir: Path) -> None:
-    """Migration 9 switches the tables the hub appends to every few seconds to tiered merges, in a store
-    built without them, and leaves their rows as they were."""
+def engine_of(client: clickhouse_connect.driver.Client, layout: Layout, table: str) -> str:
+    return client.query(f"SHOW CREATE TABLE {layout.name(table)}").result_rows[0][0]
+
+
+def test_opening_a_store_gives_its_tables_tiered_merges_and_keeps_their_rows(chdb_dir: Path) -> None:
+    """A store built by the migrations alone (as before tiered merges) gets them when it is opened."""
     layout = Layout(f"test_{uuid.uuid4().hex[:12]}")
-    untiered = {
-        t: dataclasses.replace(t, tiered_merges=False) for t in (schema.SAMPLES, schema.STEPS, schema.TARGETS)
-    }
-    old = [
-        dataclasses.replace(m, objects=tuple(untiered.get(o, o) for o in m.objects))
-        for m in schema.MIGRATIONS
-        if m.version <= 8
-    ]
     now_ms = int(time.time()) * 1000
     samples = [["DCGM_FI_DEV_GPU_TEMP", "vela-001", 1, now_ms - 1000 * i, float(i)] for i in range(100)]
     with clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir)) as client:
-        build(client, layout, old)
+        build(client, layout, list(schema.MIGRATIONS))
         client.insert(
             layout.name("samples"), samples, column_names=["metric", "node", "series_id", "ts", "value"]
         )
-        assert all(schema.TIERED_MERGES not in create_table(client, layout, table) for table in TIERED)
+        assert all(schema.TIERED_MERGES not in engine_of(client, layout, table) for table in TIERED)
     with Store.open(f"chdb://{chdb_dir}", database=layout.database) as store:
         assert store.query("SELECT count(), sum(value) FROM samples").rows == [(100, sum(range(100)))]
     with clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir)) as client:
-        assert all(schema.TIERED_MERGES in create_table(client, layout, table) for table in TIERED)
+        assert all(schema.TIERED_MERGES in engine_of(client, layout, table) for table in TIERED)
+
+
+class ServerWithoutTieredMerges:
+    """A real session that answers as a server without the merge selector setting would: the engine
+    itself refuses the setting, under a name it does not know."""
+
+    def __init__(self, client: clickhouse_connect.driver.Client) -> None:
+        self.client = client
+
+    def command(self, statement: str) -> object:
+        return self.client.command(
+            statement.replace("merge_selector_algorithm", "merge_selector_unknown_here")
+        )
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.client, name)
+
+
+def test_a_server_that_refuses_tiered_merges_still_opens_the_store_and_says_so(
+    chdb_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    layout = Layout(f"test_{uuid.uuid4().hex[:12]}")
+    with clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir)) as client:
+        clickhouse._migrate(ServerWithoutTieredMerges(client), layout)
+        assert client.query(f"SELECT max(version) FROM {layout.name('schema_migrations')}").result_rows == [
+            (schema.LATEST_VERSION,)
+        ]
+        assert schema.TIERED_MERGES not in engine_of(client, layout, "samples")
+    [warning] = [r for r in caplog.records if r.name == "fleetlens.store"]
+    assert "default merges" in warning.getMessage() and "UNKNOWN_SETTING" in warning.getMessage()
 
 
 def test_merges_write_each_sample_once_while_its_rounds_are_few(store: Store, chdb_dir: Path) -> None:
