@@ -56,8 +56,11 @@ part as its bytes plus a fixed 5 MiB; the hub's parts (one round of 192 nodes, 1
 KB on disk) all look alike to it, and it merged the day's one big part again with every few new ones, each
 merge rewriting all of it: 3.63 of the hub's 5.43 us of CPU per scraped sample went to merges
 (bench/ingest.py, 192 nodes at 1 s, the window from 190 to 310 s), and they took more as the day's part
-grew. Tiered: 1.11 of 2.97 us. Young parts are merged less, so they take more bytes per sample for a while
-(0.77 against 0.55 in that bench); a part merged in full takes as few as before.
+grew. Tiered: 1.11 of 2.97 us, in a window that holds merges of the first two levels; each later level
+adds about 0.5 us per sample (the first level-3 merge, 1,000 s of rounds, 126 M rows, took about 67 s of
+CPU), so about 2.4 us of merges per sample over a day. Young parts are merged less, so they take more
+bytes per sample for a while (0.77 against 0.55 in that bench); a part merged in full takes as few as
+before.
 
 The 1-minute rollup has no materialized view either (migration 7 dropped samples_1m_mv): the view cost
 0.9 us of the hub's 4.4 us of CPU per scraped sample (one round of 192 nodes, 126k samples, into chDB:
