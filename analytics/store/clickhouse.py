@@ -716,19 +716,12 @@ def _migrate(client: Client, layout: Layout) -> None:
 def _tier_merges(client: Client, statements: Sequence[str]) -> None:
     """Switch the tables that merge in tiers to them (schema's module doc, "Merges"); a store that refuses
     the setting opens all the same, with ClickHouse's default merges, and the log says so once."""
-    for statement in statements:
-        try:
-            client.command(statement)
-        except ClickHouseError as error:
-            if unreachable(error):
-                raise
-            log.warning(
-                "the store keeps ClickHouse's default merges, which cost the hub more CPU per sample: %r was "
-                "refused: %s",
-                statement.splitlines()[0],
-                short(error),
-            )
-            return
+    try:
+        _run(client, statements, "tiered merges")
+    except SchemaError as refused:
+        log.warning(
+            "the store keeps ClickHouse's default merges, which cost the hub more CPU per sample: %s", refused
+        )
 
 
 def _run(client: Client, statements: Sequence[str], what: str) -> None:
