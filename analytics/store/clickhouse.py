@@ -688,7 +688,8 @@ def _open_session(connector: Connector, dsn: str, settings: Mapping[str, Any]) -
 
 
 def _migrate(client: Client, layout: Layout) -> None:
-    """Apply the migrations `layout.database` lacks, in order, recording each; then align the TTLs."""
+    """Apply the migrations `layout.database` lacks, in order, recording each; then align the TTLs and
+    set tiered merges where a table lacks them."""
     _run(client, schema.bootstrap(layout), "create the database")
     applied = client.query(f"SELECT max(version) FROM {layout.name('schema_migrations')}").result_rows[0][0]
     if applied > schema.LATEST_VERSION:
@@ -705,12 +706,14 @@ def _migrate(client: Client, layout: Layout) -> None:
             [[migration.version, migration.description, _millis(time.time())]],
             column_names=["version", "description", "applied_at"],
         )
-    engines = client.query(
-        "SELECT name, engine_full FROM system.tables WHERE database = {db:String}",
-        parameters={"db": layout.database},
-    ).result_rows
-    _run(client, schema.retention_changes(layout, dict(engines)), "apply the retention")
-    _tier_merges(client, schema.merge_changes(layout, dict(engines)))
+    engines = dict(
+        client.query(
+            "SELECT name, engine_full FROM system.tables WHERE database = {db:String}",
+            parameters={"db": layout.database},
+        ).result_rows
+    )
+    _run(client, schema.retention_changes(layout, engines), "apply the retention")
+    _tier_merges(client, schema.merge_changes(layout, engines))
 
 
 def _tier_merges(client: Client, statements: Sequence[str]) -> None:

@@ -727,11 +727,10 @@ def merge_changes(layout: Layout, engines: Mapping[str, str]) -> list[str]:
     still open the store, with ClickHouse's default merges."""
     changes = []
     for table in TIERED_TABLES:
-        local = table.target(layout).split(".", 1)[1]
-        if local in engines and TIERED_MERGES not in engines[local]:
-            changes.append(
-                f"ALTER TABLE {table.target(layout)}{layout.on_cluster} MODIFY SETTING {TIERED_MERGES}"
-            )
+        target = table.target(layout)
+        engine = engines.get(target.split(".", 1)[1])
+        if engine is not None and TIERED_MERGES not in engine:
+            changes.append(f"ALTER TABLE {target}{layout.on_cluster} MODIFY SETTING {TIERED_MERGES}")
     return changes
 
 
