@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import clickhouse_connect
-import pandas as pd
+import pyarrow
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
@@ -122,11 +122,10 @@ class ReadSessions:
         max_seconds: float = 10.0,
     ) -> FrameResult:
         """query(), its result as columns (a DataFrame of numpy arrays) instead of a tuple per row: a
-        read of many rows costs a fourth of query()'s, which builds a Python object per value."""
-        with self._checked_session(sql, max_rows, max_seconds) as (session, statement, is_select):
+        read of many rows costs a fourth of query()'s, which builds a Python object per value. Read as
+        Arrow, whose numeric columns pandas takes as they are, and whose empty result keeps its columns."""
+        with self._checked_session(sql, max_rows, max_seconds) as (session, statement, _):
             result = _run(session, statement, parameters, columnar=True)
-            if result.columns.empty and is_select:  # no header with an empty result: ask for it
-                result = pd.DataFrame(columns=self._header(session, statement, parameters)[0])
             return FrameResult(result.iloc[:max_rows], truncated=len(result) > max_rows)
 
     @contextlib.contextmanager
@@ -275,12 +274,15 @@ def _run(
     """One statement on a read session, its result as a DataFrame when `columnar`; QueryError for what
     ClickHouse refuses, StoreUnavailable when it could not be reached."""
     try:
-        if columnar:
-            return session.query_df(statement, parameters=parameters)
+        if columnar:  # maps as dicts, as query() gives them; of a key given twice, the last
+            table = session.query_arrow(statement, parameters=parameters)
+            return table.to_pandas(maps_as_pydicts="lossy")
         return session.query(statement, parameters=parameters)
     except ClickHouseError as error:
         if unreachable(error):
             raise StoreUnavailable(f"query: {short(error)}") from error
         raise QueryError(short(error)) from error
+    except pyarrow.ArrowException as error:  # a type pandas has no column for (a Variant)
+        raise QueryError(f"the result cannot be read as columns: {error}") from error
     except (TypeError, ValueError) as error:  # a parameter clickhouse-connect cannot bind
         raise QueryError(f"parameters: {error}") from error

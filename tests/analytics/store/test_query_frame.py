@@ -42,6 +42,24 @@ def test_columns_hold_the_values_query_returns(store: Store) -> None:
     assert list(columns.frame.itertuples(index=False, name=None)) == rows.rows
 
 
+def test_text_maps_and_nulls_read_as_columns_hold_what_query_returns(store: Store) -> None:
+    sql = (
+        "SELECT CAST(number, 'String') AS text, map('gpu', toString(number), 'gpu', 'last') AS labels,"
+        " if(number % 2 = 1, NULL, number / 4) AS maybe FROM numbers(4)"
+    )
+    rows = store.query(sql).rows
+    columns = store.query_frame(sql).frame
+    assert columns["text"].tolist() == [row[0] for row in rows] == ["0", "1", "2", "3"]
+    assert columns["labels"].tolist() == [row[1] for row in rows] == [{"gpu": "last"}] * 4
+    assert columns["maybe"].to_numpy().tolist()[::2] == [row[2] for row in rows][::2] == [0.0, 0.5]
+    assert columns["maybe"].isna().tolist() == [False, True, False, True]
+
+
+def test_a_type_without_a_column_is_refused_by_name(store: Store) -> None:
+    with pytest.raises(QueryError, match=r"cannot be read as columns: .*union"):
+        store.query_frame("SELECT CAST(1, 'Variant(UInt8, String)') AS v")
+
+
 def test_at_most_max_rows_come_back_and_an_empty_result_keeps_its_columns(store: Store) -> None:
     cut = store.query_frame("SELECT number AS n FROM numbers(100)", max_rows=10)
     assert cut.truncated and cut.frame["n"].tolist() == list(range(10))
