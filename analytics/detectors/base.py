@@ -17,6 +17,8 @@ end of anomalies are the runner's job (analytics.detectors.runner), not the dete
 
 from __future__ import annotations
 
+import collections
+import functools
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
@@ -144,10 +146,27 @@ class Judgement:
 
 
 def passing(features: pd.DataFrame, scores: np.ndarray, threshold: float) -> Iterator[tuple[Any, float]]:
-    """The rows of `features` (itertuples) whose score is at least `threshold`, each with its score: the
+    """The rows of `features` (as_tuples) whose score is at least `threshold`, each with its score: the
     others are never turned into tuples, as a fleet's candidates are mostly below it."""
     passed = scores >= threshold
-    return zip(features[passed].itertuples(), scores[passed], strict=True)
+    return zip(as_tuples(features[passed]), scores[passed], strict=True)
+
+
+def as_tuples(rows: pd.DataFrame, *, index: bool = True) -> list[Any]:
+    """rows.itertuples(index=index) as a list: the same named tuples of the same Python values, at a
+    quarter of the cost for a few rows of a wide frame, where pandas reads each column apart and makes a
+    tuple type per call (a window's findings made 4% of a steady cycle so). Column names must be text."""
+    fields = ("Index", *rows.columns) if index else tuple(rows.columns)
+    row = _tuple_type(fields)
+    values = rows.to_numpy(object).tolist()
+    if index:
+        return [row(label, *record) for label, record in zip(rows.index.tolist(), values, strict=True)]
+    return [row(*record) for record in values]
+
+
+@functools.lru_cache(maxsize=256)
+def _tuple_type(fields: tuple[str, ...]) -> type:
+    return collections.namedtuple("Pandas", fields, rename=True)
 
 
 Computed = TypeVar("Computed")

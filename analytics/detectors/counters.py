@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analytics.detectors.base import Finding
+from analytics.detectors.base import Finding, as_tuples
 
 LOOKBACK_S = 60.0  # how far before a range to look for its first step: bridges scrape gaps this long
 MAX_CANDIDATES = 1_000_000  # rows a detector's feature query may return: every GPU and port of a fleet
@@ -128,7 +128,7 @@ def signal_findings(
     reported = features[fired_somewhere]
     fired = signals(reported)
     found = []
-    for position, (row, score) in enumerate(zip(reported.itertuples(), scores[fired_somewhere], strict=True)):
+    for position, (row, score) in enumerate(zip(as_tuples(reported), scores[fired_somewhere], strict=True)):
         names = sorted(name for name, signal in fired.items() if signal.iloc[position])
         details: dict[str, Any] = {"signals": names}
         for name in names:

@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from analytics.detectors import peers, register
-from analytics.detectors.base import SEVERITIES, Detector, Finding, Window
+from analytics.detectors.base import SEVERITIES, Detector, Finding, Window, as_tuples
 from analytics.detectors.counters import Evidence, evidence_number, signal_count
 from analytics.detectors.dcgm import ANSWERS, GPU_UP
 from analytics.detectors.groups import columns_frame, group_extreme, group_sum, groups, looked_up
@@ -122,7 +122,7 @@ class GpuFault(Detector):
         if not len(reported):
             return []
         found = []
-        for position, row in zip(reported, features.iloc[reported].itertuples(), strict=True):
+        for position, row in zip(reported, as_tuples(features.iloc[reported]), strict=True):
             fired = sorted(name for name, signal in signals.items() if signal[position])
             if fired:
                 found.append(_gpu_fault(row, scores[position], fired))

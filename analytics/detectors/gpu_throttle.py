@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from analytics.detectors import register
-from analytics.detectors.base import Detector, Finding, Window, frame
+from analytics.detectors.base import Detector, Finding, Window, as_tuples, frame
 from analytics.detectors.counters import MAX_CANDIDATES, evidence_number
 from analytics.detectors.dcgm import CLOCK_EVENT_BITS, CLOCK_EVENT_MASKS, CLOCK_EVENT_REASONS, MASK_LIMIT
 from analytics.detectors.groups import Groups, group_bit_or, group_extreme, group_mean, groups
@@ -195,7 +195,7 @@ class GpuThrottle(Detector):
             if len(rows) >= max(self.min_node_gpus, int(rows["node_gpus"].iloc[0])):
                 found.append(_node_finding(str(node), rows))
             else:
-                found += [_gpu_finding(row) for row in rows.itertuples()]
+                found += [_gpu_finding(row) for row in as_tuples(rows)]
         return found
 
 

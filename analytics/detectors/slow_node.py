@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from analytics.detectors import register
-from analytics.detectors.base import Detector, Finding, Window
+from analytics.detectors.base import Detector, Finding, Window, as_tuples
 from analytics.detectors.groups import Groups, columns_frame, group_quantile_exact
 from analytics.detectors.peers import MAD_TO_SIGMA, node_values
 from analytics.detectors.steptape import StepRows, step_tape
@@ -182,7 +182,7 @@ class SlowNode(Detector):
                 "critical" if score >= self.critical_excess else "warning",
                 _evidence(row),
             )
-            for row, score in zip(features[passed].itertuples(index=False), scores[passed], strict=True)
+            for row, score in zip(as_tuples(features[passed], index=False), scores[passed], strict=True)
         ]
 
     def so_far(self, evidence: Mapping[str, Any], elapsed_s: float) -> dict[str, Any]:
