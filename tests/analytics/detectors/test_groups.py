@@ -8,7 +8,7 @@ import pandas as pd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analytics.detectors.groups import Groups, group_bit_or, group_mean, looked_up
+from analytics.detectors.groups import Groups, group_bit_or, group_mean, looked_up, sorted_codes
 from analytics.store import Store
 
 VALUES = st.one_of(
@@ -67,6 +67,26 @@ def test_second_largest_is_np_sort_second_from_the_end(rows: list[tuple[str, int
 
     expected = frame.groupby(["job", "unit"])["value"].agg(second)
     _same(groups.second_largest(frame["value"].to_numpy()), expected)
+
+
+KEYS = st.one_of(
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40).map(lambda key: np.array(key, np.int64)),
+    st.lists(st.integers(-3, 3000), max_size=40).map(lambda key: np.array(key, np.int64)),
+    st.lists(st.integers(2**64 - 8, 2**64 - 1) | st.integers(0, 9), max_size=40).map(
+        lambda key: np.array(key, np.uint64)
+    ),
+    st.lists(st.text(max_size=3), max_size=40).map(lambda key: np.array(key, dtype=object)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(KEYS)
+def test_sorted_codes_are_np_uniques_inverse(key: np.ndarray) -> None:
+    """Counted over a short range of integers or factorized, the codes are np.unique's (a range that
+    wraps past int64, large unsigned keys and text included)."""
+    distinct, inverse = np.unique(key, return_inverse=True)
+    codes, count = sorted_codes(key)
+    assert count == len(distinct) and codes.tolist() == inverse.reshape(-1).tolist()
 
 
 def test_no_rows_no_groups() -> None:
