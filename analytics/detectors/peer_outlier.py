@@ -252,8 +252,8 @@ def _bagged(
 
 def average_path_length(samples: np.ndarray) -> np.ndarray:
     """sklearn's _average_path_length of integer leaf sizes, in its arithmetic (the average depth an
-    unsuccessful search reaches in a binary search tree of that many values), without the input check
-    that cost ten times its figures."""
+    unsuccessful search reaches in a binary search tree of that many values), without its input check,
+    which made it eight times as dear (168 against 20 µs for a tree's 40 nodes)."""
     length = np.zeros(len(samples))
     length[samples == 2] = 1.0
     more = samples > 2
