@@ -52,6 +52,7 @@ def session_settings(max_rows: int, max_seconds: float) -> dict[str, Any]:
     most half of the machine's cores, so that scraping and inserting keep theirs while it runs."""
     return {
         "max_threads": max(1, (os.cpu_count() or 2) // 2),
+        "output_format_arrow_string_as_string": 1,  # query_frame's text: before 24.2 a server sent bytes
         "max_result_rows": max_rows + 1,
         "result_overflow_mode": "break",
         "max_execution_time": max_seconds,
