@@ -167,7 +167,7 @@ class Tape:
         new = key >= 0  # all but a series whose samples expired between the two reads
         new[new] = t_ms[new] >= lowest[key[new]]  # a held metric's overlap read before its lookback
         key, t_ms, value = key[new], t_ms[new], value[new]
-        order = np.lexsort((t_ms, key))
+        order = key_time_order(key, t_ms)
         (self.key_, self.t_ms_, self.value_), self.starts_ = append_per_key(
             (self.key_[kept], self.t_ms_[kept], self.value_[kept]),
             (key[order], t_ms[order], value[order]),
@@ -272,6 +272,21 @@ def spans(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
     """The indices of [starts[i], stops[i]) for each i in turn: where some rows' samples lie."""
     lengths = stops - starts
     return np.arange(lengths.sum()) + np.repeat(starts + lengths - np.cumsum(lengths), lengths)
+
+
+def key_time_order(key: np.ndarray, t_ms: np.ndarray) -> np.ndarray:
+    """np.lexsort((t_ms, key)) of non-negative `key`: the samples by key, then time, then as read. Where
+    they fit in 63 bits (a window's read: a catalog row, a span of seconds and a row number), the three
+    are packed into one integer per sample, each distinct, which one unstable sort orders in a third of
+    lexsort's time (its two stable sorts were 2% of a steady cycle); else lexsort itself."""
+    if not len(key):
+        return np.empty(0, np.int64)
+    low = int(t_ms.min())
+    time_bits, row_bits = (int(t_ms.max()) - low).bit_length(), (len(key) - 1).bit_length()
+    if int(key.max()).bit_length() + time_bits + row_bits > 63:
+        return np.lexsort((t_ms, key))
+    packed = ((key.astype(np.int64) << time_bits) | (t_ms - low)) << row_bits
+    return np.argsort(packed | np.arange(len(key)))
 
 
 Samples = tuple[np.ndarray, np.ndarray, np.ndarray]  # key (catalog row), t_ms and value per sample

@@ -29,7 +29,7 @@ from analytics.detectors.counters import (
     series_sql,
 )
 from analytics.detectors.groups import group_sum
-from analytics.detectors.tape import OVERLAP_S, Tape, TapeView, tape_view
+from analytics.detectors.tape import OVERLAP_S, Tape, TapeView, key_time_order, tape_view
 from analytics.store import Store
 from analytics.store.records import ScrapeBatch
 
@@ -263,6 +263,25 @@ def test_a_sample_later_than_the_overlap_is_missed_by_a_warm_tape_only(store: St
     warm = summarised(tape.view(store, [f"late_{overlap_s}"], following, 60.0))
     fresh = summarised(Tape().view(store, [f"late_{overlap_s}"], following, 60.0))
     assert (warm["increase"].tolist() == fresh["increase"].tolist()) == (overlap_s > 0)
+
+
+KEYS = st.integers(0, 5) | st.integers(0, 2**62)  # few, repeated; or too wide to pack
+TIMES = st.integers(0, 3) | st.integers(-(2**40), 2**40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    samples=st.lists(
+        st.tuples(KEYS, TIMES),
+        max_size=300,
+    )
+)
+def test_key_time_order_is_lexsorts_ties_and_all(samples: list[tuple[int, int]]):
+    """Packed into one integer where the keys, the time span and the row numbers fit in 63 bits, by
+    lexsort itself where not: either way lexsort's order, repeated samples in the order read."""
+    key = np.array([key for key, _ in samples], np.int64)
+    t_ms = np.array([t_ms for _, t_ms in samples], np.int64)
+    assert key_time_order(key, t_ms).tolist() == np.lexsort((t_ms, key)).tolist()
 
 
 @pytest.mark.parametrize("where", [[False, False, False], [True, False, True]])
