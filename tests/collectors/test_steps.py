@@ -358,6 +358,7 @@ def hanging_endpoint() -> Iterator[str]:
         yield f"http://{address}"
 
 
+@pytest.mark.timing  # its slowest step is a wall-clock interval: the other worker's load stalled one 0.44 s
 @pytest.mark.parametrize("endpoint_fixture", ["refused_endpoint", "hanging_endpoint"])
 def test_unreachable_endpoint_neither_blocks_nor_fails_training(
     endpoint_fixture: str, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
