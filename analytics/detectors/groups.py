@@ -136,12 +136,9 @@ def sorted_codes(key: np.ndarray) -> tuple[np.ndarray, int]:
 def groups(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For series grouped by non-negative integer `codes` (ordered as the groups are to be; a catalog's
     ngroup numbers, or products of them): the group of each series, and one series of each group. The
-    codes present are numbered in order by a count over their range, where np.unique sorted every code."""
-    codes = np.asarray(codes, np.int64)
-    present = np.zeros(int(codes.max()) + 1 if len(codes) else 0, np.int64)
-    present[codes] = 1
-    group = (np.cumsum(present) - 1)[codes]
-    member = np.empty(int(present.sum()), np.int64)
+    codes present are numbered in order by sorted_codes, where np.unique sorted every code."""
+    group, count = sorted_codes(np.asarray(codes, np.int64))
+    member = np.empty(count, np.int64)
     member[group] = np.arange(len(group))
     return group, member
 

@@ -108,9 +108,7 @@ class Tape:
         as the tape does not hold them yet."""
         self.register(dict.fromkeys(metrics, lookback_s))
         self._advance(source, window)
-        wanted = np.zeros(len(self.codes_), bool)  # per metric code: looked up per row, 10x np.isin's speed
-        wanted[[self.codes_[metric] for metric in metrics]] = True
-        rows = np.flatnonzero(wanted[self.metric_])
+        rows = np.flatnonzero(self._per_row(dict.fromkeys(metrics, 1)))  # a table per code: 10x np.isin
         chosen = spans(self.starts_[rows], self.starts_[rows + 1])  # their samples, by row then time
         t_ms = self.t_ms_[chosen]
         inside = (t_ms >= millis(window.start - lookback_s)) & (t_ms < millis(window.end))

@@ -228,6 +228,11 @@ class Table:
         """The table this one's data lives in: its local table on each shard, or itself."""
         return layout.local(self.name) if self.sharded else layout.name(self.name)
 
+    def created_as(self, layout: Layout, engines: Mapping[str, str]) -> str | None:
+        """The engine_full of target() in `engines` (system.tables of the database: name -> engine_full);
+        None before the table is created."""
+        return engines.get(self.target(layout).split(".", 1)[1])
+
 
 @dataclass(frozen=True)
 class View:
@@ -695,9 +700,9 @@ LATEST_VERSION = MIGRATIONS[-1].version
 READABLE = frozenset(
     item.name for migration in MIGRATIONS for item in migration.objects if isinstance(item, Table | View)
 ) | {SCHEMA_MIGRATIONS.name}
-EXPIRING_TABLES = tuple(
-    item for migration in MIGRATIONS for item in migration.objects if isinstance(item, Table) and item.expiry
-)
+TABLES = tuple(item for migration in MIGRATIONS for item in migration.objects if isinstance(item, Table))
+EXPIRING_TABLES = tuple(table for table in TABLES if table.expiry)
+TIERED_TABLES = tuple(table for table in TABLES if table.tiered_merges)
 
 
 def bootstrap(layout: Layout) -> list[str]:
@@ -712,26 +717,16 @@ def ddl(database: str, cluster: str | None = None, retention: Retention | None =
     return bootstrap(layout) + [s for migration in MIGRATIONS for s in migration.statements(layout)]
 
 
-TIERED_TABLES = tuple(
-    item
-    for migration in MIGRATIONS
-    for item in migration.objects
-    if isinstance(item, Table) and item.tiered_merges
-)
-
-
 def merge_changes(layout: Layout, engines: Mapping[str, str]) -> list[str]:
     """ALTERs that switch to tiered merges the tables that merge in tiers (in `engines`: local table name ->
     system.tables.engine_full) and do not yet. Not part of a table's CREATE: a server that refuses the
     setting (one from before it, or one that allows no experimental setting: ClickHouse marks it so) must
     still open the store, with ClickHouse's default merges."""
-    changes = []
-    for table in TIERED_TABLES:
-        target = table.target(layout)
-        engine = engines.get(target.split(".", 1)[1])
-        if engine is not None and TIERED_MERGES not in engine:
-            changes.append(f"ALTER TABLE {target}{layout.on_cluster} MODIFY SETTING {TIERED_MERGES}")
-    return changes
+    return [
+        f"ALTER TABLE {table.target(layout)}{layout.on_cluster} MODIFY SETTING {TIERED_MERGES}"
+        for table in TIERED_TABLES
+        if (engine := table.created_as(layout, engines)) is not None and TIERED_MERGES not in engine
+    ]
 
 
 def retention_changes(layout: Layout, engines: Mapping[str, str]) -> list[str]:
@@ -739,9 +734,8 @@ def retention_changes(layout: Layout, engines: Mapping[str, str]) -> list[str]:
     differs from `layout.retention`; tables not yet created are left to their migration."""
     changes = []
     for table in EXPIRING_TABLES:
-        local = layout.local(table.name).split(".", 1)[1]
-        ttl = table.ttl_for(layout)
+        engine, ttl = table.created_as(layout, engines), table.ttl_for(layout)
         # the whole TTL, so that toIntervalDay(1) is not taken for a prefix of toIntervalDay(15)
-        if local in engines and not re.search(rf"TTL {re.escape(ttl)}(?:\s|$)", engines[local]):
-            changes.append(f"ALTER TABLE {layout.local(table.name)}{layout.on_cluster} MODIFY TTL {ttl}")
+        if engine is not None and not re.search(rf"TTL {re.escape(ttl)}(?:\s|$)", engine):
+            changes.append(f"ALTER TABLE {table.target(layout)}{layout.on_cluster} MODIFY TTL {ttl}")
     return changes
