@@ -148,8 +148,10 @@ class Judgement:
 def passing(features: pd.DataFrame, scores: np.ndarray, threshold: float) -> Iterator[tuple[Any, float]]:
     """The rows of `features` (as_tuples) whose score is at least `threshold`, each with its score: the
     others are never turned into tuples, as a fleet's candidates are mostly below it."""
-    passed = scores >= threshold
-    return zip(as_tuples(features[passed]), scores[passed], strict=True)
+    passed = np.flatnonzero(scores >= threshold)
+    if not len(passed):  # the usual window: no frame of no rows to build
+        return iter(())
+    return zip(as_tuples(features.iloc[passed]), scores[passed], strict=True)
 
 
 def as_tuples(rows: pd.DataFrame, *, index: bool = True) -> list[Any]:

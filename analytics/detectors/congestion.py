@@ -21,7 +21,7 @@ import pandas as pd
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, passing
 from analytics.detectors.counters import LOOKBACK_S, evidence_number
-from analytics.detectors.groups import group_sum, groups, median_exact
+from analytics.detectors.groups import columns_frame, group_sum, groups, median_exact
 from analytics.detectors.tape import label, tape_view
 from analytics.store.protocols import Reader
 
@@ -61,11 +61,11 @@ def ports(source: Reader, window: Window) -> pd.DataFrame:
         median[judged_alike] = median_exact(per_s[judged_alike])
         mad[judged_alike] = median_exact(np.abs(per_s[judged_alike] - median[judged_alike]))
     ported = member[stepped]
-    return pd.DataFrame(
+    return columns_frame(
         {
             "node": identity["node"].to_numpy()[ported],
             "component": identity["component"].to_numpy()[ported],
-            "job": "",
+            "job": np.full(len(ported), "", object),
             **{name: column[stepped] for name, column in rates.items()},
             "notifications_per_s": notifications[stepped],
             "notified": notified.astype(np.int64),

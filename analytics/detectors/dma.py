@@ -40,6 +40,7 @@ from analytics.detectors.groups import (
     groups,
     looked_up,
     median_exact,
+    objects,
 )
 from analytics.detectors.peers import node_jobs
 from analytics.detectors.tape import TapeView, label, tape_view
@@ -124,8 +125,7 @@ def candidates(source: Reader, window: Window, lookback_s: float) -> pd.DataFram
     )
     chosen = {name: found[name][kept] for name in CANDIDATE_COLUMNS}
     # each candidate's ranks as a list in order, as SQL's arraySort gives them: for the kept rows alone
-    chosen["nccl_without_gdr"] = np.empty(len(chosen["node"]), object)
-    chosen["nccl_without_gdr"][:] = [sorted(entry) for entry in found["nccl_without_gdr"][kept]]
+    chosen["nccl_without_gdr"] = objects([sorted(entry) for entry in found["nccl_without_gdr"][kept]])
     return columns_frame(chosen)
 
 
@@ -230,8 +230,7 @@ def _place_ranks(
     through = first_of(group, devices & (identity["net_index"] == single[group]))
     component = np.where(units["is_rank"], "", units["unit"]).astype(object)
     component[group[through]] = identity["net_port"][through]
-    entries = np.empty(count, object)
-    entries[:] = [()] * count
+    entries = objects([()] * count)
     status, rank_text = identity["status"], identity["rank_text"]
     for series in gdr[np.isin(status[gdr], NO_GDR)]:
         entries[group[series]] = (f"{rank_text[named[group[series]]]}: {status[series]}",)
@@ -259,8 +258,7 @@ def _components(units: Columns) -> Columns:
         found[figure] = group_extreme(np.fmax, group, count, units[figure].astype(np.float64), everywhere)
     for flag in FLAGS:
         found[flag] = (np.bincount(group[units[flag].astype(bool)], minlength=count) > 0).astype(np.int64)
-    found["nccl_without_gdr"] = np.empty(count, object)
-    found["nccl_without_gdr"].fill(())
+    found["nccl_without_gdr"] = objects([()] * count)
     for unit in np.flatnonzero([len(entry) > 0 for entry in units["nccl_without_gdr"]]):
         found["nccl_without_gdr"][group[unit]] += units["nccl_without_gdr"][unit]
     return found

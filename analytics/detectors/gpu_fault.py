@@ -41,7 +41,7 @@ from analytics.detectors import peers, register
 from analytics.detectors.base import SEVERITIES, Detector, Finding, Window, as_tuples
 from analytics.detectors.counters import Evidence, evidence_number, signal_count
 from analytics.detectors.dcgm import ANSWERS, GPU_UP
-from analytics.detectors.groups import columns_frame, group_extreme, group_sum, groups, looked_up
+from analytics.detectors.groups import columns_frame, group_extreme, group_sum, groups, looked_up, objects
 from analytics.detectors.tape import TapeView, label, tape_view
 from analytics.reports.remedy import ACTION, ACTION_TEXT, ACTION_TEXT_KEY
 from analytics.store.protocols import Reader
@@ -300,8 +300,7 @@ def _xid_counts(
         np.concatenate([identity["counted_code"][counted], turn_code]),
         np.concatenate([events[counted], turns.astype(np.float64)]),
     )
-    counts = np.empty(count, object)
-    counts[:] = [{} for _ in range(count)]
+    counts = objects([{} for _ in range(count)])
     for at in np.flatnonzero(most >= 1).tolist():  # the few GPUs with Xids
         counts[gpu[at]][int(code[at])] = round(float(most[at]))
     return counts

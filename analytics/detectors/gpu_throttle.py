@@ -33,7 +33,15 @@ from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, as_tuples, frame
 from analytics.detectors.counters import MAX_CANDIDATES, evidence_number
 from analytics.detectors.dcgm import CLOCK_EVENT_BITS, CLOCK_EVENT_MASKS, CLOCK_EVENT_REASONS, MASK_LIMIT
-from analytics.detectors.groups import Groups, group_bit_or, group_extreme, group_mean, groups
+from analytics.detectors.groups import (
+    Groups,
+    columns_frame,
+    group_bit_or,
+    group_extreme,
+    group_mean,
+    groups,
+    objects,
+)
 from analytics.detectors.tape import label, tape_view
 from analytics.store.protocols import Reader
 
@@ -228,18 +236,17 @@ def window_gpus(source: Reader, window: Window) -> pd.DataFrame:
     bits |= group_bit_or(gpu[masked], count + 1, _mask_bits(value[masked]))
     clocked = tally(kind == KINDS[SM_CLOCK]) > 0
     rows = np.flatnonzero(on_gpu)[member[clocked]]  # the series (rows of identity) naming each GPU
-    # Python strings stay so (as the tape holds them): a frame would infer Arrow strings, dear to read back
-    found = {name: pd.Series(identity[name][rows], dtype=object) for name in ("node", "component", "model")}
+    found = {name: identity[name][rows] for name in ("node", "component", "model")}
     found |= {
-        "job": "",
+        "job": np.full(len(rows), "", object),
         "sm_clock_mhz": mean(SM_CLOCK)[clocked],
         "util_percent": mean(UTIL)[clocked],
         "temp_c": group_extreme(np.fmax, gpu, count + 1, value, kind == KINDS[TEMP])[:count][clocked],
         "power_w": mean(POWER)[clocked],
         "reasons_known": (tally(kind >= KINDS[CLOCK_EVENT_REASONS])[clocked] > 0).astype(np.int64),
-        "reasons": [list(REASON_LISTS[mask]) for mask in bits[:count][clocked].tolist()],
+        "reasons": objects([list(REASON_LISTS[mask]) for mask in bits[:count][clocked].tolist()]),
     }
-    return pd.DataFrame({name: found[name] for name in GPU_COLUMNS})
+    return columns_frame({name: found[name] for name in GPU_COLUMNS})
 
 
 def _gpu_identity(catalog: pd.DataFrame) -> pd.DataFrame:

@@ -34,7 +34,7 @@ import re2
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, computed_once, passing
 from analytics.detectors.counters import LOOKBACK_S, evidence_number
-from analytics.detectors.groups import group_extreme, group_sum, groups
+from analytics.detectors.groups import columns_frame, group_extreme, group_sum, groups
 from analytics.detectors.tape import TapeView, label, tape_view
 from analytics.store.protocols import Reader
 
@@ -52,10 +52,6 @@ IGNORED_INTERFACES = r"^(lo|docker\d+|virbr\d+|br-\w+|cni\d+|flannel\.\d+|cali\w
 # (link_downed, carrier_down_changes_total) count the link going down
 UP = {STATE: ACTIVE, PHYSICAL_STATE: LINK_UP, CARRIER: CARRIER_UP}
 COUNTERS = (LINK_DOWNED, CARRIER_DOWN)
-LINK_COLUMNS = [
-    "node", "component", "job", "netdev", "reported", "state", "physical_state", "up_now",
-    "down_whole_window", "down_s", "state_falls", "link_downed", "downs",
-]  # fmt: skip
 
 
 def links(source: Reader, window: Window, lookback_s: float, ignored: str) -> pd.DataFrame:
@@ -89,11 +85,11 @@ def _links(source: Reader, window: Window, lookback_s: float, ignored: str) -> p
     up_now = reported & np.where(netdev, state == CARRIER_UP, (state == ACTIVE) & (physical_state == LINK_UP))
     state_falls = largest("falls", gauge).astype(np.int64)
     link_downed = group_sum(group, count, series["increase"], ~gauge)
-    found = pd.DataFrame(
+    found = columns_frame(
         {
             "node": identity["node"].to_numpy()[member],
             "component": identity["component"].to_numpy()[member],
-            "job": "",
+            "job": np.full(count, "", object),
             "netdev": netdev.astype(np.int64),
             "reported": reported.astype(np.int64),
             "state": state,
@@ -104,8 +100,7 @@ def _links(source: Reader, window: Window, lookback_s: float, ignored: str) -> p
             "state_falls": state_falls,
             "link_downed": link_downed,
             "downs": np.maximum(state_falls, link_downed),
-        },
-        columns=LINK_COLUMNS,
+        }
     )
     node = identity["node_code"].to_numpy()[member]
     interfaces_only = ~np.isin(node, node[~netdev])

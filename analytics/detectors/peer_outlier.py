@@ -28,7 +28,7 @@ from sklearn.utils.random import sample_without_replacement
 
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window
-from analytics.detectors.groups import Groups, group_median, group_quantile_exact, group_sum
+from analytics.detectors.groups import Groups, columns_frame, group_median, group_quantile_exact, group_sum
 from analytics.detectors.peers import peer_baseline, step_aggregates
 from analytics.detectors.tape import TapeView, tape_view
 from analytics.store.protocols import Reader
@@ -119,14 +119,14 @@ class PeerOutlier(Detector):
         medians, spreads = peer_baseline(values, Groups(job, stage), self.relative_floor, MIN_SPREADS)
         with np.errstate(divide="ignore", invalid="ignore"):
             z = (values - medians) / spreads
-        return pd.DataFrame(
+        return columns_frame(
             {
                 "job": job,
                 "node": node,
                 "stage": stage,
                 "compute_s": values[:, NAMES.index("compute_s")],
                 **{name: values[:, i] for i, name in enumerate(NAMES) if name != "compute_s"},
-                "component": "",
+                "component": np.full(len(node), "", object),
                 "peers": jobs.sizes[jobs.ids],
                 **{f"median_{name}": medians[:, i] for i, name in enumerate(NAMES)},
                 **{f"z_{name}": np.where(np.isnan(z[:, i]), 0.0, z[:, i]) for i, name in enumerate(NAMES)},

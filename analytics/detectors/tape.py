@@ -33,7 +33,7 @@ import pandas as pd
 
 from analytics.detectors import DetectorError
 from analytics.detectors.base import Window, read_frame
-from analytics.detectors.groups import group_extreme, group_sum
+from analytics.detectors.groups import columns_frame, group_extreme, group_sum
 from analytics.store.protocols import Reader
 
 OVERLAP_S = 10.0  # read again each window: samples inserted this late for the last window are still seen
@@ -428,7 +428,7 @@ class TapeView:
         steady_increase, steady_seconds, steady_rate = self.steady_figures(self.step)
         samples = self.count(self.inside)
         # one frame built from its columns: DataFrame.assign of these eight cost 30 times as much
-        return pd.DataFrame(
+        return columns_frame(
             {
                 "samples": samples,
                 "last": self.value[self.last],
@@ -438,8 +438,7 @@ class TapeView:
                 "steady_rate": steady_rate,
                 "inside_min": group_extreme(np.fmin, self.group, len(self.rows), self.value, self.inside),
                 "inside_max": self.max(self.value, self.inside),
-            },
-            copy=False,
+            }
         )
 
 

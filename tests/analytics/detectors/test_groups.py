@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analytics.detectors.groups import Groups, group_bit_or, group_mean, looked_up, sorted_codes
+from analytics.detectors.groups import (
+    Groups,
+    columns_frame,
+    group_bit_or,
+    group_mean,
+    looked_up,
+    objects,
+    sorted_codes,
+)
 from analytics.store import Store
 
 VALUES = st.one_of(
@@ -145,3 +154,39 @@ def test_looked_up_is_reindex_with_its_default(table: dict[str, str], keys: list
     found = looked_up(series, np.array(keys, dtype=object), "")
     expected = series.reindex(np.array(keys, dtype=object), fill_value="").to_numpy(object)
     assert found.dtype == object and found.tolist() == expected.tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    rows=st.integers(0, 6).flatmap(
+        lambda n: st.tuples(
+            st.lists(VALUES, min_size=n, max_size=n),
+            st.lists(st.integers(-(2**63), 2**63 - 1), min_size=n, max_size=n),
+            st.lists(st.sampled_from(["", "gpu:0", "nœud", "1"]), min_size=n, max_size=n),
+        )
+    )
+)
+def test_columns_frame_is_the_dict_frame_with_text_kept_as_python_objects(
+    rows: tuple[list[float], list[int], list[str]],
+) -> None:
+    """The frame DataFrame(dict) builds, numbered from 0, but text and lists stay object columns: what
+    a detector reads back is the Python value it put in, not an Arrow string."""
+    values, counts, names = rows
+    columns = {
+        "value": np.array(values, np.float64),
+        "count": np.array(counts, np.int64),
+        "flag": np.array([v > 0 for v in values], bool),
+        "name": np.array(names, object),
+        "reasons": objects([[name] for name in names]),
+    }
+    found = columns_frame(columns)
+    expected = pd.DataFrame({name: pd.Series(column, dtype=column.dtype) for name, column in columns.items()})
+    pd.testing.assert_frame_equal(found, expected)
+    assert found["name"].dtype == object and found["reasons"].tolist() == [[name] for name in names]
+    columns["value"][:] = 7.0  # the frame holds its own copy
+    assert np.array_equal(found["value"].to_numpy(), np.array(values, np.float64), equal_nan=True)
+
+
+def test_columns_frame_refuses_columns_of_different_lengths() -> None:
+    with pytest.raises(ValueError, match=r"'a': 2, 'b': 1"):
+        columns_frame({"a": np.zeros(2), "b": np.zeros(1)})
