@@ -176,11 +176,12 @@ def _units(view: TapeView, identity: Columns) -> Columns:
     counters = np.logical_or.reduce([role[name] for name in COUNTER_ROLES])
     # only the counters' steps are summed: the gauges (NCCL's, PCIe's, the links': four series in five)
     # are read by their last value or range, and the eight summaries of every series cost twice these
-    increase, seconds, rate = view.steady_figures(view.step & counters[view.group])
+    points = view.points_only  # what is read from the window and the sample before it
+    increase, seconds, rate = points.steady_figures(points.step & counters[points.group])
     group, member = groups(identity["unit_code"])
     count = len(member)
-    sampled = view.count(view.inside) > 0
-    last = view.value[view.last]
+    sampled = points.count(points.inside) > 0
+    last = points.value[points.last]
     on_link = (role["state"] | role["downed"])[view.group]  # the samples whose lookback range is read
     low = group_extreme(np.fmin, view.group, len(view.rows), view.value, on_link)
     high = view.max(view.value, on_link)

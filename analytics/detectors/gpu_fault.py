@@ -243,16 +243,18 @@ def _fault_series(view: TapeView, identity: Columns) -> Columns:
     (`low`, `high`), its `first_t` since the lookback, whether it is `born` (sampled in the window, not
     before it, on a node where some series was), its `first_value` in the window and its Xid `events`: its
     increase, and its first value too when it was born (the xid collector exports a code's counter only
-    once the code happened)."""
-    summaries = view.summaries()
-    seen_before = view.count(~view.inside) > 0
+    once the code happened). All but `first_t` are read from the window and the sample before it: the
+    view's points, a tenth of its 300 s."""
+    points = view.points_only
+    summaries = points.summaries()
+    seen_before = points.count(~points.inside) > 0  # a sample before the window: its last is a point
     node = identity["node_code"]
     node_seen_before = np.bincount(node[seen_before], minlength=node.max() + 1) > 0
     samples = summaries["samples"].to_numpy()
     born = (samples > 0) & ~seen_before & node_seen_before[node]
-    first_inside = _first_inside(view)
+    first_inside = _first_inside(points)
     first_value = np.zeros(len(samples))
-    first_value[view.group[first_inside]] = view.value[first_inside]
+    first_value[points.group[first_inside]] = points.value[first_inside]
     increase = summaries["increase"].to_numpy()
     return {
         "samples": samples,
@@ -285,10 +287,11 @@ def _xid_counts(
     with np.errstate(invalid="ignore"):
         counted = (kind == KINDS[XID_COUNTER]) & identity["counted"] & np.isfinite(events) & (events > 0)
     gauge = kind == KINDS[LAST_XID]
-    turned = np.flatnonzero(gauge[view.group] & view.step & (view.value != view.previous_value))
+    points = view.points_only  # the steps are between points
+    turned = np.flatnonzero(gauge[points.group] & points.step & (points.value != points.previous_value))
     born = np.flatnonzero(gauge & series["born"])
-    owner = np.concatenate([view.group[turned], born])
-    values = np.concatenate([view.value[turned], series["first_value"][born]])
+    owner = np.concatenate([points.group[turned], born])
+    values = np.concatenate([points.value[turned], series["first_value"][born]])
     with np.errstate(invalid="ignore"):
         named = (
             np.isfinite(values) & (values >= 1) & (values < LARGEST_GAUGE_CODE) & (values == np.floor(values))

@@ -418,10 +418,25 @@ class TapeView:
             rate = np.where(seconds > 0, increase / seconds, 0.0)
         return increase, seconds, rate
 
+    @functools.cached_property
+    def points_only(self) -> TapeView:
+        """This view's `points` alone, series for series (every series has one: its last sample), each
+        with the same `inside`, `step`, `last` and previous value as here: what reads no more than the
+        window and the sample before it costs a fraction of the view over a lookback of many windows."""
+        if self.points.all():
+            return self
+        at = np.flatnonzero(self.points)
+        points = TapeView(self._tape, self.rows[self.group[at]], self._t_ms[at], self.value[at], self._since)
+        points._catalog = self._catalog
+        return points
+
     def summaries(self) -> pd.DataFrame:
         """One row per series, in the rows of `series`: series_sql's INCREASE (`increase`),
         STEADY_INCREASE, STEADY_SECONDS, STEADY_RATE, LAST, INSIDE_MIN and INSIDE_MAX, and `samples`, the
         length of `inside`. Without the series' identity: detectors take theirs from derived()."""
+        return self.points_only._summaries()
+
+    def _summaries(self) -> pd.DataFrame:
         rising = self.value >= self.previous_value
         with np.errstate(invalid="ignore"):  # inf - inf is NaN, as in ClickHouse
             increase = self.sum(np.where(rising, self.value - self.previous_value, self.value), self.step)
