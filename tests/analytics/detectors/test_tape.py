@@ -29,7 +29,7 @@ from analytics.detectors.counters import (
     series_sql,
 )
 from analytics.detectors.groups import group_sum
-from analytics.detectors.tape import OVERLAP_S, Tape, TapeView, key_time_order, tape_view
+from analytics.detectors.tape import OVERLAP_S, Tape, TapeView, append_per_key, key_time_order, tape_view
 from analytics.store import Store
 from analytics.store.records import ScrapeBatch
 
@@ -282,6 +282,31 @@ def test_key_time_order_is_lexsorts_ties_and_all(samples: list[tuple[int, int]])
     key = np.array([key for key, _ in samples], np.int64)
     t_ms = np.array([t_ms for _, t_ms in samples], np.int64)
     assert key_time_order(key, t_ms).tolist() == np.lexsort((t_ms, key)).tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    held=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 5)), max_size=60),
+    new=st.lists(st.tuples(st.integers(0, 6), st.integers(6, 9)), max_size=30),
+    keys=st.integers(7, 9),
+)
+def test_append_per_key_is_a_stable_sort_by_key_of_held_then_new(
+    held: list[tuple[int, int]], new: list[tuple[int, int]], keys: int
+):
+    """Each key's held samples, then its new ones (all later), every sample once, each column alike; and
+    where each key starts, keys without samples too."""
+
+    def samples(rows: list[tuple[int, int]], tag: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        rows = sorted(rows)
+        key = np.array([key for key, _ in rows], np.int64)
+        t_ms = np.array([t_ms for _, t_ms in rows], np.int64)
+        return key, t_ms, tag + np.arange(len(rows), dtype=np.float64)
+
+    both = [np.concatenate(pair) for pair in zip(samples(held, 0.0), samples(new, 0.5), strict=True)]
+    order = np.lexsort((both[1], both[0]))  # stable: held before new on a tie, none here
+    (key, t_ms, value), starts = append_per_key(samples(held, 0.0), samples(new, 0.5), keys)
+    assert [key.tolist(), t_ms.tolist(), value.tolist()] == [column[order].tolist() for column in both]
+    assert starts.tolist() == np.searchsorted(key, np.arange(keys + 1)).tolist()
 
 
 @pytest.mark.parametrize("where", [[False, False, False], [True, False, True]])
