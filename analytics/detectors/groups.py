@@ -12,6 +12,7 @@ and frames those columns end in are here too (looked_up, objects, columns_frame)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -264,4 +265,13 @@ def columns_frame(columns: Mapping[str, np.ndarray]) -> pd.DataFrame:
     if len(set(lengths.values())) > 1:
         raise ValueError(f"columns of different lengths: {lengths}")
     rows = pd.RangeIndex(next(iter(lengths.values()), 0))
-    return pd.DataFrame._from_arrays(list(columns.values()), list(columns), rows, verify_integrity=False)
+    names = _column_names(tuple(columns))
+    return pd.DataFrame._from_arrays(list(columns.values()), names, rows, verify_integrity=False)
+
+
+@functools.lru_cache(maxsize=256)
+def _column_names(names: tuple[str, ...]) -> pd.Index:
+    """The Index of a frame's column names, made once per set of names: an Index is immutable, and
+    making one (Arrow strings) was half of the frame's cost; a detector's frames have the same columns
+    window after window."""
+    return pd.Index(names)
