@@ -85,30 +85,31 @@ def _links(source: Reader, window: Window, lookback_s: float, ignored: str) -> p
     up_now = reported & np.where(netdev, state == CARRIER_UP, (state == ACTIVE) & (physical_state == LINK_UP))
     state_falls = largest("falls", gauge).astype(np.int64)
     link_downed = group_sum(group, count, series["increase"], ~gauge)
-    found = columns_frame(
-        {
-            "node": identity["node"].to_numpy()[member],
-            "component": identity["component"].to_numpy()[member],
-            "job": np.full(count, "", object),
-            "netdev": netdev.astype(np.int64),
-            "reported": reported.astype(np.int64),
-            "state": state,
-            "physical_state": physical_state,
-            "up_now": up_now.astype(np.int64),
-            "down_whole_window": (reported & (largest("down_inside", gauge & sampled) > 0)).astype(np.int64),
-            "down_s": largest("down_s", gauge & sampled),
-            "state_falls": state_falls,
-            "link_downed": link_downed,
-            "downs": np.maximum(state_falls, link_downed),
-        }
-    )
+    component = identity["component"].to_numpy()[member]
     node = identity["node_code"].to_numpy()[member]
     interfaces_only = ~np.isin(node, node[~netdev])
     is_ignored = matcher(ignored)
     judged = ~netdev
     for link in np.flatnonzero(netdev & interfaces_only):  # the interfaces of nodes without ports: few
-        judged[link] = not is_ignored(found["component"].iat[link])
-    return found[judged].sort_values(["node", "component"], kind="stable").reset_index(drop=True)
+        judged[link] = not is_ignored(component[link])
+    # in the links' order (node, netdev, component), which is by node and component: a node's judged
+    # links are all ports or all interfaces
+    columns = {
+        "node": identity["node"].to_numpy()[member],
+        "component": component,
+        "job": np.full(count, "", object),
+        "netdev": netdev.astype(np.int64),
+        "reported": reported.astype(np.int64),
+        "state": state,
+        "physical_state": physical_state,
+        "up_now": up_now.astype(np.int64),
+        "down_whole_window": (reported & (largest("down_inside", gauge & sampled) > 0)).astype(np.int64),
+        "down_s": largest("down_s", gauge & sampled),
+        "state_falls": state_falls,
+        "link_downed": link_downed,
+        "downs": np.maximum(state_falls, link_downed),
+    }
+    return columns_frame({name: column[judged] for name, column in columns.items()})
 
 
 def matcher(pattern: str) -> Callable[[str], bool]:
