@@ -187,10 +187,15 @@ class GpuThrottle(Detector):
     def score(self, features: pd.DataFrame) -> np.ndarray:
         if features.empty:
             return np.zeros(0)
-        reference = features[list(REFERENCES)].astype(float).max(axis=1, skipna=True)
-        drop = (1 - features["sm_clock_mhz"].astype(float) / reference).fillna(0).clip(lower=0, upper=1)
-        throttled = features["reasons"].map(len) > 0
-        return np.where(throttled, drop, 0.0).astype(float)
+        # numpy on the columns, as pandas's max(skipna), fillna(0) and clip would: a NaN reference is
+        # one without any, a NaN drop none at all
+        references = np.column_stack([features[name].to_numpy(np.float64) for name in REFERENCES])
+        reference = np.fmax.reduce(references, axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            drop = 1 - features["sm_clock_mhz"].to_numpy(np.float64) / reference
+        drop = np.clip(np.where(np.isnan(drop), 0.0, drop), 0.0, 1.0)
+        throttled = np.array([len(reasons) > 0 for reasons in features["reasons"]], bool)
+        return np.where(throttled, drop, 0.0)
 
     def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
         minimum = np.where(features["unknown"].astype(bool), self.min_unknown_drop, self.min_clock_drop)
