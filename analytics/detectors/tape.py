@@ -286,7 +286,7 @@ def key_time_order(key: np.ndarray, t_ms: np.ndarray) -> np.ndarray:
     if int(key.max()).bit_length() + time_bits + row_bits > 63:
         return np.lexsort((t_ms, key))
     packed = ((key.astype(np.int64) << time_bits) | (t_ms - low)) << row_bits
-    return np.argsort(packed | np.arange(len(key)))
+    return np.argsort(packed | np.arange(len(key)), kind="stable")  # a steady read comes in key order
 
 
 Samples = tuple[np.ndarray, np.ndarray, np.ndarray]  # key (catalog row), t_ms and value per sample

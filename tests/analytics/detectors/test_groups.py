@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from analytics.detectors.groups import (
     Groups,
+    _sorted_groups,
     columns_frame,
     group_bit_or,
     group_mean,
@@ -190,3 +191,23 @@ def test_columns_frame_is_the_dict_frame_with_text_kept_as_python_objects(
 def test_columns_frame_refuses_columns_of_different_lengths() -> None:
     with pytest.raises(ValueError, match=r"'a': 2, 'b': 1"):
         columns_frame({"a": np.zeros(2), "b": np.zeros(1)})
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.integers(0, 5), VALUES | st.sampled_from([-0.0, 0.0])), max_size=60),
+    wide=st.booleans(),
+)
+def test_sorted_groups_are_lexsorts_order_signed_zeros_and_all(rows: list[tuple[int, float]], wide: bool):
+    """Whether the group codes fit 16 bits or not: lexsort's order of the values, a -0.0 and a 0.0 of
+    one group in the order they came (a median can land on either)."""
+    count = 70_000 if wide else 6
+    groups = np.array([group * (count // 6) for group, _ in rows], np.int64)
+    values = np.array([value for _, value in rows], np.float64)
+    ordered, starts, sizes = _sorted_groups(groups, count, values)
+    kept = ~np.isnan(values)
+    expected = values[kept][np.lexsort((values[kept], groups[kept]))]
+    assert ordered.tolist() == expected.tolist()
+    assert np.signbit(ordered).tolist() == np.signbit(expected).tolist()
+    assert sizes.tolist() == np.bincount(groups[kept], minlength=count).tolist()
+    assert starts.tolist() == (np.cumsum(sizes) - sizes).tolist()
