@@ -75,7 +75,7 @@ class Groups:
         keeps 0.0 of 0.0 and -0.0); NaN if none."""
         if values.dtype.kind != "f":  # integers: equal ones are alike, and negating unsigned ones wraps
             return values[self._value_order(values)][self.starts + self.sizes - 1].astype(np.float64)
-        descending = values[np.lexsort((-values, self.ids))]  # each group's from its start; ties in row order
+        descending = values[by_group_then_value(self.ids, self.count, -values)]  # ties in row order
         return np.where(self.non_null(values) > 0, descending[self.starts], np.nan)
 
     def second_largest(self, values: np.ndarray) -> np.ndarray:
@@ -111,7 +111,7 @@ class Groups:
 
     def _value_order(self, values: np.ndarray) -> np.ndarray:
         """The rows grouped, each group's sorted by value, NaN last."""
-        return np.lexsort((values, self.ids))
+        return by_group_then_value(self.ids, self.count, values)
 
     def _sorted(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The values grouped and sorted within groups (NaN last), and each group's count of non-NaN."""
@@ -212,19 +212,24 @@ def sorted_medians(ordered: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -
     return np.where(left + 1 == sizes, low, interpolated)
 
 
-def _sorted_groups(
-    groups: np.ndarray, count: int, values: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The non-NaN `values` sorted by group, then value; where each group's start; and how many each has.
-    lexsort's order in two stable sorts, by value and then by group, the groups as 16-bit codes where they
+def by_group_then_value(groups: np.ndarray, count: int, values: np.ndarray) -> np.ndarray:
+    """np.lexsort((values, groups)) of groups 0 .. count - 1: the rows by group, then value (NaN last),
+    then row. In two stable sorts, by value and then by group, the groups as 16-bit codes where they
     fit, which numpy sorts by radix: 30-45% less than lexsort's two."""
-    kept = ~np.isnan(values)
-    groups, values = groups[kept], values[kept]
     by_value = np.argsort(values, kind="stable")
     codes = groups[by_value]
     if count <= 1 << 16:
         codes = codes.astype(np.uint16)
-    ordered = values[by_value[np.argsort(codes, kind="stable")]]
+    return by_value[np.argsort(codes, kind="stable")]
+
+
+def _sorted_groups(
+    groups: np.ndarray, count: int, values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The non-NaN `values` sorted by group, then value; where each group's start; and how many each has."""
+    kept = ~np.isnan(values)
+    groups, values = groups[kept], values[kept]
+    ordered = values[by_group_then_value(groups, count, values)]
     sizes = np.bincount(groups, minlength=count)
     return ordered, np.cumsum(sizes) - sizes, sizes
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from analytics.detectors.groups import (
     Groups,
-    _sorted_groups,
+    by_group_then_value,
     columns_frame,
     group_bit_or,
     group_mean,
@@ -197,17 +197,14 @@ def test_columns_frame_refuses_columns_of_different_lengths() -> None:
 @given(
     rows=st.lists(st.tuples(st.integers(0, 5), VALUES | st.sampled_from([-0.0, 0.0])), max_size=60),
     wide=st.booleans(),
+    integers=st.booleans(),
 )
-def test_sorted_groups_are_lexsorts_order_signed_zeros_and_all(rows: list[tuple[int, float]], wide: bool):
-    """Whether the group codes fit 16 bits or not: lexsort's order of the values, a -0.0 and a 0.0 of
-    one group in the order they came (a median can land on either)."""
+def test_by_group_then_value_is_lexsorts_order(rows: list[tuple[int, float]], wide: bool, integers: bool):
+    """Whether the group codes fit 16 bits or not, of float values (NaN last, a -0.0 and a 0.0 in the
+    order they came: a median can land on either) or integers: lexsort's order, row for row."""
     count = 70_000 if wide else 6
     groups = np.array([group * (count // 6) for group, _ in rows], np.int64)
     values = np.array([value for _, value in rows], np.float64)
-    ordered, starts, sizes = _sorted_groups(groups, count, values)
-    kept = ~np.isnan(values)
-    expected = values[kept][np.lexsort((values[kept], groups[kept]))]
-    assert ordered.tolist() == expected.tolist()
-    assert np.signbit(ordered).tolist() == np.signbit(expected).tolist()
-    assert sizes.tolist() == np.bincount(groups[kept], minlength=count).tolist()
-    assert starts.tolist() == (np.cumsum(sizes) - sizes).tolist()
+    if integers:
+        values = np.nan_to_num(values, posinf=9, neginf=-9).astype(np.int64)
+    assert by_group_then_value(groups, count, values).tolist() == np.lexsort((values, groups)).tolist()
