@@ -121,7 +121,7 @@ def candidates(source: Reader, window: Window, lookback_s: float) -> pd.DataFram
         found["is_port"].astype(bool)
         | (found["pcie_gen"] < found["pcie_max_gen"])
         | (found["pcie_width"] < found["pcie_max_width"])
-        | np.array([len(entry) > 0 for entry in found["nccl_without_gdr"]], dtype=bool)
+        | found["has_entry"]
     )
     chosen = {name: found[name][kept] for name in CANDIDATE_COLUMNS}
     # each candidate's ranks as a list in order, as SQL's arraySort gives them: for the kept rows alone
@@ -233,9 +233,12 @@ def _place_ranks(
     component[group[through]] = identity["net_port"][through]
     entries = objects([()] * count)
     status, rank_text = identity["status"], identity["rank_text"]
-    for series in gdr[np.isin(status[gdr], NO_GDR)]:
+    without_gdr = gdr[np.isin(status[gdr], NO_GDR)]
+    for series in without_gdr:
         entries[group[series]] = (f"{rank_text[named[group[series]]]}: {status[series]}",)
-    units |= {"component": component, "nccl_without_gdr": entries}
+    has_entry = np.zeros(count, bool)  # the few units with an entry, without a look at every entry
+    has_entry[group[without_gdr]] = True
+    units |= {"component": component, "nccl_without_gdr": entries, "has_entry": has_entry}
 
 
 def first_of(group: np.ndarray, where: np.ndarray) -> np.ndarray:
@@ -260,8 +263,9 @@ def _components(units: Columns) -> Columns:
     for flag in FLAGS:
         found[flag] = (np.bincount(group[units[flag].astype(bool)], minlength=count) > 0).astype(np.int64)
     found["nccl_without_gdr"] = objects([()] * count)
-    for unit in np.flatnonzero([len(entry) > 0 for entry in units["nccl_without_gdr"]]):
+    for unit in np.flatnonzero(units["has_entry"]):
         found["nccl_without_gdr"][group[unit]] += units["nccl_without_gdr"][unit]
+    found["has_entry"] = np.bincount(group[units["has_entry"]], minlength=count) > 0
     return found
 
 
