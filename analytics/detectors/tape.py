@@ -24,6 +24,7 @@ does, so floating-point results are identical, not merely close.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
@@ -268,6 +269,18 @@ def held_as_objects(columns: pd.DataFrame) -> pd.DataFrame:
     return columns.astype(dict.fromkeys(text, object)) if text else columns
 
 
+def first_ms_from(seconds: float) -> int:
+    """The first whole millisecond m with m / 1000 >= `seconds` (numpy's division of a tape's int64
+    milliseconds, correctly rounded as Python's int / int is), so that a view's window is a comparison
+    of its integers, not a division of each."""
+    ms = math.ceil(seconds * 1000)
+    while (ms - 1) / 1000 >= seconds:
+        ms -= 1
+    while ms / 1000 < seconds:
+        ms += 1
+    return ms
+
+
 def spans(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
     """The indices of [starts[i], stops[i]) for each i in turn: where some rows' samples lie."""
     lengths = stops - starts
@@ -343,8 +356,8 @@ class TapeView:
 
     @functools.cached_property
     def inside(self) -> np.ndarray:
-        """The sample is in the window."""
-        return self.t >= self._since
+        """The sample is in the window: `t` >= since, compared in whole milliseconds."""
+        return self._t_ms >= first_ms_from(self._since)
 
     @functools.cached_property
     def last(self) -> np.ndarray:

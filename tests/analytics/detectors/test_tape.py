@@ -29,7 +29,15 @@ from analytics.detectors.counters import (
     series_sql,
 )
 from analytics.detectors.groups import group_sum
-from analytics.detectors.tape import OVERLAP_S, Tape, TapeView, append_per_key, key_time_order, tape_view
+from analytics.detectors.tape import (
+    OVERLAP_S,
+    Tape,
+    TapeView,
+    append_per_key,
+    first_ms_from,
+    key_time_order,
+    tape_view,
+)
 from analytics.store import Store
 from analytics.store.records import ScrapeBatch
 
@@ -307,6 +315,19 @@ def test_append_per_key_is_a_stable_sort_by_key_of_held_then_new(
     (key, t_ms, value), starts = append_per_key(samples(held, 0.0), samples(new, 0.5), keys)
     assert [key.tolist(), t_ms.tolist(), value.tolist()] == [column[order].tolist() for column in both]
     assert starts.tolist() == np.searchsorted(key, np.arange(keys + 1)).tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seconds=st.floats(-(2.0**40), 2.0**40, allow_nan=False)
+    | st.integers(-(2**40), 2**40).map(lambda ms: ms / 1000)
+)
+def test_first_ms_from_is_where_the_divided_milliseconds_reach_the_window(seconds: float):
+    """A view's `inside` compares whole milliseconds with first_ms_from(since): the same samples as
+    dividing each by 1000 and comparing with since, on either side of the bound."""
+    first = first_ms_from(seconds)
+    t_ms = np.arange(first - 3, first + 3, dtype=np.int64)
+    assert ((t_ms / 1000) >= seconds).tolist() == (t_ms >= first).tolist()
 
 
 @pytest.mark.parametrize("where", [[False, False, False], [True, False, True]])
