@@ -3,14 +3,9 @@ by reboots and scrape gaps (gpu_fault has its own tests: test_gpu_fault.py)."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from analytics.detectors.base import Detector, Window
 from analytics.detectors.gpu_fault import GpuFault
@@ -151,22 +146,3 @@ def test_reboots_and_scrape_gaps_are_no_gpu_faults(store: Store, tmp_path: Path)
 
         for detector in (GpuFault(), GpuThrottle()):
             assert all(reported(detector, store, window) == set() for window in windows)
-
-
-CLOCKS = st.sampled_from([math.nan, 0.0, -5.0, 1000.0, 1500.0, math.inf]) | st.floats(0, 3000)
-
-
-@settings(max_examples=200, deadline=None)
-@given(rows=st.lists(st.tuples(CLOCKS, CLOCKS, CLOCKS, CLOCKS, st.booleans()), max_size=12))
-def test_score_is_the_drop_below_the_highest_reference_as_pandas_takes_it(
-    rows: list[tuple[float, float, float, float, bool]],
-):
-    """The score of a throttled GPU: 1 - its clock over the highest of its references (NaN ones skipped),
-    0 without any reference or where that is NaN, clipped to [0, 1]; 0 for a GPU with no reason."""
-    columns = ["node_peers_mhz", "fleet_peers_mhz", "past_mhz", "sm_clock_mhz", "x"]
-    features = pd.DataFrame(rows, columns=columns, dtype=float)
-    features["reasons"] = [["sw_thermal"] if throttled else [] for throttled in features.pop("x")]
-    reference = features[["node_peers_mhz", "fleet_peers_mhz", "past_mhz"]].max(axis=1, skipna=True)
-    drop = (1 - features["sm_clock_mhz"] / reference).fillna(0).clip(lower=0, upper=1)
-    expected = np.where(features["reasons"].map(len) > 0, drop, 0.0)
-    assert np.array_equal(GpuThrottle().score(features), expected)

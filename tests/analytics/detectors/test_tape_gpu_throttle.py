@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -223,3 +224,22 @@ def test_any_gpus_give_the_features_the_pandas_code_gave(
         patched.setattr(gpu_throttle, "window_gpus", lambda *_: gpus.copy())
         got = detector.features(None, Window(0, 10))  # type: ignore[arg-type]
     assert_same_frame(got, pandas_features(detector, None, Window(0, 10), gpus.copy()))  # type: ignore[arg-type]
+
+
+CLOCKS = st.sampled_from([math.nan, 0.0, -5.0, 1000.0, 1500.0, math.inf]) | st.floats(0, 3000)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.tuples(CLOCKS, CLOCKS, CLOCKS, CLOCKS, st.booleans()), max_size=12))
+def test_score_is_the_drop_below_the_highest_reference_as_pandas_takes_it(
+    rows: list[tuple[float, float, float, float, bool]],
+):
+    """The score of a throttled GPU: 1 - its clock over the highest of its references (NaN ones skipped),
+    0 without any reference or where that is NaN, clipped to [0, 1]; 0 for a GPU with no reason."""
+    columns = ["node_peers_mhz", "fleet_peers_mhz", "past_mhz", "sm_clock_mhz", "x"]
+    features = pd.DataFrame(rows, columns=columns, dtype=float)
+    features["reasons"] = [["sw_thermal"] if throttled else [] for throttled in features.pop("x")]
+    reference = features[["node_peers_mhz", "fleet_peers_mhz", "past_mhz"]].max(axis=1, skipna=True)
+    drop = (1 - features["sm_clock_mhz"] / reference).fillna(0).clip(lower=0, upper=1)
+    expected = np.where(features["reasons"].map(len) > 0, drop, 0.0)
+    assert np.array_equal(GpuThrottle().score(features), expected)
