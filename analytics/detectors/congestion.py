@@ -65,7 +65,7 @@ def ports(source: Reader, window: Window) -> pd.DataFrame:
         {
             "node": identity["node"].to_numpy()[ported],
             "component": identity["component"].to_numpy()[ported],
-            "job": np.full(len(ported), "", object),
+            "job": "",
             **{name: column[stepped] for name, column in rates.items()},
             "notifications_per_s": notifications[stepped],
             "notified": notified.astype(np.int64),

@@ -243,7 +243,7 @@ def window_gpus(source: Reader, window: Window) -> pd.DataFrame:
     rows = np.flatnonzero(on_gpu)[member[clocked]]  # the series (rows of identity) naming each GPU
     found = {name: identity[name][rows] for name in ("node", "component", "model")}
     found |= {
-        "job": np.full(len(rows), "", object),
+        "job": "",
         "sm_clock_mhz": mean(SM_CLOCK)[clocked],
         "util_percent": mean(UTIL)[clocked],
         "temp_c": group_extreme(np.fmax, gpu, count + 1, value, kind == KINDS[TEMP])[:count][clocked],

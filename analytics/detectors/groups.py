@@ -266,18 +266,23 @@ def objects(values: Sequence[object]) -> np.ndarray:
     return found
 
 
-def columns_frame(columns: Mapping[str, np.ndarray]) -> pd.DataFrame:
+def columns_frame(columns: Mapping[str, np.ndarray | str]) -> pd.DataFrame:
     """A frame of the equally long 1-D numpy `columns`, each kept as it is: an object array (Python
     strings, lists) stays one, where pandas 3 infers Arrow strings from it, a conversion on the way in and
-    another on every read back (2 ms for a detector's 768 rows of two text columns). Built by pandas's own
-    unchecked constructor (what DataFrame.from_records ends in), a quarter of DataFrame(dict)'s time
-    (frames of numpy columns were 6% of a steady cycle); the one check it skips, the lengths, is here."""
-    lengths = {name: len(column) for name, column in columns.items()}
+    another on every read back (2 ms for a detector's 768 rows of two text columns). A text in place of
+    a column (a candidate's job "" where none is involved) is that text in every row, as an object
+    column too. Built by pandas's own unchecked constructor (what DataFrame.from_records ends in), a
+    quarter of DataFrame(dict)'s time (frames of numpy columns were 6% of a steady cycle); the one check
+    it skips, the lengths, is here."""
+    lengths = {name: len(column) for name, column in columns.items() if not isinstance(column, str)}
     if len(set(lengths.values())) > 1:
         raise ValueError(f"columns of different lengths: {lengths}")
-    rows = pd.RangeIndex(next(iter(lengths.values()), 0))
+    rows = next(iter(lengths.values()), 0)
+    arrays = [
+        np.full(rows, column, object) if isinstance(column, str) else column for column in columns.values()
+    ]
     names = _column_names(tuple(columns))
-    return pd.DataFrame._from_arrays(list(columns.values()), names, rows, verify_integrity=False)
+    return pd.DataFrame._from_arrays(arrays, names, pd.RangeIndex(rows), verify_integrity=False)
 
 
 @functools.lru_cache(maxsize=256)

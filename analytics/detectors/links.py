@@ -97,7 +97,7 @@ def _links(source: Reader, window: Window, lookback_s: float, ignored: str) -> p
     columns = {
         "node": identity["node"].to_numpy()[member],
         "component": component,
-        "job": np.full(count, "", object),
+        "job": "",
         "netdev": netdev.astype(np.int64),
         "reported": reported.astype(np.int64),
         "state": state,
@@ -109,7 +109,9 @@ def _links(source: Reader, window: Window, lookback_s: float, ignored: str) -> p
         "link_downed": link_downed,
         "downs": np.maximum(state_falls, link_downed),
     }
-    return columns_frame({name: column[judged] for name, column in columns.items()})
+    return columns_frame(
+        {name: column if isinstance(column, str) else column[judged] for name, column in columns.items()}
+    )
 
 
 def matcher(pattern: str) -> Callable[[str], bool]:

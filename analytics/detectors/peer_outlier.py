@@ -126,7 +126,7 @@ class PeerOutlier(Detector):
                 "stage": stage,
                 "compute_s": values[:, NAMES.index("compute_s")],
                 **{name: values[:, i] for i, name in enumerate(NAMES) if name != "compute_s"},
-                "component": np.full(len(node), "", object),
+                "component": "",
                 "peers": jobs.sizes[jobs.ids],
                 **{f"median_{name}": medians[:, i] for i, name in enumerate(NAMES)},
                 **{f"z_{name}": np.where(np.isnan(z[:, i]), 0.0, z[:, i]) for i, name in enumerate(NAMES)},

@@ -331,7 +331,13 @@ class TapeView:
     their per-series summaries over [since, end) as series_sql defines them."""
 
     def __init__(
-        self, tape: Tape, key: np.ndarray, t_ms: np.ndarray, value: np.ndarray, since: float
+        self,
+        tape: Tape,
+        key: np.ndarray,
+        t_ms: np.ndarray,
+        value: np.ndarray,
+        since: float,
+        catalog: pd.DataFrame | None = None,
     ) -> None:
         self._tape = tape
         self._t_ms = t_ms
@@ -344,7 +350,9 @@ class TapeView:
         # per sample: its series' row of `series`; repeated from the starts, 2.6x cheaper than a cumsum
         self.group = np.repeat(np.arange(len(starts)), np.diff(starts, append=len(key)))
         self.rows = key[starts]  # per series: its row of the tape's catalog
-        self._catalog = tape.catalog_  # as it is now: a later read may add series to the tape's, or drop some
+        # the tape's catalog as it is now (or as `catalog`, a view's own): a later read may add series to
+        # the tape's, or drop some
+        self._catalog = tape.catalog_ if catalog is None else catalog
 
     # The per-sample masks below are computed when first asked: a detector that only groups values (GPU
     # clocks) pays for none of them.
@@ -440,9 +448,8 @@ class TapeView:
         if self.points.all():
             return self
         at = np.flatnonzero(self.points)
-        points = TapeView(self._tape, self.rows[self.group[at]], self._t_ms[at], self.value[at], self._since)
-        points._catalog = self._catalog
-        return points
+        key = self.rows[self.group[at]]
+        return TapeView(self._tape, key, self._t_ms[at], self.value[at], self._since, self._catalog)
 
     def summaries(self) -> pd.DataFrame:
         """One row per series, in the rows of `series`: series_sql's INCREASE (`increase`),

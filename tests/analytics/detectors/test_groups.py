@@ -208,3 +208,9 @@ def test_by_group_then_value_is_lexsorts_order(rows: list[tuple[int, float]], wi
     if integers:
         values = np.nan_to_num(values, posinf=9, neginf=-9).astype(np.int64)
     assert by_group_then_value(groups, count, values).tolist() == np.lexsort((values, groups)).tolist()
+
+
+def test_columns_frame_spreads_a_text_over_the_rows_as_a_python_object_column() -> None:
+    found = columns_frame({"node": np.array(["n1", "n2"], object), "job": "", "value": np.ones(2)})
+    assert found["job"].dtype == object and found["job"].tolist() == ["", ""]
+    assert columns_frame({"job": ""}).empty
