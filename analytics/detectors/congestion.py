@@ -44,7 +44,7 @@ def ports(source: Reader, window: Window) -> pd.DataFrame:
     """Per port with a steady step in the window: its rates (reset steps left out), the signal it is
     judged by and that signal's value (`per_s`); the median and MAD of `per_s` over the ports judged
     by the same signal (`fleet_median_per_s`, `fleet_mad_per_s`)."""
-    view = tape_view(source, CONGESTION_METRICS, window, LOOKBACK_S)
+    view = tape_view(source, CONGESTION_METRICS, window, LOOKBACK_S, points_only=True)  # summaries alone
     identity = view.derived(_port_identity)
     series = view.summaries()
     group, member = groups(identity["port"].to_numpy())

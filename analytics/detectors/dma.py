@@ -43,7 +43,7 @@ from analytics.detectors.groups import (
     objects,
 )
 from analytics.detectors.peers import node_jobs
-from analytics.detectors.tape import TapeView, label, tape_view
+from analytics.detectors.tape import TapeView, label, tape_views
 from analytics.store.protocols import Reader
 
 PCIE_REPLAYS = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
@@ -67,6 +67,7 @@ DMA_METRICS = (
     NCCL_CONNECTIONS,
     NCCL_NET_DEVICES,
 )
+LINK_STATE_METRICS = (STATE, LINK_DOWNED)  # read over the lookback: was the link steady all along
 ACTIVE = 4
 # a connection `via NET/IB/1`, where GPUDirect RDMA adds `/GDRDMA` (a constant: never outside text)
 NET_WITHOUT_GDR = re.compile("^NET/[^/]+/([0-9]+)$")
@@ -105,10 +106,14 @@ def candidates(source: Reader, window: Window, lookback_s: float) -> pd.DataFram
     the ranks without GPUDirect RDMA on it, its node's job and the median bytes per second of that job's
     steady ports (`peers_roce_bytes_per_s`). Only ports, GPUs below their maximum link and components
     with such ranks are candidates, ordered by node and component."""
-    view = tape_view(source, DMA_METRICS, window, lookback_s)
+    # the window and the sample before it: the gauges (NCCL's, PCIe's, the links': four series in five)
+    # are read by their last value, the counters by their steps; the links alone over the lookback
+    view = tape_views(source)
+    points = view(DMA_METRICS, window, lookback_s, points_only=True)
+    links = view(LINK_STATE_METRICS, window, lookback_s)
     # the identity's columns once, as numpy arrays: a frame's column lookups cost more than the figures
-    identity = {name: column.to_numpy() for name, column in view.derived(_dma_identity).items()}
-    found = _components(_units(view, identity))
+    identity = {name: column.to_numpy() for name, column in points.derived(_dma_identity).items()}
+    found = _components(_units(points, links, identity))
     jobs = looked_up(node_jobs(source, window, lookback_s), found["node"], "")
     steady_ports = found["is_port"].astype(bool) & found["link_steady"].astype(bool)
     peers = np.full(len(jobs), np.nan)
@@ -169,22 +174,23 @@ def _uint32_or_zero(text: str) -> int:
     return number if number < 1 << 32 else 0
 
 
-def _units(view: TapeView, identity: Columns) -> Columns:
+def _units(points: TapeView, links: TapeView, identity: Columns) -> Columns:
     """Per unit of a node (a GPU, a port, an NCCL rank: `unit`), its figures (candidates' columns) and
-    the `component` it is judged as."""
+    the `component` it is judged as, from the `points` of its series (identity's rows) and the `links`'
+    lookback."""
     role = {name: identity[name] for name in ROLES}
     counters = np.logical_or.reduce([role[name] for name in COUNTER_ROLES])
-    # only the counters' steps are summed: the gauges (NCCL's, PCIe's, the links': four series in five)
-    # are read by their last value or range, and the eight summaries of every series cost twice these
-    points = view.points_only  # what is read from the window and the sample before it
+    # only the counters' steps are summed: the eight summaries of every series cost twice these
     increase, seconds, rate = points.steady_figures(points.step & counters[points.group])
     group, member = groups(identity["unit_code"])
     count = len(member)
     sampled = points.count(points.inside) > 0
     last = points.value[points.last]
-    on_link = (role["state"] | role["downed"])[view.group]  # the samples whose lookback range is read
-    low = group_extreme(np.fmin, view.group, len(view.rows), view.value, on_link)
-    high = view.max(view.value, on_link)
+    low, high = np.zeros(len(points.rows)), np.zeros(len(points.rows))  # per series: its lookback's range
+    on_link = np.ones(len(links.value), bool)
+    at = np.searchsorted(points.rows, links.rows)  # both in the tape's order: links' series among all
+    low[at] = group_extreme(np.fmin, links.group, len(links.rows), links.value, on_link)
+    high[at] = links.max(links.value, on_link)
     with np.errstate(invalid="ignore"):  # an infinite counter's inf - inf is NaN, as in ClickHouse
         moved = high - low
 

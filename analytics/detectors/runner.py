@@ -81,8 +81,10 @@ class _SharedQueries:
             self._results[key] = self._source.query(sql, parameters=parameters, max_rows=max_rows)
         return self._results[key]
 
-    def tape_view(self, metrics: Sequence[str], window: Window, lookback_s: float) -> TapeView:
-        return self._tape.view(self._source, metrics, window, lookback_s)
+    def tape_view(
+        self, metrics: Sequence[str], window: Window, lookback_s: float, *, points_only: bool = False
+    ) -> TapeView:
+        return self._tape.view(self._source, metrics, window, lookback_s, points_only=points_only)
 
     def step_tape(self) -> tuple[StepTape, Reader]:
         return self._steps, self._source

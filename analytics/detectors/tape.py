@@ -104,17 +104,45 @@ class Tape:
             self.needs_[metric] = max(lookback_s, self.needs_.get(metric, 0.0))
             self.codes_.setdefault(metric, len(self.codes_))
 
-    def view(self, source: Reader, metrics: Sequence[str], window: Window, lookback_s: float) -> TapeView:
+    def view(
+        self,
+        source: Reader,
+        metrics: Sequence[str],
+        window: Window,
+        lookback_s: float,
+        *,
+        points_only: bool = False,
+    ) -> TapeView:
         """The samples of `metrics` in [window.start - lookback_s, window.end), read from `source` as far
-        as the tape does not hold them yet."""
+        as the tape does not hold them yet; with `points_only`, that view's points_only alone, found
+        without taking the rest of the lookback."""
         self.register(dict.fromkeys(metrics, lookback_s))
         self._advance(source, window)
         rows = np.flatnonzero(self._per_row(dict.fromkeys(metrics, 1)))  # a table per code: 10x np.isin
-        chosen = spans(self.starts_[rows], self.starts_[rows + 1])  # their samples, by row then time
-        t_ms = self.t_ms_[chosen]
-        inside = (t_ms >= millis(window.start - lookback_s)) & (t_ms < millis(window.end))
-        chosen = chosen[inside]
-        return TapeView(self, self.key_[chosen], t_ms[inside], self.value_[chosen], window.start)
+        held_from = min((self.held_[metric] for metric in metrics), default=0)
+        first = self._first_at(rows, millis(window.start - lookback_s), held_from)
+        stop = self._first_at(rows, millis(window.end), held_from)
+        if points_only:  # from the last sample before the window, where the lookback holds one
+            first = np.maximum(first, self._first_at(rows, first_ms_from(window.start), held_from) - 1)
+        present = stop > first
+        rows, first, stop = rows[present], first[present], stop[present]
+        chosen = spans(first, stop)  # by row, then time
+        key = np.repeat(rows, stop - first)
+        return TapeView(self, key, self.t_ms_[chosen], self.value_[chosen], window.start)
+
+    def _first_at(self, rows: np.ndarray, ms: int, held_from: int) -> np.ndarray:
+        """Per row of `rows` (whose samples are held from `held_from` on), where its first sample at `ms`
+        or later is, where the next row starts when none is: its first or its end without a look at
+        the samples when `ms` is outside the range held, else one binary search per row, all at once."""
+        low, high = self.starts_[rows], self.starts_[rows + 1]
+        if ms <= held_from or ms >= self.until_ms_:
+            return low if ms <= held_from else high
+        while (searching := low < high).any():
+            middle = (low + high) >> 1
+            before = searching & (self.t_ms_[np.minimum(middle, len(self.t_ms_) - 1)] < ms)
+            low = np.where(before, middle + 1, low)
+            high = np.where(searching & ~before, middle, high)
+        return low
 
     def derived(self, derive: Derive) -> pd.DataFrame:
         """`derive`'s columns for every series in the catalog, computed again only when new series were
@@ -492,12 +520,22 @@ def label(catalog: pd.DataFrame, name: str) -> pd.Series:
 class TapeReader(Reader, Protocol):
     """A Reader with a tape behind it (the runner's source for its detectors)."""
 
-    def tape_view(self, metrics: Sequence[str], window: Window, lookback_s: float) -> TapeView: ...
+    def tape_view(
+        self, metrics: Sequence[str], window: Window, lookback_s: float, *, points_only: bool = False
+    ) -> TapeView: ...
 
 
-def tape_view(source: Reader, metrics: Sequence[str], window: Window, lookback_s: float) -> TapeView:
-    """The samples of `metrics` in `window` and the lookback before it: from the runner's tape when
-    `source` has one, else read at once into a fresh tape (a detector run alone)."""
+def tape_view(
+    source: Reader, metrics: Sequence[str], window: Window, lookback_s: float, *, points_only: bool = False
+) -> TapeView:
+    """The samples of `metrics` in `window` and the lookback before it (Tape.view): from the runner's
+    tape when `source` has one, else read at once into a fresh tape (a detector run alone)."""
+    return tape_views(source)(metrics, window, lookback_s, points_only=points_only)
+
+
+def tape_views(source: Reader) -> Callable[..., TapeView]:
+    """tape_view's views, all of one tape (the runner's, or one fresh tape), so that their `rows` number
+    the same series alike."""
     if isinstance(source, TapeReader):
-        return source.tape_view(metrics, window, lookback_s)
-    return Tape().view(source, metrics, window, lookback_s)
+        return source.tape_view
+    return functools.partial(Tape().view, source)

@@ -126,6 +126,14 @@ def assert_same(got: pd.DataFrame, want: pd.DataFrame) -> None:
             )
 
 
+def assert_same_points(got: TapeView, want: TapeView) -> None:
+    """The same samples of the same series, each with the same role: in the window, ending its series, a
+    step between points."""
+    np.testing.assert_array_equal(got.rows, want.rows)
+    for name in ("group", "value", "t", "inside", "last", "points", "step", "previous_value"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), name)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     fleet=fleets,
@@ -168,8 +176,10 @@ def test_the_tape_summarises_each_series_as_series_sql_does_stepped_or_fresh(
             store_samples(store, samples(late, lambda ms, w=window, s=since_ms: s <= ms < w.start * 1000))
         for lookback_s, read in readers.items():
             want = expected(store, read, window, lookback_s)
-            assert_same(summarised(tape.view(store, read, window, lookback_s)), want)
+            view = tape.view(store, read, window, lookback_s)
+            assert_same(summarised(view), want)
             assert_same(summarised(Tape().view(store, read, window, lookback_s)), want)
+            assert_same_points(tape.view(store, read, window, lookback_s, points_only=True), view.points_only)
 
 
 def test_the_tape_reads_only_the_new_samples_and_its_overlap_when_warm(store: Store):
