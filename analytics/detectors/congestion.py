@@ -47,12 +47,12 @@ def ports(source: Reader, window: Window) -> pd.DataFrame:
     view = tape_view(source, CONGESTION_METRICS, window, LOOKBACK_S, points_only=True)  # summaries alone
     identity = view.derived(_port_identity)
     series = view.summaries()
-    group, member = groups(identity["port"].to_numpy())
+    group, member = groups(identity["port"])
     count = len(member)
     rate, steady_s = series["steady_rate"].to_numpy(), series["steady_seconds"].to_numpy()
-    rates = {name: group_sum(group, count, rate, identity[name].to_numpy()) for name in RATES}
+    rates = {name: group_sum(group, count, rate, identity[name]) for name in RATES}
     notifications = rates["ecn_marks_per_s"] + rates["cnp_handled_per_s"]
-    notified = np.bincount(group[identity["notifying"].to_numpy() & (steady_s > 0)], minlength=count) > 0
+    notified = np.bincount(group[identity["notifying"] & (steady_s > 0)], minlength=count) > 0
     stepped = np.bincount(group[steady_s > 0], minlength=count) > 0  # max(steady_s) > 0
     per_s = np.where(notified, notifications, rates["transmit_wait_per_s"])[stepped]
     notified = notified[stepped]
@@ -63,8 +63,8 @@ def ports(source: Reader, window: Window) -> pd.DataFrame:
     ported = member[stepped]
     return columns_frame(
         {
-            "node": identity["node"].to_numpy()[ported],
-            "component": identity["component"].to_numpy()[ported],
+            "node": identity["node"][ported],
+            "component": identity["component"][ported],
             "job": "",
             **{name: column[stepped] for name, column in rates.items()},
             "notifications_per_s": notifications[stepped],

@@ -34,6 +34,7 @@ from analytics.detectors.congestion import ECN_MARKED, TRANSMIT_WAIT
 from analytics.detectors.counters import LOOKBACK_S, Evidence, evidence_number, signal_count, signal_findings
 from analytics.detectors.dcgm import PCIE_LINK
 from analytics.detectors.groups import (
+    Columns,
     columns_frame,
     group_extreme,
     group_sum,
@@ -89,10 +90,8 @@ ROLES = {
 }
 PCIE_FIGURES = [f"pcie_{figure}" for figure in PCIE_LINK]
 COUNTER_ROLES = ("replays", "port_bytes", "ecn", "wait")  # the roles read by their steady increase or rate
-TEXT_COLUMNS = ["node", "unit", "rank_text", "status", "net_port"]  # _dma_identity's columns of text
 FIGURES = [*PCIE_FIGURES, "pcie_replays", "roce_bytes_per_s", "ecn_marks_per_s", "transmit_wait_per_s"]
 FLAGS = ["is_port", "has_ecn", "link_steady"]
-Columns = dict[str, np.ndarray]  # a frame's columns, each a numpy array, until the candidates' frame
 CANDIDATE_COLUMNS = [
     "node", "component", *PCIE_FIGURES, "pcie_replays", "is_port", "roce_bytes_per_s", "ecn_marks_per_s",
     "has_ecn", "transmit_wait_per_s", "link_steady", "nccl_without_gdr", "job", "peers_roce_bytes_per_s",
@@ -112,7 +111,7 @@ def candidates(source: Reader, window: Window, lookback_s: float) -> pd.DataFram
     points = view(DMA_METRICS, window, lookback_s, points_only=True)
     links = view(LINK_STATE_METRICS, window, lookback_s)
     # the identity's columns once, as numpy arrays: a frame's column lookups cost more than the figures
-    identity = {name: column.to_numpy() for name, column in points.derived(_dma_identity).items()}
+    identity = points.derived(_dma_identity)
     found = _components(_units(points, links, identity))
     jobs = looked_up(node_jobs(source, window, lookback_s), found["node"], "")
     steady_ports = found["is_port"].astype(bool) & found["link_steady"].astype(bool)
@@ -157,7 +156,7 @@ def _dma_identity(catalog: pd.DataFrame) -> pd.DataFrame:
     identity["net_index"] = label(catalog, "index").map(_uint32_or_zero).to_numpy(np.int64)
     identity["net_port"] = (device + ":" + port).to_numpy()
     identity["unit_code"] = identity.groupby(["node", "unit"], sort=True).ngroup()
-    return identity.astype(dict.fromkeys(TEXT_COLUMNS, object))  # taken per view: numpy's take, not arrow's
+    return identity
 
 
 def _net_without_gdr(via: str) -> int:

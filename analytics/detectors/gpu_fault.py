@@ -41,7 +41,15 @@ from analytics.detectors import peers, register
 from analytics.detectors.base import SEVERITIES, Detector, Finding, Window, as_tuples
 from analytics.detectors.counters import Evidence, evidence_number, signal_count
 from analytics.detectors.dcgm import ANSWERS, GPU_UP
-from analytics.detectors.groups import columns_frame, group_extreme, group_sum, groups, looked_up, objects
+from analytics.detectors.groups import (
+    Columns,
+    columns_frame,
+    group_extreme,
+    group_sum,
+    groups,
+    looked_up,
+    objects,
+)
 from analytics.detectors.tape import TapeView, label, tape_view
 from analytics.reports.remedy import ACTION, ACTION_TEXT, ACTION_TEXT_KEY
 from analytics.store.protocols import Reader
@@ -68,7 +76,6 @@ FAULT_COLUMNS = [
     "first_seen", "row_remap_failure", "dbe_errors", "remapped_rows", "job", "node_reported",
     "silent_scrapes",
 ]  # fmt: skip
-Columns = dict[str, np.ndarray]  # a frame's columns, each a numpy array, until the features' frame
 APP_ERROR_SCORE = 0.5  # a GPU with application Xids alone: less than any failure signal
 # what each failure signal besides Xids asks for: NVIDIA's answer to a GPU off the bus (Xid 79) is a
 # reboot; a row that could not be remapped needs the GPU inspected; a DBE needs a reset to retire its row
@@ -165,7 +172,7 @@ def gpu_faults(source: Reader, window: Window, lookback_s: float) -> pd.DataFram
     if not len(view.rows):
         return pd.DataFrame(columns=FAULT_COLUMNS)
     # the identity's columns once, as numpy arrays: a frame's column lookups cost more than the figures
-    identity = {name: column.to_numpy() for name, column in view.derived(_fault_identity).items()}
+    identity = view.derived(_fault_identity)
     series = _fault_series(view, identity)
     group, member = groups(identity["gpu_code"])
     count = len(member)

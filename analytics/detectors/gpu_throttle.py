@@ -219,7 +219,7 @@ def window_gpus(source: Reader, window: Window) -> pd.DataFrame:
     bits of a mask (DCGM), sorted (`reasons`). NaN for a mean without samples, as SQL's avg."""
     view = tape_view(source, THROTTLE_METRICS, window, 0.0)
     # the identity's columns once, as numpy arrays: a frame's column lookups cost more than the figures
-    identity = {name: column.to_numpy() for name, column in view.derived(_gpu_identity).items()}
+    identity = view.derived(_gpu_identity)
     code = identity["gpu"]
     on_gpu = code >= 0
     group, member = groups(code[on_gpu])

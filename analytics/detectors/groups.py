@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+Columns = dict[str, np.ndarray]  # a frame's columns by name, each a 1-D numpy array of one value per row
 # sorted_codes counts over a range of integers up to this long, per row and beyond, rather than sort them
 DENSE_RANGE_PER_ROW = 4
 DENSE_RANGE = 1024

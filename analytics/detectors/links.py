@@ -34,7 +34,7 @@ import re2
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, computed_once, passing
 from analytics.detectors.counters import LOOKBACK_S, evidence_number
-from analytics.detectors.groups import columns_frame, group_extreme, group_sum, groups
+from analytics.detectors.groups import Columns, columns_frame, group_extreme, group_sum, groups
 from analytics.detectors.tape import TapeView, label, tape_view
 from analytics.store.protocols import Reader
 
@@ -70,23 +70,23 @@ def _links(source: Reader, window: Window, lookback_s: float, ignored: str) -> p
     view = tape_view(source, LINK_METRICS, window, lookback_s)
     identity = view.derived(_link_identity)
     series = _link_series(view, identity)
-    group, member = groups(identity["link"].to_numpy())
+    group, member = groups(identity["link"])
     count = len(member)
-    sampled, gauge = series["samples"] > 0, identity["gauge"].to_numpy()
-    state_metric = identity["state_metric"].to_numpy()
+    sampled, gauge = series["samples"] > 0, identity["gauge"]
+    state_metric = identity["state_metric"]
 
     def largest(column: str, where: np.ndarray) -> np.ndarray:
         return group_extreme(np.fmax, group, count, series[column].astype(np.float64), where)
 
-    netdev = identity["netdev"].to_numpy()[member]
+    netdev = identity["netdev"][member]
     reported = np.bincount(group[state_metric & sampled], minlength=count) > 0
     state = largest("last", state_metric & sampled)
-    physical_state = largest("last", identity["physical"].to_numpy() & sampled)
+    physical_state = largest("last", identity["physical"] & sampled)
     up_now = reported & np.where(netdev, state == CARRIER_UP, (state == ACTIVE) & (physical_state == LINK_UP))
     state_falls = largest("falls", gauge).astype(np.int64)
     link_downed = group_sum(group, count, series["increase"], ~gauge)
-    component = identity["component"].to_numpy()[member]
-    node = identity["node_code"].to_numpy()[member]
+    component = identity["component"][member]
+    node = identity["node_code"][member]
     interfaces_only = ~np.isin(node, node[~netdev])
     is_ignored = matcher(ignored)
     judged = ~netdev
@@ -95,7 +95,7 @@ def _links(source: Reader, window: Window, lookback_s: float, ignored: str) -> p
     # in the links' order (node, netdev, component), which is by node and component: a node's judged
     # links are all ports or all interfaces
     columns = {
-        "node": identity["node"].to_numpy()[member],
+        "node": identity["node"][member],
         "component": component,
         "job": "",
         "netdev": netdev.astype(np.int64),
@@ -149,13 +149,13 @@ def _link_identity(catalog: pd.DataFrame) -> pd.DataFrame:
     return identity
 
 
-def _link_series(view: TapeView, identity: pd.DataFrame) -> dict[str, np.ndarray]:
+def _link_series(view: TapeView, identity: Columns) -> dict[str, np.ndarray]:
     """Per series of LINK_METRICS: its `samples` in the window and `last` value (as TapeView.summaries
     gives them, without the rates links do not read), how often it went from up to down between samples
     since the lookback (`falls`), whether it was down at every sample of the window (`down_inside`), for
     how long it has been down at its last sample (`down_s`: since it was last up, else since its first
     sample), and its steady `increase` since the lookback."""
-    up = identity["up"].to_numpy()[view.group]
+    up = identity["up"][view.group]
     last_up_t = view.max(view.t, view.value == up)
     first_t, last_t = view.t[view.first], view.t[view.last]
     return {

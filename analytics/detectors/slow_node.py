@@ -47,7 +47,7 @@ import pandas as pd
 
 from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, as_tuples
-from analytics.detectors.groups import Groups, columns_frame, group_quantile_exact
+from analytics.detectors.groups import Columns, Groups, columns_frame, group_quantile_exact
 from analytics.detectors.peers import MAD_TO_SIGMA, node_values
 from analytics.detectors.steptape import StepRows, step_tape
 from analytics.store.protocols import Reader
@@ -80,7 +80,6 @@ GROUP BY job, node, stage, unit
 ORDER BY job, node, stage, ended DESC
 LIMIT {last:UInt32} BY job, node, stage
 """
-Columns = dict[str, np.ndarray]  # rows as one numpy array per column
 GPU_SIGNALS = {  # store metric -> evidence name; the first one measures the slowdown
     "DCGM_FI_DEV_SM_CLOCK": "sm_clock_mhz",
     "DCGM_FI_DEV_GPU_UTIL": "gpu_util_percent",

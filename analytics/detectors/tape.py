@@ -34,7 +34,7 @@ import pandas as pd
 
 from analytics.detectors import DetectorError
 from analytics.detectors.base import Window, read_frame
-from analytics.detectors.groups import columns_frame, group_extreme, group_sum
+from analytics.detectors.groups import Columns, columns_frame, group_extreme, group_sum
 from analytics.store.protocols import Reader
 
 OVERLAP_S = 10.0  # read again each window: samples inserted this late for the last window are still seen
@@ -95,8 +95,10 @@ class Tape:
         self.metric_ = np.empty(0, np.int64)  # per row of catalog_: its metric's code
         self.seen_ms_ = np.empty(0, np.int64)  # per row of catalog_: the last until_ms_ it had samples held
         self.ids_ = pd.Index([], dtype=np.uint64)  # catalog_'s series ids, to find a series' row
-        self.derived_: dict[Derive, pd.DataFrame] = {}  # per derivation: its columns per row of catalog_
-        self.taken_: dict[Derive, tuple[np.ndarray, pd.DataFrame]] = {}  # per derivation: its last rows taken
+        self.derived_: dict[
+            Derive, tuple[int, Columns]
+        ] = {}  # per derivation: catalog_'s length, its columns
+        self.taken_: dict[Derive, tuple[np.ndarray, Columns]] = {}  # per derivation: its last rows taken
 
     def register(self, needs: Mapping[str, float]) -> None:
         """Add metrics to read every window, each with the lookback its reader uses."""
@@ -144,24 +146,24 @@ class Tape:
             high = np.where(searching & ~before, middle, high)
         return low
 
-    def derived(self, derive: Derive) -> pd.DataFrame:
+    def derived(self, derive: Derive) -> Columns:
         """`derive`'s columns for every series in the catalog, computed again only when new series were
         seen (forgetting series empties the cache: a catalog as long as before may hold other series)."""
         known = self.derived_.get(derive)
-        if known is None or len(known) != len(self.catalog_):
-            known = self.derived_[derive] = derived_columns(derive, self.catalog_)
+        if known is None or known[0] != len(self.catalog_):
+            known = self.derived_[derive] = (len(self.catalog_), derived_columns(derive, self.catalog_))
             self.taken_.pop(derive, None)
-        return known
+        return known[1]
 
-    def taken(self, derive: Derive, rows: np.ndarray) -> pd.DataFrame:
-        """derived()'s rows `rows`, numbered from 0. The rows a reader takes are mostly those it took the
-        window before (the same series): those are taken once and handed out again as shallow copies,
-        which copy-on-write keeps apart (the take was 5% of a steady cycle)."""
+    def taken(self, derive: Derive, rows: np.ndarray) -> Columns:
+        """derived()'s rows `rows`. The rows a reader takes are mostly those it took the window before
+        (the same series): those are taken once and handed out again, read-only (the take was 5% of a
+        steady cycle; a frame of them, and each column's lookup in it, 2%)."""
         known = self.derived(derive)
         last = self.taken_.get(derive)
         if last is None or not np.array_equal(last[0], rows):
-            last = self.taken_[derive] = (rows, _take(known, rows))
-        return last[1].copy(deep=False)
+            last = self.taken_[derive] = (rows, taken_rows(known, rows))
+        return dict(last[1])
 
     def _advance(self, source: Reader, window: Window) -> None:
         """Hold each registered metric over [start - its lookback, end): the new samples only, with the
@@ -284,17 +286,20 @@ class Tape:
         return found.astype({"series_id": np.uint64})
 
 
-def derived_columns(derive: Derive, catalog: pd.DataFrame) -> pd.DataFrame:
-    """`derive`'s columns for each row of `catalog`, numbered from 0, text held as Python strings."""
-    return held_as_objects(derive(catalog).reset_index(drop=True))
+def derived_columns(derive: Derive, catalog: pd.DataFrame) -> Columns:
+    """`derive`'s columns for each row of `catalog` as numpy arrays, text as Python strings (object
+    arrays): the tape hands out rows of them window after window, and a numpy take of Python strings
+    costs a quarter of a take of pandas's Arrow strings and their conversion back to Python strings."""
+    return {name: column.to_numpy() for name, column in derive(catalog).items()}
 
 
-def held_as_objects(columns: pd.DataFrame) -> pd.DataFrame:
-    """`columns` with its text columns as numpy object arrays rather than pandas's Arrow strings: the tape
-    hands out its rows of them window after window, and a numpy take of Python strings, then to_numpy(),
-    costs a quarter of an Arrow take and its conversion back to Python strings."""
-    text = [name for name, dtype in columns.dtypes.items() if isinstance(dtype, pd.StringDtype)]
-    return columns.astype(dict.fromkeys(text, object)) if text else columns
+def taken_rows(columns: Columns, rows: np.ndarray) -> Columns:
+    """The rows `rows` of each of `columns`, read-only: handed out again, no reader may change them."""
+    taken = {}
+    for name, column in columns.items():
+        taken[name] = column[rows]
+        taken[name].flags.writeable = False
+    return taken
 
 
 def first_ms_from(seconds: float) -> int:
@@ -434,12 +439,12 @@ class TapeView:
         """One row per series, its identity: series_id, metric, node and labels (the catalog's rows)."""
         return _take(self._catalog, self.rows)
 
-    def derived(self, derive: Derive) -> pd.DataFrame:
+    def derived(self, derive: Derive) -> Columns:
         """Per series, the columns `derive` computes from series' identities (rows of `series` without
         their summaries), each series' computed once for as long as the tape lives."""
         if self._catalog is self._tape.catalog_:
             return self._tape.taken(derive, self.rows)
-        return _take(derived_columns(derive, self._catalog), self.rows)
+        return taken_rows(derived_columns(derive, self._catalog), self.rows)
 
     def sum(self, values: np.ndarray, where: np.ndarray) -> np.ndarray:
         """Per series, the sum of `values` where `where`, in time order from 0 (arraySum's order)."""

@@ -24,7 +24,6 @@ from analytics.detectors.counters import (
     steady_increase,
 )
 from analytics.detectors.runner import DetectionRunner
-from analytics.detectors.tape import held_as_objects
 from analytics.store import Store
 from analytics.store.protocols import Reader
 from tests.analytics.detectors import test_congestion, test_links
@@ -109,7 +108,13 @@ def assert_same_frame(new: pd.DataFrame, old: pd.DataFrame) -> None:
     if old.empty:
         assert new.empty and list(new.columns) == list(old.columns)
     else:
-        pd.testing.assert_frame_equal(held_as_objects(new), held_as_objects(old), check_exact=True)
+        pd.testing.assert_frame_equal(text_as_objects(new), text_as_objects(old), check_exact=True)
+
+
+def text_as_objects(columns: pd.DataFrame) -> pd.DataFrame:
+    """`columns` with its text as Python strings (object columns) wherever pandas holds Arrow strings."""
+    text = [name for name, dtype in columns.dtypes.items() if isinstance(dtype, pd.StringDtype)]
+    return columns.astype(dict.fromkeys(text, object)) if text else columns
 
 
 class Compared:
