@@ -30,10 +30,11 @@ import numpy as np
 import pandas as pd
 
 from analytics.detectors import register
-from analytics.detectors.base import Detector, Finding, Window, as_tuples, frame
+from analytics.detectors.base import Detector, Finding, Window, as_tuples
 from analytics.detectors.counters import MAX_CANDIDATES, evidence_number
 from analytics.detectors.dcgm import CLOCK_EVENT_BITS, CLOCK_EVENT_MASKS, CLOCK_EVENT_REASONS, MASK_LIMIT
 from analytics.detectors.groups import (
+    Columns,
     Groups,
     columns_frame,
     group_bit_or,
@@ -150,35 +151,42 @@ class GpuThrottle(Detector):
         alike = Groups(codes["node"][on_their_nodes], busy[on_their_nodes])
         chosen = throttling[on_their_nodes]
         rows = on_their_nodes[chosen]
-        candidates = gpus.iloc[rows].reset_index(drop=True)
-        candidates["reasons"] = [
-            [UNKNOWN] if unknown_now else list(named)
-            for named, unknown_now in zip(reasons[rows], unknown[rows], strict=True)
-        ]
-        candidates["busy"] = busy[rows]
-        candidates["unknown"] = unknown[rows]
-        candidates["node_gpus"] = hosts.sizes[hosts.ids][chosen]
-        candidates["node_peers_mhz"] = alike.median(clocks[on_their_nodes])[alike.ids][chosen]
-        candidates["fleet_peers_mhz"] = _other_nodes_median(codes, busy, clocks, rows)
+        candidates = {name: gpus[name].to_numpy()[rows] for name in GPU_COLUMNS}
+        candidates["reasons"] = objects(
+            [
+                [UNKNOWN] if unknown_now else list(named)
+                for named, unknown_now in zip(reasons[rows], unknown[rows], strict=True)
+            ]
+        )
+        candidates |= {
+            "busy": busy[rows],
+            "unknown": unknown[rows],
+            "node_gpus": hosts.sizes[hosts.ids][chosen],
+            "node_peers_mhz": alike.median(clocks[on_their_nodes])[alike.ids][chosen],
+            "fleet_peers_mhz": _other_nodes_median(codes, busy, clocks, rows),
+        }
         candidates["past_mhz"] = self._past(source, window, candidates)
-        return candidates
+        return columns_frame(candidates)
 
-    def _past(self, source: Reader, window: Window, candidates: pd.DataFrame) -> pd.Series:
+    def _past(self, source: Reader, window: Window, candidates: Columns) -> np.ndarray:
         """The own median clock, in the `past_s` before the window and for its busy state, of each
         candidate that has no GPU of its model on another node to compare with (NaN for the others)."""
-        past = pd.Series(np.nan, index=candidates.index, dtype=float)
-        alone = candidates[candidates["fleet_peers_mhz"].isna()]
-        if alone.empty or self.past_s <= 0:
+        past = np.full(len(candidates["node"]), np.nan)
+        alone = np.flatnonzero(np.isnan(candidates["fleet_peers_mhz"]))
+        if not len(alone) or self.past_s <= 0:
             return past
         parameters = {
             **window.parameters,
             "past_start": Window(window.start - self.past_s, window.start).parameters["start"],
-            "nodes": sorted(set(alone["node"])),
+            "nodes": sorted(set(candidates["node"][alone].tolist())),
             "busy_util_percent": self.busy_util_percent,
         }
-        clocks = frame(source.query(PAST_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
-        own = alone.merge(clocks, on=["node", "component"], how="left").set_index(alone.index)
-        past[alone.index] = own["past_busy_mhz"].where(own["busy"], own["past_idle_mhz"]).astype(float)
+        clocks = source.query(PAST_SQL, parameters=parameters, max_rows=MAX_CANDIDATES).rows
+        own = {(node, component): (busy_mhz, idle_mhz) for node, component, busy_mhz, idle_mhz in clocks}
+        for row in alone:
+            found = own.get((candidates["node"][row], candidates["component"][row]))
+            if found is not None:
+                past[row] = found[0] if candidates["busy"][row] else found[1]
         return past
 
     def tape_needs(self) -> dict[str, float]:

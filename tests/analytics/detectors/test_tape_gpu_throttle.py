@@ -90,7 +90,8 @@ def pandas_features(
         others = (models == model) & (busy == is_busy) & (nodes != node)
         medians[own.index] = pd.Series(clocks[others]).median()
     candidates["fleet_peers_mhz"] = medians
-    candidates["past_mhz"] = detector._past(source, window, candidates)
+    columns = {name: candidates[name].to_numpy() for name in ("node", "component", "busy", "fleet_peers_mhz")}
+    candidates["past_mhz"] = detector._past(source, window, columns)
     return candidates.reset_index(drop=True)
 
 
