@@ -189,7 +189,7 @@ def gpu_faults(source: Reader, window: Window, lookback_s: float) -> pd.DataFram
 
     has_up = any_of(is_up)
     reported = np.where(has_up, any_of(is_up & sampled), any_of(answers & sampled))
-    answer_gpu, answer_t = _answer_times(view, group, answers)
+    answer_gpu, answer_ms = _answer_times(view, group, answers)
     first_seen = group_extreme(np.fmin, group, count, series["first_t"], np.ones(len(group), bool))
     # numpy columns and one frame at the end: a frame's assign of 17 columns cost more than their figures
     found = {name: identity[name][member] for name in ("node", "gpu", "pci_bus_id")}
@@ -212,7 +212,7 @@ def gpu_faults(source: Reader, window: Window, lookback_s: float) -> pd.DataFram
         "remapped_rows": finite_sum("steady_increase", REMAPPED_ROWS),
         "job": looked_up(jobs, found["node"], ""),
         "node_reported": node_reported[node].astype(np.int64),
-        "silent_scrapes": _silent_scrapes(node, answer_gpu, answer_t, first_seen),
+        "silent_scrapes": _silent_scrapes(node, answer_gpu, answer_ms, first_seen),
     }
     return columns_frame({name: found[name] for name in FAULT_COLUMNS})
 
@@ -269,7 +269,7 @@ def _fault_series(view: TapeView, identity: Columns) -> Columns:
         "steady_increase": summaries["steady_increase"].to_numpy(),
         "low": summaries["inside_min"].to_numpy(),
         "high": summaries["inside_max"].to_numpy(),
-        "first_t": view.t[view.first],
+        "first_t": view.t_ms[view.first] / 1000,
         "born": born,
         "first_value": first_value,
         "events": increase + np.where(born, first_value, 0.0),
@@ -334,40 +334,40 @@ def _runs(
 
 
 def _answer_times(view: TapeView, group: np.ndarray, answers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct (GPU, time) pairs of DCGM's answers for a GPU (samples of ANSWERS) since the
+    """The distinct (GPU, unix ms) pairs of DCGM's answers for a GPU (samples of ANSWERS) since the
     lookback, sorted by GPU and time: flat arrays, not an array per GPU (1,536 of them at 192 nodes)."""
     answered = answers[view.group]
-    return _distinct_times(group[view.group[answered]], view.t[answered])
+    return _distinct_times(group[view.group[answered]], view.t_ms[answered])
 
 
-def _distinct_times(owner: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct (owner, t) pairs, sorted by owner and then t, of times `t` in whole milliseconds
-    (the tape's): each pair one int64, owner x the span of milliseconds, sorted by a stable sort, which
-    merges the runs already in order (each series' samples); a lexsort of the two was three times dearer
-    on a window's 90,000 DCGM samples."""
-    if not len(t):
-        return owner[:0], t[:0]
-    ms = np.rint(t * 1000).astype(np.int64)
+def _distinct_times(owner: np.ndarray, ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct (owner, ms) pairs, sorted by owner and then ms, of unix milliseconds `ms`: each pair
+    one int64, owner x the span of milliseconds, sorted by a stable sort, which merges the runs already
+    in order (each series' samples); a lexsort of the two was three times dearer on a window's 90,000
+    DCGM samples."""
+    if not len(ms):
+        return owner[:0], ms[:0]
     base = int(ms.min())
     span = int(ms.max()) - base + 1
     key = np.sort(owner.astype(np.int64) * span + (ms - base), kind="stable")
     new = np.ones(len(key), bool)
     new[1:] = key[1:] != key[:-1]
     key = key[new]
-    return key // span, (key % span + base) / 1000
+    return key // span, key % span + base
 
 
 def _silent_scrapes(
-    node: np.ndarray, answer_gpu: np.ndarray, answer_t: np.ndarray, first_seen: np.ndarray
+    node: np.ndarray, answer_gpu: np.ndarray, answer_ms: np.ndarray, first_seen: np.ndarray
 ) -> np.ndarray:
-    """Per GPU (of `node`), how many of its node's distinct answer times (`answer_t` of `answer_gpu`,
+    """Per GPU (of `node`), how many of its node's distinct answer times (`answer_ms` of `answer_gpu`,
     sorted by GPU and time) are later than its own last answer, or than its first sample less a
-    millisecond when it never answered."""
-    node_of_time, time = _distinct_times(node[answer_gpu], answer_t)
+    millisecond when it never answered; compared in seconds, as the SQL it replaced compared them."""
+    node_of_time, ms = _distinct_times(node[answer_gpu], answer_ms)
+    time = ms / 1000
     sizes = np.bincount(answer_gpu, minlength=len(node))
     answered = sizes > 0
     last = np.full(len(node), np.nan)
-    last[answered] = answer_t[np.cumsum(sizes)[answered] - 1]
+    last[answered] = answer_ms[np.cumsum(sizes)[answered] - 1] / 1000
     after = np.where(answered, last, first_seen - 0.001)
     # each GPU's bound placed among its node's times, after those equal to it: those later are counted
     keys = np.concatenate([node_of_time, node])

@@ -199,7 +199,7 @@ class GpuThrottle(Detector):
         # one without any, a NaN drop none at all
         references = np.column_stack([features[name].to_numpy(np.float64) for name in REFERENCES])
         reference = np.fmax.reduce(references, axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a huge clock drops -inf: 0
             drop = 1 - features["sm_clock_mhz"].to_numpy(np.float64) / reference
         drop = np.clip(np.where(np.isnan(drop), 0.0, drop), 0.0, 1.0)
         throttled = np.array([len(reasons) > 0 for reasons in features["reasons"]], bool)

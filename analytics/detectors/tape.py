@@ -373,7 +373,7 @@ class TapeView:
         catalog: pd.DataFrame | None = None,
     ) -> None:
         self._tape = tape
-        self._t_ms = t_ms
+        self.t_ms = t_ms  # unix ms, as the tape holds them
         self._since = since
         self.value = value
         first = np.ones(len(key), bool)
@@ -393,12 +393,12 @@ class TapeView:
     @functools.cached_property
     def t(self) -> np.ndarray:
         """Unix seconds, as series_sql's `t`."""
-        return self._t_ms / 1000
+        return self.t_ms / 1000
 
     @functools.cached_property
     def inside(self) -> np.ndarray:
         """The sample is in the window: `t` >= since, compared in whole milliseconds."""
-        return self._t_ms >= first_ms_from(self._since)
+        return self.t_ms >= first_ms_from(self._since)
 
     @functools.cached_property
     def last(self) -> np.ndarray:
@@ -482,7 +482,7 @@ class TapeView:
             return self
         at = np.flatnonzero(self.points)
         key = self.rows[self.group[at]]
-        return TapeView(self._tape, key, self._t_ms[at], self.value[at], self._since, self._catalog)
+        return TapeView(self._tape, key, self.t_ms[at], self.value[at], self._since, self._catalog)
 
     def summaries(self) -> pd.DataFrame:
         """One row per series, in the rows of `series`: series_sql's INCREASE (`increase`),
