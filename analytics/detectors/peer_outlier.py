@@ -35,6 +35,7 @@ from analytics.detectors.groups import (
     group_median,
     group_quantile_exact,
     group_sum,
+    groups,
 )
 from analytics.detectors.peers import peer_baseline, step_aggregates
 from analytics.detectors.tape import TapeView, tape_view
@@ -287,10 +288,10 @@ def _series_identity(catalog: pd.DataFrame) -> pd.DataFrame:
 def _rows_of(identity: Columns, nodes: np.ndarray) -> np.ndarray:
     """Per series of `identity`, the row of `nodes` its node has (the last, for a node listed twice); -1
     for none. Looked up once per node: a hash of every series' node name cost more than the features."""
-    _, first, series_code = np.unique(identity["node_code"], return_index=True, return_inverse=True)
+    series_node, member = groups(identity["node_code"])  # a series of each node names it
     last = {node: row for row, node in enumerate(nodes)}
-    names = identity["node"][first]
-    return np.array([last.get(name, -1) for name in names], np.int64)[series_code]
+    names = identity["node"][member]
+    return np.array([last.get(name, -1) for name in names], np.int64)[series_node]
 
 
 def _ascending_sums(cells: np.ndarray, count: int, rates: np.ndarray, where: np.ndarray) -> np.ndarray:
@@ -308,8 +309,7 @@ def _rates(view: TapeView) -> np.ndarray:
     """Per series, its growth per second from its first sample to its last: NaN (SQL's NULL) with one
     sample, or across a reset (growth below 0 or NaN). Seconds are whole milliseconds over 1000, as
     ClickHouse's dateDiff('millisecond', ...) / 1000."""
-    first_ms, last_ms = (np.rint(view.t[at] * 1000) for at in (view.first, view.last))  # t is ms / 1000
-    seconds = (last_ms - first_ms) / 1000
+    seconds = (view.t_ms[view.last] - view.t_ms[view.first]) / 1000
     with np.errstate(invalid="ignore", divide="ignore"):  # inf - inf is NaN, as in ClickHouse
         growth = view.value[view.last] - view.value[view.first]
         return np.where((seconds > 0) & (growth >= 0), growth / seconds, np.nan)
