@@ -27,9 +27,10 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
+import numpy.typing as npt
 import pandas as pd
 
-from analytics.store.protocols import ColumnReader, FrameResult, Reader
+from analytics.store.protocols import ColumnReader, FrameResult, NumbersReader, NumbersResult, Reader
 from analytics.store.records import QueryResult
 
 SEVERITIES = ("info", "warning", "critical")
@@ -204,3 +205,21 @@ def read_frame(
         return source.query_frame(sql, parameters=parameters, max_rows=max_rows)
     result = source.query(sql, parameters=parameters, max_rows=max_rows)
     return FrameResult(frame(result), result.truncated)
+
+
+def read_numbers(
+    source: Reader,
+    sql: str,
+    columns: Mapping[str, npt.DTypeLike],
+    *,
+    parameters: Mapping[str, Any] | None = None,
+    max_rows: int = 10_000,
+) -> NumbersResult:
+    """A read's numeric `columns` (name -> numpy type) as numpy arrays: a NumbersReader's (a Store's)
+    own, else read_frame's columns converted (a HubClient, a test's fake)."""
+    if isinstance(source, NumbersReader):
+        return source.query_numbers(sql, columns, parameters=parameters, max_rows=max_rows)
+    found = read_frame(source, sql, parameters=parameters, max_rows=max_rows)
+    return NumbersResult(
+        {name: found.frame[name].to_numpy(dtype) for name, dtype in columns.items()}, found.truncated
+    )

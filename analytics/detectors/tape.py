@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from analytics.detectors import DetectorError
-from analytics.detectors.base import Window, read_frame
+from analytics.detectors.base import Window, read_frame, read_numbers
 from analytics.detectors.groups import Columns, columns_frame, group_extreme, group_sum
 from analytics.store.protocols import Reader
 
@@ -52,6 +52,7 @@ SELECT series_id, toUnixTimestamp64Milli(ts) AS t, value
 FROM samples
 WHERE {SAMPLES_IN_RANGE}
 """
+TAPE_COLUMNS = {"series_id": np.uint64, "t": np.int64, "value": np.float64}  # TAPE_SQL's, read as numbers
 # The series of `ids` (of the metrics), as `series` lists them; and, for a series sampled in a range that it
 # does not list (none of the store's writers leaves one out), its metric and node from the samples and no
 # labels, as series_sql's join gives them.
@@ -237,6 +238,8 @@ class Tape:
         for metric in sorted(reads):
             by_first.setdefault(reads[metric], []).append(metric)
         found = [self._read(source, metrics, from_ms, until_ms) for from_ms, metrics in by_first.items()]
+        if len(found) == 1:  # a steady window's one read: no copy of it
+            return found[0]
         return tuple(np.concatenate(column) for column in zip(*found, strict=True))
 
     def _read(
@@ -244,15 +247,10 @@ class Tape:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Series ids, unix ms and values of the samples of `metrics` in [from_ms, until_ms)."""
         parameters = {"metrics": metrics, "from_ms": from_ms, "until_ms": until_ms}
-        result = read_frame(source, TAPE_SQL, parameters=parameters, max_rows=MAX_TAPE_ROWS)
+        result = read_numbers(source, TAPE_SQL, TAPE_COLUMNS, parameters=parameters, max_rows=MAX_TAPE_ROWS)
         if result.truncated:
             raise DetectorError(f"over {MAX_TAPE_ROWS} samples in the tape's range: a lookback too long")
-        samples = result.frame
-        return (
-            samples["series_id"].to_numpy(np.uint64),
-            samples["t"].to_numpy(np.int64),
-            samples["value"].to_numpy(np.float64),
-        )
+        return result.columns["series_id"], result.columns["t"], result.columns["value"]
 
     def _catalogue(
         self, source: Reader, unseen: np.ndarray, metrics: list[str], from_ms: int, until_ms: int

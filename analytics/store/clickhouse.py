@@ -45,13 +45,14 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import clickhouse_connect
+import numpy.typing as npt
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from analytics.errors import AddressError, SchemaError, StoreRejected, StoreUnavailable
 from analytics.store import schema
 from analytics.store.clickhouse_errors import short, store_error, unreachable
-from analytics.store.protocols import FrameResult
+from analytics.store.protocols import FrameResult, NumbersResult
 from analytics.store.readonly import Connect, ReadSessions
 from analytics.store.records import (
     STEP_COLUMNS,
@@ -469,6 +470,21 @@ class Store:
     ) -> FrameResult:
         """query(), checked and limited alike, its result as columns: for reads of many rows."""
         return self._reads.query_frame(sql, parameters=parameters, max_rows=max_rows, max_seconds=max_seconds)
+
+    def query_numbers(
+        self,
+        sql: str,
+        columns: Mapping[str, npt.DTypeLike],
+        *,
+        parameters: Mapping[str, Any] | None = None,
+        max_rows: int = 10_000,
+        max_seconds: float = 10.0,
+    ) -> NumbersResult:
+        """query(), checked and limited alike, its numeric `columns` as numpy arrays: for reads of many
+        numbers (ReadSessions.query_numbers)."""
+        return self._reads.query_numbers(
+            sql, columns, parameters=parameters, max_rows=max_rows, max_seconds=max_seconds
+        )
 
     def close(self) -> None:
         """Release the session and its read sessions; the store Store.open() returned closes the sessions

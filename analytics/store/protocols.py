@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 from analytics.store.records import ActionRow, QueryResult, ScrapeBatch, SilenceRow, TargetStatus
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
     import pandas as pd
 
 
@@ -31,6 +33,14 @@ class FrameResult(NamedTuple):
     truncated: bool
 
 
+class NumbersResult(NamedTuple):
+    """A read's numeric columns as numpy arrays (read-only): at most the rows asked for, and whether more
+    matched."""
+
+    columns: dict[str, np.ndarray]
+    truncated: bool
+
+
 @runtime_checkable
 class ColumnReader(Reader, Protocol):
     """A Reader that also returns a result as columns (a Store): what reads many rows into numpy uses,
@@ -39,6 +49,21 @@ class ColumnReader(Reader, Protocol):
     def query_frame(
         self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int = ...
     ) -> FrameResult: ...
+
+
+@runtime_checkable
+class NumbersReader(Reader, Protocol):
+    """A Reader that also returns numeric columns as numpy arrays (a Store): what reads many numbers uses,
+    through analytics.detectors.base.read_numbers, which falls back to read_frame for any other Reader."""
+
+    def query_numbers(
+        self,
+        sql: str,
+        columns: Mapping[str, npt.DTypeLike],
+        *,
+        parameters: Mapping[str, Any] | None = None,
+        max_rows: int = ...,
+    ) -> NumbersResult: ...
 
 
 class IngestWriter(Protocol):
