@@ -34,7 +34,7 @@ from analytics.detectors import build
 from analytics.detectors.base import Window, frame
 from analytics.detectors.runner import DetectionRunner
 from analytics.store import Store
-from analytics.store.protocols import FrameResult
+from analytics.store.protocols import FrameResult, NumbersResult
 from analytics.store.records import QueryResult
 from sim.node import SCENARIO_EPOCH
 from sim.offline import simulate_offline
@@ -125,6 +125,17 @@ class QueryClock:
     ) -> FrameResult:
         """A columnar read (the detectors' tape), timed alike."""
         return self._timed(self._store.query_frame, sql, parameters, max_rows)
+
+    def query_numbers(
+        self,
+        sql: str,
+        columns: Mapping[str, Any],
+        *,
+        parameters: Mapping[str, Any] | None = None,
+        max_rows: int = 10_000,
+    ) -> NumbersResult:
+        """A read of numbers (the detectors' tape), timed alike."""
+        return self._timed(partial(self._store.query_numbers, columns=columns), sql, parameters, max_rows)
 
     def _timed(
         self, read: Callable[..., Any], sql: str, parameters: Mapping[str, Any] | None, max_rows: int
