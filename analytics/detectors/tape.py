@@ -96,9 +96,7 @@ class Tape:
         self.metric_ = np.empty(0, np.int64)  # per row of catalog_: its metric's code
         self.seen_ms_ = np.empty(0, np.int64)  # per row of catalog_: the last until_ms_ it had samples held
         self.ids_ = pd.Index([], dtype=np.uint64)  # catalog_'s series ids, to find a series' row
-        self.derived_: dict[
-            Derive, tuple[int, Columns]
-        ] = {}  # per derivation: catalog_'s length, its columns
+        self.derived_: dict[Derive, tuple[int, Columns]] = {}  # per derivation: catalog_'s length, columns
         self.taken_: dict[Derive, tuple[np.ndarray, Columns]] = {}  # per derivation: its last rows taken
 
     def register(self, needs: Mapping[str, float]) -> None:
