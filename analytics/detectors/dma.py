@@ -107,9 +107,9 @@ def candidates(source: Reader, window: Window, lookback_s: float) -> pd.DataFram
     with such ranks are candidates, ordered by node and component."""
     # the window and the sample before it: the gauges (NCCL's, PCIe's, the links': four series in five)
     # are read by their last value, the counters by their steps; the links alone over the lookback
-    view = tape_views(source)
-    points = view(DMA_METRICS, window, lookback_s, points_only=True)
-    links = view(LINK_STATE_METRICS, window, lookback_s)
+    views = tape_views(source)
+    points = views(DMA_METRICS, window, lookback_s, points_only=True)
+    links = views(LINK_STATE_METRICS, window, lookback_s)
     # the identity's columns once, as numpy arrays: a frame's column lookups cost more than the figures
     identity = points.derived(_dma_identity)
     found = _components(_units(points, links, identity))

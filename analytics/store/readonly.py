@@ -145,12 +145,7 @@ class ReadSessions:
         many numbers: chDB writes Arrow at more CPU, and query_frame's frame converts it once more.
         QueryError for a result of other columns or types."""
         with self._checked_session(sql, max_rows, max_seconds) as (session, statement, _):
-            try:
-                body = session.raw_query(statement, parameters=parameters, fmt="Native")
-            except ClickHouseError as error:
-                raise _query_error(error) from error
-            except (TypeError, ValueError) as error:  # a parameter clickhouse-connect cannot bind
-                raise QueryError(f"parameters: {error}") from error
+            body = _run(session, statement, parameters, native_format=True)
         try:
             found = native.numbers(body, columns)
         except native.NativeError as error:
@@ -299,26 +294,28 @@ class ReadSessions:
 
 
 def _run(
-    session: Client, statement: str, parameters: Mapping[str, Any] | None, *, columnar: bool = False
+    session: Client,
+    statement: str,
+    parameters: Mapping[str, Any] | None,
+    *,
+    columnar: bool = False,
+    native_format: bool = False,
 ) -> Any:
-    """One statement on a read session, its result as a DataFrame when `columnar`; QueryError for what
-    ClickHouse refuses, StoreUnavailable when it could not be reached."""
+    """One statement on a read session, its result as a DataFrame when `columnar`, as the bytes of
+    ClickHouse's Native format when `native_format`; QueryError for what ClickHouse refuses, StoreUnavailable
+    when it could not be reached."""
     try:
+        if native_format:
+            return session.raw_query(statement, parameters=parameters, fmt="Native")
         if columnar:  # maps as dicts, as query() gives them; of a key given twice, the last
             table = session.query_arrow(statement, parameters=parameters)
             return table.to_pandas(maps_as_pydicts="lossy")
         return session.query(statement, parameters=parameters)
     except ClickHouseError as error:
-        raise _query_error(error) from error
+        if unreachable(error):
+            raise StoreUnavailable(f"query: {short(error)}") from error
+        raise QueryError(short(error)) from error
     except pyarrow.ArrowException as error:  # a type pandas has no column for (a Variant)
         raise QueryError(f"the result cannot be read as columns: {error}") from error
     except (TypeError, ValueError) as error:  # a parameter clickhouse-connect cannot bind
         raise QueryError(f"parameters: {error}") from error
-
-
-def _query_error(error: ClickHouseError) -> QueryError | StoreUnavailable:
-    """What a query's ClickHouse error is to a reader: StoreUnavailable when the store could not be
-    reached, else QueryError (what ClickHouse refused)."""
-    if unreachable(error):
-        return StoreUnavailable(f"query: {short(error)}")
-    return QueryError(short(error))
