@@ -1,15 +1,16 @@
 """The detection cycle in its steady state: every detector, window after window, over a Vela-sized fleet
 (192 nodes, 1,536 GPUs, 768 RoCE ports), against a naive peer on the same windows.
 
-A 192-node scenario (one job over the whole fleet, a few faults) is simulated offline into a fresh
-embedded store. Then, as the hub's detection loop (hub/detect.py) does, one DetectionRunner steps through
-consecutive 10 s windows at the end of the scenario (what a detector learns from one window is there for
-the next); the sequence is run `--repeat` times with a fresh runner, so that the first window of each is a
-cold start (a hub just started) and the others are the steady state. CPU is this process's, which
-includes chDB's threads: the store is embedded. The peer, measured right after each window of the cycle,
-on the same window: pulling the window's raw rows out of the `metrics` view into pandas and taking
-per-node medians there, which is what the detectors avoid by aggregating in ClickHouse SQL. The ratio
-printed is the steady cycle's median CPU per window over the peer's. Last, each statement's CPU per
+A 192-node scenario (one job over the whole fleet, a few faults) is simulated offline into a fresh embedded
+store, and its background merges are left to end (bench/settle.py: they are ingest's CPU, and one ran
+through the first windows measured). Then, as the hub's detection loop (hub/detect.py) does, one
+DetectionRunner steps through consecutive 10 s windows at the end of the scenario (what a detector learns
+from one window is there for the next); the sequence is run `--repeat` times with a fresh runner, so that
+the first window of each is a cold start (a hub just started) and the others are the steady state. CPU is
+this process's, which includes chDB's threads: the store is embedded. The peer, measured right after each
+window of the cycle, on the same window: pulling the window's raw rows out of the `metrics` view into pandas
+and taking per-node medians there, which is what the detectors avoid by aggregating in ClickHouse SQL. The
+ratio printed is the steady cycle's median CPU per window over the peer's. Last, each statement's CPU per
 window and that of its analysis alone (EXPLAIN PLAN): where the cycle's CPU goes.
 
     .venv/bin/python bench/detect.py [--nodes 192] [--minutes 3] [--windows 6] [--repeat 3]
@@ -36,6 +37,7 @@ from analytics.detectors.runner import DetectionRunner
 from analytics.store import Store
 from analytics.store.protocols import FrameResult, NumbersResult
 from analytics.store.records import QueryResult
+from bench.settle import settle
 from sim.node import SCENARIO_EPOCH
 from sim.offline import simulate_offline
 from sim.pipeline import EVAL_RETENTION, scratch_dir
@@ -181,7 +183,8 @@ def main() -> int:
         summary = simulate_offline(scenario, store, Path(tmp) / "sim")
         print(
             f"simulated {args.nodes} nodes x {args.minutes} min: {summary.samples:,} samples, "
-            f"{summary.steps:,} step rows in {time.perf_counter() - started:.0f} s"
+            f"{summary.steps:,} step rows in {time.perf_counter() - started:.0f} s; "
+            f"its merges ended {settle(f'{tmp}/store'):.1f} s later"
         )
         end = SCENARIO_EPOCH + scenario.duration_s
         windows = [Window(end - 10 * k, end - 10 * (k - 1)) for k in range(args.windows, 0, -1)]

@@ -28,6 +28,7 @@ import clickhouse_connect
 from analytics.store import Store, schema
 from analytics.store.records import ScrapeBatch
 from analytics.store.schema import Layout
+from bench.settle import settle
 from sim.pipeline import scratch_dir
 
 GPUS, PORTS = 8, 4
@@ -94,7 +95,7 @@ def main() -> None:
         store = Store.open(f"chdb://{tmp}", database="rolled")
         plain = insert_rounds(store, args.nodes, first, rounds, args.interval_s)
         samples = sum(len(node_round(node, first)) for node in range(args.nodes)) * rounds
-        _settle(tmp)
+        settle(tmp)  # the rounds' merges: the roll-up's CPU is its own
         rolled = []
         while True:
             spent = time.process_time()
@@ -115,16 +116,6 @@ def main() -> None:
         f"  roll-up of a minute       {statistics.median(rolled) * 1e3:6.0f} ms CPU, "
         f"{statistics.median(rolled) / per_minute * 1e6:.3f} us per sample ({len(rolled)} minutes)"
     )
-
-
-def _settle(path: str) -> None:
-    """Wait for the background merges of the rounds' parts to end, so that the roll-up's CPU is its own."""
-    client = clickhouse_connect.get_client(interface="chdb", path=path)
-    try:
-        while client.query("SELECT count() FROM system.merges").result_rows[0][0]:
-            time.sleep(0.5)
-    finally:
-        client.close()
 
 
 if __name__ == "__main__":
