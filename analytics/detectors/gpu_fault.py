@@ -31,7 +31,7 @@ Every signal has a reading from the series stock dcgm-exporter serves (docs/stoc
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -119,7 +119,7 @@ class GpuFault(Detector):
 
     def score(self, features: pd.DataFrame) -> np.ndarray:
         failures = signal_count(self._signals(features))
-        app_only = (failures == 0) & np.array([bool(counts) for counts in features["xid_counts"]], dtype=bool)
+        app_only = (failures == 0) & _with_xids(features["xid_counts"])
         return np.where(app_only, APP_ERROR_SCORE, failures)
 
     def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
@@ -141,9 +141,7 @@ class GpuFault(Detector):
         """Each failure signal of gpu_fault, True per row where it fired."""
         flags = Flags(*(features[name].to_numpy(dtype=bool) for name in Flags._fields))
         signals = {
-            "xid": np.array(
-                [any(map(_not_by_application, counts)) for counts in features["xid_counts"]], bool
-            ),
+            "xid": _with_xids(features["xid_counts"], _not_by_application),
             "lost": _down(features, flags) | _vanished(flags) | self._silent(features, flags),
             "row_remap_failure": features["row_remap_failure"].to_numpy(dtype=float) > 0,
             "ecc_dbe": (features["dbe_errors"].to_numpy(dtype=float) > 0)
@@ -405,6 +403,16 @@ def _vanished(flags: Flags) -> np.ndarray:
 
 def _not_by_application(code: int) -> bool:
     return not lookup(code).by_application
+
+
+def _with_xids(xid_counts: pd.Series, counted: Callable[[int], bool] = bool) -> np.ndarray:
+    """Per GPU, whether any of its Xid codes is `counted` (any code at all by default); only the few GPUs
+    with Xids are looked into (a look into each of 1,536 GPUs' dicts, three a window, cost 1 ms of it)."""
+    counts = xid_counts.to_numpy()
+    found = np.fromiter(map(bool, counts), bool, len(counts))
+    with_xids = np.flatnonzero(found)
+    found[with_xids] = [any(map(counted, counts[at])) for at in with_xids]
+    return found
 
 
 # the numbers behind each failure signal but Xids (whose evidence is _xid_evidence's, for every code)
