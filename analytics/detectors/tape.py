@@ -129,8 +129,8 @@ class Tape:
         present = stop > first
         rows, first, stop = rows[present], first[present], stop[present]
         chosen = spans(first, stop)  # by row, then time
-        key = np.repeat(rows, stop - first)
-        return TapeView(self, key, self.t_ms_[chosen], self.value_[chosen], window.start)
+        group = np.repeat(np.arange(len(rows)), stop - first)
+        return TapeView(self, rows, group, self.t_ms_[chosen], self.value_[chosen], window.start)
 
     def _rows_of(self, metrics: tuple[str, ...]) -> np.ndarray:
         """The rows of catalog_ of `metrics`, found again only when the catalog changed (a table per
@@ -372,7 +372,8 @@ class TapeView:
     def __init__(
         self,
         tape: Tape,
-        key: np.ndarray,
+        rows: np.ndarray,
+        group: np.ndarray,
         t_ms: np.ndarray,
         value: np.ndarray,
         since: float,
@@ -382,13 +383,13 @@ class TapeView:
         self.t_ms = t_ms  # unix ms, as the tape holds them
         self._since = since
         self.value = value
-        first = np.ones(len(key), bool)
-        first[1:] = key[1:] != key[:-1]
-        starts = np.flatnonzero(first)
+        self.rows = rows  # per series: its row of the tape's catalog
+        # per sample: its series' row of `rows` (each series has one or more samples, in order); the tape
+        # repeats it from each series' length, 2.6x cheaper than a cumsum
+        self.group = group
+        first = np.ones(len(group), bool)
+        first[1:] = group[1:] != group[:-1]
         self.first = first  # the sample starts its series
-        # per sample: its series' row of `series`; repeated from the starts, 2.6x cheaper than a cumsum
-        self.group = np.repeat(np.arange(len(starts)), np.diff(starts, append=len(key)))
-        self.rows = key[starts]  # per series: its row of the tape's catalog
         # the tape's catalog as it is now (or as `catalog`, a view's own): a later read may add series to
         # the tape's, or drop some
         self._catalog = tape.catalog_ if catalog is None else catalog
@@ -487,8 +488,9 @@ class TapeView:
         if self.points.all():
             return self
         at = np.flatnonzero(self.points)
-        key = self.rows[self.group[at]]
-        return TapeView(self._tape, key, self.t_ms[at], self.value[at], self._since, self._catalog)
+        return TapeView(
+            self._tape, self.rows, self.group[at], self.t_ms[at], self.value[at], self._since, self._catalog
+        )
 
     def summaries(self) -> pd.DataFrame:
         """One row per series, in the rows of `series`: series_sql's INCREASE (`increase`),
