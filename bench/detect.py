@@ -2,18 +2,24 @@
 (192 nodes, 1,536 GPUs, 768 RoCE ports), against a naive peer on the same windows.
 
 A 192-node scenario (one job over the whole fleet, a few faults) is simulated offline into a fresh embedded
-store, and its background merges are left to end (bench/settle.py: they are ingest's CPU, and one ran
-through the first windows measured). Then, as the hub's detection loop (hub/detect.py) does, one
-DetectionRunner steps through consecutive 10 s windows at the end of the scenario (what a detector learns
-from one window is there for the next); the sequence is run `--repeat` times with a fresh runner, so that
-the first window of each is a cold start (a hub just started) and the others are the steady state. CPU is
-this process's, which includes chDB's threads: the store is embedded. The peer, measured right after each
-window of the cycle, on the same window: pulling the window's raw rows out of the `metrics` view into pandas
-and taking per-node medians there, which is what the detectors avoid by aggregating in ClickHouse SQL. The
-ratio printed is the steady cycle's median CPU per window over the peer's. Last, each statement's CPU per
-window and that of its analysis alone (EXPLAIN PLAN): where the cycle's CPU goes.
+store, one insert per 10 s round as the hub inserts a scrape round, and its background merges are left to
+end (bench/settle.py: they are ingest's CPU, and one ran through the first windows measured). The store
+then holds the parts a hub's holds three minutes into a day: the first ten rounds merged into one part
+(analytics.store.schema's tiered merges), each later round in a part of its own, so a steady window's read
+touches the young parts of its last 20 s, as 9 windows in 10 of a hub's do (the tenth reads a part of 100
+s just merged). With `--gathered`, the offline simulator's default instead: 250k samples per insert, all
+merged into one part of the whole scenario, which every window's read then scans: the worst a window sees.
+Then, as the hub's detection loop (hub/detect.py) does, one DetectionRunner steps through consecutive 10 s
+windows at the end of the scenario (what a detector learns from one window is there for the next); the
+sequence is run `--repeat` times with a fresh runner, so that the first window of each is a cold start (a
+hub just started) and the others are the steady state. CPU is this process's, which includes chDB's
+threads: the store is embedded. The peer, measured right after each window of the cycle, on the same
+window: pulling the window's raw rows out of the `metrics` view into pandas and taking per-node medians
+there, which is what the detectors avoid by aggregating in ClickHouse SQL. The ratio printed is the steady
+cycle's median CPU per window over the peer's. Last, each statement's CPU per window and that of its
+analysis alone (EXPLAIN PLAN): where the cycle's CPU goes.
 
-    .venv/bin/python bench/detect.py [--nodes 192] [--minutes 3] [--windows 6] [--repeat 3]
+    .venv/bin/python bench/detect.py [--nodes 192] [--minutes 3] [--windows 6] [--repeat 3] [--gathered]
 """
 
 from __future__ import annotations
@@ -77,6 +83,12 @@ def pandas_peer(store: Store, window: Window) -> None:
         )
     )
     rows.groupby(["node", "metric"])["value"].median()
+
+
+def parts(store: Store) -> str:
+    """The samples table's parts, oldest first, each as the rounds it holds: the store's layout."""
+    rows = store.query("SELECT uniqExact(ts) AS rounds FROM samples GROUP BY _part ORDER BY min(ts)").rows
+    return " ".join(str(rounds) for (rounds,) in rows)
 
 
 def load() -> str:
@@ -173,6 +185,7 @@ def main() -> int:
     parser.add_argument("--minutes", type=int, default=3)
     parser.add_argument("--windows", type=int, default=6, help="consecutive windows per sequence")
     parser.add_argument("--repeat", type=int, default=3, help="sequences, each with a fresh runner")
+    parser.add_argument("--gathered", action="store_true", help="many rounds per insert: one part in the end")
     args = parser.parse_args()
     scenario = parse_scenario(scenario_document(args.nodes, args.minutes), "bench-detect")
     with (
@@ -180,12 +193,14 @@ def main() -> int:
         Store.open(f"chdb://{tmp}/store", retention=EVAL_RETENTION) as store,
     ):
         started = time.perf_counter()
-        summary = simulate_offline(scenario, store, Path(tmp) / "sim")
+        summary = simulate_offline(scenario, store, Path(tmp) / "sim", per_round=not args.gathered)
         print(
             f"simulated {args.nodes} nodes x {args.minutes} min: {summary.samples:,} samples, "
-            f"{summary.steps:,} step rows in {time.perf_counter() - started:.0f} s; "
+            f"{summary.steps:,} step rows in {time.perf_counter() - started:.0f} s, "
+            f"{'gathered' if args.gathered else 'one insert per round'}; "
             f"its merges ended {settle(f'{tmp}/store'):.1f} s later"
         )
+        print(f"samples parts (rounds each): {parts(store)}")
         end = SCENARIO_EPOCH + scenario.duration_s
         windows = [Window(end - 10 * k, end - 10 * (k - 1)) for k in range(args.windows, 0, -1)]
         print(f"load before: {load()}")

@@ -45,6 +45,7 @@ def simulate_offline(
     epoch: float = SCENARIO_EPOCH,
     *,
     workers: int | None = None,
+    per_round: bool = False,
 ) -> SimSummary:
     """Play the scenario as fast as it goes: each node's exposition rendered, parsed and stored as the hub
     would store its scrape, many ticks per insert.
@@ -52,6 +53,9 @@ def simulate_offline(
     The nodes are simulated in `workers` processes (default: one per CPU for scenarios of at least
     PARALLEL_NODE_TICKS node-ticks, else none: this process does it all); the rows do not depend on it.
     Worker processes are spawned, so a script that calls this needs the `if __name__ == "__main__":` guard.
+    With `per_round`, each tick's rows are inserted alone, as the hub inserts a scrape round, so that the
+    store holds the parts the hub's would (its newest rounds in young parts of their own); by default
+    FLUSH_SAMPLES are gathered per insert, which is faster.
     """
     started = time.perf_counter()
     ticks = tick_times(scenario)
@@ -61,7 +65,7 @@ def simulate_offline(
     if workers < 1:
         raise SimulationError(f"workers must be at least 1, got {workers}")
     jobs = [JobModel(job, scenario, epoch) for job in scenario.jobs]
-    inserts = _Inserts(store)
+    inserts = _Inserts(store, 1 if per_round else FLUSH_SAMPLES)
     with ExitStack() as stack:
         if workers == 1:
             rounds = stack.enter_context(
@@ -209,10 +213,12 @@ def _simulate_shard(scenario: Scenario, indices: range, workdir: Path, epoch: fl
 
 
 class _Inserts:
-    """Rows gathered over many ticks and inserted together: one insert per table per FLUSH_SAMPLES."""
+    """Rows gathered over ticks and inserted together: one insert per table once `flush_samples` are
+    gathered (1: every tick)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, flush_samples: int) -> None:
         self._store = store
+        self._flush_samples = flush_samples
         self._run = uuid.uuid4().hex
         self._flushes = 0
         self._batches: list[ScrapeBatch] = []
@@ -226,7 +232,7 @@ class _Inserts:
         self._statuses += statuses
         self._steps += steps
         self._pending_samples += sum(len(batch) for batch in batches)
-        if self._pending_samples >= FLUSH_SAMPLES:
+        if self._pending_samples >= self._flush_samples:
             self.flush()
 
     def flush(self) -> None:

@@ -149,6 +149,20 @@ def test_the_same_scenario_gives_the_same_rows_however_many_worker_processes(sto
     assert all_rows(store) == all_rows(other_store)
 
 
+def test_per_round_inserts_store_the_same_rows_each_round_in_a_part_of_its_own(store, other_store, tmp_path):
+    """What bench/detect.py relies on for a store laid out as the hub's: one part per scrape round, until
+    merges join ten of them; gathered rows land in fewer parts, many rounds each."""
+    played = simulate_offline(scenario(SMALL), store, tmp_path, EPOCH, workers=1, per_round=True)
+    simulate_offline(scenario(SMALL), other_store, tmp_path, EPOCH, workers=1)
+
+    assert all_rows(store) == all_rows(other_store)
+    rounds_per_part = "SELECT _part, uniqExact(ts) FROM samples GROUP BY _part ORDER BY _part"
+    per_round, gathered = store.query(rounds_per_part).rows, other_store.query(rounds_per_part).rows
+    assert sum(rounds for _, rounds in per_round) == played.ticks == 13
+    assert len(per_round) >= 4 and all(rounds == 1 for part, rounds in per_round if part.endswith("_0"))
+    assert gathered == [(gathered[0][0], played.ticks)]
+
+
 # -- every fault and confounder shows in the stored rows ---------------------------------------------------
 
 
