@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from analytics.store import native
 from analytics.store.protocols import ColumnReader, FrameResult, NumbersReader, NumbersResult, Reader
 from analytics.store.records import QueryResult
 
@@ -215,11 +216,21 @@ def read_numbers(
     parameters: Mapping[str, Any] | None = None,
     max_rows: int = 10_000,
 ) -> NumbersResult:
-    """A read's numeric `columns` (name -> numpy type) as numpy arrays: a NumbersReader's (a Store's)
-    own, else read_frame's columns converted (a HubClient, a test's fake)."""
+    """A read's numeric `columns` (name -> numpy type, or native.TEXT for a LowCardinality(String) column,
+    read as a native.Coded) as numpy arrays: a NumbersReader's (a Store's) own, else read_frame's columns
+    converted (a HubClient, a test's fake)."""
     if isinstance(source, NumbersReader):
         return source.query_numbers(sql, columns, parameters=parameters, max_rows=max_rows)
     found = read_frame(source, sql, parameters=parameters, max_rows=max_rows)
     return NumbersResult(
-        {name: found.frame[name].to_numpy(dtype) for name, dtype in columns.items()}, found.truncated
+        {
+            name: _coded(found.frame[name]) if native.is_text(kind) else found.frame[name].to_numpy(kind)
+            for name, kind in columns.items()
+        },
+        found.truncated,
     )
+
+
+def _coded(texts: pd.Series) -> native.Coded:
+    codes, distinct = pd.factorize(texts, sort=True)
+    return native.Coded(codes.astype(np.int64), np.array(distinct.tolist(), dtype=object))

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     import pandas as pd
 
+    from analytics.store.native import Coded
+
 
 class Reader(Protocol):
     """Something to run a checked SELECT on: detectors, reports, dashboards."""
@@ -34,10 +36,10 @@ class FrameResult(NamedTuple):
 
 
 class NumbersResult(NamedTuple):
-    """A read's numeric columns as numpy arrays (read-only): at most the rows asked for, and whether more
-    matched."""
+    """A read's numeric columns as numpy arrays (read-only), its LowCardinality(String) ones as
+    native.Coded: at most the rows asked for, and whether more matched."""
 
-    columns: dict[str, np.ndarray]
+    columns: dict[str, np.ndarray | Coded]
     truncated: bool
 
 
@@ -53,7 +55,8 @@ class ColumnReader(Reader, Protocol):
 
 @runtime_checkable
 class NumbersReader(Reader, Protocol):
-    """A Reader that also returns numeric columns as numpy arrays (a Store): what reads many numbers uses,
+    """A Reader that also returns numeric columns as numpy arrays and LowCardinality(String) ones as codes
+    (a Store; `columns` as analytics.store.native.numbers takes them): what reads many numbers uses,
     through analytics.detectors.base.read_numbers, which falls back to read_frame for any other Reader."""
 
     def query_numbers(

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from analytics.detectors.base import read_numbers
 from analytics.errors import QueryError
 from analytics.store import Store, native
 
@@ -94,3 +95,79 @@ def test_a_body_cut_or_changed_is_read_whole_or_refused(body: bytes, data: st.Da
         return
     assert list(found) == list(whole)
     assert all(found[name].dtype == whole[name].dtype for name in TYPES)
+
+
+# LowCardinality(String) as codes: 300 texts (two-byte indexes), "" among them, over three blocks
+CODED_SQL = """
+SELECT toLowCardinality(if(number % 300 = 7, '', concat('node-', toString(number % 300)))) AS node,
+    toUInt64(number) AS n
+FROM numbers({rows:UInt64})
+"""
+CODED = {"node": native.TEXT, "n": np.uint64}
+
+
+@pytest.mark.parametrize("rows", [0, 5, 150_000])
+def test_low_cardinality_text_is_read_as_codes_into_its_sorted_distinct_texts(
+    store: Store, rows: int
+) -> None:
+    found = store.query_numbers(CODED_SQL, CODED, parameters={"rows": rows}, max_rows=1_000_000).columns
+    frame = store.query_frame(CODED_SQL, parameters={"rows": rows}, max_rows=1_000_000).frame
+    node = found["node"]
+    assert isinstance(node, native.Coded) and len(node) == rows and not node.codes.flags.writeable
+    assert node.texts.tolist() == sorted(set(frame["node"]))  # only texts some row has, each once
+    assert node.texts[node.codes].tolist() == frame["node"].tolist()
+    np.testing.assert_array_equal(found["n"], np.arange(rows, dtype=np.uint64))
+
+
+def test_a_reader_without_native_reads_gets_the_same_codes(store: Store) -> None:
+    """read_numbers on a Reader with query() alone (a HubClient, a fake) codes the text as a Store does."""
+
+    class QueryOnly:
+        def query(self, sql: str, *, parameters=None, max_rows: int = 10_000):
+            return store.query(sql, parameters=parameters, max_rows=max_rows)
+
+    parameters = {"rows": 1000}
+    plain = read_numbers(QueryOnly(), CODED_SQL, CODED, parameters=parameters, max_rows=5000).columns
+    direct = store.query_numbers(CODED_SQL, CODED, parameters=parameters, max_rows=5000).columns
+    assert plain["node"].texts.tolist() == direct["node"].texts.tolist()
+    np.testing.assert_array_equal(plain["node"].codes, direct["node"].codes)
+    np.testing.assert_array_equal(plain["n"], direct["n"])
+
+
+def test_text_asked_of_a_numeric_column_and_numbers_of_text_are_refused(store: Store) -> None:
+    with pytest.raises(QueryError, match=r"column 'n' of type 'UInt64', expected 'n' of LowCardinality"):
+        store.query_numbers(CODED_SQL, {"node": native.TEXT, "n": native.TEXT}, parameters={"rows": 3})
+    with pytest.raises(QueryError, match=r"column 'node' of type 'LowCardinality\(String\)', expected"):
+        store.query_numbers(CODED_SQL, {"node": np.uint64, "n": np.uint64}, parameters={"rows": 3})
+
+
+@pytest.fixture(scope="module")
+def coded_body(chdb_dir: Path) -> bytes:
+    """A real Native body of CODED_SQL's three blocks, chDB's own output."""
+    session = clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir))
+    try:
+        return session.raw_query(CODED_SQL, parameters={"rows": 140_000}, fmt="Native")
+    finally:
+        session.close()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_coded_body_cut_or_changed_is_read_whole_or_refused(coded_body: bytes, data: st.DataObject) -> None:
+    """As for numbers: a body with text, cut anywhere or any byte changed (a dictionary's length, an index
+    past it, the index width, text that is not UTF-8), is read as columns of the same shapes or refused
+    with NativeError saying where; every code found points into its texts."""
+    cut = data.draw(st.integers(0, len(coded_body)))
+    changed = bytearray(coded_body[:cut])
+    for at in data.draw(st.lists(st.integers(0, len(coded_body) - 1), max_size=3)):
+        if at < cut:
+            changed[at] = data.draw(st.integers(0, 255))
+    try:
+        found = native.numbers(bytes(changed), CODED)
+    except native.NativeError as error:
+        assert "block" in str(error)
+        return
+    node = found["node"]
+    assert isinstance(node, native.Coded) and len(node) == len(found["n"])
+    assert len(node.texts) == len(set(node.texts.tolist()))
+    assert not len(node) or 0 <= node.codes.min() <= node.codes.max() < len(node.texts)
