@@ -40,6 +40,7 @@ from analytics.store.protocols import Reader
 OVERLAP_S = 10.0  # read again each window: samples inserted this late for the last window are still seen
 MAX_TAPE_ROWS = 50_000_000  # samples one read may return: the lookback of a large fleet's registered metrics
 EPOCH = datetime.fromtimestamp(0, UTC)
+NO_READ = (np.empty(0, np.uint64), np.empty(0, np.int64))  # a tape's last read before its first
 CATALOG_COLUMNS = ["series_id", "metric", "node", "labels"]
 # what a detector derives from each series' identity (the catalog's rows: metric, node, labels), once
 Derive = Callable[[pd.DataFrame], pd.DataFrame]
@@ -99,6 +100,7 @@ class Tape:
         self.derived_: dict[Derive, tuple[int, Columns]] = {}  # per derivation: catalog_'s length, columns
         self.taken_: dict[Derive, tuple[np.ndarray, Columns]] = {}  # per derivation: its last rows taken
         self.rows_of_: dict[tuple[str, ...], np.ndarray] = {}  # per metrics viewed: catalog_'s rows of them
+        self.last_read_ = NO_READ  # the last read's series id per sample, and its row of catalog_
 
     def register(self, needs: Mapping[str, float]) -> None:
         """Add metrics to read every window, each with the lookback its reader uses."""
@@ -195,11 +197,7 @@ class Tape:
             for metric, from_ms in froms.items()
         }
         ids, t_ms, value = self._read_all(source, reads, until_ms)
-        key = self.ids_.get_indexer(ids)
-        unseen = key < 0
-        if unseen.any():
-            self._catalogue(source, np.unique(ids[unseen]), sorted(reads), min(reads.values()), until_ms)
-            key[unseen] = self.ids_.get_indexer(ids[unseen])
+        key = self._rows_of_ids(source, ids, reads, until_ms)
         lowest, first_read = self._per_row(froms), self._per_row(reads)
         kept = (self.t_ms_ >= lowest[self.key_]) & (self.t_ms_ < first_read[self.key_])
         new = key >= 0  # all but a series whose samples expired between the two reads
@@ -213,6 +211,25 @@ class Tape:
         )
         self.source_, self.held_, self.until_ms_ = source, froms, until_ms
         self._forget()
+
+    def _rows_of_ids(
+        self, source: Reader, ids: np.ndarray, reads: Mapping[str, int], until_ms: int
+    ) -> np.ndarray:
+        """Per id read, its series' row of catalog_ (-1 for a series found nowhere), cataloguing those not
+        seen before. A steady window reads the same series as the last in the same order (the store's
+        sort order), so that its rows are the last read's, found by a comparison of the ids instead of a
+        look-up of each (3% of a steady cycle)."""
+        if np.array_equal(ids, self.last_read_[0]):
+            return self.last_read_[1]
+        key = self.ids_.get_indexer(ids)
+        unseen = key < 0
+        if unseen.any():
+            self._catalogue(source, np.unique(ids[unseen]), sorted(reads), min(reads.values()), until_ms)
+            key[unseen] = self.ids_.get_indexer(ids[unseen])
+        key.flags.writeable = False
+        if (key >= 0).all():  # a series found nowhere is looked for again next read
+            self.last_read_ = (ids, key)
+        return key
 
     def _forget(self) -> None:
         """Drop from the catalog the series with no sample held for longer than the longest lookback, so
@@ -230,6 +247,7 @@ class Tape:
         self.derived_.clear()
         self.taken_.clear()
         self.rows_of_.clear()
+        self.last_read_ = NO_READ
 
     def _per_row(self, per_metric: Mapping[str, int]) -> np.ndarray:
         """Per row of catalog_, its metric's figure in `per_metric`."""
