@@ -67,29 +67,45 @@ def test_text_is_refused_and_statements_are_checked_as_query_checks_them(store: 
         store.query_numbers("INSERT INTO samples SELECT * FROM samples", {"x": np.uint64})
 
 
-@pytest.fixture(scope="module")
-def body(chdb_dir: Path) -> bytes:
-    """A real Native body of two blocks: chDB's own output of TYPED_SQL (on the process's one chDB)."""
+# a body's fuzzing: examples enough to cut and change every part of it
+FUZZED = settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+def native_output(chdb_dir: Path, sql: str, rows: int) -> bytes:
+    """chDB's own Native output of `sql` over `rows` rows (on the process's one chDB)."""
     session = clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir))
     try:
-        return session.raw_query(TYPED_SQL, parameters={"rows": 70_000}, fmt="Native")
+        return session.raw_query(sql, parameters={"rows": rows}, fmt="Native")
     finally:
         session.close()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def damaged(body: bytes, data: st.DataObject) -> bytes:
+    """`body` cut anywhere, up to three of the bytes left changed."""
+    cut = data.draw(st.integers(0, len(body)))
+    changed = bytearray(body[:cut])
+    for at in data.draw(st.lists(st.integers(0, len(body) - 1), max_size=3)):
+        if at < cut:
+            changed[at] = data.draw(st.integers(0, 255))
+    return bytes(changed)
+
+
+@pytest.fixture(scope="module")
+def body(chdb_dir: Path) -> bytes:
+    """A real Native body of TYPED_SQL's two blocks."""
+    return native_output(chdb_dir, TYPED_SQL, 70_000)
+
+
+@FUZZED
 @given(data=st.data())
 def test_a_body_cut_or_changed_is_read_whole_or_refused(body: bytes, data: st.DataObject) -> None:
-    """Cut anywhere, or any byte changed: the same columns as the whole body, other values in the same
+    """Cut anywhere, or bytes changed: the same columns as the whole body, other values in the same
     shapes, or NativeError saying where; never another exception, never a read past the body."""
     whole = native.numbers(body, TYPES)
-    cut = data.draw(st.integers(0, len(body)))
-    at = data.draw(st.integers(0, len(body) - 1))
-    changed = bytearray(body[:cut])
-    if at < cut:
-        changed[at] = data.draw(st.integers(0, 255))
     try:
-        found = native.numbers(bytes(changed), TYPES)
+        found = native.numbers(damaged(body, data), TYPES)
     except native.NativeError as error:
         assert "block" in str(error)
         return
@@ -143,27 +159,18 @@ def test_text_asked_of_a_numeric_column_and_numbers_of_text_are_refused(store: S
 
 @pytest.fixture(scope="module")
 def coded_body(chdb_dir: Path) -> bytes:
-    """A real Native body of CODED_SQL's three blocks, chDB's own output."""
-    session = clickhouse_connect.get_client(interface="chdb", path=str(chdb_dir))
-    try:
-        return session.raw_query(CODED_SQL, parameters={"rows": 140_000}, fmt="Native")
-    finally:
-        session.close()
+    """A real Native body of CODED_SQL's three blocks."""
+    return native_output(chdb_dir, CODED_SQL, 140_000)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@FUZZED
 @given(data=st.data())
 def test_a_coded_body_cut_or_changed_is_read_whole_or_refused(coded_body: bytes, data: st.DataObject) -> None:
-    """As for numbers: a body with text, cut anywhere or any byte changed (a dictionary's length, an index
+    """As for numbers: a body with text, cut anywhere or bytes changed (a dictionary's length, an index
     past it, the index width, text that is not UTF-8), is read as columns of the same shapes or refused
     with NativeError saying where; every code found points into its texts."""
-    cut = data.draw(st.integers(0, len(coded_body)))
-    changed = bytearray(coded_body[:cut])
-    for at in data.draw(st.lists(st.integers(0, len(coded_body) - 1), max_size=3)):
-        if at < cut:
-            changed[at] = data.draw(st.integers(0, 255))
     try:
-        found = native.numbers(bytes(changed), CODED)
+        found = native.numbers(damaged(coded_body, data), CODED)
     except native.NativeError as error:
         assert "block" in str(error)
         return
