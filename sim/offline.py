@@ -65,7 +65,7 @@ def simulate_offline(
     if workers < 1:
         raise SimulationError(f"workers must be at least 1, got {workers}")
     jobs = [JobModel(job, scenario, epoch) for job in scenario.jobs]
-    inserts = _Inserts(store, 1 if per_round else FLUSH_SAMPLES)
+    inserts = _Inserts(store, per_round)
     with ExitStack() as stack:
         if workers == 1:
             rounds = stack.enter_context(
@@ -213,12 +213,12 @@ def _simulate_shard(scenario: Scenario, indices: range, workdir: Path, epoch: fl
 
 
 class _Inserts:
-    """Rows gathered over ticks and inserted together: one insert per table once `flush_samples` are
-    gathered (1: every tick)."""
+    """Rows gathered over ticks and inserted together: one insert per table per FLUSH_SAMPLES, or per tick
+    (`per_round`)."""
 
-    def __init__(self, store: Store, flush_samples: int) -> None:
+    def __init__(self, store: Store, per_round: bool) -> None:
         self._store = store
-        self._flush_samples = flush_samples
+        self._per_round = per_round
         self._run = uuid.uuid4().hex
         self._flushes = 0
         self._batches: list[ScrapeBatch] = []
@@ -232,7 +232,7 @@ class _Inserts:
         self._statuses += statuses
         self._steps += steps
         self._pending_samples += sum(len(batch) for batch in batches)
-        if self._pending_samples >= self._flush_samples:
+        if self._per_round or self._pending_samples >= FLUSH_SAMPLES:
             self.flush()
 
     def flush(self) -> None:

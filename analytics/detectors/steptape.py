@@ -40,24 +40,12 @@ FORGET_AFTER = 16  # names without rows held kept beyond as many as those with r
 MAX_STEP_ROWS = 50_000_000  # rows one read may return: an hour of a 100k-rank fleet at 7 s steps
 
 STEP_ROWS_SQL = """
-SELECT toUnixTimestamp64Milli(ts) AS t, job, node, rank, step, steps, ifNull(pp_stage, 0) AS stage,
-    ifNull(compute_s, nan) AS compute_s, duration_s
+SELECT toUnixTimestamp64Milli(ts) AS t_ms, job, node, toInt64(rank) AS rank, toInt64(step) AS step,
+    toInt64(steps) AS steps, toInt64(ifNull(pp_stage, 0)) AS stage, ifNull(compute_s, nan) AS compute_s,
+    duration_s
 FROM steps
 WHERE ts >= fromUnixTimestamp64Milli({from_ms:Int64}) AND ts < fromUnixTimestamp64Milli({until_ms:Int64})
 """
-# STEP_ROWS_SQL's columns as read (native.numbers): job and node as codes, not text (a frame of the text
-# and its factorizing cost 35% of the read)
-STEP_ROWS_READ = {
-    "t": np.int64,
-    "job": native.TEXT,
-    "node": native.TEXT,
-    "rank": np.uint32,
-    "step": np.uint64,
-    "steps": np.uint32,
-    "stage": np.uint32,
-    "compute_s": np.float64,
-    "duration_s": np.float64,
-}
 COLUMN_TYPES = {  # the columns held, as numpy arrays (a NULL compute_s is NaN; job and node are codes)
     "t_ms": np.int64,
     "job": np.int64,
@@ -69,6 +57,9 @@ COLUMN_TYPES = {  # the columns held, as numpy arrays (a NULL compute_s is NaN; 
     "compute_s": np.float64,
     "duration_s": np.float64,
 }
+# STEP_ROWS_SQL's columns as read (native.numbers): job and node as codes, not text (a frame of the text
+# and its factorizing cost 35% of the read)
+STEP_ROWS_READ = COLUMN_TYPES | {"job": native.TEXT, "node": native.TEXT}
 
 
 Chunk = dict[str, np.ndarray]  # rows as a numpy array per column of COLUMN_TYPES (or of TIMED)
@@ -288,18 +279,15 @@ class StepTape:
         if result.truncated:
             raise DetectorError(f"over {MAX_STEP_ROWS} step rows in the steps tape's range: a range too long")
         found = result.columns
-        if not len(found["t"]):
+        if not len(found["t_ms"]):
             return _empty(), False
         job, renumbered_jobs = self.jobs_.encode(found["job"])
         node, renumbered_nodes = self.nodes_.encode(found["node"])
         self._renumber(renumbered_jobs, renumbered_nodes)
-        columns = {"t_ms": found["t"], "job": job, "node": node}
-        columns |= {name: found[name] for name in COLUMN_TYPES if name not in columns}
+        columns = found | {"job": job, "node": node}
         order = np.argsort(columns["t_ms"], kind="stable")
         named = renumbered_jobs is not None or renumbered_nodes is not None
-        return {
-            name: column[order].astype(COLUMN_TYPES[name], copy=False) for name, column in columns.items()
-        }, named
+        return {name: column[order] for name, column in columns.items()}, named
 
     def _renumber(self, jobs: np.ndarray | None, nodes: np.ndarray | None) -> None:
         """Give the rows held the new codes of their jobs and nodes (each old code's new one)."""

@@ -43,7 +43,6 @@ KEYS_VERSION = 1  # LowCardinality's serialization: shared dictionaries with add
 INDEX_WIDTHS = [np.dtype("<u1"), np.dtype("<u2"), np.dtype("<u4"), np.dtype("<u8")]  # by the type's low byte
 HAS_ADDITIONAL_KEYS = 1 << 9  # the block carries its dictionary
 NEEDS_UPDATE_DICTIONARY = 1 << 10  # ... which replaces the one before it (always, in Native)
-NEEDS_GLOBAL_DICTIONARY = 1 << 8  # a dictionary shared across blocks: never written to Native
 
 
 @dataclass(frozen=True)
@@ -126,6 +125,7 @@ def _coded_block(
         raise NativeError(f"{where}: serialization version {version}, expected {KEYS_VERSION}")
     width = flags & 0xFF
     if width >= len(INDEX_WIDTHS) or flags & ~0xFF & ~(HAS_ADDITIONAL_KEYS | NEEDS_UPDATE_DICTIONARY):
+        # a dictionary shared across blocks (bit 8) or any other flag: never written to Native
         raise NativeError(f"{where}: index type {flags:#x}, expected a width and a dictionary of its own")
     texts: list[str] = []
     if flags & HAS_ADDITIONAL_KEYS:
