@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 DEBIAN_PEERS := prometheus prometheus-node-exporter prometheus-alertmanager slurmctld slurmd slurm-client chromium
 TORCH := torch==2.13.0
 
-.PHONY: demo test venv install install-test debian-peers lint bench eval eval-ci clean
+.PHONY: demo test chaos venv install install-test debian-peers lint bench eval eval-ci clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,8 +38,12 @@ debian-peers:
 test: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/pytest -q -n 2 -m "not timing"
-	$(VENV)/bin/pytest -q -m timing
+	$(VENV)/bin/pytest -q -n 2 -m "not timing and not chaos"
+	$(VENV)/bin/pytest -q -m "timing and not chaos"
+
+# The long attack and crash tests (docs/security.md): query floods, repeated kill -9 of a hub.
+chaos: install-test
+	$(VENV)/bin/pytest -q -m chaos
 
 lint: install
 	$(VENV)/bin/ruff check .
