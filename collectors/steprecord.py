@@ -11,7 +11,10 @@ JSON lines: one object per rank and step, keys in this order, optional ones omit
 
 Every value must fit the store's `steps` column it goes to, so that nothing accepted is refused later:
 ts within TS_RANGE_S, durations finite and >= 0, rank and topology integers from 0 to UINT32_MAX, step
-from 0 to UINT64_MAX, job and node valid Unicode. A file or request holds each (job, rank, step, ts) once.
+from 0 to UINT64_MAX. Job and node are names: printable Unicode, refused with a control character (C0,
+DEL, C1: a NUL, an ESC that recolours a terminal, a newline that forges a log line) or a lone surrogate
+(bytes that were not UTF-8); one rule (`check_value`) for the SDK, JSON lines and OTLP alike, and nothing
+rewritten. A file or request holds each (job, rank, step, ts) once.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import reprlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
@@ -73,16 +77,20 @@ _FLOAT_KEYS = {"ts", "duration_s", "compute_s", "comm_s", "data_s"}
 _INT_MAX = {"rank": UINT32_MAX, "step": UINT64_MAX} | dict.fromkeys(
     ("dp_rank", "pp_stage", "tp_rank"), UINT32_MAX
 )
-_STR_KEYS = {"job", "node"}
+NAME_KEYS = ("job", "node")  # the names of a record: printable Unicode (check_value)
+_NOT_IN_NAMES = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")  # control characters, lone surrogates
 _REQUIRED_KEYS = ("ts", "job", "rank", "node", "step", "duration_s")
 
 
 def check_value(key: str, value: Any) -> Any:
     """The value of `key` as its record type; ValueError naming the key and what it must be otherwise."""
-    if key in _STR_KEYS:
-        if isinstance(value, str) and _is_unicode(value):
-            return value
-        wanted = "a string of valid Unicode"
+    if key in NAME_KEYS:
+        if isinstance(value, str):
+            if (bad := _NOT_IN_NAMES.search(value)) is None:
+                return value
+            problem = _name_problem(bad)
+            raise ValueError(f"{key!r} must be printable Unicode: {problem} of {reprlib.repr(value)}")
+        wanted = "a string of printable Unicode"
     elif key in _INT_MAX:
         if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _INT_MAX[key]:
             return value
@@ -108,14 +116,12 @@ def _finite(value: Any) -> float | None:
         return None
 
 
-def _is_unicode(text: str) -> bool:
-    """Whether `text` can be stored as UTF-8; lone surrogates (JSON's \\ud800 escapes, a file's bytes that
-    are not UTF-8) cannot."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+def _name_problem(bad: re.Match) -> str:
+    """What the character `bad` found in a name is, and where."""
+    code = ord(bad[0])
+    surrogate = 0xD800 <= code <= 0xDFFF
+    kind = "a lone surrogate (bytes that are not UTF-8)" if surrogate else "a control character"
+    return f"U+{code:04X}, {kind}, at index {bad.start()}"
 
 
 def parse_step_record(line: str) -> StepRecord:

@@ -8,6 +8,12 @@ state as it was. Every row must fit the store's `steps` columns (collectors.step
 UINT64_MAX, TS_RANGE_S): a value that cannot be stored is a 400 naming it, never a 200 for rows the store
 then refuses. Unknown fields are ignored, as the OTLP specification requires of receivers.
 
+A job or node attribute that is no name (collectors.steprecord.check_value: a control character, a lone
+surrogate) refuses the whole request with a 400 naming the point and attribute, as any malformed
+attribute does, rather than a partial success: the OTLP specification leaves that choice to the receiver,
+and a whole refusal is what the sender's log shows. Invalid UTF-8 in a protobuf string is refused by the
+protobuf parser itself (a 400, "malformed protobuf"); nothing is rewritten.
+
 Points older than the steps retention cutoff (`cutoff`, from the hub) would be dropped by the store's TTL:
 they are rejected as an OTLP partial success (rejected_data_points, with the cutoff in error_message), the
 rest of the request stored. A rejected point leaves its series where it was, so with cumulative
@@ -38,6 +44,7 @@ from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, H
 
 from analytics.store.retention import Cutoff
 from collectors.steprecord import (
+    NAME_KEYS,
     PHASE_DURATION,
     PHASES,
     STEP_DURATION,
@@ -45,6 +52,7 @@ from collectors.steprecord import (
     TS_RANGE_TEXT,
     UINT32_MAX,
     StepRecord,
+    check_value,
 )
 from hub.bodies import (
     DEFAULT_LIMITS,
@@ -446,6 +454,11 @@ def _step_attributes(
                 HTTPStatus.BAD_REQUEST,
                 f"{where}: must be {wanted}, got {kind or 'no value'} {reprlib.repr(value)}",
             )
+        if attribute.key in NAME_KEYS:
+            try:
+                check_value(attribute.key, value)
+            except ValueError as error:
+                raise PayloadError(HTTPStatus.BAD_REQUEST, f"{path}.attributes[{index}]: {error}") from None
         if expected is not None:
             found[attribute.key] = value
     if missing := [name for name in required if name not in found]:

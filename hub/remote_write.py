@@ -54,6 +54,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from analytics.store.records import ScrapeBatch, TargetStatus
+from collectors.steprecord import check_value
 from hub.bodies import media_type
 from hub.errors import PayloadError
 
@@ -320,8 +321,9 @@ class RemoteWriteReceiver:
 
     def _describe(self, key: bytes, encoded: tuple[bytes, ...], index: int) -> _Series:
         """The series whose labels are `encoded` (`key`: them as a TimeSeries encodes them); PayloadError
-        naming timeseries[index] when a label is not a valid Label, is empty, too long or repeated, or
-        there is no __name__."""
+        naming timeseries[index] when a label is not a valid Label, is empty, too long or repeated, there
+        is no __name__, or a label that names nodes (NodeIdentity) holds no name (a control character:
+        collectors.steprecord.check_value), checked as sent: `instance` loses its port after."""
         if (known := self._series.get(key)) is not None:
             return known
         try:
@@ -341,6 +343,13 @@ class RemoteWriteReceiver:
         ):
             raise _label_problem(pairs, index, limit)
         name = labels.pop("__name__")
+        for label in self.identity.labels:
+            try:
+                check_value("node", labels.get(label, ""))
+            except ValueError as error:
+                raise PayloadError(
+                    HTTPStatus.BAD_REQUEST, f"timeseries[{index}]: label {label}, a node's name: {error}"
+                ) from None
         node, weak = self.identity.node_of(labels)
         labels.pop("node", None)  # a column of its own
         series = _Series.of(name, labels, node, weak)

@@ -198,7 +198,8 @@ def test_misuse_is_refused_at_once(clock: FakeClock) -> None:
         ({"rank": -1}, {}, "'rank' must be a non-negative integer"),
         ({"dp_rank": "0"}, {}, "'dp_rank' must be a non-negative integer"),
         ({"tp_rank": 2**32}, {}, "'tp_rank' must be a non-negative integer up to 4294967295"),
-        ({"node": "\udc80"}, {}, "'node' must be a string of valid Unicode"),
+        ({"node": "\udc80"}, {}, "'node' must be printable Unicode: U.DC80, a lone surrogate"),
+        ({"node": "gpu\x1b[2J"}, {}, "'node' must be printable Unicode: U.001B, a control character"),
         ({}, {"RANK": "zero"}, "RANK='zero' is not an integer"),
     ],
 )
@@ -243,7 +244,8 @@ GOOD = {"ts": 1.5, "job": "j", "rank": 0, "node": "n", "step": 1, "duration_s": 
             json.dumps({**GOOD, "duration_s": float("inf")}),
             "'duration_s' must be a finite non-negative number",
         ),
-        (json.dumps({**GOOD, "job": "\ud800"}), "'job' must be a string of valid Unicode"),
+        (json.dumps({**GOOD, "job": "\ud800"}), "'job' must be printable Unicode: U.D800, a lone surrogate"),
+        (json.dumps({**GOOD, "job": "a\nb"}), "'job' must be printable Unicode: U.000A, a control character"),
         ("[" * 100_000, "JSON nested too deeply"),
         (json.dumps({**GOOD, "step": 1}), "duplicate of line 1: job 'j' rank 0 step 1 at ts 1.5 again"),
     ],
@@ -267,7 +269,7 @@ def test_bytes_that_are_not_utf8_are_refused_naming_the_line(tmp_path: Path) -> 
         + json.dumps({**GOOD, "step": 2}).encode().replace(b'"j"', b'"\xff"')
     )
     with pytest.raises(
-        LogParseError, match=f"^{re.escape(str(path))}:2: 'job' must be a string of valid Unicode"
+        LogParseError, match=f"^{re.escape(str(path))}:2: 'job' must be printable Unicode: U.DCFF, a lone"
     ):
         list(read_step_records(path))
 

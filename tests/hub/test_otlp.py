@@ -635,7 +635,7 @@ BAD_LINES = {
     ),
     "lone-surrogate": Bad(
         lambda: lines(GOOD_LINE.replace('"j"', '"\\ud800"')),
-        r"^line 4: 'job' must be a string of valid Unicode, got '\\ud800'",
+        r"^line 4: 'job' must be printable Unicode: U\+D800, a lone surrogate .* at index 0 of '\\ud800'",
     ),
     "deeply-nested-json": Bad(lambda: lines("[" * 100_000), "^line 4: JSON nested too deeply"),
     "gzip-members-past-the-bound": Bad(
