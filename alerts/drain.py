@@ -13,6 +13,17 @@ of the fleet, per job, per hour), counting drains waiting for approval as draine
     auto      the backends are called at once: `done`, or `failed` with their answer (retried after
               policy.retry_s)
 
+No backend is called on a decision made earlier: approve() checks the drain again when it is asked, on
+the alerts firing and the silences in force then, as the step would, whoever decided it (this
+controller, or the one it restored from the audit after a restart). The node must still have a firing
+alert a drain rule covers and not be drained already; then the silences, cooldown, retry wait, breaker
+(brought up to date with those alerts first) and limits, the decision itself not counted twice. An
+approval refused is recorded (action `approve`, outcome `refused`, the reason) and the decision stays
+pending, as a person asked for it: approve it again once the reason has passed (the breaker closed, a
+drain returned), or deny it. Returns need no such check to be safe, only to be real: a node goes back
+into scheduling (after return_after_healthy_s without an alert, or when a person asks) only while this
+controller holds it drained; its cooldown then keeps a still-firing alert from draining it again at once.
+
 Every decision goes to the `actions` table, refusals included (a refusal is recorded again only when
 its reason changes, so a flapping alert does not flood the audit). When more than breaker_fraction of
 the fleet turns anomalous within breaker_window_s, the breaker opens: no drains, and one fleet-level
@@ -31,7 +42,7 @@ from alerts.backends import DrainBackend
 from alerts.commands import standing
 from alerts.errors import BackendError, DecisionError
 from alerts.model import Alert, DrainRequest
-from alerts.policy import DrainPolicy
+from alerts.policy import DrainPolicy, DrainRule
 from alerts.rules import fingerprint
 from analytics.reports.remedy import ACTION, recommended_action
 from analytics.reports.straggler import shown_figures, straggler_cost
@@ -79,10 +90,7 @@ class DrainController:
         """Decide on the alerts firing at `now` (`muted`: fingerprint -> silence id; `node_jobs`: the job
         each node runs, for the per-job limit); returns the decisions made."""
         muted, node_jobs = muted or {}, node_jobs or {}
-        by_node: dict[str, list[Alert]] = {}
-        for alert in firing:
-            if alert.node and alert.alertname != FLEET_ALERT:
-                by_node.setdefault(alert.node, []).append(alert)
+        by_node = _by_node(firing)
         actions = self._watch_breaker(by_node, now)
         for node, alerts in sorted(by_node.items()):
             request = self._candidate(node, alerts, now, node_jobs)
@@ -136,11 +144,10 @@ class DrainController:
             return None
         kinds = {alert.labels.get("kind", "") for alert in alerts}
         for alert in sorted(alerts, key=lambda a: a.starts_at):
-            kind, severity = alert.labels.get("kind", ""), alert.labels.get("severity", "")
-            cost, action = straggler_cost(alert.evidence), recommended_action(alert.evidence)
-            rule = self.policy.rule_for(kind, severity, cost.job_slowdown, action)
+            rule = self._rule_for(alert)
             if rule is None:
                 continue
+            kind, severity = alert.labels.get("kind", ""), alert.labels.get("severity", "")
             corroborated = not rule.needs_corroboration or (
                 (rule.second_signal and len(kinds - {kind}) > 0)
                 or (rule.after_s is not None and now - alert.starts_at >= rule.after_s)
@@ -148,8 +155,25 @@ class DrainController:
             if corroborated:
                 job = alert.labels.get("job") or node_jobs.get(node, "")
                 decision = uuid.uuid5(DECISION_NAMESPACE, f"{node}/{alert.fingerprint}/{alert.starts_at}")
+                cost, action = straggler_cost(alert.evidence), recommended_action(alert.evidence)
                 details = {**shown_figures(cost), **({ACTION: action.value} if action else {})}
                 return DrainRequest(str(decision), node, kind, alert.fingerprint, job, severity, details)
+        return None
+
+    def _rule_for(self, alert: Alert) -> DrainRule | None:
+        """The drain rule that covers `alert` (by its kind, severity, cost and recommended action), if any."""
+        kind, severity = alert.labels.get("kind", ""), alert.labels.get("severity", "")
+        cost, action = straggler_cost(alert.evidence), recommended_action(alert.evidence)
+        return self.policy.rule_for(kind, severity, cost.job_slowdown, action)
+
+    def _unwarranted(self, request: DrainRequest, alerts: Sequence[Alert]) -> str | None:
+        """Why `request` no longer stands on its node's alerts firing now (`alerts`), or None."""
+        if request.node in self.drained:
+            return f"{request.node} is drained already"
+        if not alerts:
+            return f"{request.node} is no longer anomalous: no alert fires on it"
+        if not any(self._rule_for(alert) for alert in alerts):
+            return f"no drain rule covers the alerts firing on {request.node} now"
         return None
 
     def _decide(
@@ -229,13 +253,28 @@ class DrainController:
 
     # -- people ---------------------------------------------------------------------------------------
 
-    def approve(self, decision_id: str, by: str, now: float) -> list[ActionRow]:
-        """Carry out a drain that waits for approval; DecisionError when there is none under that id."""
-        request = self._take_pending(decision_id)
-        approval = self._row(
-            now, "approve", request.node, request.job, f"approved by {by}", "approved", decision_id
-        )
-        return [approval, *self._drain(request, now)]
+    def approve(
+        self,
+        decision_id: str,
+        by: str,
+        now: float,
+        firing: Sequence[Alert],
+        muted: Mapping[str, str] | None = None,
+    ) -> list[ActionRow]:
+        """Carry out a drain that waits for approval if the policy allows it now, given the alerts `firing`
+        and `muted` (fingerprint -> silence id) now; else record the approval as refused, with the reason,
+        and keep the decision pending (module doc). DecisionError when none waits under that id."""
+        request = self._take_pending(decision_id)  # out of `pending`, so that it is not counted twice
+        by_node = _by_node(firing)
+        actions = self._watch_breaker(by_node, now)
+        node, job, alerts = request.node, request.job, by_node.get(request.node, [])
+        refusal = self._unwarranted(request, alerts) or self._refusal(request, alerts, now, muted or {})
+        if refusal is not None:
+            self.pending[decision_id] = request
+            reason = f"approved by {by}, refused: {refusal}"
+            return [*actions, self._row(now, "approve", node, job, reason, "refused", decision_id)]
+        approval = self._row(now, "approve", node, job, f"approved by {by}", "approved", decision_id)
+        return [*actions, approval, *self._drain(request, now)]
 
     def deny(self, decision_id: str, by: str, now: float) -> list[ActionRow]:
         """Drop a drain that waits for approval; DecisionError when there is none under that id."""
@@ -304,6 +343,17 @@ class DrainController:
                 self._last_drain[row.node] = row.ts
                 if now - row.ts < HOUR_S:
                     self._recent_drains.append(row.ts)
+            elif row.action == "drain" and row.outcome == "failed":
+                self._failed_at[row.node] = row.ts
+
+
+def _by_node(firing: Iterable[Alert]) -> dict[str, list[Alert]]:
+    """The firing alerts of each node (the fleet-level alert, which has none, left out)."""
+    by_node: dict[str, list[Alert]] = {}
+    for alert in firing:
+        if alert.node and alert.alertname != FLEET_ALERT:
+            by_node.setdefault(alert.node, []).append(alert)
+    return by_node
 
 
 def _request(row: ActionRow) -> DrainRequest:

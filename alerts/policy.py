@@ -18,7 +18,12 @@ A rule's `actions` match the action a gpu_fault's evidence recommends (analytics
 most disruptive of what its Xids, per NVIDIA's catalog, and its other signals ask for), one of
 none, restart_job, reset_gpu, reboot_node, drain_for_inspection. So a critical Xid that a restart of the
 job clears leaves the node in service. gpu_app_error (Xids the application caused) is never drained: a
-rule that lists it is refused.
+rule that lists it is refused, and so is one naming a kind no detector reports (alerts.rules.check_kinds).
+
+Values that cannot mean what they say are refused, naming the key: a limit of 0 (max_nodes,
+max_fraction, max_per_job, max_per_hour, breaker_fraction), which would allow no drain at all, in any
+mode (to decide without acting, use mode dry-run: its audit shows what the limits allow); a negative
+cooldown_s or return_after_healthy_s; a retry_s that is not positive.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from alerts.errors import AlertConfigError
-from alerts.rules import SEVERITIES
+from alerts.rules import SEVERITIES, check_kinds
 from analytics.reports.remedy import ACTION_KINDS
 from analytics.reports.straggler import COSTED_KINDS
 from analytics.xid_catalog import Action
@@ -150,12 +155,16 @@ class DrainLimits:
 
     def __post_init__(self) -> None:
         for name in ("max_nodes", "max_per_job", "max_per_hour"):
-            if getattr(self, name) < 0:
-                raise AlertConfigError(f"drain.limits.{name}: must be >= 0, got {getattr(self, name)}")
-        for name in ("max_fraction", "breaker_fraction"):
-            if not 0 <= getattr(self, name) <= 1:
+            if not getattr(self, name) >= 1:
                 raise AlertConfigError(
-                    f"drain.limits.{name}: must be between 0 and 1, got {getattr(self, name)}"
+                    f"drain.limits.{name}: must be >= 1 (0 allows no drain: use mode dry-run), "
+                    f"got {getattr(self, name)}"
+                )
+        for name in ("max_fraction", "breaker_fraction"):
+            if not 0 < getattr(self, name) <= 1:
+                raise AlertConfigError(
+                    f"drain.limits.{name}: must be a fraction in (0, 1] (0 allows no drain: use mode "
+                    f"dry-run), got {getattr(self, name)}"
                 )
         if not self.breaker_window_s > 0:
             raise AlertConfigError(f"drain.limits.breaker_window_s: must be > 0, got {self.breaker_window_s}")
@@ -183,6 +192,13 @@ class DrainPolicy:
             raise AlertConfigError(f"drain.mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
         if not self.cooldown_s >= 0:
             raise AlertConfigError(f"drain.cooldown_s: must be >= 0, got {self.cooldown_s}")
+        if self.return_after_healthy_s is not None and not self.return_after_healthy_s >= 0:
+            raise AlertConfigError(
+                "drain.return_after_healthy_s: must be >= 0 seconds (null: nodes are returned by hand), "
+                f"got {self.return_after_healthy_s}"
+            )
+        if not self.retry_s > 0:
+            raise AlertConfigError(f"drain.retry_s: must be > 0 seconds, got {self.retry_s}")
 
     def rule_for(
         self, kind: str, severity: str, job_slowdown: float | None = None, action: str | None = None
@@ -216,9 +232,11 @@ def _rule(entry: Any, where: str) -> DrainRule:
         raise AlertConfigError(f"{where}: expected a mapping with {known}")
     _no_unknown(entry, {f.name for f in fields(DrainRule)}, where)
     try:
-        return DrainRule(**{**entry, "kinds": tuple(entry.get("kinds", ()))})
+        rule = DrainRule(**{**entry, "kinds": tuple(entry.get("kinds", ()))})
     except AlertConfigError as error:
         raise AlertConfigError(f"{where}: {error}") from None
+    check_kinds(rule.kinds, where)
+    return rule
 
 
 def _no_unknown(entry: Mapping[str, Any], known: set[str], where: str) -> None:

@@ -22,6 +22,7 @@ alert has the same id here, in Alertmanager's API and in its UI.
 
 from __future__ import annotations
 
+import functools
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -63,6 +64,25 @@ ACTION_ANNOTATIONS = {  # the defaults of a rule that covers a kind whose anomal
 _FNV_OFFSET = 14695981039346656037
 _FNV_PRIME = 1099511628211
 _SEPARATOR = 0xFF
+
+
+@functools.cache
+def detector_kinds() -> tuple[str, ...]:
+    """The anomaly kinds the registered detectors report (analytics.detectors), sorted: what a rule may
+    name. Read on first use, as the registry imports every detector, which a reader of silences or alerts
+    does not need."""
+    from analytics.detectors import registered
+
+    return tuple(sorted({kind for detector in registered().values() for kind in detector.kinds}))
+
+
+def check_kinds(kinds: Sequence[str], where: str) -> None:
+    """AlertConfigError naming `where` when a kind is none a detector reports: its rule would never match."""
+    known = detector_kinds()
+    if unknown := [kind for kind in kinds if kind not in known]:
+        raise AlertConfigError(
+            f"{where}: unknown kind(s) {unknown}, which no detector reports; known: {', '.join(known)}"
+        )
 
 
 def default_annotations(kinds: Sequence[str]) -> dict[str, str]:
@@ -171,8 +191,9 @@ DEFAULT_RULES = (
 
 
 def parse_rules(entries: Sequence[Mapping[str, Any]], where: str) -> tuple[AlertRule, ...]:
-    """Rules from config entries ({name, kinds, min_severity, for_s, labels, annotations}); an unknown key
-    or a bad value raises AlertConfigError naming `where` and the entry."""
+    """Rules from config entries ({name, kinds, min_severity, for_s, labels, annotations}); an unknown key,
+    a kind no detector reports (check_kinds) or a bad value raises AlertConfigError naming `where` and the
+    entry."""
     known = {"name", "kinds", "min_severity", "for_s", "labels", "annotations"}
     rules = []
     for index, entry in enumerate(entries):
@@ -198,4 +219,5 @@ def parse_rules(entries: Sequence[Mapping[str, Any]], where: str) -> tuple[Alert
             raise AlertConfigError(f"{at}: {error}") from None
         except (TypeError, ValueError) as error:
             raise AlertConfigError(f"{at}: {error}") from None
+        check_kinds(rules[-1].kinds, at)
     return tuple(rules)

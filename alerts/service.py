@@ -7,7 +7,9 @@
 
 Silences and people's requests are read from the store each cycle, so that those made through the
 CLI, the UI or another hub reach this one; a stored silence that is not valid is skipped (and logged
-once), never a failed cycle (alerts.commands.silences). The drain controller's fleet-level alert
+once), never a failed cycle (alerts.commands.silences). The controller is told, for every alert firing,
+the silence muting it now (not only for the alerts due to be sent this cycle), and approvals are checked
+on those same alerts and silences (alerts.drain). The drain controller's fleet-level alert
 (breaker open) goes through the engine on the next cycle, like any alert. A receiver that fails never
 stops a cycle: deliveries run on their own threads and are recorded when they end.
 """
@@ -24,7 +26,9 @@ from alerts import commands
 from alerts.drain import DrainController
 from alerts.engine import AlertEngine, change_rows
 from alerts.errors import DecisionError
+from alerts.model import Alert
 from alerts.notifiers import Delivery, DeliveryQueue, Notifier
+from alerts.silences import Silence, muted_by
 from analytics.store.records import ActionRow, Anomaly, NotificationRow
 
 log = logging.getLogger(__name__)
@@ -91,13 +95,16 @@ class AlertService:
         if self.controller is not None:
             [(scraped,)] = self.store.query(FLEET_SQL, parameters={"since": now - FLEET_MEMORY_S}).rows
             self.controller.fleet_size = scraped or self.controller.fleet_size
-            actions = self._requests(now)
-            actions += self.controller.step(self.engine.firing, now, evaluation.muted, self._node_jobs(now))
+            firing = self.engine.firing
+            muted = _muted(firing, silences, now)
+            actions = self._requests(now, firing, muted)
+            actions += self.controller.step(firing, now, muted, self._node_jobs(now))
             self.store.insert_actions(actions, token=f"actions/{now}")
         self._record_deliveries(now)
 
-    def _requests(self, now: float) -> list[ActionRow]:
-        """Carry out the approvals, denials and undrains people asked for since the last cycle."""
+    def _requests(self, now: float, firing: Sequence[Alert], muted: Mapping[str, str]) -> list[ActionRow]:
+        """Carry out the approvals, denials and undrains people asked for since the last cycle; approvals
+        on the alerts `firing` now and the silences `muted` maps them to."""
         assert self.controller is not None
         done: list[ActionRow] = []
         requests = [
@@ -114,7 +121,7 @@ class AlertService:
                 if row.action == "undrain":
                     done += self.controller.undrain(row.node, by, at)
                 elif row.action == "approve":
-                    done += self.controller.approve(row.decision_id, by, at)
+                    done += self.controller.approve(row.decision_id, by, at, firing, muted)
                 else:
                     done += self.controller.deny(row.decision_id, by, at)
             except DecisionError as error:
@@ -143,3 +150,12 @@ class AlertService:
         for queue in self.queues:
             queue.close(timeout_s)
         self._record_deliveries(0.0)
+
+
+def _muted(firing: Iterable[Alert], silences: Sequence[Silence], now: float) -> dict[str, str]:
+    """Fingerprint -> the silence muting it at `now`, for every alert `firing`."""
+    return {
+        alert.fingerprint: silence
+        for alert in firing
+        if (silence := muted_by(silences, alert.labels, now)) is not None
+    }

@@ -7,6 +7,7 @@ makes."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -195,14 +196,15 @@ def test_approve_mode_waits_for_a_person_and_counts_waiting_drains_against_the_l
     drains, backend = controller(
         "approve", limits=DrainLimits(max_nodes=1, max_fraction=1, breaker_fraction=1)
     )
-    [waiting, refused] = drains.step(firing(anomaly("vela-001"), anomaly("vela-002")), now=10)
+    faults = firing(anomaly("vela-001"), anomaly("vela-002"))
+    [waiting, refused] = drains.step(faults, now=10)
     assert (waiting.outcome, refused.outcome) == ("pending", "refused") and backend.calls == []
 
-    approval = drains.approve(waiting.decision_id, "alice", now=30)
+    approval = drains.approve(waiting.decision_id, "alice", now=30, firing=faults)
     assert [(a.action, a.outcome) for a in approval] == [("approve", "approved"), ("drain", "done")]
     assert backend.calls == [("drain", "vela-001", backend.calls[0][2])]
     with pytest.raises(DecisionError, match="no drain decision"):
-        drains.approve(waiting.decision_id, "bob", now=40)
+        drains.approve(waiting.decision_id, "bob", now=40, firing=faults)
 
     other, backend = controller("approve")
     [pending] = other.step(firing(anomaly("vela-003")), now=10)
@@ -228,15 +230,16 @@ def test_a_silenced_node_is_not_drained_and_a_failing_backend_is_recorded_and_re
 
 def test_a_restarted_controller_takes_up_its_drains_cooldowns_and_pending_approvals_from_the_audit():
     first, _ = controller("approve", limits=DrainLimits(max_nodes=5, max_fraction=1, breaker_fraction=1))
-    rows = first.step(firing(anomaly("vela-001"), anomaly("vela-002")), now=10)
-    rows += first.approve(rows[0].decision_id, "alice", now=20)
+    faults = firing(anomaly("vela-001"), anomaly("vela-002"))
+    rows = first.step(faults, now=10)
+    rows += first.approve(rows[0].decision_id, "alice", now=20, firing=faults)
 
     second, backend = controller(
         "approve", limits=DrainLimits(max_nodes=5, max_fraction=1, breaker_fraction=1)
     )
     second.restore(rows, now=30)
     assert set(second.drained) == {"vela-001"} and [r.node for r in second.pending.values()] == ["vela-002"]
-    second.approve(rows[1].decision_id, "bob", now=40)
+    second.approve(rows[1].decision_id, "bob", now=40, firing=faults)
     assert backend.calls[0][:2] == ("drain", "vela-002")
 
 
@@ -359,3 +362,35 @@ def test_a_config_file_sets_the_minimum_and_a_bad_one_is_refused_naming_the_key(
     path.write_text("drain: {rules: [{kinds: [gpu_fault]}, {kinds: [slow_node], min_job_slowdown: 5}]}\n")
     with pytest.raises(ConfigError, match=r"drain.rules\[1\]: .*min_job_slowdown must be a fraction in"):
         load_config(path, env={})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("drain: {return_after_healthy_s: -5}", r"drain.return_after_healthy_s: must be >= 0 seconds"),
+        ("drain: {limits: {max_fraction: 0}}", r"drain.limits.max_fraction: must be a fraction in \(0, 1\]"),
+        ("drain: {limits: {breaker_fraction: 0}}", r"drain.limits.breaker_fraction: must be a fraction in"),
+        ("drain: {limits: {max_nodes: 0}}", r"drain.limits.max_nodes: must be >= 1 \(0 allows no drain"),
+        ("drain: {limits: {max_per_hour: 0}}", r"drain.limits.max_per_hour: must be >= 1"),
+        (
+            "alerts: {rules: [{name: Hot, kinds: [gpu_throttle]}, {name: X, kinds: [gpu_fualt]}]}",
+            r"alerts.rules\[1\]: unknown kind\(s\) \['gpu_fualt'\], which no detector reports; known: "
+            r"congestion, dma_degraded, gpu_app_error, gpu_fault, gpu_throttle, link_down, link_flap, ",
+        ),
+        ("drain: {rules: [{kinds: [slow_nodes]}]}", r"drain.rules\[0\]: unknown kind\(s\) \['slow_nodes'\]"),
+    ],
+)
+def test_alerting_config_that_cannot_mean_what_it_says_is_refused_in_one_line_naming_the_key(
+    tmp_path: Path, text: str, message: str
+):
+    path = tmp_path / "fleetlens.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigError, match=f"^config file {re.escape(str(path))}: {message}") as refused:
+        load_config(path, env={})
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("retry_s", [0, -1, float("nan")])
+def test_a_retry_wait_that_is_not_positive_is_refused(retry_s: float):
+    with pytest.raises(AlertConfigError, match=r"^drain.retry_s: must be > 0 seconds"):
+        parse_policy({"retry_s": retry_s})

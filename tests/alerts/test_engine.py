@@ -213,7 +213,10 @@ def test_rules_from_config_name_the_entry_and_key_that_is_wrong():
     )
     assert rule.for_s == 30 and rule.labels == {"team": "gpu"}
     with pytest.raises(AlertConfigError, match=r"alerts.rules\[1\]: unknown key\(s\) \['for'\]"):
-        parse_rules([{"name": "A", "kinds": ["x"]}, {"name": "B", "kinds": ["x"], "for": 3}], "alerts.rules")
+        parse_rules(
+            [{"name": "A", "kinds": ["link_down"]}, {"name": "B", "kinds": ["link_down"], "for": 3}],
+            "alerts.rules",
+        )
     with pytest.raises(AlertConfigError, match=r"unknown field\(s\) \['host'\]"):
         parse_rules([{"name": "A", "kinds": ["x"], "annotations": {"summary": "{host}"}}], "alerts.rules")
     with pytest.raises(AlertConfigError, match="min_severity"):
