@@ -7,22 +7,26 @@ with `query` (a Store, or analytics.store.hubclient.HubClient through the hub's 
 Approvals, denials and undrain requests are `actions` rows with outcome `requested`; the hub's
 controller picks them up on its next cycle and records what it did with them.
 
-A `silences` row that holds no valid silence (stored before the hub checked them, or written to a
-ClickHouse server directly) never fails a reader: `silences` skips it, logging it once per silence id,
-`stored_silences` shows it with the reason, and `expire_silence` can end it.
+Every write of silences goes through `store_silences` (the hub's API runs its check, `check_silences`, on
+what it is sent): at most MAX_SILENCES_PER_REQUEST rows, each a valid silence or the expiry of the row the
+store holds (alerts.silences.validate_row). A `silences` row that holds no valid silence (stored by an
+older version, or written to a ClickHouse server directly) never fails a reader: `silences` skips it,
+logging it once per silence id, `stored_silences` shows it with the reason, and `expire_silence` can end
+it.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from alerts.errors import DecisionError, SilenceError
-from alerts.silences import Silence, silence_from_row
+from alerts.silences import Silence, expiry_row, silence_from_row, validate_row
 from analytics.store.protocols import Reader, ReadWriter
 from analytics.store.records import ActionRow, QueryResult, SilenceRow
 
@@ -38,14 +42,20 @@ def rows(result: QueryResult) -> list[dict[str, Any]]:
 
 # -- silences --------------------------------------------------------------------------------------------
 
-SILENCES_SQL = """
+MAX_SILENCES_PER_REQUEST = 100
+SILENCE_COLUMNS_SQL = """
 SELECT id, matchers, toUnixTimestamp64Milli(starts_at) / 1000 AS starts_at,
     toUnixTimestamp64Milli(ends_at) / 1000 AS ends_at, created_by, comment,
     toUnixTimestamp64Milli(updated_at) / 1000 AS updated_at
 FROM silences FINAL
-WHERE ends_at > fromUnixTimestamp64Milli(toInt64({since:Float64} * 1000)) AND ends_at > starts_at
+"""
+SILENCES_SQL = (
+    SILENCE_COLUMNS_SQL
+    + """WHERE ends_at > fromUnixTimestamp64Milli(toInt64({since:Float64} * 1000)) AND ends_at > starts_at
 ORDER BY starts_at
 """
+)
+SILENCE_SQL = SILENCE_COLUMNS_SQL + "WHERE id = {id:String}\n"
 _reported_invalid: set[str] = set()  # ids of the invalid silences logged already, so each is logged once
 
 
@@ -93,9 +103,36 @@ def silences(source: Reader, since: float | None = None) -> list[Silence]:
     return found
 
 
+def stored_row(source: Reader, silence_id: str) -> SilenceRow | None:
+    """The row the store holds for silence `silence_id` (its latest write), or None."""
+    found = rows(source.query(SILENCE_SQL, parameters={"id": silence_id}, max_rows=1))
+    return SilenceRow(**found[0]) if found else None
+
+
+def check_silences(source: Reader, silence_rows: Sequence[SilenceRow], now: float | None = None) -> None:
+    """The one check of every write to `silences` (the module doc); SilenceError naming the row, as
+    rows[i], and the field, or the count."""
+    if len(silence_rows) > MAX_SILENCES_PER_REQUEST:
+        raise SilenceError(
+            f"{len(silence_rows)} silences in one request, more than {MAX_SILENCES_PER_REQUEST}"
+        )
+    stored = functools.cache(lambda silence_id: stored_row(source, silence_id))
+    for index, row in enumerate(silence_rows):
+        try:
+            validate_row(row, stored, now)
+        except SilenceError as error:
+            raise SilenceError(f"rows[{index}]: {error}") from None
+
+
+def store_silences(store: ReadWriter, silence_rows: Sequence[SilenceRow], token: str) -> int:
+    """Write `silence_rows` once check_silences passes them (a hub checks them again on its side)."""
+    check_silences(store, silence_rows)
+    return store.insert_silences(silence_rows, token=token)
+
+
 def add_silence(store: ReadWriter, silence: Silence) -> Silence:
-    """Store a new silence (alerts.silences.new_silence checks it) so every hub and reader sees it."""
-    store.insert_silences([silence.row(silence.starts_at)], token=f"silence/{silence.id}/new")
+    """Store a new silence so every hub and reader sees it."""
+    store_silences(store, [silence.row(silence.starts_at)], token=f"silence/{silence.id}/new")
     return silence
 
 
@@ -105,8 +142,8 @@ def expire_silence(store: ReadWriter, silence_id: str) -> StoredSilence:
     found = next((s for s in stored_silences(store, now) if s.row.id == silence_id), None)
     if found is None:
         raise SilenceError(f"no silence {silence_id} is in force or to come")
-    row = replace(found.row, starts_at=min(found.row.starts_at, now), ends_at=now, updated_at=now)
-    store.insert_silences([row], token=f"silence/{silence_id}/expire/{now}")
+    row = expiry_row(found.row, now)
+    store_silences(store, [row], token=f"silence/{silence_id}/expire/{now}")
     silence = replace(found.silence, starts_at=row.starts_at, ends_at=now) if found.silence else None
     return StoredSilence(row, silence, found.problem)
 

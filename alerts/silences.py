@@ -1,20 +1,31 @@
 """Silences: label matchers with an expiry that mute matching alerts, as Alertmanager's do.
 
-A matcher is `name=value`, `name!=value`, `name=~regex` or `name!~regex` (regular expressions are
-anchored at both ends, as Alertmanager's); a silence mutes an alert that every one of its matchers
-matches, from `starts_at` until `ends_at`. A muted alert keeps its state and history, is not sent to
-receivers, and holds the drain controller's hand: a node under a silence is not drained.
+A matcher is `name=value`, `name!=value`, `name=~regex` or `name!~regex`; a silence mutes an alert that
+every one of its matchers matches, from `starts_at` until `ends_at`. A muted alert keeps its state and
+history, is not sent to receivers, and holds the drain controller's hand: a node under a silence is not
+drained.
+
+Regular expressions are RE2's, as Alertmanager's matchers are: matched against the whole label value
+(fullmatch: anchored at both ends), in time linear in the value whatever the pattern, so `(a+)+$` costs
+what `a+` does. What RE2 does not have (backreferences, lookaround) is refused as not a regular
+expression, and so is a pattern whose compiled program would need more than REGEX_MAX_MEM
+(`(.*a){1000}`): each matcher's program is compiled once and run on every alert of every cycle.
 
 Silences live in the store's `silences` table, so the hub, the CLI and the UI see the same ones. What a
-row must hold to be a silence is checked in one place, `silence_from_row`: by new_silence, by the hub on
-the way in (through `validate_row`), and by every reader, which skips a row that fails it rather than
-fail on it (alerts.commands). The checks, each failure a SilenceError naming the field:
+row must hold to be a silence is checked in one place, `silence_from_row`: by new_silence, by every
+write (`validate_row`, which alerts.commands runs for the CLI and the hub's API alike: create, update,
+expire, import), and by every reader, which skips a row that fails it rather than fail on it
+(alerts.commands). The checks, each failure a SilenceError naming the field:
 
     id, comment         non-empty strings of valid Unicode, at most MAX_TEXT_CHARS (created_by may be empty)
     matchers            JSON: a list of 1 to MAX_MATCHERS [name, operator, value] string triples; a name
-                        is a label name, an operator one of OPERATORS, a value (a regular expression for
-                        =~ and !~, which must compile) at most MAX_VALUE_CHARS
+                        is a label name, an operator one of OPERATORS, a value (an RE2 regular expression
+                        for =~ and !~, which must compile) at most MAX_VALUE_CHARS
     starts_at, ends_at  unix seconds within TIME_RANGE_S, ends_at after starts_at (updated_at too, in range)
+
+The one row a write may hold that fails them is the expiry of a silence stored by an older version that
+did not check it: `expiry_row` of the row the store holds, ending by now (validate_row). Any other change
+to such a row is refused, so nothing invalid gets in by ending soon.
 """
 
 from __future__ import annotations
@@ -24,9 +35,10 @@ import re
 import reprlib
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from functools import cached_property
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import re2
 
 from alerts.errors import SilenceError
 from analytics.store.records import SilenceRow
@@ -39,15 +51,18 @@ MAX_VALUE_CHARS = 1024  # of a matcher's label name and value: a regular express
 MAX_TEXT_CHARS = 4096  # of id, created_by and comment
 TIME_RANGE_S = (0.0, 7_258_118_400.0)  # 1970-01-01 to 2200-01-01 UTC, inside the store's DateTime64(3)
 EXPIRY_CLOCK_SKEW_S = 60.0  # how far a client's clock may run ahead of the hub's when it expires a silence
+REGEX_MAX_MEM = 128 << 10  # RE2's memory budget per pattern: programs to about 2,700 instructions
 
 
 @dataclass(frozen=True)
 class Matcher:
-    """One condition on one label; a missing label reads as ""."""
+    """One condition on one label; a missing label reads as "". `regex` is the value as RE2 compiled it,
+    for =~ and !~ (None for = and !=)."""
 
     name: str
     operator: str
     value: str
+    regex: re2._Regexp | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         if len(self.name) > MAX_VALUE_CHARS or not _LABEL_NAME.fullmatch(self.name):
@@ -63,15 +78,8 @@ class Matcher:
             raise SilenceError(
                 f"matcher {self.name}: value of {len(self.value)} characters, more than {MAX_VALUE_CHARS}"
             )
-        if self.operator in ("=~", "!~"):
-            try:
-                re.compile(self.value)
-            except (re.error, OverflowError, RecursionError) as error:  # a{10**10}, nesting too deep
-                raise SilenceError(f"matcher {self}: not a regular expression: {error}") from None
-
-    @cached_property
-    def _pattern(self) -> re.Pattern[str]:
-        return re.compile(self.value)
+        if self.operator in ("=~", "!~"):  # compiled once, here, so that what RE2 refuses is refused here
+            object.__setattr__(self, "regex", _compiled(self))
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         value = labels.get(self.name, "")
@@ -81,12 +89,32 @@ class Matcher:
             case "!=":
                 return value != self.value
             case "=~":
-                return self._pattern.fullmatch(value) is not None
+                return self._fullmatch(value)
             case _:
-                return self._pattern.fullmatch(value) is None
+                return not self._fullmatch(value)
+
+    def _fullmatch(self, value: str) -> bool:
+        """Whether the whole of `value` matches; a label that is not valid Unicode is matched as its bytes."""
+        assert self.regex is not None  # set for the regex operators, the only ones that call this
+        return self.regex.fullmatch(value.encode("utf-8", "surrogatepass")) is not None
 
     def __str__(self) -> str:
         return f"{self.name}{self.operator}{json.dumps(self.value)}"
+
+
+def _compiled(matcher: Matcher) -> re2._Regexp:
+    """`matcher`'s value compiled by RE2 within REGEX_MAX_MEM; SilenceError naming the matcher when RE2
+    refuses it (its syntax, a backreference or lookaround, a program over the budget)."""
+    options = re2.Options()
+    options.max_mem = REGEX_MAX_MEM
+    options.log_errors = False
+    try:
+        return re2.compile(matcher.value, options)
+    except re2.error as error:
+        reason = error.args[0].decode(errors="replace")[:200] if error.args else "refused"  # RE2 echoes it
+        raise SilenceError(f"matcher {matcher}: not a regular expression (RE2): {reason}") from None
+    except UnicodeEncodeError as error:
+        raise SilenceError(f"matcher {matcher.name}: value is not valid Unicode ({error.reason})") from None
 
 
 def parse_matcher(text: str) -> Matcher:
@@ -141,25 +169,38 @@ def silence_from_row(row: SilenceRow) -> Silence:
     return Silence(silence_id, matchers, starts_at, ends_at, created_by, comment)
 
 
-def validate_row(row: SilenceRow, now: float | None = None) -> None:
-    """What the hub takes into `silences`: a row that holds a silence (silence_from_row), or one that
-    ends by `now` (give or take EXPIRY_CLOCK_SKEW_S), which mutes nothing and is how a silence is
-    expired; such a row need only be storable, so that a silence stored before these checks, and
-    invalid, can still be expired. SilenceError naming the field otherwise."""
+def validate_row(
+    row: SilenceRow,
+    stored: Callable[[str], SilenceRow | None] = lambda silence_id: None,
+    now: float | None = None,
+) -> Silence | None:
+    """What may be written to `silences`, whoever writes it: a row that holds a silence (returned), or
+    the expiry of the row `stored(row.id)` says the store holds (None: it mutes nothing); that row is
+    looked up only for a row that is no silence. SilenceError naming the field otherwise."""
+    try:
+        return silence_from_row(row)
+    except SilenceError:
+        if not isinstance(row.id, str) or (held := stored(row.id)) is None or not _expires(row, held, now):
+            raise
+        return None
+
+
+def expiry_row(stored: SilenceRow, now: float) -> SilenceRow:
+    """The row that ends silence `stored` at `now`: the same row, ending now (and starting no later)."""
+    return replace(stored, starts_at=min(stored.starts_at, now), ends_at=now, updated_at=now)
+
+
+def _expires(row: SilenceRow, stored: SilenceRow, now: float | None) -> bool:
+    """Whether `row` is expiry_row(stored) as a client makes it: ending by `now` on the hub's clock, give
+    or take EXPIRY_CLOCK_SKEW_S, and otherwise the stored row as it is."""
+    try:
+        ends_at, updated_at = _time("ends_at", row.ends_at), _time("updated_at", row.updated_at)
+    except SilenceError:
+        return False
     now = time.time() if now is None else now
-    if isinstance(row.ends_at, int | float) and row.ends_at <= now + EXPIRY_CLOCK_SKEW_S:
-        _storable(row)
-    else:
-        silence_from_row(row)
-
-
-def _storable(row: SilenceRow) -> None:
-    """SilenceError naming the first column of `row` that the store cannot hold."""
-    _text("id", row.id, empty="must not be empty", limit=None)
-    for name in ("matchers", "created_by", "comment"):
-        _text(name, getattr(row, name), limit=None)
-    for name in ("starts_at", "ends_at", "updated_at"):
-        _time(name, getattr(row, name))
+    return ends_at <= now + EXPIRY_CLOCK_SKEW_S and row == replace(
+        expiry_row(stored, ends_at), updated_at=updated_at
+    )
 
 
 def _text(name: str, value: object, empty: str = "", limit: int | None = MAX_TEXT_CHARS) -> str:

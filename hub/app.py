@@ -41,8 +41,8 @@ from typing import Any, ClassVar
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from alerts.commands import check_silences
 from alerts.errors import SilenceError
-from alerts.silences import validate_row
 from analytics.errors import QueryError, StoreError, StoreRejected
 from analytics.store.records import REQUESTS, ActionRow, SilenceRow
 from analytics.store.retention import KEEP_DAYS_MAX, Cutoff, check_keep_days, import_refusal, keep_until
@@ -416,12 +416,13 @@ class Hub:
         return Cutoff.of(self.retention, table, self._wall_clock() if now is None else now)
 
     def _silences(self, body: bytes, environ: dict) -> tuple[bytes, str]:
+        """Silences made, changed, expired or imported: the check every writer runs (alerts.commands),
+        against what the store holds, before anything is stored; 400 naming the row and field."""
         rows, token = _rows(body, SilenceRow)
-        for index, row in enumerate(rows):
-            try:
-                validate_row(row)
-            except SilenceError as exc:
-                raise HttpError(400, f"rows[{index}]: {exc}") from None
+        try:
+            check_silences(self.store, rows)
+        except SilenceError as exc:
+            raise HttpError(400, str(exc)) from None
         return self._insert(lambda: self.store.insert_silences(rows, token=token))
 
     def _actions(self, body: bytes, environ: dict) -> tuple[bytes, str]:
