@@ -55,7 +55,7 @@ from hub.errors import PayloadError
 from hub.groupcommit import GroupCommit
 from hub.otlp import OtlpStepReceiver, otlp_error_response
 from hub.remote_write import RemoteWriteReceiver
-from hub.rounds import MAX_PENDING_ROUNDS, RoundQueue
+from hub.rounds import JOURNAL_DIR, MAX_PENDING_ROUNDS, RoundJournal, RoundQueue
 from hub.scraper import Scraper
 from hub.steplines import parse_steps_jsonl
 from hub.writer import Writer
@@ -138,7 +138,8 @@ class Hub:
         self._wall_clock = wall_clock
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._rounds = RoundQueue(self._on_scrape, self._defer_round, max_rounds=pending_rounds)
+        journal = RoundJournal(writer.spool.directory / JOURNAL_DIR, writer.store.stored_scrapes)
+        self._rounds = RoundQueue(writer, journal, max_rounds=pending_rounds)
         self._counts_lock = threading.Lock()
         self.scrapes = 0
         self.samples = 0
@@ -191,10 +192,6 @@ class Hub:
         self._count_round(batches, statuses)
         self._rounds.put(batches, statuses)
 
-    def _defer_round(self, batches: list, statuses: list) -> None:
-        self.writer.defer("samples", batches)
-        self.writer.defer("targets", statuses)
-
     @property
     def deferred_rounds(self) -> int:
         return self._rounds.deferred
@@ -202,12 +199,6 @@ class Hub:
     @property
     def coalesced_rounds(self) -> int:
         return self._rounds.coalesced
-
-    def _on_scrape(self, batches: list, statuses: list) -> None:
-        if batches:
-            self.writer.write("samples", batches)
-        if statuses:
-            self.writer.write("targets", statuses)
 
     def _count_round(self, batches: list, statuses: list) -> None:
         with self._counts_lock:

@@ -12,7 +12,9 @@ its throughput; a slower store makes larger groups, which cost less per sample.
 Idempotency survives the grouping: a group's token is a digest of its requests' tokens (a spooled group
 is replayed once), and a request whose token was written in an earlier group is answered at once
 without writing it again (a sender's retry after a lost answer). Tokens are remembered in memory, the
-last RECENT_TOKENS of them: a retry that crosses a hub restart may be stored twice.
+last RECENT_TOKENS of them; a retry they miss (after a hub restart, or grouped otherwise) is written
+again, and the store drops every sample and `up` status of it that it holds (analytics.store.ledger).
+A group's samples and statuses go in together (Writer.write_round): spooled, they are one file.
 """
 
 from __future__ import annotations
@@ -85,8 +87,7 @@ class GroupCommit:
         token = "remote-write-" + hashlib.sha256("".join(sorted(fresh)).encode()).hexdigest()[:32]
         batches = merged(batch for request in fresh.values() for batch in request.batches)
         statuses = [status for request in fresh.values() for status in request.statuses]
-        kept = self._writer.write("samples", batches, token=token)
-        kept = self._writer.write("targets", statuses, token=token) and kept
+        kept = bool(self._writer.write_round(batches, statuses, token=token))
         if kept:
             with self._lock:
                 for request_token in fresh:

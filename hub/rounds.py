@@ -4,43 +4,155 @@ The scrape loop never waits for the store: it hands each round to `put` and goes
 the rounds in order. When the store took longer than an interval, every round that queued meanwhile
 goes in with the next insert: an insert into chDB has a fixed cost of tens of milliseconds, so a store
 that fell behind catches up with bigger inserts instead of falling further behind. Past `max_rounds`
-waiting rounds (a store that is down, not just slow) a round goes to `defer` (the spool) instead, so the
-memory held stays bounded.
+waiting rounds (a store that is down, not just slow) a round goes to the spool instead (its samples and
+statuses in one file), so the memory held stays bounded.
 
-A round's target statuses (one row per scrape) are held and written with a later round's samples, those
-of every round of up to `hold_s` seconds (TARGETS_HOLD_S) in one insert: their insert's fixed cost was
-0.12-0.2 us of CPU per scraped sample at 192 nodes scraped every second, paid for a row per target.
-Their readers can wait that long: the fleet page calls a node down after minutes without a scrape
+A round's target statuses (one row per scrape) are held and written with a later round's, those of every
+round of up to `hold_s` seconds (TARGETS_HOLD_S) in one insert: their insert's fixed cost was 0.12-0.2 us
+of CPU per scraped sample at 192 nodes scraped every second, paid for a row per target. Their readers can
+wait that long: the fleet page calls a node down after minutes without a scrape
 (analytics.reports.dashboards.DOWN_AFTER_S), postmortems read past windows and no detector reads them.
 Statuses held that long are written even when no round comes (a long interval), and all of them at close.
+
+A round's samples and its statuses are stored together or not at all, even if the hub dies (kill -9,
+power) while it holds them. Before a write's samples go to the store, its statuses are written durably to
+a journal file (RoundJournal: `rounds/` in the spool directory); the file is deleted once they are
+written (stored, or spooled). A hub that starts and finds files left resolves them against the store: the
+statuses whose samples are stored are written (a repeat of a row stored just before the death is dropped
+by the store, analytics.store.ledger), the others dropped with their samples, which never got in. Samples
+that go to the spool instead take their statuses along in the same file (hub.writer.Writer.write_round),
+so the replay stores both or neither.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import astuple
+from pathlib import Path
+from typing import Protocol
 
+from analytics.errors import StoreError
 from analytics.store.records import ScrapeBatch, TargetStatus
+from hub.spool import write_durably
+from hub.writer import Written
 
 log = logging.getLogger("fleetlens.hub")
 
 MAX_PENDING_ROUNDS = 10  # rounds that may wait for the insert thread; later ones are deferred
 TARGETS_HOLD_S = 5.0  # the longest a round's target statuses wait to go in with later rounds'
+JOURNAL_DIR = "rounds"  # the journal's directory, in the spool directory
+_JOURNAL_NAME = re.compile(r"(\d{20})\.round")
 
-RoundSink = Callable[[list[ScrapeBatch], list[TargetStatus]], None]
+# statuses -> the (node, ts in ms) of those whose scrape has samples stored (Store.stored_scrapes)
+StoredScrapes = Callable[[Sequence[TargetStatus]], set[tuple[str, int]]]
+
+
+class RoundWriter(Protocol):
+    """What the insert thread writes through (hub.writer.Writer)."""
+
+    def write_round(
+        self,
+        batches: Sequence[ScrapeBatch],
+        statuses: Sequence[TargetStatus],
+        *,
+        token: str | None = None,
+        hold: bool = False,
+    ) -> Written: ...
+
+    def defer_round(self, batches: Sequence[ScrapeBatch], statuses: Sequence[TargetStatus]) -> None: ...
+
+
+class RoundJournal:
+    """Target statuses whose samples may be in the store while they are not: one file per write in
+    `directory`, `<sequence>.round` (JSON: each status's fields in dataclass order), written durably
+    (hub.spool.write_durably) before the write's samples are inserted, deleted once the statuses are
+    written. `stored_scrapes` asks the store which scrapes have samples (Store.stored_scrapes)."""
+
+    def __init__(self, directory: str | Path, stored_scrapes: StoredScrapes) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._stored_scrapes = stored_scrapes
+        self.left: list[Path] = []  # files an earlier run left (or a failed write), for resolve()
+        last = 0
+        for path in sorted(self.directory.iterdir()):
+            if match := _JOURNAL_NAME.fullmatch(path.name):
+                self.left.append(path)
+                last = max(last, int(match[1]))
+            elif path.name.endswith(".round.tmp"):  # torn by a crash before its samples were inserted
+                path.unlink(missing_ok=True)
+        self._next = last + 1
+
+    def record(self, statuses: Sequence[TargetStatus]) -> Path:
+        """Write `statuses` to a new file, durably; OSError when it cannot be."""
+        path = self.directory / f"{self._next:020d}.round"
+        self._next += 1
+        write_durably(path, json.dumps([astuple(status) for status in statuses]).encode())
+        return path
+
+    def settle(self, paths: Sequence[Path]) -> None:
+        """Delete the files of statuses now written (stored or spooled)."""
+        for path in paths:
+            path.unlink(missing_ok=True)
+
+    def resolve(self, writer: RoundWriter) -> None:
+        """Write the statuses of the files left whose samples are stored, drop the others, delete the
+        files. A file's statuses of failed or empty scrapes go with the file's samples: written when
+        some of them are stored or it had none. StoreError (from the store's lookup) leaves them all."""
+        if not self.left:
+            return
+        files = [(path, _read_statuses(path)) for path in self.left]
+        sampled = [status for _, statuses in files for status in statuses if status.samples > 0]
+        stored = self._stored_scrapes(sampled) if sampled else set()
+        kept: list[TargetStatus] = []
+        for _, statuses in files:
+            scraped = [_scrape(status) for status in statuses if status.samples > 0]
+            if scraped and not stored.intersection(scraped):
+                continue
+            kept += [status for status in statuses if status.samples == 0 or _scrape(status) in stored]
+        names = "".join(path.name for path, _ in files)
+        token = "round-journal-" + hashlib.sha256(names.encode()).hexdigest()[:32]
+        writer.write_round([], kept, token=token)
+        self.settle([path for path, _ in files])
+        total = sum(len(statuses) for _, statuses in files)
+        log.warning(
+            "%d scrape rows were left in the journal (by a hub that stopped without writing them, or a "
+            "failed write): %d written (their samples are stored), %d dropped (their samples are not)",
+            total,
+            len(kept),
+            total - len(kept),
+        )
+        self.left = []
+
+
+def _scrape(status: TargetStatus) -> tuple[str, int]:
+    return status.node, round(status.ts * 1000)
+
+
+def _read_statuses(path: Path) -> list[TargetStatus]:
+    """The statuses of a journal file; none (and a warning) when it cannot be read."""
+    try:
+        return [TargetStatus(*fields) for fields in json.loads(path.read_bytes())]
+    except (OSError, ValueError, TypeError) as error:
+        log.warning("journal file %s cannot be read (%s); its scrape rows are lost", path, error)
+        return []
 
 
 class RoundQueue:
-    """Rounds waiting for `write`, written by a thread of their own; `deferred` counts those past
-    `max_rounds` given to `defer`, `coalesced` those written together with an earlier one. Target
-    statuses are written at most `hold_s` seconds after their round was queued, often with later ones'."""
+    """Rounds waiting for `writer`, written by a thread of their own; `deferred` counts those past
+    `max_rounds` given to the writer's spool, `coalesced` those written together with an earlier one.
+    Target statuses are written at most `hold_s` seconds after their round was queued, often with later
+    ones', and journaled meanwhile in `journal` (none: a crash loses those held)."""
 
     def __init__(
         self,
-        write: RoundSink,
-        defer: RoundSink,
+        writer: RoundWriter,
+        journal: RoundJournal | None = None,
         *,
         max_rounds: int = MAX_PENDING_ROUNDS,
         hold_s: float = TARGETS_HOLD_S,
@@ -49,11 +161,12 @@ class RoundQueue:
         self.hold_s = hold_s
         self.deferred = 0
         self.coalesced = 0
-        self._write = write
-        self._defer = defer
+        self._writer = writer
+        self._journal = journal
         self._rounds: list[tuple[list[ScrapeBatch], list[TargetStatus]]] = []
         self._ready = threading.Condition()
         self._closed = False
+        self._resolve_left()
         self._thread = threading.Thread(target=self._write_until_closed, name="fleetlens-insert", daemon=True)
         self._thread.start()
 
@@ -65,7 +178,7 @@ class RoundQueue:
                 self._ready.notify()
                 return
             self.deferred += 1
-        self._defer(batches, statuses)
+        self._writer.defer_round(batches, statuses)
 
     def close(self) -> None:
         """Write what is queued and the statuses held, then stop the insert thread."""
@@ -74,8 +187,19 @@ class RoundQueue:
             self._ready.notify()
         self._thread.join()
 
+    def _resolve_left(self) -> None:
+        """Resolve the journal files an earlier run left; a store that cannot say now is asked again at
+        the next write."""
+        if self._journal is None or not self._journal.left:
+            return
+        try:
+            self._journal.resolve(self._writer)
+        except StoreError as error:
+            log.warning("the scrape rows an earlier run left wait for the store: %s", error)
+
     def _write_until_closed(self) -> None:
         held: list[TargetStatus] = []
+        journaled: list[Path] = []
         due = 0.0  # when the oldest of the held statuses must be written (time.monotonic)
         while True:
             with self._ready:
@@ -84,21 +208,33 @@ class RoundQueue:
                 rounds, self._rounds = self._rounds, []
                 closed = self._closed
                 self.coalesced += max(0, len(rounds) - 1)
+            self._resolve_left()
             if not held:
                 due = time.monotonic() + self.hold_s
-            held += [status for _, statuses in rounds for status in statuses]
+            new = [status for _, statuses in rounds for status in statuses]
             batches = [batch for batches, _ in rounds for batch in batches]
-            statuses = held if closed or time.monotonic() >= due else []
-            if statuses:
-                held = []
             try:
-                if batches or statuses:
-                    self._write(batches, statuses)
+                if new and self._journal is not None:
+                    journaled.append(self._journal.record(new))
+                if self._writer.write_round(batches, new, hold=True) is Written.STORED:
+                    held += new
+                elif held:  # the new statuses went with their samples; the held ones' samples are stored
+                    due = 0.0
+                if held and (closed or time.monotonic() >= due):
+                    self._writer.write_round([], held)
+                    held = []
+                if not held and self._journal is not None:
+                    self._journal.settle(journaled)
+                    journaled = []
             except Exception:
                 log.exception(
-                    "writing %d scraped batches and %d target statuses failed; they are lost",
+                    "writing %d scraped batches and %d target statuses failed; the journal keeps those",
                     len(batches),
-                    len(statuses),
+                    len(held) + len(new),
                 )
+                held = []
+                if self._journal is not None:
+                    self._journal.left += journaled
+                journaled = []
             if closed and not rounds:
                 return

@@ -24,11 +24,14 @@ rows); the one being replayed is spared, so the directory may exceed the bound b
 larger than the whole bound is dropped at once.
 
 Format: 16 bytes of header (b"FLSPOOL1", payload length as 8 bytes big-endian), then the payload, zlib
-(level 6) of compact JSON {"v": 1, "kind", "token", "rows", "keep_until"?}, each row a list of its
-record's fields in dataclass order; `keep_until` (unix seconds) only in a batch of step records kept past
-the steps retention (imported history), which the replay hands on to the store with it. The header lets
-the spool find torn files on start from 16 bytes and a stat, without decompressing a possibly large
-backlog. JSON writes NaN and ±Inf sample values as NaN/Infinity, which
+(level 6) of compact JSON {"v": 1, "kind", "token", "rows", "keep_until"?, "statuses"?}, each row a list
+of its record's fields in dataclass order; `keep_until` (unix seconds) only in a batch of step records
+kept past the steps retention (imported history), which the replay hands on to the store with it;
+`statuses` only in a batch of samples, the target statuses of their scrapes: the replay inserts them
+after the samples (token `<token>/targets`) and deletes the file only once both are in, so a scrape's
+row never waits in the spool apart from its samples, nor is lost while they are stored (hub.rounds).
+The header lets the spool find torn files on start from 16 bytes and a stat, without decompressing a
+possibly large backlog. JSON writes NaN and ±Inf sample values as NaN/Infinity, which
 Python's json reads back exactly, as it does every float and str.
 
 Why JSON and zlib, measured in one run on one realistic scrape (828 samples: the exporter with 16
@@ -59,7 +62,7 @@ import struct
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
@@ -91,6 +94,17 @@ _PENDING_NAME = re.compile(rf"(?P<seq>\d{{20}})-(?P<kind>{'|'.join(ROW_TYPES)})-
 _SEQUENCE = re.compile(r"(\d{20})-")  # every file the spool writes starts so, temp and set-aside ones too
 
 
+@dataclass(frozen=True)
+class Entry:
+    """One spooled batch, decoded: `statuses` go with a batch of samples (see the module docstring)."""
+
+    kind: Kind
+    token: str
+    rows: list[Row]
+    keep_until: float | None = None
+    statuses: list[TargetStatus] = field(default_factory=list)
+
+
 def row_count(kind: Kind, rows: Sequence[Row]) -> int:
     """The rows the store writes for `rows`: one per sample of a scrape batch, one per record otherwise."""
     if kind == "samples":
@@ -98,26 +112,34 @@ def row_count(kind: Kind, rows: Sequence[Row]) -> int:
     return len(rows)
 
 
-def encode_entry(kind: Kind, token: str, rows: Sequence[Row], keep_until: float | None = None) -> bytes:
+def encode_entry(
+    kind: Kind,
+    token: str,
+    rows: Sequence[Row],
+    keep_until: float | None = None,
+    statuses: Sequence[TargetStatus] = (),
+) -> bytes:
     """One spool file's bytes: header, then zlib of the JSON document (see the module docstring)."""
     if kind not in _FIELDS:
         raise ValueError(f"unknown spool kind {kind!r}; known: {', '.join(_FIELDS)}")
-    names = _FIELDS[kind]
-    document = {
-        "v": FORMAT_VERSION,
-        "kind": kind,
-        "token": token,
-        "rows": [[getattr(row, name) for name in names] for row in rows],
-    }
+    if statuses and kind != "samples":
+        raise ValueError(f"target statuses go with a batch of samples, not of {kind}")
+    document = {"v": FORMAT_VERSION, "kind": kind, "token": token, "rows": _encoded_rows(kind, rows)}
     if keep_until is not None:
         document["keep_until"] = keep_until
+    if statuses:
+        document["statuses"] = _encoded_rows("targets", statuses)
     payload = zlib.compress(json.dumps(document, separators=(",", ":")).encode(), ZLIB_LEVEL)
     return HEADER.pack(MAGIC, len(payload)) + payload
 
 
-def decode_entry(data: bytes) -> tuple[Kind, str, list[Row], float | None]:
-    """(kind, token, rows, keep_until) of one spool file's bytes; ValueError when they are not one whole
-    entry."""
+def _encoded_rows(kind: Kind, rows: Sequence[Row]) -> list[list]:
+    names = _FIELDS[kind]
+    return [[getattr(row, name) for name in names] for row in rows]
+
+
+def decode_entry(data: bytes) -> Entry:
+    """The entry of one spool file's bytes; ValueError when they are not one whole entry."""
     if not _is_whole(data[: HEADER.size], len(data)):
         raise ValueError("torn or not a spool file: its length does not match its header")
     inflater = zlib.decompressobj()
@@ -137,7 +159,10 @@ def decode_entry(data: bytes) -> tuple[Kind, str, list[Row], float | None]:
         if keep_until is not None and not _seconds(keep_until):
             raise ValueError(f"keep_until {keep_until!r} is not unix seconds")
         rows = [row_type(*values) for values in document["rows"]]
-        return kind, str(document["token"]), rows, keep_until
+        statuses = [TargetStatus(*values) for values in document.get("statuses", ())]
+        if statuses and kind != "samples":
+            raise ValueError(f"target statuses in a batch of {kind}")
+        return Entry(kind, str(document["token"]), rows, keep_until, statuses)
     except (KeyError, TypeError) as error:
         raise ValueError(f"not a spool document: {error!r}") from error
 
@@ -209,13 +234,27 @@ class Spool:
     def rejected_total(self) -> int:
         return self._set_aside_total[REJECTED]
 
-    def put(self, kind: Kind, token: str, rows: Sequence[Row], keep_until: float | None = None) -> bool:
+    def put(
+        self,
+        kind: Kind,
+        token: str,
+        rows: Sequence[Row],
+        keep_until: float | None = None,
+        statuses: Sequence[TargetStatus] = (),
+    ) -> bool:
         """Append a batch to be replayed after every batch put before it; False if it was dropped instead.
-        `keep_until` goes with a batch of step records kept past the steps retention."""
-        return self._write(kind, token, rows, self.directory, keep_until)
+        `keep_until` goes with a batch of step records kept past the steps retention, `statuses` (their
+        scrapes' target statuses) with a batch of samples."""
+        return self._write(Entry(kind, token, list(rows), keep_until, list(statuses)), self.directory)
 
     def reject(
-        self, kind: Kind, token: str, rows: Sequence[Row], reason: str, keep_until: float | None = None
+        self,
+        kind: Kind,
+        token: str,
+        rows: Sequence[Row],
+        reason: str,
+        keep_until: float | None = None,
+        statuses: Sequence[TargetStatus] = (),
     ) -> bool:
         """Keep a batch the store refused in rejected/ for an operator; it is never replayed."""
         with self._lock:
@@ -223,11 +262,13 @@ class Spool:
         log.warning(
             "spool: a %s batch of %d rows was refused by the store: %s", kind, row_count(kind, rows), reason
         )
-        return self._write(kind, token, rows, self.directory / REJECTED, keep_until)
+        entry = Entry(kind, token, list(rows), keep_until, list(statuses))
+        return self._write(entry, self.directory / REJECTED)
 
     def replay(self, insert: Insert) -> int:
         """Hand pending batches to `insert(kind, rows, token)` oldest first (and `keep_until=` with a kept
-        batch of steps); returns how many it took.
+        batch of steps; a batch of samples' statuses then as `insert("targets", statuses,
+        f"{token}/targets")`); returns how many it took.
 
         Each file is deleted only after its insert returned. Stops at the first StoreUnavailable, that
         batch and the rest left in order. A batch the store refuses moves to rejected/, an unreadable
@@ -239,13 +280,15 @@ class Spool:
             try:
                 while (entry := self._claim_oldest()) is not None:
                     try:
-                        kind, token, rows, keep_until = decode_entry(entry.path.read_bytes())
+                        batch = decode_entry(entry.path.read_bytes())
                     except (OSError, ValueError) as error:
                         self._retire(entry, CORRUPT, f"unreadable: {error}")
                         continue
-                    kept = {} if keep_until is None else {"keep_until": keep_until}
+                    kept = {} if batch.keep_until is None else {"keep_until": batch.keep_until}
                     try:
-                        insert(kind, rows, token, **kept)
+                        insert(batch.kind, batch.rows, batch.token, **kept)
+                        if batch.statuses:
+                            insert("targets", batch.statuses, f"{batch.token}/targets")
                     except StoreUnavailable:
                         break
                     except StoreRejected as error:
@@ -321,11 +364,11 @@ class Spool:
                 log.warning("spool: %s is torn (a crash while writing it?); set aside in %s/", path, CORRUPT)
         return last
 
-    def _write(
-        self, kind: Kind, token: str, rows: Sequence[Row], folder: Path, keep_until: float | None = None
-    ) -> bool:
-        data = encode_entry(kind, token, rows, keep_until)  # outside the lock: the costly part
-        count = row_count(kind, rows)
+    def _write(self, entry: Entry, folder: Path) -> bool:
+        kind = entry.kind
+        # outside the lock: the costly part
+        data = encode_entry(kind, entry.token, entry.rows, entry.keep_until, entry.statuses)
+        count = row_count(kind, entry.rows) + len(entry.statuses)
         with self._lock:
             if len(data) > self.max_bytes:
                 self._drop(count, f"a {kind} batch of {len(data)} bytes exceeds the spool's {self.max_bytes}")
@@ -334,7 +377,7 @@ class Spool:
             seq, self._next_seq = self._next_seq, self._next_seq + 1
             path = folder / f"{seq:020d}-{kind}-{count}.spool"
             try:
-                _write_durably(path, data)
+                write_durably(path, data)
             except OSError as error:
                 self._drop(count, f"cannot write {path}: {error}")
                 return False
@@ -437,7 +480,7 @@ def _whole_pending_file(path: Path) -> _Pending | None:
     return _Pending(int(match["seq"]), match["kind"], int(match["rows"]), size, path)
 
 
-def _write_durably(path: Path, data: bytes) -> None:
+def write_durably(path: Path, data: bytes) -> None:
     """Write `data` so that after a crash `path` holds all of it or does not exist; OSError otherwise."""
     temporary = path.with_name(path.name + ".tmp")
     try:

@@ -26,6 +26,7 @@ hub's doors before they get here; both are counted in fleetlens_hub_refused_rows
 from __future__ import annotations
 
 import bisect
+import enum
 import itertools
 import logging
 import threading
@@ -41,11 +42,32 @@ from prometheus_client.utils import floatToGoString
 
 from analytics.errors import StoreError, StoreRejected, StoreUnavailable
 from analytics.store.protocols import IngestWriter
+from analytics.store.records import ScrapeBatch, TargetStatus
 from hub.spool import ROW_TYPES, Kind, Row, Spool
 
 log = logging.getLogger("fleetlens.hub.writer")
 
+DUPLICATE, CONFLICT = "duplicate", "conflict"
+REFUSED_REASONS = ("retention", DUPLICATE, CONFLICT)  # of fleetlens_hub_refused_rows
+CONFLICT_WHAT = {  # what differed, by kind
+    "samples": "a sample at a timestamp its series has",
+    "steps": "a step's duration_s",
+    "targets": "a scrape's up",
+}
 INSERT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Written(enum.Enum):
+    """What became of a write: in the store, in the spool (replayed later), set aside in the spool's
+    rejected/ (the store refused it), or dropped (the spool was full); only DROPPED is falsy."""
+
+    STORED = "stored"
+    SPOOLED = "spooled"
+    SET_ASIDE = "set aside"
+    DROPPED = "dropped"
+
+    def __bool__(self) -> bool:
+        return self is not Written.DROPPED
 
 
 @dataclass(frozen=True)
@@ -122,25 +144,46 @@ class Writer:
 
     def write(
         self, kind: Kind, rows: Sequence[Row], *, keep_until: float | None = None, token: str | None = None
-    ) -> bool:
+    ) -> Written:
         """Store `rows` now, or spool them behind what is already spooled; never raises a StoreError.
-        False only when neither the store nor the spool could keep them (a full spool dropped them).
+        Falsy (DROPPED) only when neither the store nor the spool could keep them (a full spool).
 
         `keep_until` (unix seconds) keeps step rows until then whatever their age (imported history).
         `token` names the batch for the store's deduplication: a sender that retries a request gives
         the same token, and the retry is dropped; by default every write is new."""
-        if not rows:
-            return True
+        return self._write(kind, rows, token or uuid.uuid4().hex, keep_until)
+
+    def write_round(
+        self,
+        batches: Sequence[ScrapeBatch],
+        statuses: Sequence[TargetStatus],
+        *,
+        token: str | None = None,
+        hold: bool = False,
+    ) -> Written:
+        """Scraped samples and the target statuses of their scrapes, stored together or not at all:
+        the samples first, then the statuses (token `<token>/targets`); if the samples are spooled or
+        set aside, the statuses go in the same spool file (hub.spool), and if they are dropped, so are
+        the statuses. With `hold`, statuses whose samples the store took are not written: the caller
+        holds them to write with a later round's, and answers for them (hub.rounds' journal).
+        What became of the samples: STORED, SPOOLED, SET_ASIDE or DROPPED (falsy)."""
         token = token or uuid.uuid4().hex
-        if self.spool.pending_entries:
-            return self._spool(kind, token, rows, keep_until)
-        try:
-            self._insert(kind, rows, token, keep_until)
-        except StoreUnavailable:
-            return self._spool(kind, token, rows, keep_until)
-        except StoreRejected as error:
-            self.spool.reject(kind, token, rows, str(error), keep_until)
-        return True
+        if not batches:
+            return Written.STORED if hold else self._write("targets", statuses, f"{token}/targets")
+        written = self._write("samples", batches, token, statuses=statuses)
+        if written is Written.STORED and statuses and not hold:
+            self._write("targets", statuses, f"{token}/targets")
+        return written
+
+    def defer_round(self, batches: Sequence[ScrapeBatch], statuses: Sequence[TargetStatus]) -> None:
+        """Spool a round without trying the store: for a caller that must not wait for it (a scrape loop
+        whose earlier rounds the store is still taking); replayed in order behind the rest, its statuses
+        with its samples."""
+        token = uuid.uuid4().hex
+        if batches:
+            self._spool("samples", token, batches, statuses=statuses)
+        elif statuses:
+            self._spool("targets", token, statuses)
 
     def refused(self, kind: Kind, rows: int, why: str, reason: str = "retention") -> None:
         """Count `rows` of `kind` that were refused rather than stored (at the hub's door or by the
@@ -151,18 +194,12 @@ class Writer:
             first = (kind, reason) not in self._refused_rows
             self._refused_rows[kind, reason] += rows
         log.log(
-            logging.WARNING if first else logging.DEBUG,
+            (logging.INFO if reason == DUPLICATE else logging.WARNING) if first else logging.DEBUG,
             "refused %d %s rows: %s (counted in fleetlens_hub_refused_rows)",
             rows,
             kind,
             why,
         )
-
-    def defer(self, kind: Kind, rows: Sequence[Row]) -> None:
-        """Spool `rows` without trying the store: for a caller that must not wait for it (a scrape loop
-        whose earlier rounds the store is still taking); they are replayed in order behind the rest."""
-        if rows:
-            self._spool(kind, uuid.uuid4().hex, rows)
 
     def health(self) -> str | None:
         """None while the store takes writes; else since when and why it refuses them, and what waits."""
@@ -193,7 +230,9 @@ class Writer:
         refused = CounterMetricFamily(
             "fleetlens_hub_refused_rows",
             "Rows refused instead of stored, by kind and reason: retention (older than their table's "
-            "retention cutoff, which the TTL would have dropped at once).",
+            "retention cutoff, which the TTL would have dropped at once), duplicate (already stored with "
+            "the same value: a retry, a replay, a repeat), conflict (already stored with another value, "
+            "which stays: Prometheus's duplicate sample for timestamp).",
             labels=["kind", "reason"],
         )
         failures = CounterMetricFamily(
@@ -213,14 +252,44 @@ class Writer:
             for (kind, reason), count in sorted(self._failures.items()):
                 failures.add_metric([kind, reason], count)
             for kind in ROW_TYPES:  # every kind from the start, so that a rate() over it has a baseline
-                refused.add_metric([kind, "retention"], self._refused_rows[kind, "retention"])
+                for reason in REFUSED_REASONS:
+                    refused.add_metric([kind, reason], self._refused_rows[kind, reason])
         yield from (inserted, refused, failures, latency)
         yield from self.spool.collect()
 
-    def _spool(self, kind: Kind, token: str, rows: Sequence[Row], keep_until: float | None = None) -> bool:
-        kept = self.spool.put(kind, token, rows, keep_until)
+    def _write(
+        self,
+        kind: Kind,
+        rows: Sequence[Row],
+        token: str,
+        keep_until: float | None = None,
+        statuses: Sequence[TargetStatus] = (),
+    ) -> Written:
+        """write(); `statuses` (with samples) are spooled or set aside with them, not inserted."""
+        if not rows:
+            return Written.STORED
+        if self.spool.pending_entries:
+            return self._spool(kind, token, rows, keep_until, statuses)
+        try:
+            self._insert(kind, rows, token, keep_until)
+        except StoreUnavailable:
+            return self._spool(kind, token, rows, keep_until, statuses)
+        except StoreRejected as error:
+            self.spool.reject(kind, token, rows, str(error), keep_until, statuses)
+            return Written.SET_ASIDE
+        return Written.STORED
+
+    def _spool(
+        self,
+        kind: Kind,
+        token: str,
+        rows: Sequence[Row],
+        keep_until: float | None = None,
+        statuses: Sequence[TargetStatus] = (),
+    ) -> Written:
+        kept = self.spool.put(kind, token, rows, keep_until, statuses)
         self._spooled.set()
-        return kept
+        return Written.SPOOLED if kept else Written.DROPPED
 
     def _insert(self, kind: Kind, rows: Sequence[Row], token: str, keep_until: float | None = None) -> None:
         """One insert into the store, timed and counted, with what it refused; raises its StoreError."""
@@ -238,6 +307,17 @@ class Writer:
         self._note_refusing(None)
         if refused := getattr(written, "refused", 0):  # analytics.store.retention.Inserted
             self.refused(kind, refused, f"the store's insert: {written.cutoff.describe()}")
+        if duplicates := getattr(written, "duplicates", 0):
+            self.refused(
+                kind, duplicates, "already stored with the same value (a retry or a repeat)", DUPLICATE
+            )
+        if conflicts := getattr(written, "conflicts", 0):
+            self.refused(
+                kind,
+                conflicts,
+                f"already stored with another value, which stays ({CONFLICT_WHAT[kind]})",
+                CONFLICT,
+            )
 
     def _note_refusing(self, reason: str | None) -> None:
         """Remember whether the store refuses writes, logging each change of that state once."""

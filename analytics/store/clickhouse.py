@@ -45,6 +45,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import clickhouse_connect
+import numpy as np
 import numpy.typing as npt
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
@@ -52,6 +53,15 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 from analytics.errors import AddressError, SchemaError, StoreRejected, StoreUnavailable
 from analytics.store import schema
 from analytics.store.clickhouse_errors import short, store_error, unreachable
+from analytics.store.ledger import (
+    Admitted,
+    Ledgers,
+    RecordLedger,
+    RecordLookup,
+    SampleRows,
+    StepRows,
+    TargetRows,
+)
 from analytics.store.protocols import FrameResult, NumbersResult
 from analytics.store.readonly import Connect, ReadSessions
 from analytics.store.records import (
@@ -261,6 +271,10 @@ class Store:
         self._reads = ReadSessions(connect, layout.database, schema.READABLE)
         self._sessions: list[Store] | None = []  # opened by session(); None for a session itself
         self._series = KnownSeries()
+        self._ledgers = Ledgers()  # a session shares its opener's (session())
+        self._sample_rows = SampleRows(self._lookup, layout.name("samples"))
+        self._step_rows = StepRows(self._lookup, layout.name("steps"))
+        self._target_rows = TargetRows(self._lookup, layout.name("targets"))
         self._lock = threading.Lock()  # one insert at a time on this session, and KnownSeries with it
         self._insert_settings = {"insert_distributed_sync": 1} if layout.cluster else {}
 
@@ -322,54 +336,106 @@ class Store:
             raise StoreUnavailable(f"opening a session: {short(error)}") from error
         sibling = Store(client, self._layout, self._connect)
         sibling._sessions = None
+        sibling._ledgers = self._ledgers
         with self._lock:
             self._sessions.append(sibling)
         return sibling
 
     def insert_samples(self, batches: Sequence[ScrapeBatch], *, token: str) -> Inserted:
-        """Store every sample of `batches` (and the series rows of series new to this process); returns the
-        number of samples sent, and those refused: batches older than the samples cutoff (Inserted). The
-        series and the samples inserts each carry a token derived from `token`."""
+        """Store every sample of `batches` not stored yet (and the series rows of series new to this
+        process); returns the number of samples sent, and those refused: batches older than the samples
+        cutoff, samples whose (series, ts) the store holds or an earlier one of `batches` has (Inserted:
+        duplicates with the same value, conflicts with another; analytics.store.ledger). The series and
+        the samples inserts each carry a token derived from `token`."""
         cutoff = self.cutoff("samples")
         batches, old = cutoff.split(batches, _ts)
         refused = sum(len(batch) for batch in old)
-        with self._lock:
+        ledger = self._ledgers.samples
+        with ledger.lock, self._lock:
             series, new_series = self._series.resolve(batches)
             if new_series:
                 self._insert("series", SERIES_COLUMNS, new_series, f"{token}/series")
             self._series.remember(batches, series, new_series)
+            with self._failures("samples"):
+                admitted = ledger.admit(batches, [columns.ids for columns in series], self._sample_rows)
+            batches, series = self._kept_samples(batches, series, admitted.keep)
             rows = sum(len(batch) for batch in batches)
+            dropped = {"duplicates": admitted.duplicates, "conflicts": admitted.conflicts}
             if not rows:
-                return Inserted(0, refused, cutoff)
+                return Inserted(0, refused, cutoff, **dropped)
             self._insert_native(
                 "samples",
                 lambda: _samples_block(batches, series, rows, self._series.metrics, self._series.nodes),
                 f"{token}/samples",
             )
-            return Inserted(rows, refused, cutoff)
+            return Inserted(rows, refused, cutoff, **dropped)
+
+    def _kept_samples(
+        self, batches: Sequence[ScrapeBatch], series: list[SeriesColumns], keep: Sequence[np.ndarray | None]
+    ) -> tuple[list[ScrapeBatch], list[SeriesColumns]]:
+        """`batches` and their series columns with only the samples `keep` marks (None: all of them)."""
+        if all(mask is None for mask in keep):
+            return list(batches), series
+        kept_batches, kept_series = [], []
+        for batch, columns, mask in zip(batches, series, keep, strict=True):
+            if mask is not None:
+                positions = np.flatnonzero(mask).tolist()
+                if not positions:
+                    continue
+                names = [batch.names[i] for i in positions]
+                batch = ScrapeBatch(
+                    batch.target,
+                    batch.node,
+                    batch.ts,
+                    names,
+                    [batch.labels[i] for i in positions],
+                    [batch.values[i] for i in positions],
+                )
+                ids = [columns.ids[i] for i in positions]
+                known = self._series
+                columns = SeriesColumns.encode(batch.node, names, ids, known.metrics, known.nodes)
+            kept_batches.append(batch)
+            kept_series.append(columns)
+        return kept_batches, kept_series
 
     def insert_targets(self, statuses: Sequence[TargetStatus], *, token: str) -> Inserted:
-        """Store one row per scrape outcome; returns the number of rows sent, and those refused as older
-        than the targets cutoff (Inserted)."""
+        """Store one row per scrape outcome, but those whose (target, node, ts) is stored or earlier in
+        `statuses` (analytics.store.ledger); returns the number of rows sent, and those refused as older
+        than the targets cutoff or already stored (Inserted)."""
         cutoff = self.cutoff("targets")
         statuses, old = cutoff.split(statuses, _ts)
-        sent = self._insert_records("targets", _columns(TargetStatus), statuses, token)
-        return Inserted(sent, len(old), cutoff)
+        admitted = self._insert_new_records(
+            "targets", _columns(TargetStatus), statuses, token, self._ledgers.targets, self._target_rows
+        )
+        return _inserted(admitted, len(old), cutoff)
 
     def insert_steps(self, rows: Sequence[Any], *, token: str, keep_until: float | None = None) -> Inserted:
-        """Store training step rows; returns the number of rows sent, and those refused as older than the
-        steps cutoff (Inserted).
+        """Store training step rows, but those whose (job, rank, step) is stored or earlier in `rows`
+        (analytics.store.ledger: the first one stays, a different duration_s is a conflict); returns the
+        number of rows sent, and those refused as older than the steps cutoff or already stored
+        (Inserted).
 
         `keep_until` (unix seconds) keeps every row until then whatever its age, so that none is refused:
         imported history (analytics.store.retention.keep_until). One that has passed keeps nothing (a
         kept batch that waited in a spool that long): the rows are then split by the cutoff as any."""
         now = time.time()
+        ledger, lookup = self._ledgers.steps, self._step_rows
         if keep_until is not None and _keep_until_seconds(keep_until) > now:
             kept = {"keep_until": _keep_until_seconds(keep_until)}
-            return Inserted(self._insert_records("steps", STEP_COLUMNS, rows, token, constants=kept))
+            return _inserted(
+                self._insert_new_records("steps", STEP_COLUMNS, rows, token, ledger, lookup, constants=kept)
+            )
         cutoff = self.cutoff("steps", now)
         rows, old = cutoff.split(rows, _ts)
-        return Inserted(self._insert_records("steps", STEP_COLUMNS, rows, token), len(old), cutoff)
+        admitted = self._insert_new_records("steps", STEP_COLUMNS, rows, token, ledger, lookup)
+        return _inserted(admitted, len(old), cutoff)
+
+    def stored_scrapes(self, statuses: Sequence[TargetStatus]) -> set[tuple[str, int]]:
+        """The (node, ts in ms) of those of `statuses` whose scrape has samples stored: what a hub that
+        died between a round's samples and its scrape rows asks when it starts again (hub.rounds).
+        StoreUnavailable when the store cannot say."""
+        with self._lock, self._failures("samples"):
+            return self._sample_rows.stored_scrapes({(s.node, _millis(s.ts)) for s in statuses})
 
     def insert_anomalies(self, rows: Sequence[Anomaly], *, token: str) -> int:
         """Store anomaly rows; an anomaly written again under its id (when it ends) replaces the earlier
@@ -516,18 +582,34 @@ class Store:
         in a `nullable_times` column as NULL."""
         if not records:
             return 0
-        columns = {name: [getattr(r, name) for r in records] for name in names}
-        columns.update({name: [value] * len(records) for name, value in (constants or {}).items()})
-        for name in times:
-            try:
-                columns[name] = [
-                    None if ts is None and name in nullable_times else _millis(ts) for ts in columns[name]
-                ]
-            except (TypeError, ValueError, OverflowError) as error:
-                raise StoreRejected(f"{table}: a row has a bad {name}: {error}") from error
+        columns = _record_columns(table, names, records, times, nullable_times, constants)
         with self._lock:
             self._insert(table, list(columns), list(columns.values()), token, column_oriented=True)
         return len(records)
+
+    def _insert_new_records(
+        self,
+        table: str,
+        names: Sequence[str],
+        records: Sequence[Any],
+        token: str,
+        ledger: RecordLedger,
+        lookup: RecordLookup,
+        constants: Mapping[str, Any] | None = None,
+    ) -> Admitted:
+        """_insert_records of the `records` that `ledger` admits (those not stored yet), under its lock."""
+        with ledger.lock, self._lock:
+            with self._failures(table):
+                admitted = ledger.admit(records, lookup)
+            if admitted.rows:
+                columns = _record_columns(table, names, admitted.rows, ("ts",), (), constants)
+                self._insert(table, list(columns), list(columns.values()), token, column_oriented=True)
+        return admitted
+
+    def _lookup(self, sql: str, parameters: Mapping[str, Any]) -> Sequence[tuple]:
+        """A ledger's lookup on this session (whose lock the caller holds); its failures StoreErrors."""
+        with self._failures("the ledger's lookup"):
+            return self._client.query(sql, parameters=parameters).result_rows
 
     def _insert(
         self,
@@ -567,6 +649,34 @@ class Store:
             raise StoreRejected(f"{table}: rows do not fit the table's column types: {error}") from error
         except ClickHouseError as error:
             raise store_error(f"insert into {table}", error) from error
+
+
+def _record_columns(
+    table: str,
+    names: Sequence[str],
+    records: Sequence[Any],
+    times: Sequence[str],
+    nullable_times: Sequence[str],
+    constants: Mapping[str, Any] | None,
+) -> dict[str, list]:
+    """The columns of `records` (see Store._insert_records); StoreRejected naming a bad time."""
+    columns = {name: [getattr(r, name) for r in records] for name in names}
+    columns.update({name: [value] * len(records) for name, value in (constants or {}).items()})
+    for name in times:
+        try:
+            columns[name] = [
+                None if ts is None and name in nullable_times else _millis(ts) for ts in columns[name]
+            ]
+        except (TypeError, ValueError, OverflowError) as error:
+            raise StoreRejected(f"{table}: a row has a bad {name}: {error}") from error
+    return columns
+
+
+def _inserted(admitted: Admitted, refused: int = 0, cutoff: Cutoff | None = None) -> Inserted:
+    """What an insert of `admitted` rows did, with `refused` rows older than `cutoff`."""
+    return Inserted(
+        len(admitted.rows), refused, cutoff, duplicates=admitted.duplicates, conflicts=admitted.conflicts
+    )
 
 
 def _ts(row: Any) -> float:

@@ -72,15 +72,20 @@ class NumbersReader(Reader, Protocol):
 class IngestWriter(Protocol):
     """Where the hub's writer puts what it scraped and received.
 
-    Each returns the rows it sent; a Store returns an analytics.store.retention.Inserted, an int that
-    also says how many rows it refused as older than the table's retention (never sent, as the TTL would
-    drop them at once). `keep_until` (unix seconds) keeps step rows until then, whatever their age."""
+    Each insert returns the rows it sent; a Store returns an analytics.store.retention.Inserted, an int
+    that also says how many rows it refused as older than the table's retention (never sent, as the TTL
+    would drop them at once) and how many it dropped as already stored (analytics.store.ledger).
+    `keep_until` (unix seconds) keeps step rows until then, whatever their age."""
 
     def insert_samples(self, batches: Sequence[ScrapeBatch], *, token: str) -> int: ...
 
     def insert_targets(self, statuses: Sequence[TargetStatus], *, token: str) -> int: ...
 
     def insert_steps(self, rows: Sequence[Any], *, token: str, keep_until: float | None = None) -> int: ...
+
+    def stored_scrapes(self, statuses: Sequence[TargetStatus]) -> set[tuple[str, int]]:
+        """The (node, ts in ms) of those of `statuses` whose scrape has samples stored."""
+        ...
 
 
 class DecisionWriter(Protocol):

@@ -78,16 +78,30 @@ class Cutoff:
 
 
 class Inserted(int):
-    """What an insert did: the rows it sent (an int, as the store's inserts have always returned), and
-    the rows it refused as older than the table's retention `cutoff` (None when it refused none)."""
+    """What an insert did: the rows it sent (an int, as the store's inserts have always returned), the
+    rows it refused as older than the table's retention `cutoff` (None when it refused none), and those
+    it dropped as already stored (analytics.store.ledger): `duplicates` with the stored value, `conflicts`
+    with another."""
 
     refused: int
     cutoff: Cutoff | None
+    duplicates: int
+    conflicts: int
 
-    def __new__(cls, sent: int, refused: int = 0, cutoff: Cutoff | None = None) -> Inserted:
+    def __new__(
+        cls,
+        sent: int,
+        refused: int = 0,
+        cutoff: Cutoff | None = None,
+        *,
+        duplicates: int = 0,
+        conflicts: int = 0,
+    ) -> Inserted:
         inserted = super().__new__(cls, sent)
         inserted.refused = refused
         inserted.cutoff = cutoff if refused else None
+        inserted.duplicates = duplicates
+        inserted.conflicts = conflicts
         return inserted
 
     def describe(self) -> str:

@@ -104,7 +104,7 @@ def served(store, tmp_path, fleet) -> Iterator[tuple[Hub, str]]:
 
 
 def scrape(hub: Hub) -> None:
-    hub._on_scrape(*hub.scraper.scrape_once())
+    hub.writer.write_round(*hub.scraper.scrape_once())
 
 
 def test_scraped_fleet_lands_in_the_metrics_view_and_targets(served):

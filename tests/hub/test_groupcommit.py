@@ -10,7 +10,7 @@ from analytics.store.records import ScrapeBatch, TargetStatus
 from hub.groupcommit import GroupCommit, merged
 from hub.remote_write import Received
 from hub.spool import Spool
-from hub.writer import Writer
+from hub.writer import Writer, Written
 
 
 class CountingWriter:
@@ -21,9 +21,9 @@ class CountingWriter:
         self.writes: list[tuple[str, int]] = []
         self.full = False
 
-    def write(self, kind: str, rows: list, **options: object) -> bool:
-        self.writes.append((kind, len(rows)))
-        return not self.full and self.writer.write(kind, rows, **options)
+    def write_round(self, batches: list, statuses: list, **options: object) -> Written:
+        self.writes += [("samples", len(batches)), ("targets", len(statuses))]
+        return Written.DROPPED if self.full else self.writer.write_round(batches, statuses, **options)
 
 
 def request(i: int, ts: float = 1_796_000_000.0) -> Received:

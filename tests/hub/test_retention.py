@@ -28,7 +28,7 @@ from collectors.steprecord import StepRecord
 from hub.app import Hub
 from hub.auth import Tokens
 from hub.otlp import PROTOBUF, OtlpStepReceiver
-from hub.spool import HEADER, MAGIC, Spool, decode_entry, encode_entry
+from hub.spool import HEADER, MAGIC, Entry, Spool, decode_entry, encode_entry
 from hub.writer import Writer
 from tests.hub.test_app import Outage
 from tests.support.exposition import samples_of
@@ -203,13 +203,10 @@ def test_rows_that_age_past_the_cutoff_in_the_spool_are_refused_and_counted(serv
 
 def test_a_spooled_batch_carries_its_keep_until_and_a_planted_one_is_unreadable() -> None:
     record = StepRecord(YEAR_AGO, "job", 0, "vela-001", 1, 1.0)
-    assert decode_entry(encode_entry("steps", "t", [record], keep_until=NOW + DAY_S)) == (
-        "steps",
-        "t",
-        [record],
-        NOW + DAY_S,
+    assert decode_entry(encode_entry("steps", "t", [record], keep_until=NOW + DAY_S)) == Entry(
+        "steps", "t", [record], NOW + DAY_S
     )
-    assert decode_entry(encode_entry("steps", "t", [record]))[3] is None
+    assert decode_entry(encode_entry("steps", "t", [record])).keep_until is None
     document = {"v": 1, "kind": "steps", "token": "t", "rows": [], "keep_until": "forever"}
     payload = zlib.compress(json.dumps(document).encode())
     with pytest.raises(ValueError, match="keep_until 'forever' is not unix seconds"):

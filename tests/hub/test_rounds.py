@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from analytics.store.records import ScrapeBatch, TargetStatus
 from hub.rounds import RoundQueue
+from hub.writer import Written
 
 
 def scraped(n: int) -> tuple[list[ScrapeBatch], list[TargetStatus]]:
@@ -20,15 +23,30 @@ def scraped(n: int) -> tuple[list[ScrapeBatch], list[TargetStatus]]:
 
 
 class Sink:
-    """Records each write; `written` is set after each."""
+    """A RoundWriter that records each write as (batches, statuses written), the statuses it was told to
+    hold left out; `written` is set after each, and every round past max_rounds lands in `deferred`."""
 
     def __init__(self) -> None:
         self.writes: list[tuple[list[ScrapeBatch], list[TargetStatus]]] = []
+        self.deferred: list[tuple[list[ScrapeBatch], list[TargetStatus]]] = []
         self.written = threading.Event()
 
-    def __call__(self, batches: list[ScrapeBatch], statuses: list[TargetStatus]) -> None:
-        self.writes.append((batches, statuses))
-        self.written.set()
+    def write_round(
+        self,
+        batches: Sequence[ScrapeBatch],
+        statuses: Sequence[TargetStatus],
+        *,
+        token: str | None = None,
+        hold: bool = False,
+    ) -> Written:
+        written = [] if hold else list(statuses)
+        if batches or written:
+            self.writes.append((list(batches), written))
+            self.written.set()
+        return Written.STORED
+
+    def defer_round(self, batches: Sequence[ScrapeBatch], statuses: Sequence[TargetStatus]) -> None:
+        self.deferred.append((list(batches), list(statuses)))
 
     def put_and_wait(self, queue: RoundQueue, n: int) -> None:
         self.written.clear()
@@ -36,13 +54,9 @@ class Sink:
         assert self.written.wait(5)
 
 
-def never(batches: list[ScrapeBatch], statuses: list[TargetStatus]) -> None:
-    raise AssertionError("nothing should be deferred")
-
-
 def test_samples_go_in_round_by_round_and_held_statuses_all_at_close() -> None:
     sink = Sink()
-    queue = RoundQueue(sink, never, hold_s=60)
+    queue = RoundQueue(sink, hold_s=60)
     for n in range(3):
         sink.put_and_wait(queue, n)
     queue.close()
@@ -55,7 +69,7 @@ def test_samples_go_in_round_by_round_and_held_statuses_all_at_close() -> None:
 
 def test_the_statuses_of_rounds_within_hold_s_go_in_together_once_the_first_is_due() -> None:
     sink = Sink()
-    queue = RoundQueue(sink, never, hold_s=1.5)
+    queue = RoundQueue(sink, hold_s=1.5)
     started = time.monotonic()
     for n in range(3):
         sink.put_and_wait(queue, n)
@@ -73,7 +87,7 @@ def test_the_statuses_of_rounds_within_hold_s_go_in_together_once_the_first_is_d
 
 def test_held_statuses_go_in_after_hold_s_when_no_round_comes() -> None:
     sink = Sink()
-    queue = RoundQueue(sink, never, hold_s=0.3)
+    queue = RoundQueue(sink, hold_s=0.3)
     sink.put_and_wait(queue, 0)
     sink.written.clear()
     started = time.monotonic()
@@ -86,28 +100,29 @@ def test_held_statuses_go_in_after_hold_s_when_no_round_comes() -> None:
 
 def test_without_holding_every_round_goes_in_with_its_statuses() -> None:
     sink = Sink()
-    queue = RoundQueue(sink, never, hold_s=0)
+    queue = RoundQueue(sink, hold_s=0)
     for n in range(3):
         sink.put_and_wait(queue, n)
     queue.close()
-    assert sink.writes == [scraped(n) for n in range(3)]
+    assert sink.writes == [write for n in range(3) for write in ((scraped(n)[0], []), ([], scraped(n)[1]))]
 
 
 def test_a_round_past_max_rounds_is_deferred_with_its_statuses_and_held_ones_stay_held() -> None:
     release = threading.Event()
     sink = Sink()
-    deferred: list[tuple[list[ScrapeBatch], list[TargetStatus]]] = []
 
-    def slow(batches: list[ScrapeBatch], statuses: list[TargetStatus]) -> None:
-        release.wait(5)
-        sink(batches, statuses)
+    class Slow(Sink):
+        def write_round(self, *args: Any, **options: Any) -> Written:
+            release.wait(5)
+            return sink.write_round(*args, **options)
 
-    queue = RoundQueue(slow, lambda b, s: deferred.append((b, s)), max_rounds=1, hold_s=60)
+    slow = Slow()
+    queue = RoundQueue(slow, max_rounds=1, hold_s=60)
     queue.put(*scraped(0))  # taken by the insert thread, which waits in slow()
     time.sleep(0.2)
     queue.put(*scraped(1))  # waits
     queue.put(*scraped(2))  # past max_rounds
     release.set()
     queue.close()
-    assert deferred == [scraped(2)]
-    assert sink.writes == [(scraped(0)[0], []), (scraped(1)[0], scraped(0)[1] + scraped(1)[1])]
+    assert slow.deferred == [scraped(2)]
+    assert sink.writes == [(scraped(0)[0], []), (scraped(1)[0], []), ([], scraped(0)[1] + scraped(1)[1])]

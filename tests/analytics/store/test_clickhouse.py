@@ -264,18 +264,24 @@ def test_samples_of_many_targets_read_back_as_sent_when_their_series_change_betw
     assert sorted(stored) == sent
 
 
-def test_the_same_token_stores_once_and_another_token_again(store: Store) -> None:
+def test_the_same_rows_are_stored_once_under_the_same_token_another_one_or_after_a_restart(
+    store: Store, chdb_dir: Path
+) -> None:
     batch = gpu_temps(NOW, 40.0, 41.0)
     step = StepRecord(NOW, "job-a", 0, "vela-001", 10, 0.52)
     status = TargetStatus(NOW, "vela-001:9400", "vela-001", True, 0.004, 2)
-    for token in ("first", "first", "second"):
-        store.insert_samples([batch], token=token)
-        store.insert_steps([step], token=token)
-        store.insert_targets([status], token=token)
-    assert scalar(store, "SELECT count() FROM samples") == 4
-    assert scalar(store, "SELECT sum(count) FROM metrics_1m") == 4  # the rollup saw the replay dropped too
-    assert scalar(store, "SELECT count() FROM steps") == 2
-    assert scalar(store, "SELECT count() FROM targets") == 2
+    with Store.open(f"chdb://{chdb_dir}", database=store.database) as restarted:
+        for writer, token in ((store, "first"), (store, "first"), (store, "second"), (restarted, "third")):
+            dropped = [
+                writer.insert_samples([batch], token=token).duplicates,
+                writer.insert_steps([step], token=token).duplicates,
+                writer.insert_targets([status], token=token).duplicates,
+            ]
+        assert dropped == [2, 1, 1]  # the last insert: a new process learns what the store holds
+    assert scalar(store, "SELECT count() FROM samples") == 2
+    assert scalar(store, "SELECT sum(count) FROM metrics_1m") == 2  # the rollup saw the replays dropped too
+    assert scalar(store, "SELECT count() FROM steps") == 1
+    assert scalar(store, "SELECT count() FROM targets") == 1
 
 
 def test_the_rollup_holds_each_minutes_min_max_sum_count_and_last_by_time(store: Store) -> None:
