@@ -6,7 +6,7 @@
     POST /api/v1/steps ──────┴──(StepRecord)──▶ writer          ▼
     POST /api/v1/query ◀───────── read-only SQL ────────── store (read sessions of its own)
     POST /api/v1/silences, /api/v1/actions ─(silences, drain requests)─▶ store
-    GET /metrics (the hub's own), GET /healthz
+    GET /metrics (the hub's own), GET /healthz (HEAD too, as GET without the body)
 
 Every POST needs a token with its scope (hub.auth: read, write, act); a hub with no token serves
 POSTs to loopback clients only. /metrics and /healthz stay open so that Prometheus and load balancers need
@@ -34,7 +34,7 @@ import math
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import fields
 from typing import Any, ClassVar
 
@@ -53,6 +53,7 @@ from hub.auth import Tokens
 from hub.detect import DetectionLoop
 from hub.errors import PayloadError
 from hub.groupcommit import GroupCommit
+from hub.httpread import RequestBody
 from hub.otlp import OtlpStepReceiver, otlp_error_response
 from hub.remote_write import RemoteWriteReceiver
 from hub.rounds import JOURNAL_DIR, MAX_PENDING_ROUNDS, RoundJournal, RoundQueue
@@ -67,6 +68,7 @@ ROLL_UP_EVERY_S = 15.0  # how often the hub rolls finished minutes and hours int
 MAX_JSON_DEPTH = 32  # nesting of the API's JSON bodies, far more than any of them needs
 OTHER_PATH = "other"  # what unknown paths count as in fleetlens_hub_refused_requests
 NO_CONTENT = (b"", "")  # a handler's answer that is a 204: taken, nothing to say
+OPEN_PATHS = ("/metrics", "/healthz")  # GET and HEAD, without a token: they hold no data of the fleet
 
 
 class HttpError(Exception):
@@ -94,8 +96,23 @@ _REASONS = {
     415: "Unsupported Media Type",
     422: "Unprocessable Content",
     500: "Internal Server Error",
+    501: "Not Implemented",
     503: "Service Unavailable",
 }
+
+
+class _Answer:
+    """A response body whose `close`, which the WSGI server calls once the body is sent, runs `then`."""
+
+    def __init__(self, body: bytes, then: Callable[[], None]) -> None:
+        self._body = body
+        self._then = then
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter((self._body,))
+
+    def close(self) -> None:
+        self._then()
 
 
 class Hub:
@@ -281,9 +298,14 @@ class Hub:
     # -- HTTP ----------------------------------------------------------------------------------------------
 
     def app(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        """The hub's WSGI app. HEAD is answered as GET is, without the body. Once the answer is sent, what
+        the client still sends of a body the hub did not read (a refusal: 413, 401, ...) is discarded, up
+        to a bound (hub.httpread.RequestBody.discard), so that a client that sends its whole body before
+        reading gets the answer rather than a connection reset."""
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "/")
+        request_body = RequestBody(environ, self._max_body_bytes)
         try:
-            answer = self._answer(method, path, environ)
+            answer = self._answer(method, path, environ, request_body)
             status, body, content_type = 204 if answer == NO_CONTENT else 200, *answer
         except HttpError as exc:
             status, body, content_type = exc.status, exc.body, exc.content_type
@@ -292,13 +314,20 @@ class Hub:
             self.errors += 1
             log.exception("%s %s failed", method, printable(path))
             status, body, content_type = 500, b'{"error": "internal error; the hub\'s log says more"}', JSON
-        start_response(f"{status} {_REASONS.get(status, '')}", [("Content-Type", content_type)])
-        return [body]
+        headers = [("Content-Type", content_type)]
+        if status != 204:
+            headers.append(("Content-Length", str(len(body))))
+        if status == 405:
+            headers.append(("Allow", "POST" if path in self._posts else "GET, HEAD"))
+        start_response(f"{status} {_REASONS.get(status, '')}", headers)
+        return _Answer(b"" if method == "HEAD" else body, request_body.discard)
 
-    def _answer(self, method: str, path: str, environ: dict) -> tuple[bytes, str]:
-        if path == "/metrics" and method == "GET":
-            return textformat.render(self.registry.collect()), textformat.CONTENT_TYPE
-        if path == "/healthz" and method == "GET":
+    def _answer(self, method: str, path: str, environ: dict, body: RequestBody) -> tuple[bytes, str]:
+        if path in OPEN_PATHS:
+            if method not in ("GET", "HEAD"):
+                raise HttpError(405, f"{path} takes GET or HEAD")
+            if path == "/metrics":
+                return textformat.render(self.registry.collect()), textformat.CONTENT_TYPE
             problem = self.health()
             if problem is not None:
                 raise HttpError(503, problem, f"not ok: {problem}\n".encode(), "text/plain")
@@ -311,26 +340,21 @@ class Hub:
         authorization, client = environ.get("HTTP_AUTHORIZATION", ""), environ.get("REMOTE_ADDR", "")
         if (denied := self._tokens.check(scope, authorization, client)) is not None:
             raise HttpError(denied.status, denied.reason)
-        return handler(self, self._read_body(environ), environ)
+        return handler(self, self._read_body(body), environ)
 
     def _note_refused(self, method: str, path: str, status: int, reason: str) -> None:
         """Count a refusal under its endpoint (unknown paths under one label) and log it, escaped."""
-        endpoint = path if path in self._posts or path in ("/metrics", "/healthz") else OTHER_PATH
+        endpoint = path if path in self._posts or path in OPEN_PATHS else OTHER_PATH
         with self._counts_lock:
             self.refused[(endpoint, status)] = self.refused.get((endpoint, status), 0) + 1
         log.info("refused %s %s: %d %s", printable(method), printable(path), status, printable(reason))
 
-    def _read_body(self, environ: dict) -> bytes:
-        text = environ.get("CONTENT_LENGTH") or "0"
-        if not text.isdigit():
-            raise HttpError(400, f"Content-Length {printable(text)!r} is not a non-negative number")
-        length = int(text)
-        if length > self._max_body_bytes:
-            raise HttpError(413, f"body of {length} bytes is over the limit of {self._max_body_bytes}")
+    @staticmethod
+    def _read_body(body: RequestBody) -> bytes:
         try:
-            return environ["wsgi.input"].read(length)
-        except TimeoutError:
-            raise HttpError(408, "the body did not arrive in time") from None
+            return body.read()
+        except PayloadError as exc:
+            raise HttpError(exc.status, str(exc)) from None
 
     def _otlp(self, body: bytes, environ: dict) -> tuple[bytes, str]:
         content_type = environ.get("CONTENT_TYPE", "")

@@ -5,6 +5,8 @@
     │   └── DeadlineExceeded    parsing ran past the scrape's deadline
     ├── ScraperConfigError  a targets file, shard or scrape setting is unusable (scraper)
     ├── ScrapeError         a target answered, but not with a usable body (scraper)
+    ├── FramingError        an HTTP body's framing is broken: a chunk line, its end (httpread)
+    │   └── BodyTooLarge        the body declares or grows past its limit
     ├── PayloadError        a request body refused whole, with the HTTP status to answer (bodies)
     └── TokenFileError      the token file cannot be read or has a bad line (auth)
 
@@ -39,6 +41,14 @@ class ScraperConfigError(HubError):
 
 class ScrapeError(HubError):
     """A target answered, but not with a usable body (HTTP status, size limit, encoding)."""
+
+
+class FramingError(HubError):
+    """An HTTP body's framing (chunk size line, chunk end, trailers) is malformed; the message quotes it."""
+
+
+class BodyTooLarge(FramingError):
+    """An HTTP body declares or reaches more bytes than its reader's limit."""
 
 
 class PayloadError(HubError):

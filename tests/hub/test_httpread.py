@@ -1,20 +1,29 @@
 """The scraper's HTTP reader against real loopback targets that frame their answers every way HTTP allows,
 and some ways it does not: chunked bodies, bodies in tiny writes, a target closing mid-body, a flood of
 headers, an oversized chunk, a bad status line, an idle keep-alive connection dropped. Each broken answer
-fails only its own target, with an error naming what was wrong."""
+fails only its own target, with an error naming what was wrong. And the hub's reader of request bodies
+(RequestBody) on the chunked decoder they share: every split of a chunked body decodes to the body, and a
+body refused past its limit is still read to its end to be discarded. (The hub's answers to such
+requests over a real socket: tests/hub/test_security.py.)"""
 
 from __future__ import annotations
 
 import gzip
+import io
+import itertools
+import re
 import socket
 import time
 from collections.abc import Callable
+from http import HTTPStatus
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bench.hostile_targets import TargetServer, body_server, serving
-from hub.errors import ScrapeError
-from hub.httpread import MAX_HEAD_BYTES, MAX_HEADERS, ResponseReader
+from hub.errors import BodyTooLarge, PayloadError, ScrapeError
+from hub.httpread import MAX_HEAD_BYTES, MAX_HEADERS, ChunkedDecoder, RequestBody, ResponseReader
 from hub.scraper import ScrapeLimits, Scraper, Target
 
 BODY = b'# TYPE t gauge\nt{gpu="0"} 1\nt{gpu="1"} 2\n'
@@ -163,3 +172,80 @@ def test_the_reader_refuses_bytes_past_the_end_of_a_response() -> None:
     reader = ResponseReader(max_body_bytes=100)
     with pytest.raises(ScrapeError, match="bytes after the end of the response"):
         reader.feed(OK + b"Content-Length: 2\r\n\r\nabc")
+
+
+def chunked_in(body: bytes, sizes: list[int]) -> bytes:
+    """`body` in chunks of the given sizes (the last one takes the rest), with an extension and a trailer."""
+    pieces, start = [], 0
+    for size in [*sizes, len(body)]:
+        if start < len(body):
+            pieces.append(body[start : start + max(size, 1)])
+            start += max(size, 1)
+    chunks = b"".join(b"%x;ext=1\r\n%s\r\n" % (len(piece), piece) for piece in pieces)
+    return chunks + b"0\r\nX-Trailer: 1\r\n\r\n"
+
+
+def split(data: bytes, cuts: list[int]) -> list[bytes]:
+    bounds = sorted({0, len(data), *(cut % (len(data) + 1) for cut in cuts)})
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+@given(
+    body=st.binary(max_size=300),
+    sizes=st.lists(st.integers(1, 64), max_size=8),
+    cuts=st.lists(st.integers(0, 10_000), max_size=12),
+)
+def test_every_split_of_a_chunked_body_decodes_to_the_body(body, sizes, cuts):
+    decoder = ChunkedDecoder(max_bytes=len(body))
+    decoded = b"".join(part for piece in split(chunked_in(body, sizes), cuts) for part in decoder.feed(piece))
+    assert decoder.done and decoded == body and decoder.size == len(body)
+
+
+def test_a_chunk_past_the_limit_is_refused_before_its_data_and_the_decoder_can_read_on():
+    decoder = ChunkedDecoder(max_bytes=10)
+    raw = chunked_in(b"a" * 8 + b"b" * 20, [8])
+    with pytest.raises(BodyTooLarge, match=r"body over max_body_bytes=10 \(a chunk of 20 bytes\)"):
+        decoder.feed(raw)
+    decoder.max_bytes = 1 << 20
+    assert decoder.feed(b"") == [b"b" * 20] and decoder.done
+
+
+def request(raw: bytes, **headers: str) -> tuple[RequestBody, io.BytesIO]:
+    stream = io.BytesIO(raw)
+    return RequestBody({"wsgi.input": stream, **headers}, max_bytes=10), stream
+
+
+@given(body=st.binary(min_size=11, max_size=200), sizes=st.lists(st.integers(1, 64), max_size=4))
+def test_a_request_body_over_the_limit_is_a_413_and_then_read_to_its_end(body, sizes):
+    for framing in ("chunked", "length"):
+        if framing == "chunked":
+            raw = chunked_in(body, sizes)
+            reader, stream = request(raw, HTTP_TRANSFER_ENCODING="chunked")
+        else:
+            raw = body
+            reader, stream = request(raw, CONTENT_LENGTH=str(len(body)))
+        with pytest.raises(PayloadError, match="max_body_bytes=10") as refused:
+            reader.read()
+        assert refused.value.status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+        reader.discard()
+        assert stream.tell() == len(raw)  # all of it read: the client's last bytes were taken
+
+
+@pytest.mark.parametrize(
+    ("raw", "headers", "status", "problem"),
+    [
+        (b"abc", {"CONTENT_LENGTH": "5"}, 400, "the body ended after 3 of the 5 bytes"),
+        (b"", {"CONTENT_LENGTH": "-1"}, 400, "Content-Length b'-1' is not a non-negative number"),
+        (b"", {"CONTENT_LENGTH": "\u0661"}, 400, "is not a non-negative number"),  # a digit, but not ASCII
+        (b"3\r\nabc\r\n", {"HTTP_TRANSFER_ENCODING": "chunked"}, 400, "closed inside the chunked body"),
+        (b"3\r\nabcd\r\n", {"HTTP_TRANSFER_ENCODING": "chunked"}, 400, "chunk data not followed by CRLF"),
+        (b"0\r\n\r\nPOST", {"HTTP_TRANSFER_ENCODING": "chunked"}, 400, "bytes after the end"),
+        (b"", {"HTTP_TRANSFER_ENCODING": "chunked, chunked"}, 501, "is not supported"),
+        (b"", {"HTTP_TRANSFER_ENCODING": "chunked", "CONTENT_LENGTH": "0"}, 400, "both"),
+    ],
+)
+def test_a_request_body_framed_wrongly_is_refused_naming_how(raw, headers, status, problem):
+    reader, _ = request(raw, **headers)
+    with pytest.raises(PayloadError, match=re.escape(problem)) as refused:
+        reader.read()
+    assert refused.value.status == status
