@@ -389,7 +389,13 @@ class RemoteWriteReceiver:
                 info = None
             ts_ms = stamps.get(raw[-6:]) if info is not None else None
             if ts_ms is None:
-                count += self._parsed(raw, index, later, received.dropped)
+                parsed: list[tuple[_Series, int, float]] = []
+                count += self._parsed(raw, index, parsed, received.dropped)
+                for info, ts_ms, value in parsed:  # in the request's order, as the store keeps the first
+                    if info.direct and 0 < ts_ms <= newest_ms:
+                        _place(groups, claims, info, ts_ms, value)
+                    else:
+                        later.append((info, ts_ms, value))
                 continue
             count += 1
             value = _DOUBLE.unpack_from(raw, value_at)[0] if value_at >= 0 else 0.0
@@ -511,6 +517,24 @@ def _label_problem(pairs: list[tuple[str, str]], index: int, limit: int) -> Payl
             continue
         return PayloadError(HTTPStatus.BAD_REQUEST, f"timeseries[{index}]: {problem}")
     return PayloadError(HTTPStatus.BAD_REQUEST, f"timeseries[{index}]: no __name__ label")
+
+
+def _place(
+    groups: dict[tuple[str, str, int], ScrapeBatch],
+    claims: dict[tuple[str, str], str],
+    info: _Series,
+    ts_ms: int,
+    value: float,
+) -> None:
+    """Add a sample of a series that names its node, in time, to its batch, as the fast path does."""
+    if info.claims_node:
+        claims[info.target] = info.node
+    batch = groups.get((*info.place, ts_ms))
+    if batch is None:
+        batch = _open_batch(groups, *info.place, ts_ms)
+    batch.names.append(info.name)
+    batch.labels.append(info.labels)
+    batch.values.append(value)
 
 
 def _open_batch(
