@@ -123,6 +123,15 @@ def build_parser() -> argparse.ArgumentParser:
     hub.add_argument(
         "--token-file", dest="token_file", help='scoped API tokens, lines of "read,write,act <token>"'
     )
+    hub.add_argument(
+        "--listen-without-token",
+        action="store_const",
+        const=True,
+        dest="listen_without_token",
+        help="start on a non-loopback --listen address with no API token (FLEETLENS_API_TOKEN, "
+        "--token-file), which is otherwise refused: the API then answers loopback clients only, and "
+        "/metrics and /healthz every client (hub.listen_without_token)",
+    )
     hub.set_defaults(run="fleetlens.hub_cli:cmd_hub")
 
     query = sub.add_parser("query", help="read-only SQL on the store, through a hub or directly")
@@ -169,7 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="write the nodes' targets here (file_sd JSON); with stock exporters, one file per exporter "
         "beside it instead (targets.json: targets.dcgm-exporter.json and targets.node-exporter.json)",
     )
-    sim_serve.add_argument("--hub", help="hub URL to send the simulated jobs' step records to")
+    sim_serve.add_argument(
+        "--hub",
+        help="hub URL to send the simulated jobs' step records to (FLEETLENS_API_TOKEN: its write token)",
+    )
     sim_serve.add_argument("--epoch", type=time_argument, help="scenario time 0 (default: now)")
     sim_serve.add_argument("--until", type=float, help="leave out faults and confounders starting later (s)")
     sim_serve.add_argument("--workdir", help="where the /sys trees go (default: a new directory on tmpfs)")

@@ -140,6 +140,9 @@ class HubConfig:
     remote_write_max_series: int = 50_000  # series in one remote write request
     remote_write_max_samples: int = 100_000  # samples in one remote write request
     token_file: Path | None = None  # scoped API tokens: lines of "<read|write|act|all,...> <token>"
+    # without any token the API answers loopback clients only, so listening elsewhere is refused at start
+    # as a likely mistake (a token forgotten) unless this says it is meant
+    listen_without_token: bool = False
 
     def __post_init__(self) -> None:
         split_listen(self.listen, "hub.listen")

@@ -31,7 +31,7 @@ from fleetlens.alerting import build_alert_service
 from fleetlens.config import Config, ConfigError
 from fleetlens.serving import serve_until_signal
 from hub.app import Hub
-from hub.auth import Tokens
+from hub.auth import Tokens, is_loopback_host
 from hub.bodies import ReceiverLimits
 from hub.detect import DetectionLoop
 from hub.errors import TokenFileError
@@ -108,8 +108,14 @@ def cmd_hub(args: argparse.Namespace) -> int:
         tokens = Tokens.load(os.environ.get("FLEETLENS_API_TOKEN"), config.token_file)
     except TokenFileError as exc:
         raise ConfigError(f"hub.token_file: {exc}") from None
-    hub = build_hub(settings, tokens)
     host, port = config.host_port
+    if not tokens.configured and not config.listen_without_token and not is_loopback_host(host):
+        raise ConfigError(
+            f"hub.listen {config.listen}: not a loopback address, and no API token is set, so every other "
+            "client would get 403; set FLEETLENS_API_TOKEN or hub.token_file, or listen on 127.0.0.1, or "
+            "say it is meant with --listen-without-token (hub.listen_without_token)"
+        )
+    hub = build_hub(settings, tokens)
     server = serve_app(hub.app, host, port)
     hub.start()
     print(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import tempfile
 import threading
@@ -37,7 +38,8 @@ def cmd_sim_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sim_serve(args: argparse.Namespace) -> int:
-    """Serve the scenario's nodes on loopback in real time until SIGTERM or SIGINT."""
+    """Serve the scenario's nodes on loopback in real time until SIGTERM or SIGINT; with --hub, post the
+    jobs' step records there with FLEETLENS_API_TOKEN as the token, as every other client of a hub does."""
     scenario = with_exporters(load_scenario(args.scenario), args.exporters)
     if args.until is not None:
         scenario = scenario.until(args.until)
@@ -62,7 +64,7 @@ def cmd_sim_serve(args: argparse.Namespace) -> int:
             flush=True,
         )
         if args.hub:
-            fleet.post_steps_until(stop, urlsplit(args.hub).netloc)
+            fleet.post_steps_until(stop, urlsplit(args.hub).netloc, os.environ.get("FLEETLENS_API_TOKEN"))
         else:
             stop.wait()
     return 0

@@ -7,13 +7,17 @@
 Tokens come from FLEETLENS_API_TOKEN (every scope) and from a token file (`hub.token_file`), one token
 per line after the scopes it grants: `read,act <token>`, `write <token>`, `all <token>`; blank lines and
 lines starting with # are skipped. A hub with no token at all serves its API to loopback clients only,
-and says so when it starts. GET /metrics and /healthz are open to all: they hold no data of the fleet.
+and says so when it starts; one that listens on an address other than loopback refuses to start without a
+token (`fleetlens hub`, unless hub.listen_without_token says it is meant: a forgotten token otherwise
+shows as every remote client's 403). GET /metrics and /healthz are open to all: they hold no data of the
+fleet.
 """
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
+import socket
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -89,6 +93,18 @@ def is_loopback(address: str) -> bool:
         return False
     mapped = getattr(ip, "ipv4_mapped", None)
     return (mapped or ip).is_loopback
+
+
+def is_loopback_host(host: str) -> bool:
+    """True when every address `host` resolves to is loopback; False for "" (every interface), for an
+    address or name that reaches anything else, and for a name that does not resolve."""
+    if not host:
+        return False
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    return all(is_loopback(str(address[4][0])) for address in found)
 
 
 def _read_token_file(path: Path) -> dict[str, frozenset[str]]:

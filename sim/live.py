@@ -11,7 +11,7 @@ restarts) are kept and sent with the next ones, up to MAX_PENDING_STEPS.
     fleet.start()
     for path, groups in fleet.file_sd(Path("targets.json")).items():
         write_file_sd(path, groups)
-    fleet.post_steps_until(stop_event, "127.0.0.1:9500")   # returns when stop_event is set
+    fleet.post_steps_until(stop_event, "127.0.0.1:9500", token)   # returns when stop_event is set
     fleet.close()
 
 After the scenario's duration the nodes go on in the state it left them in.
@@ -131,9 +131,10 @@ class LiveFleet:
             ],
         }
 
-    def post_steps_until(self, stop: threading.Event, hub_address: str) -> None:
-        """Every interval, send the step records the jobs made since the last send, until `stop` is set."""
-        with StepPoster(hub_address) as poster:
+    def post_steps_until(self, stop: threading.Event, hub_address: str, token: str | None = None) -> None:
+        """Every interval, send the step records the jobs made since the last send, until `stop` is set;
+        `token` is the hub's API token with the write scope, for a hub that has tokens."""
+        with StepPoster(hub_address, token) as poster:
             while not stop.wait(self.scenario.interval_s):
                 self.post_steps(poster)
             self.post_steps(poster)

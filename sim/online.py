@@ -106,10 +106,14 @@ def step_lines(rows: Sequence[StepRecord]) -> bytes:
 
 
 class StepPoster:
-    """POSTs step records to a hub's /api/v1/steps over one keep-alive connection."""
+    """POSTs step records to a hub's /api/v1/steps over one keep-alive connection, with `token` (one with
+    the write scope) as its bearer token when the hub needs one."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, token: str | None = None) -> None:
         self.address = address
+        self._headers = {"Content-Type": "application/x-ndjson"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
         self._conn = http.client.HTTPConnection(address, timeout=30)
 
     def reconnect(self) -> None:
@@ -120,7 +124,7 @@ class StepPoster:
     def post(self, rows: Sequence[StepRecord]) -> None:
         for first in range(0, len(rows), STEPS_PER_POST):
             body = step_lines(rows[first : first + STEPS_PER_POST])
-            self._conn.request("POST", "/api/v1/steps", body, {"Content-Type": "application/x-ndjson"})
+            self._conn.request("POST", "/api/v1/steps", body, self._headers)
             with self._conn.getresponse() as response:
                 answer = response.read()
                 if response.status != 200:

@@ -1,6 +1,7 @@
 """The hub's API boundary, tried as an attacker would against a real `fleetlens hub` scraping a real exporter:
-the escape corpus (tests/support/escapes.py) through the query API, scoped tokens, and loopback-only
-service without a token."""
+the escape corpus (tests/support/escapes.py) through the query API, scoped tokens, loopback-only service
+without a token (and no start on another address without one), bodies over the limit answered in a way
+the client reads, and HEAD where GET is served."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ from tests.support.clock import FakeClock
 from tests.support.peers import fleetlens_exporter, free_port, peer, stop, wait_http
 
 ADMIN, READER, WRITER, ACTOR = "admin-token", "read-token", "write-token", "act-token"
+OVER_THE_LIMIT = 25_000_000  # body bytes: over the hub's default max_body_bytes (16 MiB)
 
 
 class Listener:
@@ -264,3 +266,127 @@ def test_the_step_sdk_sends_its_write_token_from_the_standard_otlp_headers(hub, 
     tracker.close()
     assert tracker.otlp_failures == 0
     assert query(hub["url"], "SELECT sum(steps) FROM steps WHERE job = 'tokened'") == [[3]]
+
+
+def exchange(url: str, head: list[str], body: Iterable[bytes] = ()) -> tuple[int, dict[str, str], bytes]:
+    """One request over a plain socket: its head lines, then all of its body sent before anything is read
+    (as most clients do), then the whole answer up to the hub's close: (status, headers, body). A reset
+    while sending or reading raises, as it does in a client."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as connection:
+        connection.sendall(("\r\n".join([*head, f"Host: {host}"]) + "\r\n\r\n").encode())
+        for part in body:
+            connection.sendall(part)
+        answer = bytearray()
+        while data := connection.recv(1 << 16):
+            answer += data
+    head_text, _, content = bytes(answer).partition(b"\r\n\r\n")
+    status_line, *header_lines = head_text.decode("latin-1").split("\r\n")
+    headers = {
+        name.lower(): value.strip() for name, _, value in (line.partition(":") for line in header_lines)
+    }
+    return int(status_line.split()[1]), headers, content
+
+
+def chunked(size: int, piece: int = 1 << 20) -> Iterator[bytes]:
+    """`size` bytes of step-lines-like text in chunks of `piece` bytes, chunked transfer coding."""
+    for start in range(0, size, piece):
+        data = b"x" * min(piece, size - start)
+        yield b"%x\r\n%s\r\n" % (len(data), data)
+    yield b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize("framing", ["Content-Length", "chunked"])
+@pytest.mark.parametrize(("token", "status"), [(WRITER, 413), (None, 401)])
+def test_a_body_over_the_limit_gets_an_answer_the_client_reads(hub, framing, token, status):
+    """A client that sends 25 MB reads its 413 (or, without a token, its 401) as JSON naming the limit,
+    whether it declared the size or its chunks grew past the limit; the hub goes on taking steps."""
+    head = ["POST /api/v1/steps HTTP/1.1", "Content-Type: application/x-ndjson"]
+    if token:
+        head.append(f"Authorization: Bearer {token}")
+    if framing == "chunked":
+        head.append("Transfer-Encoding: chunked")
+        body = chunked(OVER_THE_LIMIT)
+    else:
+        head.append(f"Content-Length: {OVER_THE_LIMIT}")
+        body = [b"x" * OVER_THE_LIMIT]
+    answered, headers, answer = exchange(hub["url"], head, body)
+    assert (answered, headers["content-type"]) == (status, "application/json"), answer[:300]
+    error = json.loads(answer)["error"]
+    assert "max_body_bytes=16777216" in error if status == 413 else "token" in error
+    assert post(hub["url"], "/api/v1/steps", step_lines(10), WRITER, "application/x-ndjson")[0] == 200
+
+
+def test_a_chunked_body_within_the_limit_is_read_whole(hub):
+    lines = step_lines(11)
+    head = [
+        "POST /api/v1/steps HTTP/1.1",
+        "Content-Type: application/x-ndjson",
+        f"Authorization: Bearer {WRITER}",
+        "Transfer-Encoding: chunked",
+    ]
+    pieces = [lines[i : i + 50] for i in range(0, len(lines), 50)]
+    body = [b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces] + [b"0\r\n\r\n"]
+    status, _, answer = exchange(hub["url"], head, body)
+    assert (status, json.loads(answer)) == (200, {"rows": 4})
+
+
+@pytest.mark.parametrize(
+    ("framing", "status", "error"),
+    [
+        (
+            ["Transfer-Encoding: chunked", "Content-Length: 5"],
+            400,
+            "both Transfer-Encoding and Content-Length",
+        ),
+        (["Transfer-Encoding: gzip, chunked"], 501, "is not supported"),
+        (["Transfer-Encoding: chunked"], 400, "bad chunk size line"),
+    ],
+)
+def test_ambiguous_or_broken_framing_is_refused(hub, framing, status, error):
+    head = ["POST /api/v1/steps HTTP/1.1", f"Authorization: Bearer {WRITER}", *framing]
+    answered, _, answer = exchange(hub["url"], head, [b"zz\r\nhello\r\n0\r\n\r\n"])
+    assert answered == status and error in json.loads(answer)["error"]
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/metrics"])
+def test_head_is_answered_as_get_without_a_body(hub, path):
+    status, get_headers, content = exchange(hub["url"], [f"GET {path} HTTP/1.1"])
+    assert status == 200 and content
+    status, headers, nothing = exchange(hub["url"], [f"HEAD {path} HTTP/1.1"])
+    assert (status, nothing) == (200, b"")
+    assert headers["content-type"] == get_headers["content-type"]
+    if path == "/healthz":  # /metrics changes between two reads
+        assert headers["content-length"] == get_headers["content-length"] == str(len(content))
+    status, headers, _ = exchange(hub["url"], [f"POST {path} HTTP/1.1", "Content-Length: 0"])
+    assert (status, headers["allow"]) == (405, "GET, HEAD")
+
+
+def test_a_hub_without_a_token_refuses_to_listen_beyond_loopback(tmp_path):
+    """Without a token the API answers loopback clients only: listening on every interface is refused with
+    the usual one-line configuration error, before the store is opened, unless the flag says it is meant."""
+    env = {key: value for key, value in os.environ.items() if key != "FLEETLENS_API_TOKEN"}
+    port = free_port()
+    hub_args = [
+        *(sys.executable, "-m", "fleetlens.cli", "hub", "--store", f"chdb://{tmp_path}/store"),
+        *("--listen", f"0.0.0.0:{port}", "--detectors", "none"),
+    ]
+    refused = subprocess.run(hub_args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.startswith("fleetlens: configuration error: hub.listen 0.0.0.0:")
+    assert refused.stderr.count("\n") == 1 and "--listen-without-token" in refused.stderr
+    assert not (tmp_path / "store").exists()
+
+    process = subprocess.Popen(
+        [*hub_args, "--listen-without-token"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", process)
+        query_body = json.dumps({"sql": "SELECT 1"}).encode()
+        assert post(f"http://127.0.0.1:{port}", "/api/v1/query", query_body, None)[0] == 200
+    finally:
+        stop(process)

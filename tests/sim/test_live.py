@@ -1,23 +1,34 @@
 """The live fleet (`fleetlens sim serve`): nodes that play the scenario to the moment they are scraped,
-and step records that wait for a hub that does not take them yet."""
+step records that wait for a hub that does not take them yet, and the API token they are posted with."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 from email.message import Message
 from pathlib import Path
 
 import pytest
+import yaml
 
+from hub.app import Hub
+from hub.auth import SCOPES, Tokens
 from hub.expfmt import ExpositionParser
+from hub.otlp import OtlpStepReceiver
+from hub.spool import Spool
+from hub.writer import Writer
 from sim.live import LiveFleet
 from sim.online import StepPoster
 from sim.scenario import parse_scenario
 from tests.support.clock import FakeClock
+from tests.support.hubserver import on_loopback
 from tests.support.loopback import LoopbackPostServer
-from tests.support.peers import require_binary
+from tests.support.peers import require_binary, stop
 
 EPOCH = 1_800_000_000.0
 SCENARIO = {
@@ -131,3 +142,40 @@ def test_stock_nodes_serve_dcgm_exporter_and_node_exporter_each_played_to_the_sc
 def scrape_names(address: str) -> set[str]:
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
         return set(ExpositionParser().parse(response.read().decode()).names)
+
+
+def test_sim_serve_posts_its_step_records_with_the_api_token(store, tmp_path: Path):
+    """`fleetlens sim serve --hub` sends FLEETLENS_API_TOKEN, as every client of a hub does: a hub with
+    tokens stores its jobs' step records."""
+    hub = Hub(
+        store,
+        Writer(store, Spool(tmp_path / "spool", 1 << 20)),
+        OtlpStepReceiver(),
+        tokens=Tokens({"sim-token": frozenset(SCOPES)}),
+    )
+    scenario = tmp_path / "live.yaml"
+    scenario.write_text(yaml.safe_dump({**SCENARIO, "interval_s": 1}))
+    with on_loopback(hub) as url:
+        process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "fleetlens.cli", "sim", "serve", str(scenario)),
+                *("--file-sd", str(tmp_path / "targets.json"), "--hub", url),
+                *("--epoch", str(time.time() - 30)),
+            ],
+            env={**os.environ, "FLEETLENS_API_TOKEN": "sim-token"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not stored_steps(store) and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+        finally:
+            stop(process)
+        assert stored_steps(store) > 0, process.stderr.read()[-2000:]
+        assert hub.refused == {}
+
+
+def stored_steps(store) -> int:
+    return store.query("SELECT count() FROM steps WHERE job = 'small'").rows[0][0]
