@@ -333,7 +333,8 @@ class DrainController:
 
     def restore(self, rows: Iterable[ActionRow], now: float) -> None:
         """Take up where an earlier controller left off, from its `actions` rows in time order: which
-        nodes it drained, what waits for approval, the cooldowns and the drains of the last hour."""
+        nodes it drained, what waits for approval, the cooldowns, the drains of the last hour and the retry
+        wait of a drain that failed."""
         history = list(rows)
         drained, pending = standing(history)
         self.drained = {node: _Drained(_request(row), row.ts) for node, row in drained.items()}
