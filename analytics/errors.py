@@ -6,6 +6,7 @@
     │   └── StoreRejected      the store refused the data or statement: retrying the same thing fails again
     │       └── RetentionRefused   rows older than their table's retention: refused, counted, not stored
     ├── QueryError             a read-only query was refused (a write, a syntax error, a limit exceeded)
+    │   └── QueryLimitExceeded     it ran into one of its limits (memory, rows or bytes read, result, time)
     └── SchemaError            migrations cannot be applied (a newer schema than this code knows, a bad DSN)
         └── AddressError       a store DSN or hub URL that is not understood (a bad flag or setting)
 
@@ -46,6 +47,15 @@ class RetentionRefused(StoreRejected):
 
 class QueryError(AnalyticsError):
     """A read-only query was refused: a write statement, a syntax error, or a row or time limit."""
+
+
+class QueryLimitExceeded(QueryError):
+    """A query ran into one of its limits: `limit` names it as analytics.store.readonly.ReadLimits does
+    (max_memory_bytes, ...), or max_seconds for its time."""
+
+    def __init__(self, message: str, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit
 
 
 class SchemaError(AnalyticsError):

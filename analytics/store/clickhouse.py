@@ -19,7 +19,8 @@ reported in the result (analytics.store.retention.Inserted: an int, the rows sen
 query() takes SQL from anyone (the hub's query API, the CLI, the UI's SQL box): readonly.py runs it on
 read-only sessions of its own, and only what sqlpolicy.py accepts, on the parse tree ClickHouse
 builds: one SELECT over the project's tables. Queries and inserts never share a session, and a long query
-never holds up an insert.
+never holds up an insert. query_json() is the hub's API's: ClickHouse's limits on memory, reads, result
+and threads too (readonly.ReadLimits), and the rows as the JSON ClickHouse writes, bounded in bytes.
 
 A Store is thread-safe. `session()` opens another one on the same store, with sessions of its own for
 writing and reading, for a consumer that should not wait for the others' statements (the hub's writer
@@ -63,7 +64,7 @@ from analytics.store.ledger import (
     TargetRows,
 )
 from analytics.store.protocols import FrameResult, NumbersResult
-from analytics.store.readonly import Connect, ReadSessions
+from analytics.store.readonly import Connect, JsonRows, ReadLimits, ReadSessions
 from analytics.store.records import (
     STEP_COLUMNS,
     ActionRow,
@@ -550,6 +551,21 @@ class Store:
         numbers (ReadSessions.query_numbers)."""
         return self._reads.query_numbers(
             sql, columns, parameters=parameters, max_rows=max_rows, max_seconds=max_seconds
+        )
+
+    def query_json(
+        self,
+        sql: str,
+        *,
+        parameters: Mapping[str, Any] | None = None,
+        max_rows: int = 10_000,
+        max_seconds: float = 10.0,
+        limits: ReadLimits,
+    ) -> JsonRows:
+        """query() for SQL from outside (the hub's query API): run under `limits` as well, its rows the
+        JSON ClickHouse writes, bounded in bytes as it arrives (ReadSessions.query_json)."""
+        return self._reads.query_json(
+            sql, parameters=parameters, max_rows=max_rows, max_seconds=max_seconds, limits=limits
         )
 
     def close(self) -> None:

@@ -2,6 +2,7 @@
 
     reads = ReadSessions(connect, "fleetlens", tables)    # connect(settings) opens a new session
     reads.query("SELECT node, count() FROM steps GROUP BY node", max_rows=1000, max_seconds=10)
+    reads.query_json(sql, max_rows=1000, max_seconds=30, limits=ReadLimits())   # a query API's answer
 
 ClickHouse parses each statement (`parseQueryToJSON`), ReadPolicy checks the tree, and ClickHouse formats
 the tree back to SQL (`formatQueryFromJSON`): that text, and only it, runs. It runs on a session whose
@@ -9,8 +10,15 @@ row and time limits and `readonly=1` were set before any statement, so ClickHous
 or a change of setting whatever the statement says, and a session's state is never shared with a writer
 (whose inserts would fail if a query could make its session read-only). A few sessions are kept between
 queries and reused; at most `max_concurrent` queries run at once (the rest wait), none on a writer's
-session, so a long query never delays an insert. Checked statements are remembered by their text, so the
-UI's and the detectors' repeated queries are parsed once.
+session, so a long query never delays an insert. A session whose statement failed is closed, not
+reused: chDB hands a failed query's unread output to the session's next query. Checked statements are
+remembered by their text, so the UI's and the detectors' repeated queries are parsed once.
+
+Queries from people and programs outside (the hub's query API) run under ReadLimits too: ClickHouse's
+limits on memory, rows and bytes read, result size and threads, on the session before `readonly=1`, so no
+statement can raise them; their answer is JSON that ClickHouse writes (`query_json`), counted in bytes as
+it arrives and never turned into Python values, so that neither a huge value nor a huge result costs the
+process more than its limits.
 """
 
 from __future__ import annotations
@@ -22,15 +30,17 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 import clickhouse_connect
+import numpy as np
 import numpy.typing as npt
 import pyarrow
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
-from analytics.errors import QueryError, StoreUnavailable
+from analytics.errors import QueryError, QueryLimitExceeded, StoreUnavailable
 from analytics.store import native
 from analytics.store.clickhouse_errors import short, unreachable
 from analytics.store.protocols import FrameResult, NumbersResult
@@ -38,15 +48,89 @@ from analytics.store.records import QueryResult
 from analytics.store.sqlpolicy import FunctionCatalog, ReadPolicy
 
 Connect = Callable[[Mapping[str, Any]], Client]  # a new session on the store, with these settings
+SessionKey = tuple[int, float, "ReadLimits | None"]  # the rows, seconds and outside limits it was opened with
 
 MAX_SQL_CHARS = 256 * 1024  # ClickHouse's default max_query_size
 CHECKED_STATEMENTS = 1024  # statements whose check is remembered
 MAX_IDLE = 8  # read sessions kept open between queries
+MAX_CONCURRENT = 16  # queries at once on one store's read sessions (the hub admits its own: hub.queryslots)
+OUTSIDE_NICE = 19  # an outside query's threads, where ClickHouse may renice them (CAP_SYS_NICE)
+ANSWER_FORMAT = "JSONCompactEachRowWithNamesAndTypes"  # names, types, then a JSON array per row, a line each
+READ_CHUNK = 1 << 20  # bytes of an answer read at a time, each counted before the next
+MiB = 1 << 20
 _PARSE = "SELECT parseQueryToJSON({sql:String}) AS tree, formatQueryFromJSON(tree)"
 PARSER_FUNCTIONS = (
     "SELECT count() FROM system.functions WHERE name IN ('parseQueryToJSON', 'formatQueryFromJSON')"
 )
 _CATALOG = "SELECT name, categories, is_aggregate, alias_to, case_insensitive FROM system.functions"
+CATALOG_ROWS = 1 << 20  # rows of system.functions read at most (ClickHouse has some 1,500)
+
+
+@dataclass(frozen=True)
+class ReadLimits:
+    """What one query from outside may take of the store, enforced by ClickHouse on its session.
+
+    The defaults keep a query from taking the memory, cores and disk that ingest needs on the same
+    machine, while the UI's pages (which read an embedded store through the hub's API) fit well inside:
+    - max_memory_bytes, 256 MiB: a page's GROUP BY over a week of the 1-minute rollup of a large fleet
+      takes tens of MiB; a range(1e8) or a groupArray of 80 million numbers is refused at once.
+    - max_rows_to_read, 1e9, and max_bytes_to_read, 32 GiB: about what one thread scans in 30 s. A query
+      asking more would only be stopped by its time limit; ClickHouse refuses it up front instead (for
+      a table it checks the rows its marks select before reading).
+    - max_result_bytes, 16 MiB: the result, as ClickHouse holds it and as the JSON answer; 100,000 rows of
+      a page take a few MiB. ClickHouse does not count a constant column but once, so the JSON it writes
+      is counted too, as it arrives (ReadSessions.query_json).
+    - max_threads, 1: a query takes one core (its threads run at nice 19 where the hub may renice), and
+      the hub admits a few at once (hub.queryslots).
+    Spilling GROUP BY and ORDER BY to disk is off: past its memory a query is refused, never written out.
+    """
+
+    max_memory_bytes: int = 256 * MiB
+    max_rows_to_read: int = 1_000_000_000
+    max_bytes_to_read: int = 32 << 30
+    max_result_bytes: int = 16 * MiB
+    max_threads: int = 1
+
+    def __post_init__(self) -> None:
+        for name in (field.name for field in fields(self)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise QueryError(f"read limit {name} must be a positive integer, got {value!r}")
+
+    def settings(self, rows: int, max_seconds: float) -> dict[str, Any]:
+        """An outside read session's settings: at most `rows` rows of a result (ClickHouse's `limit`,
+        which cuts the outermost SELECT only), these limits, `readonly` last."""
+        return {
+            "max_threads": self.max_threads,
+            "os_thread_priority": OUTSIDE_NICE,  # ignored without CAP_SYS_NICE
+            "max_memory_usage": self.max_memory_bytes,
+            "max_bytes_ratio_before_external_group_by": 0,
+            "max_bytes_ratio_before_external_sort": 0,
+            "max_rows_to_read": self.max_rows_to_read,
+            "max_bytes_to_read": self.max_bytes_to_read,
+            "read_overflow_mode": "throw",
+            "limit": rows,
+            "max_result_bytes": self.max_result_bytes,
+            "result_overflow_mode": "throw",
+            "max_execution_time": max_seconds,
+            "timeout_overflow_mode": "throw",
+            "output_format_json_quote_64bit_integers": 0,  # numbers, as JSON readers take them
+            "output_format_json_validate_utf8": 1,  # a String's bytes that are not UTF-8 come out replaced
+            "readonly": 1,
+        }
+
+
+@dataclass(frozen=True)
+class JsonRows:
+    """An answer as ClickHouse wrote it: the column names and types, `rows` as the bytes of one JSON array
+    (an array per row), `count` rows in it, `truncated` when more matched, and how long it took."""
+
+    columns: list[str]
+    types: list[str]
+    rows: bytes
+    count: int
+    truncated: bool
+    elapsed_s: float
 
 
 def session_settings(max_rows: int, max_seconds: float) -> dict[str, Any]:
@@ -72,7 +156,7 @@ class ReadSessions:
         database: str,
         tables: Iterable[str],
         *,
-        max_concurrent: int = 4,
+        max_concurrent: int = MAX_CONCURRENT,
         local_parser: Callable[[], Client] = lambda: clickhouse_connect.get_client(
             interface="chdb", settings=session_settings(1, 10.0)
         ),
@@ -83,7 +167,7 @@ class ReadSessions:
         self._tables = frozenset(tables)
         self._slots = threading.BoundedSemaphore(max_concurrent)
         self._lock = threading.Lock()
-        self._idle: dict[tuple[int, float], list[Client]] = {}
+        self._idle: dict[SessionKey, list[Client]] = {}
         self._checked: OrderedDict[str, tuple[str, bool]] = OrderedDict()
         self._headers: OrderedDict[str, tuple[list[str], list[str]]] = OrderedDict()  # of empty results
         self._policy: ReadPolicy | None = None
@@ -153,12 +237,32 @@ class ReadSessions:
         rows = len(next(iter(found.values()), ()))
         return NumbersResult({name: column[:max_rows] for name, column in found.items()}, rows > max_rows)
 
+    def query_json(
+        self,
+        sql: str,
+        *,
+        parameters: Mapping[str, Any] | None = None,
+        max_rows: int = 10_000,
+        max_seconds: float = 10.0,
+        limits: ReadLimits,
+    ) -> JsonRows:
+        """query() for SQL from outside: run under `limits` too, its answer the JSON that ClickHouse
+        writes (JSONCompactEachRow, 64-bit integers as numbers, NaN and infinities as null), at most
+        `max_rows` rows of it. The answer is counted as it arrives and never parsed into Python values:
+        past limits.max_result_bytes of it, the query is stopped. QueryLimitExceeded names the limit a
+        query ran into, QueryError says what else was refused; StoreUnavailable."""
+        with self._checked_session(sql, max_rows, max_seconds, limits) as (session, statement, _):
+            started = time.perf_counter()
+            body = _read_answer(session, statement, parameters, limits, max_seconds)
+            elapsed = time.perf_counter() - started
+        return _json_rows(body, max_rows, elapsed)
+
     @contextlib.contextmanager
     def _checked_session(
-        self, sql: Any, max_rows: Any, max_seconds: Any
+        self, sql: Any, max_rows: Any, max_seconds: Any, limits: ReadLimits | None = None
     ) -> Iterator[tuple[Client, str, bool]]:
-        """A read session with these limits, and the statement to run for `sql` and whether it is a
-        SELECT; QueryError for a statement or limits refused."""
+        """A read session with these limits (and an outside query's `limits`), and the statement to run
+        for `sql` and whether it is a SELECT; QueryError for a statement or limits refused."""
         if not isinstance(sql, str):
             raise QueryError(f"the statement must be text, not {type(sql).__name__}")
         if len(sql) > MAX_SQL_CHARS:
@@ -167,7 +271,7 @@ class ReadSessions:
             raise QueryError(f"limits must be positive: max_rows={max_rows!r}, max_seconds={max_seconds!r}")
         if not 0 < max_seconds < float("inf"):
             raise QueryError(f"limits must be positive: max_rows={max_rows}, max_seconds={max_seconds}")
-        with self._session(max_rows, float(max_seconds)) as session:
+        with self._session(max_rows, float(max_seconds), limits) as session:
             yield (session, *self._checked_statement(sql, session))
 
     def close(self) -> None:
@@ -181,12 +285,13 @@ class ReadSessions:
             session.close()
 
     @contextlib.contextmanager
-    def _session(self, max_rows: int, max_seconds: float) -> Iterator[Client]:
+    def _session(self, max_rows: int, max_seconds: float, limits: ReadLimits | None) -> Iterator[Client]:
         """A read session for one query, with a row limit of at least `max_rows` + 1 (a power of two, so
-        that callers asking for every row count share a few sessions; rows past `max_rows` are cut here)
-        and this time limit; one of at most `max_concurrent` at a time. At most MAX_IDLE sessions are
-        kept between queries, the least recently used closed first."""
-        key = (1 << max_rows.bit_length(), max_seconds)
+        that callers asking for every row count share a few sessions; rows past `max_rows` are cut here),
+        this time limit and an outside query's `limits`; one of at most `max_concurrent` at a time. At
+        most MAX_IDLE sessions are kept between queries, the least recently used closed first; one whose
+        query failed is closed at once (chDB would hand what it had not sent to its next query)."""
+        key = (1 << max_rows.bit_length(), max_seconds, limits)
         with self._slots:
             with self._lock:
                 if self._closed:
@@ -194,13 +299,17 @@ class ReadSessions:
                 idle = self._idle.setdefault(key, [])
                 session = idle.pop() if idle else None
             if session is None:
-                session = self._open(session_settings(key[0] - 1, max_seconds))
+                rows = key[0]
+                settings = session_settings(rows - 1, max_seconds)
+                session = self._open(settings if limits is None else limits.settings(rows, max_seconds))
             try:
                 yield session
-            finally:
-                self._put_back(key, session)
+            except BaseException:
+                session.close()
+                raise
+            self._put_back(key, session)
 
-    def _put_back(self, key: tuple[int, float], session: Client) -> None:
+    def _put_back(self, key: SessionKey, session: Client) -> None:
         """Keep `session` for the next query with its limits, closing the least recently used past
         MAX_IDLE (or this one, once the store is closed)."""
         closing = []
@@ -242,7 +351,7 @@ class ReadSessions:
         a SELECT; QueryError when the policy refuses it. Remembered by text, refusals are not."""
 
         def check() -> tuple[str, bool]:
-            policy = self._policy or self._load_policy(session)
+            policy = self._policy or self._load_policy()
             try:
                 text, formatted = _run(self._parser or session, _PARSE, {"sql": sql}).result_rows[0]
             except QueryError as error:
@@ -275,9 +384,17 @@ class ReadSessions:
                 memo.popitem(last=False)
         return answer
 
-    def _load_policy(self, session: Client) -> ReadPolicy:
+    def _load_policy(self) -> ReadPolicy:
         """The policy, with the functions of the parsing engine's system.functions: the store's own, or,
-        for a ClickHouse server older than 26.8 (no parseQueryToJSON), this process's embedded chDB."""
+        for a ClickHouse server older than 26.8 (no parseQueryToJSON), this process's embedded chDB. Read
+        on a session of its own: a query's session may cut its results short (an outside query's)."""
+        session = self._open(session_settings(CATALOG_ROWS, 10.0))
+        try:
+            return self._policy_on(session)
+        finally:
+            session.close()
+
+    def _policy_on(self, session: Client) -> ReadPolicy:
         parser = None
         if _run(session, PARSER_FUNCTIONS, None).result_rows[0][0] < 2:
             try:
@@ -312,10 +429,99 @@ def _run(
             return table.to_pandas(maps_as_pydicts="lossy")
         return session.query(statement, parameters=parameters)
     except ClickHouseError as error:
-        if unreachable(error):
-            raise StoreUnavailable(f"query: {short(error)}") from error
-        raise QueryError(short(error)) from error
+        raise _refusal(error) from error
     except pyarrow.ArrowException as error:  # a type pandas has no column for (a Variant)
         raise QueryError(f"the result cannot be read as columns: {error}") from error
     except (TypeError, ValueError) as error:  # a parameter clickhouse-connect cannot bind
         raise QueryError(f"parameters: {error}") from error
+
+
+def _refusal(
+    error: ClickHouseError, limits: ReadLimits | None = None, max_seconds: float = 0.0
+) -> QueryError | StoreUnavailable:
+    """What ClickHouse's `error` means to the caller: StoreUnavailable when it could not be reached;
+    under an outside query's `limits`, QueryLimitExceeded naming the limit it ran into; else QueryError."""
+    if unreachable(error):
+        return StoreUnavailable(f"query: {short(error)}")
+    code = getattr(error, "code", None)
+    if limits is not None and code in _LIMIT_CODES:
+        name, what = _LIMIT_CODES[code]
+        bound = f"{max_seconds:g} s" if name == "max_seconds" else _amount(name, getattr(limits, name))
+        return QueryLimitExceeded(
+            f"the query {what} than its limit of {bound} ({name}): {short(error)}", name
+        )
+    return QueryError(short(error))
+
+
+# ClickHouse's error codes for the limits a ReadLimits sets: the limit, and what the query did
+_LIMIT_CODES = {
+    241: ("max_memory_bytes", "needs more memory"),  # MEMORY_LIMIT_EXCEEDED
+    158: ("max_rows_to_read", "reads more rows"),  # TOO_MANY_ROWS
+    307: ("max_bytes_to_read", "reads more bytes"),  # TOO_MANY_BYTES
+    396: ("max_result_bytes", "has a bigger result"),  # TOO_MANY_ROWS_OR_BYTES (the result's)
+    159: ("max_seconds", "runs longer"),  # TIMEOUT_EXCEEDED
+}
+
+
+def _amount(name: str, value: int) -> str:
+    """A limit's value as people read it: bytes in MiB (or KiB, below one), rows as a number."""
+    if not name.endswith("bytes"):
+        return f"{value:,}"
+    return f"{value / MiB:g} MiB" if value >= MiB else f"{value / 1024:g} KiB"
+
+
+def _read_answer(
+    session: Client,
+    statement: str,
+    parameters: Mapping[str, Any] | None,
+    limits: ReadLimits,
+    max_seconds: float,
+) -> bytes:
+    """The JSON answer ClickHouse writes for `statement`, read READ_CHUNK at a time; QueryLimitExceeded
+    once it is over limits.max_result_bytes (the rest is not read: the session is closed with it)."""
+    parts, size = [], 0
+    try:
+        with contextlib.closing(
+            session.raw_stream(statement, parameters=parameters, fmt=ANSWER_FORMAT)
+        ) as got:
+            while chunk := got.read(READ_CHUNK):
+                size += len(chunk)
+                if size > limits.max_result_bytes:
+                    bound = _amount("max_result_bytes", limits.max_result_bytes)
+                    raise QueryLimitExceeded(
+                        f"the query's answer is over its limit of {bound} as JSON (max_result_bytes)",
+                        "max_result_bytes",
+                    )
+                parts.append(chunk)
+    except ClickHouseError as error:
+        raise _refusal(error, limits, max_seconds) from error
+    except (TypeError, ValueError) as error:  # a parameter clickhouse-connect cannot bind
+        raise QueryError(f"parameters: {error}") from error
+    return b"".join(parts)
+
+
+def _json_rows(body: bytes, max_rows: int, elapsed_s: float) -> JsonRows:
+    """JsonRows of an ANSWER_FORMAT `body`: its first two lines the names and types, then a JSON array
+    per row, a line each, of which the first `max_rows`. QueryError for a body that is not that (a
+    server that broke off and wrote its error instead of the rest)."""
+    names_end = body.find(b"\n")
+    types_end = body.find(b"\n", names_end + 1)
+    try:
+        if names_end < 0 or types_end < 0:
+            raise ValueError("no header")
+        columns, types = json.loads(body[:names_end]), json.loads(body[names_end + 1 : types_end])
+    except ValueError:
+        raise QueryError(f"the store's answer is not rows of JSON: {body[:300]!r}") from None
+    rows = memoryview(body)[types_end + 1 :]
+    text = np.frombuffer(rows, dtype=np.uint8)
+    ends = np.flatnonzero(text == ord("\n"))
+    starts = np.concatenate(([0], ends[:-1] + 1)) if len(ends) else ends
+    broken = len(text) and (text[-1] != ord("\n") or (text[starts] != ord("[")).any())
+    if broken:
+        at = int(starts[np.flatnonzero(text[starts] != ord("["))[0]]) if len(starts) else 0
+        raise QueryError(f"the store's answer broke off: {bytes(rows[at : at + 300])!r}")
+    count = min(len(ends), max_rows)
+    cut = bytes(rows[: int(ends[count - 1])]) if count else b""
+    return JsonRows(
+        columns, types, b"[" + cut.replace(b"\n", b",") + b"]", count, len(ends) > max_rows, elapsed_s
+    )
