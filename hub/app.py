@@ -28,6 +28,7 @@ stored once (hub.groupcommit).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -43,7 +44,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from alerts.commands import check_silences
 from alerts.errors import SilenceError
-from analytics.errors import QueryError, StoreError, StoreRejected
+from analytics.errors import QueryError, QueryLimitExceeded, StoreError, StoreRejected
+from analytics.store.readonly import ReadLimits
 from analytics.store.records import REQUESTS, ActionRow, SilenceRow
 from analytics.store.retention import KEEP_DAYS_MAX, Cutoff, check_keep_days, import_refusal, keep_until
 from analytics.store.schema import Retention
@@ -51,10 +53,11 @@ from collectors import textformat
 from collectors.logtext import printable
 from hub.auth import Tokens
 from hub.detect import DetectionLoop
-from hub.errors import PayloadError
+from hub.errors import PayloadError, SlotsBusy
 from hub.groupcommit import GroupCommit
 from hub.httpread import RequestBody
 from hub.otlp import OtlpStepReceiver, otlp_error_response
+from hub.queryslots import QuerySlots
 from hub.remote_write import RemoteWriteReceiver
 from hub.rounds import JOURNAL_DIR, MAX_PENDING_ROUNDS, RoundJournal, RoundQueue
 from hub.scraper import Scraper
@@ -72,15 +75,22 @@ OPEN_PATHS = ("/metrics", "/healthz")  # GET and HEAD, without a token: they hol
 
 
 class HttpError(Exception):
-    """An answer other than 200: by default a JSON {"error": message}, or the given body."""
+    """An answer other than 200: by default a JSON {"error": message}, or the given body, with `headers`
+    besides Content-Type (429's Retry-After)."""
 
     def __init__(
-        self, status: int, message: str, body: bytes | None = None, content_type: str = JSON
+        self,
+        status: int,
+        message: str,
+        body: bytes | None = None,
+        content_type: str = JSON,
+        headers: Sequence[tuple[str, str]] = (),
     ) -> None:
         super().__init__(message)
         self.status = status
         self.body = json.dumps({"error": message}).encode() if body is None else body
         self.content_type = content_type
+        self.headers = list(headers)
 
 
 _REASONS = {
@@ -95,6 +105,7 @@ _REASONS = {
     413: "Payload Too Large",
     415: "Unsupported Media Type",
     422: "Unprocessable Content",
+    429: "Too Many Requests",
     500: "Internal Server Error",
     501: "Not Implemented",
     503: "Service Unavailable",
@@ -135,6 +146,8 @@ class Hub:
         max_body_bytes: int = 16 << 20,
         query_max_rows: int = 100_000,
         query_max_seconds: float = 30.0,
+        query_limits: ReadLimits | None = None,
+        query_slots: QuerySlots | None = None,
         retention: Retention | None = None,
         pending_rounds: int = MAX_PENDING_ROUNDS,
         wall_clock: Callable[[], float] = time.time,
@@ -151,6 +164,8 @@ class Hub:
         self._max_body_bytes = max_body_bytes
         self._query_max_rows = query_max_rows
         self._query_max_seconds = query_max_seconds
+        self._query_limits = query_limits or ReadLimits()
+        self._query_slots = query_slots or QuerySlots()
         self.retention = retention or Retention()  # the store's: what its TTLs would drop is refused here
         self._wall_clock = wall_clock
         self._stop = threading.Event()
@@ -260,7 +275,11 @@ class Hub:
                 self.otlp.forgotten_series,
             ),
         ]
-        gauges = [("otlp_series", "Step series whose last export the OTLP receiver keeps.", self.otlp.series)]
+        gauges = [
+            ("otlp_series", "Step series whose last export the OTLP receiver keeps.", self.otlp.series),
+            ("queries_running", "API queries holding a slot (hub.queryslots).", self._query_slots.running),
+            ("queries_waiting", "API queries waiting for a slot.", self._query_slots.waiting),
+        ]
         if self.scraper is not None:
             scraper = self.scraper
             gauges.append(("targets", "Targets this hub's shard scrapes.", len(scraper.targets)))
@@ -304,17 +323,18 @@ class Hub:
         reading gets the answer rather than a connection reset."""
         method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "/")
         request_body = RequestBody(environ, self._max_body_bytes)
+        extra: list[tuple[str, str]] = []
         try:
             answer = self._answer(method, path, environ, request_body)
             status, body, content_type = 204 if answer == NO_CONTENT else 200, *answer
         except HttpError as exc:
-            status, body, content_type = exc.status, exc.body, exc.content_type
+            status, body, content_type, extra = exc.status, exc.body, exc.content_type, exc.headers
             self._note_refused(method, path, status, str(exc))
         except Exception:
             self.errors += 1
             log.exception("%s %s failed", method, printable(path))
             status, body, content_type = 500, b'{"error": "internal error; the hub\'s log says more"}', JSON
-        headers = [("Content-Type", content_type)]
+        headers = [("Content-Type", content_type), *extra]
         if status != 204:
             headers.append(("Content-Length", str(len(body))))
         if status == 405:
@@ -462,26 +482,44 @@ class Hub:
         return json.dumps({"rows": count}).encode(), JSON
 
     def _query(self, body: bytes, environ: dict) -> tuple[bytes, str]:
+        """A read token's SQL, run by the store under the hub's limits (analytics.store.readonly.ReadLimits)
+        in one of its client's slots (hub.queryslots; 429 with Retry-After when none comes free in time).
+        The request takes at most query_max_seconds, its wait included: the store gets what is left, in
+        whole seconds. The rows are the JSON the store wrote, spliced into the answer, never parsed."""
+        deadline = time.monotonic() + self._query_max_seconds
         sql, max_rows, parameters = _query_request(body, self._query_max_rows)
         try:
-            result = self.store.query(
-                sql,
-                parameters=parameters,
-                max_rows=max_rows,
-                max_seconds=self._query_max_seconds,
-            )
+            with self._query_slots.slot(self._query_client(environ), deadline):
+                result = self.store.query_json(
+                    sql,
+                    parameters=parameters,
+                    max_rows=max_rows,
+                    max_seconds=max(1, math.floor(deadline - time.monotonic())),
+                    limits=self._query_limits,
+                )
+        except SlotsBusy as busy:
+            raise HttpError(429, str(busy), headers=[("Retry-After", str(busy.retry_after_s))]) from None
+        except QueryLimitExceeded as exc:
+            raise HttpError(400, f"{exc} (hub.query_{exc.limit})") from None
         except QueryError as exc:
             raise HttpError(400, str(exc)) from None
         except StoreError as exc:
             raise HttpError(503, str(exc)) from None
-        answer = {
+        head = {
             "columns": result.columns,
             "types": result.types,
-            "rows": result.rows,
             "truncated": result.truncated,
             "elapsed_s": result.elapsed_s,
         }
-        return json.dumps(answer, default=str).encode(), JSON
+        return json.dumps(head).encode()[:-1] + b', "rows": ' + result.rows + b"}", JSON
+
+    def _query_client(self, environ: dict) -> str:
+        """Whom a query's slots count against: its token (a digest of it), or on a hub without tokens,
+        its address."""
+        if self._tokens.configured:
+            offered = environ.get("HTTP_AUTHORIZATION", "").partition(" ")[2].strip()
+            return "token " + hashlib.sha256(offered.encode()).hexdigest()[:16]
+        return "address " + environ.get("REMOTE_ADDR", "")
 
     # path -> (scope, handler)
     _posts: ClassVar[dict[str, tuple[str, Callable[[Hub, bytes, dict], tuple[bytes, str]]]]] = {

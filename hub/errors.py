@@ -8,7 +8,8 @@
     ├── FramingError        an HTTP body's framing is broken: a chunk line, its end (httpread)
     │   └── BodyTooLarge        the body declares or grows past its limit
     ├── PayloadError        a request body refused whole, with the HTTP status to answer (bodies)
-    └── TokenFileError      the token file cannot be read or has a bad line (auth)
+    ├── TokenFileError      the token file cannot be read or has a bad line (auth)
+    └── SlotsBusy           no query slot came free for a client in time (queryslots)
 
 A failed scrape or a refused body costs only itself: the scraper records `up 0` with the message, the
 API answers the status with it. Each message names the target, line, field or file it is about.
@@ -61,3 +62,11 @@ class PayloadError(HubError):
 
 class TokenFileError(HubError):
     """The token file cannot be read or has a bad line; the message names the file and line, never a token."""
+
+
+class SlotsBusy(HubError):
+    """No query slot came free for a client in time; `retry_after_s` is when one will have, at the latest."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -39,10 +39,10 @@ from hub.spool import Spool
 from hub.writer import Writer
 from tests.support.clock import FakeClock
 from tests.support.peers import free_port, stop, wait_http
+from tests.support.queryattacks import LONG_QUERY
 
 TOKEN = "s3cret"
 JSON = "application/json"
-LONG_QUERY = "SELECT count() FROM numbers(1e13) WHERE sipHash64(number) % 7 = 3"  # runs until stopped
 
 
 @pytest.fixture
