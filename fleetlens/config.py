@@ -68,7 +68,14 @@ def check_gpu_backend(name: str, where: str) -> None:
 
 def _check_range(where: str, value: float, low: float, high: float) -> None:
     if not low <= value <= high:
-        raise ConfigError(f"{where}: must be between {low:g} and {high:g}, got {value:g}")
+        raise ConfigError(
+            f"{where}: must be between {_number(low)} and {_number(high)}, got {_number(value)}"
+        )
+
+
+def _number(value: float) -> str:
+    """A bound or value as written: whole numbers in full (a byte count), others shortest."""
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 @dataclass(frozen=True)
@@ -128,8 +135,21 @@ class HubConfig:
     max_series_per_target: int = 50_000
     max_label_length: int = 4096
     max_rows_per_request: int = 100_000
+    # the query API: rows one answer holds at most (a client may ask fewer), seconds one request takes at
+    # most (its wait for a slot included), and what one query may take of the store: defaults and why in
+    # analytics.store.readonly.ReadLimits (ClickHouse's limits, set where no query can raise them)
     query_max_rows: int = 100_000
     query_max_seconds: float = 30.0
+    query_max_memory_bytes: int = 256 << 20
+    query_max_rows_to_read: int = 1_000_000_000
+    query_max_bytes_to_read: int = 32 << 30
+    query_max_result_bytes: int = 16 << 20
+    query_max_threads: int = 1
+    # queries at once, in all and per client (a token; an address on a hub without tokens), and how long
+    # a query waits for a slot before its 429 (hub.queryslots)
+    query_slots: int = 4
+    query_slots_per_client: int = 2
+    query_queue_s: float = 5.0
     detectors: str = "all"  # comma-separated detector names, "all", or "none" (no detection in the hub)
     detect_window_s: float = 10.0
     # how long after a window ends detection waits for its samples: default the interval plus the scrape
@@ -155,6 +175,7 @@ class HubConfig:
         if not self.node_labels:
             raise ConfigError("hub.node_labels: name at least one label (e.g. node, Hostname, instance)")
         parse_shard(self.shard)
+        self._check_query_limits()
         for name in (
             "raw_retention_days",
             "rollup_retention_days",
@@ -165,7 +186,6 @@ class HubConfig:
             "max_series_per_target",
             "max_label_length",
             "max_rows_per_request",
-            "query_max_rows",
             "remote_write_max_series",
             "remote_write_max_samples",
         ):
@@ -175,6 +195,23 @@ class HubConfig:
             raise ConfigError(
                 "hub.rollup_retention_days: the 1-minute rollup must be kept at least as long as raw"
             )
+
+    def _check_query_limits(self) -> None:
+        """Each of the query API's limits within what makes sense: a bound that cannot be met (0 seconds,
+        no rows) or that bounds nothing (10^12 rows answered as JSON) is a mistake."""
+        for name, low, high in (
+            ("query_max_rows", 1, 1_000_000),
+            ("query_max_seconds", 1, 3600),
+            ("query_max_memory_bytes", 16 << 20, 1 << 40),
+            ("query_max_rows_to_read", 1000, 10**12),
+            ("query_max_bytes_to_read", 1 << 20, 1 << 50),
+            ("query_max_result_bytes", 64 << 10, 1 << 30),
+            ("query_max_threads", 1, 256),
+            ("query_slots", 1, 16),  # the most a store's read sessions run at once
+            ("query_slots_per_client", 1, self.query_slots),
+            ("query_queue_s", 0, self.query_max_seconds),
+        ):
+            _check_range(f"hub.{name}", getattr(self, name), low, high)
 
     @property
     def host_port(self) -> tuple[str, int]:

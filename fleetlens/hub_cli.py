@@ -21,6 +21,7 @@ from analytics.detectors.runner import DetectionRunner, detect, store_anomalies
 from analytics.errors import RetentionRefused
 from analytics.store import Store
 from analytics.store.hubclient import HubClient
+from analytics.store.readonly import ReadLimits
 from analytics.store.records import Anomaly
 from analytics.store.redact import redacted
 from analytics.store.retention import check_keep_days, import_refusal, keep_until
@@ -36,6 +37,7 @@ from hub.bodies import ReceiverLimits
 from hub.detect import DetectionLoop
 from hub.errors import TokenFileError
 from hub.otlp import OtlpStepReceiver
+from hub.queryslots import QuerySlots
 from hub.remote_write import NodeIdentity, RemoteWriteLimits, RemoteWriteReceiver
 from hub.scraper import ScrapeLimits, Scraper, Shard, TargetsFile
 from hub.spool import Spool
@@ -97,6 +99,14 @@ def build_hub(settings: Config, tokens: Tokens) -> Hub:
         max_body_bytes=config.max_body_bytes,
         query_max_rows=config.query_max_rows,
         query_max_seconds=config.query_max_seconds,
+        query_limits=ReadLimits(
+            max_memory_bytes=config.query_max_memory_bytes,
+            max_rows_to_read=config.query_max_rows_to_read,
+            max_bytes_to_read=config.query_max_bytes_to_read,
+            max_result_bytes=config.query_max_result_bytes,
+            max_threads=config.query_max_threads,
+        ),
+        query_slots=QuerySlots(config.query_slots, config.query_slots_per_client, config.query_queue_s),
         retention=retention(config),
     )
 
