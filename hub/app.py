@@ -484,8 +484,9 @@ class Hub:
     def _query(self, body: bytes, environ: dict) -> tuple[bytes, str]:
         """A read token's SQL, run by the store under the hub's limits (analytics.store.readonly.ReadLimits)
         in one of its client's slots (hub.queryslots; 429 with Retry-After when none comes free in time).
-        The request takes at most query_max_seconds, its wait included: the store gets what is left, in
-        whole seconds. The rows are the JSON the store wrote, spliced into the answer, never parsed."""
+        The request takes query_max_seconds at most, its wait included: the store gets what is left, to the
+        nearest second (a few read sessions serve every request). The rows are the JSON the store wrote,
+        spliced into the answer, never parsed."""
         deadline = time.monotonic() + self._query_max_seconds
         sql, max_rows, parameters = _query_request(body, self._query_max_rows)
         try:
@@ -494,7 +495,7 @@ class Hub:
                     sql,
                     parameters=parameters,
                     max_rows=max_rows,
-                    max_seconds=max(1, math.floor(deadline - time.monotonic())),
+                    max_seconds=max(1, round(deadline - time.monotonic())),
                     limits=self._query_limits,
                 )
         except SlotsBusy as busy:

@@ -70,18 +70,19 @@ CATALOG_ROWS = 1 << 20  # rows of system.functions read at most (ClickHouse has 
 class ReadLimits:
     """What one query from outside may take of the store, enforced by ClickHouse on its session.
 
-    The defaults keep a query from taking the memory, cores and disk that ingest needs on the same
-    machine, while the UI's pages (which read an embedded store through the hub's API) fit well inside:
-    - max_memory_bytes, 256 MiB: a page's GROUP BY over a week of the 1-minute rollup of a large fleet
-      takes tens of MiB; a range(1e8) or a groupArray of 80 million numbers is refused at once.
-    - max_rows_to_read, 1e9, and max_bytes_to_read, 32 GiB: about what one thread scans in 30 s. A query
-      asking more would only be stopped by its time limit; ClickHouse refuses it up front instead (for
-      a table it checks the rows its marks select before reading).
-    - max_result_bytes, 16 MiB: the result, as ClickHouse holds it and as the JSON answer; 100,000 rows of
-      a page take a few MiB. ClickHouse does not count a constant column but once, so the JSON it writes
-      is counted too, as it arrives (ReadSessions.query_json).
-    - max_threads, 1: a query takes one core (its threads run at nice 19 where the hub may renice), and
-      the hub admits a few at once (hub.queryslots).
+    The defaults leave a hub's ingest the memory and cores it needs on the same machine, with room for
+    what the UI's pages ask through the hub's API (groupings and sorts over the rollups):
+    - max_memory_bytes, 256 MiB: a range(1e8) or a groupArray of 80 million numbers is refused at once,
+      and the four the hub runs at once by default (hub.queryslots) take a GiB at most.
+    - max_rows_to_read, 1e9, and max_bytes_to_read, 32 GiB: over two hours of raw samples of a 192-node
+      fleet scraped every second (126k samples/s); pages over longer spans read the rollups. A read of a
+      table past them is refused before it starts (ClickHouse counts the rows its marks select).
+    - max_result_bytes, 16 MiB: the result, as ClickHouse holds it and as the JSON answer; a page's
+      100,000 rows of times, names and values take a few MiB. ClickHouse counts a constant column's
+      value once, however many rows repeat it, so the JSON it writes is counted too, as it arrives
+      (ReadSessions.query_json).
+    - max_threads, 1: a query takes one core, at nice 19 where ClickHouse may renice its threads (a hub
+      with CAP_SYS_NICE; without it the setting is ignored).
     Spilling GROUP BY and ORDER BY to disk is off: past its memory a query is refused, never written out.
     """
 
