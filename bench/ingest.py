@@ -5,8 +5,12 @@ real exporter on its own loopback port); `fleetlens hub` scrapes it into an embe
 Debian's Prometheus scrapes the same file_sd targets, both every `--interval-s`. The hub runs no
 detectors, as Prometheus evaluates no rules here (bench/detect.py times detection). After a warm-up both
 are measured over one window: samples/s ingested, CPU of each process, the hub's CPU per sample as a
-multiple of Prometheus's, scrape durations and failures, and bytes on disk per stored sample. The
-parser is then timed against prometheus_client's on a body served by the fleet.
+multiple of Prometheus's, scrape durations and failures, and bytes on disk per stored sample. Each
+hub's first minute (from its first scrape: migrations, a cold store and cold parsers, the first
+roll-ups) is reported too: its failed scrapes and the rounds it skipped, beside the window's. The hubs
+start once the fleet has rendered every node in their format and Prometheus has scraped every node,
+so that their first minute is theirs, not the fleet's first renders. The parser is then timed against
+prometheus_client's on a body served by the fleet.
 
 `--shards n` runs n hubs, `fleetlens hub --shard i/n`, each into a store of its own (one process per
 chDB directory), and reports each hub. `--profile DIR` records each hub with py-spy over the window.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -36,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from analytics.store.hubclient import HubClient
 from bench.exporter import cpu_seconds, stat_cpu_seconds
 from bench.parser import prometheus_client_parse, samples_per_second, warm_parse
+from hub.scraper import REQUEST_HEADERS
 from sim.fleet import SimFleet
 from tests.support.peers import free_port, peer
 
@@ -78,6 +84,7 @@ class Measured:
     merge_cores: float = 0.0  # of `cores`, chDB's background merges (hubs only)
     lag: tuple[float, float, float, int] | None = None  # scrape p50, p99, max (s), failed scrapes
     error: str = ""  # the most frequent scrape error
+    first_minute: FirstMinute | None = None  # hubs only
 
     @property
     def cpu_per_sample(self) -> float:
@@ -100,29 +107,66 @@ class Window:
         return Measured(self.name, samples_per_s, cores, merge_cores)
 
 
-def scrape_lag(base: str, since_s: float) -> tuple[float, float, float, int]:
-    """The hub's scrape duration p50, p99, max and its failed scrapes over the last `since_s` seconds."""
+def last_seconds(seconds: float) -> str:
+    """A condition on `targets` rows: scrapes of the last `seconds` seconds."""
+    return f"ts >= now() - {seconds:.0f}"
+
+
+def first_minute(interval_s: float) -> str:
+    """A condition on `targets` rows: scrapes of the hub's first minute (its first 60 s / interval rounds)."""
+    return f"ts < (SELECT min(ts) FROM targets) + {60 - interval_s / 2:g}"
+
+
+def scrape_lag(base: str, where: str) -> tuple[float, float, float, int]:
+    """The hub's scrape duration p50, p99, max and its failed scrapes, of the `targets` rows `where` says."""
     return (
         HubClient(base)
         .query(
             "SELECT quantile(0.5)(duration_s), quantile(0.99)(duration_s), max(duration_s), countIf(up = 0) "
-            f"FROM targets WHERE ts >= now() - {since_s:.0f}"
+            f"FROM targets WHERE {where}"
         )
         .rows[0]
     )
 
 
-def top_error(base: str, since_s: float) -> str:
-    """The hub's most frequent scrape error over the last `since_s` seconds, with its count."""
+def top_error(base: str, where: str) -> str:
+    """The hub's most frequent scrape error among the `targets` rows `where` says, with its count."""
     rows = (
         HubClient(base)
         .query(
-            "SELECT error, count() AS n FROM targets WHERE up = 0 AND ts >= now() - "
-            f"{since_s:.0f} GROUP BY error ORDER BY n DESC LIMIT 1"
+            f"SELECT error, count() AS n FROM targets WHERE up = 0 AND {where} "
+            "GROUP BY error ORDER BY n DESC LIMIT 1"
         )
         .rows
     )
     return f"{rows[0][1]} x {rows[0][0]!r}" if rows else ""
+
+
+@dataclass
+class FirstMinute:
+    """A hub's first minute of scraping: scrapes it recorded, how many failed, rounds it scraped, and the
+    rounds with failures as (seconds since the first round, failed scrapes, slowest scrape in s, the most
+    frequent error)."""
+
+    scrapes: int
+    failed: int
+    rounds: int
+    error: str
+    failing_rounds: list[tuple[float, int, float, str]]
+
+    @classmethod
+    def of(cls, base: str, interval_s: float) -> FirstMinute:
+        client = HubClient(base)
+        where = first_minute(interval_s)
+        scrapes, failed, rounds = client.query(
+            f"SELECT count(), countIf(up = 0), uniqExact(ts) FROM targets WHERE {where}"
+        ).rows[0]
+        failing = client.query(
+            "SELECT toFloat64(ts) - (SELECT toFloat64(min(ts)) FROM targets) AS s, countIf(up = 0) AS n, "
+            f"max(duration_s), topKIf(1)(error, up = 0)[1] FROM targets WHERE {where} "
+            "GROUP BY s HAVING n > 0 ORDER BY s"
+        ).rows
+        return cls(scrapes, failed, rounds, top_error(base, where), [tuple(row) for row in failing])
 
 
 def stored_bytes_per_sample(store: Path) -> float:
@@ -191,6 +235,22 @@ def hub_command(
     ]  # fmt: skip
 
 
+def wait_scraped(prom_base: str, nodes: int, timeout_s: float = 60.0) -> None:
+    """Wait until Prometheus has scraped every node once. Its first scrape of a node makes the fleet render
+    that node in Prometheus's format (later ones are served from the fleet's cache, re-rendered off the
+    request path), a second of the fleet's CPU per 64 nodes that a hub starting meanwhile would be
+    measured against: its scrapes would wait for the fleet's answers."""
+    url = f"{prom_base}/api/v1/query?query=count(up)"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            result = json.load(response)["data"]["result"]
+        if result and int(result[0]["value"][1]) >= nodes:
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"Prometheus did not scrape all {nodes} nodes within {timeout_s:g} s")
+
+
 def prometheus_command(work: Path, targets: Path, port: int, interval_s: float) -> list[str]:
     (work / "prometheus.yml").write_text(
         f"global: {{scrape_interval: {interval_s:g}s, scrape_timeout: {interval_s:g}s}}\nscrape_configs:\n"
@@ -229,13 +289,20 @@ def main() -> int:
         fleet = SimFleet(args.nodes, Path(trees), cache_s=args.cache_s).start()  # in this process
         try:
             fleet.write_file_sd(targets)
-            for node in fleet.nodes:  # render every node once before the scrapers come
-                with urllib.request.urlopen(f"http://{node.address}/metrics", timeout=60) as response:
+            for node in fleet.nodes:  # render every node once, as the hubs ask, before the scrapers come
+                request = urllib.request.Request(f"http://{node.address}/metrics", headers=REQUEST_HEADERS)
+                with urllib.request.urlopen(request, timeout=60) as response:
                     response.read()
             ports = [free_port() for _ in range(args.shards)]
             prom_port = free_port()
             prom_base = f"http://127.0.0.1:{prom_port}"
             with contextlib.ExitStack() as stack:
+                prom = stack.enter_context(
+                    peer(
+                        prometheus_command(work, targets, prom_port, args.interval_s), f"{prom_base}/-/ready"
+                    )
+                )
+                wait_scraped(prom_base, args.nodes)
                 hubs = {
                     f"hub{i}": (
                         stack.enter_context(
@@ -254,11 +321,6 @@ def main() -> int:
                     )
                     for i, port in enumerate(ports)
                 }
-                prom = stack.enter_context(
-                    peer(
-                        prometheus_command(work, targets, prom_port, args.interval_s), f"{prom_base}/-/ready"
-                    )
-                )
                 time.sleep(max(args.warmup_s, 2 * args.interval_s))
                 pids = {name: process.pid for name, (process, _) in hubs.items()} | {"fleet": os.getpid()}
                 with profiled(pids, args.profile, args.seconds):
@@ -269,8 +331,9 @@ def main() -> int:
                     fleet_cores = (cpu_seconds(os.getpid()) - fleet_cpu0) / (time.monotonic() - t0)
                     measured = [window.end() for window in windows]
                 for hub, (_, base) in zip(measured, hubs.values(), strict=False):
-                    hub.lag = scrape_lag(base, args.seconds)
-                    hub.error = top_error(base, args.seconds)
+                    hub.lag = scrape_lag(base, last_seconds(args.seconds))
+                    hub.error = top_error(base, last_seconds(args.seconds))
+                    hub.first_minute = FirstMinute.of(base, args.interval_s)
                 prom_stored = own_metric(prom_base, PROM_SAMPLES)
                 load = os.getloadavg()
             with urllib.request.urlopen(f"http://{fleet.nodes[0].address}/metrics", timeout=60) as response:
@@ -330,6 +393,17 @@ def report(
             f"(interval {args.interval_s * 1e3:.0f} ms); failed scrapes {failed}"
             + (f", most often {hub.error}" if hub.error else "")
         )
+        first = hub.first_minute
+        rounds = round(60 / args.interval_s)
+        print(
+            f"{hub.name} first minute: failed scrapes {first.failed} of {first.scrapes}; "
+            f"rounds scraped {first.rounds} of {rounds}"
+            + (f", most often {first.error}" if first.error else "")
+        )
+        if first.failing_rounds:
+            print(f"{hub.name} first minute's rounds with failures (failed, slowest scrape, most often):")
+            for at, n, slowest, error in first.failing_rounds:
+                print(f"  {at:4.0f} s: {n:4d} {slowest:5.2f} s  {error}")
     print(f"simulated fleet (serving, this process): {fleet_cores:.2f} cores")
     print(
         f"bytes/sample: hub0 {bytes_per_sample[0]:.2f} (samples+series parts), "

@@ -2,7 +2,7 @@
 
     HubError
     ├── ExpositionError     a scraped body breaks the text format or a limit (expfmt)
-    │   └── DeadlineExceeded    parsing ran past the scrape's deadline
+    │   └── DeadlineExceeded    parsing used up the CPU time a scrape's parse may take
     ├── ScraperConfigError  a targets file, shard or scrape setting is unusable (scraper)
     ├── ScrapeError         a target answered, but not with a usable body (scraper)
     ├── FramingError        an HTTP body's framing is broken: a chunk line, its end (httpread)
@@ -29,10 +29,10 @@ class ExpositionError(HubError):
 
 
 class DeadlineExceeded(ExpositionError):
-    """Parsing ran past its deadline; `lineno` is the line it had reached."""
+    """Parsing used up its CPU time; `lineno` is the line it had reached."""
 
     def __init__(self, lineno: int) -> None:
-        super().__init__(f"deadline exceeded while parsing (line {lineno})")
+        super().__init__(f"parsing used up its CPU time (line {lineno})")
         self.lineno = lineno
 
 

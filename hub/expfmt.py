@@ -11,13 +11,15 @@ and needs no lock.
 
 A body is parsed all or nothing: the first broken line raises ExpositionError naming its line number
 and text, so a scrape is never half-stored (Prometheus fails the whole scrape too). A hostile body costs
-little: the body is split a chunk at a time, parsing stops at the first sample over max_samples, and a
-deadline is checked between chunks. A series that appears twice in one body keeps its first sample only,
-as in Prometheus; the rest are dropped and counted. Label dicts are shared between parses of the same
-series, and a steady body's names and labels lists and types with the parse before it: treat them as
-read-only. Sharing them is what makes a steady round cheap downstream: no copy per sample, no young lists
-of a round's every series for the garbage collector to walk, and the store's comparison of a target's
-series with its last batch's (KnownSeries) is one identity test.
+little: the body is split a chunk at a time, parsing stops at the first sample over max_samples, and the
+CPU time the parse has used is checked against its budget between runs of lines. The budget counts the
+parse's own CPU time, not the wall clock: a parse that waits (for the GIL held by another thread, or while
+the scraper's one thread parses other bodies) is not charged for the wait. A series that appears twice
+in one body keeps its first sample only, as in Prometheus; the rest are dropped and counted. Label dicts
+are shared between parses of the same series, and a steady body's names and labels lists and types with
+the parse before it: treat them as read-only. Sharing them is what makes a steady round cheap downstream:
+no copy per sample, no young lists of a round's every series for the garbage collector to walk, and the
+store's comparison of a target's series with its last batch's (KnownSeries) is one identity test.
 """
 
 from __future__ import annotations
@@ -46,9 +48,9 @@ _ESCAPE = re.compile(r'\\[\\n"]')
 _UNESCAPED = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 _SHOWN_CHARS = 160
 # A body is split into lines a chunk at a time (a usual body is one chunk), and parsed in runs of lines
-# between which the deadline and max_samples are checked. A run is at most _RUN_LINES lines and about
+# between which the CPU budget and max_samples are checked. A run is at most _RUN_LINES lines and about
 # _RUN_CHARS characters (parsing costs about in proportion to them, up to 0.2 us each for lines full of
-# escapes), so a parse stops within milliseconds of its deadline, and checking costs nothing measurable.
+# escapes), so a parse stops within milliseconds of its budget, and checking costs nothing measurable.
 _CHUNK_CHARS = 512 * 1024
 _RUN_LINES = 4096
 _RUN_CHARS = 128 * 1024
@@ -226,14 +228,30 @@ class _Shape:
         return Exposition(self.names, self.labels, values, self.types, {}, 0)
 
 
+class _CpuBudget:
+    """CPU time one parse may still use (`left`), counted on a CPU clock only while the parse's own steps
+    run: from `resume` (a step starts; creating the budget starts the first) to `pause` (it yields)."""
+
+    def __init__(self, clock: Callable[[], float], seconds: float) -> None:
+        self._clock = clock
+        self.left = seconds
+        self._since = clock()
+
+    def resume(self) -> None:
+        self._since = self._clock()
+
+    def pause(self) -> None:
+        self.left -= self._clock() - self._since
+
+
 class ExpositionParser:
     """Parses the bodies of one target, remembering the series it has seen.
 
     `target_labels` (the target's file_sd labels) are added to every sample, as Prometheus attaches
     target labels; an exposed label of the same name is kept as `exported_<name>`. Limits fail the
     whole body as soon as they are exceeded: a sample past the first `max_samples`, or a metric name,
-    label name or label value longer than `max_label_length` characters. `clock` is what a parse's
-    deadline is read on (the scraper's: time.monotonic).
+    label name or label value longer than `max_label_length` characters. `clock` is the CPU clock a
+    parse's budget is counted on (the calling thread's CPU time).
     """
 
     def __init__(
@@ -243,7 +261,7 @@ class ExpositionParser:
         max_label_length: int = 2048,
         target_labels: Mapping[str, str] | None = None,
         cache_size: int = 100_000,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.thread_time,
     ) -> None:
         self.max_samples = max_samples
         self.max_label_length = max_label_length
@@ -257,25 +275,25 @@ class ExpositionParser:
         self._shape: _Shape | None = None  # the last body less its values, when it can be reused
         self.steady = False  # whether the last parse read only values: every series was known
 
-    def parse(self, text: str, deadline: float | None = None) -> Exposition:
+    def parse(self, text: str, cpu_budget_s: float | None = None) -> Exposition:
         """Parse a whole body; raises ExpositionError at its first broken line or exceeded limit, and
-        DeadlineExceeded once `clock()` reaches `deadline` (checked every few thousand lines)."""
-        steps = self.parse_steps(text, deadline)
+        DeadlineExceeded once the parse has used `cpu_budget_s` of CPU time (checked every few thousand
+        lines)."""
+        steps = self.parse_steps(text, cpu_budget_s)
         while True:
             try:
                 next(steps)
             except StopIteration as done:
                 return done.value
 
-    def parse_steps(self, text: str, deadline: float | None = None) -> Generator[None, None, Exposition]:
-        """`parse`, a run of lines per step: the scraper's one thread parses many bodies at once, each a
-        step in turn between its reads of the sockets. Each step checks the deadline before its run, so
-        one resumed past the deadline raises DeadlineExceeded at once."""
+    def parse_steps(self, text: str, cpu_budget_s: float | None = None) -> Generator[int, None, Exposition]:
+        """`parse`, a run of lines per step, each step yielding the number of the next line to parse: the
+        scraper's one thread parses many bodies at once, each a step in turn between its reads of the
+        sockets. Only the CPU time of this parse's own steps counts against `cpu_budget_s`: what other
+        parses and threads take between its steps does not."""
         if "\r" in text:
             text = text.replace("\r\n", "\n")
         if self._shape is not None:
-            if deadline is not None and self.clock() >= deadline:
-                raise DeadlineExceeded(1)
             same = self._shape.values_of(text)
             self.steady = same is not None
             if same is not None:
@@ -284,9 +302,10 @@ class ExpositionParser:
         self._shape = None
         parsed = _Parsed()
         lineno = 1
+        budget = None if cpu_budget_s is None else _CpuBudget(self.clock, cpu_budget_s)
         try:
             for lines, chars in _chunks(text):
-                yield from self._chunk(lines, chars, lineno, deadline, parsed)
+                yield from self._chunk(lines, chars, lineno, budget, parsed)
                 lineno += len(lines)
         finally:
             self._trim_cache()
@@ -302,15 +321,16 @@ class ExpositionParser:
         return exposition
 
     def _chunk(
-        self, lines: list[str], chars: int, first: int, deadline: float | None, parsed: _Parsed
-    ) -> Iterator[None]:
+        self, lines: list[str], chars: int, first: int, budget: _CpuBudget | None, parsed: _Parsed
+    ) -> Iterator[int]:
         """Parse a chunk's lines (`chars` characters, the first on line `first`) in runs, checking the
-        deadline before each, yielding after each, and stopping at the first sample over max_samples: no
-        run is long enough to cross the limit, so the hot loop needs no check of its own."""
+        budget before each, yielding the next line's number after each, and stopping at the first sample
+        over max_samples: no run is long enough to cross the limit, so the hot loop needs no check of its
+        own."""
         run_lines = min(_RUN_LINES, max(1, len(lines) * _RUN_CHARS // max(chars, 1)))
         start = 0
         while start < len(lines):
-            if deadline is not None and self.clock() >= deadline:
+            if budget is not None and budget.left <= 0:
                 raise DeadlineExceeded(first + start)
             room = self.max_samples - len(parsed.values)
             stop = min(len(lines), start + run_lines, start + max(room, 1))
@@ -322,7 +342,12 @@ class ExpositionParser:
                     f"max_samples={self.max_samples}; parsing stopped there"
                 )
             start = stop
-            yield
+            if budget is None:
+                yield first + start
+            else:
+                budget.pause()
+                yield first + start
+                budget.resume()
 
     def _lines(self, lines: list[str], first: int, parsed: _Parsed) -> None:
         """The hot loop: a line whose series text is cached only has its value converted."""

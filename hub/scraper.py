@@ -1,24 +1,32 @@
 """The hub's scraper: every exporter in a file_sd targets file, scraped concurrently on aligned ticks.
 
-Each round yields one ScrapeBatch per target that answered and one TargetStatus per target, failed
-ones included (up False, the error text); a failed target is simply tried again next round. One loop
-on one thread drives every target's scrape at once over non-blocking sockets: connect (or reuse the
-target's keep-alive connection, gzip accepted), send `GET /metrics`, read the response as it arrives
-(hub.httpread, which treats its bytes as hostile), and parse the body with the target's own parser,
-whose series cache makes a steady-state scrape cheap, a few thousand lines at a time between reads of
-the other sockets. An idle keep-alive connection the target dropped is retried once on a fresh one.
-Samples carry the time their scrape started (timestamps written in a body are not honoured, as with
-Prometheus's honor_timestamps: false). A series sent twice in one body keeps its first sample; the
-others are dropped and counted in `duplicates_dropped`. Targets that went down or came back are logged
-one line per round, so a fleet-wide blip is not a line per target.
+Each scrape yields a TargetStatus, failed ones included (up False, the error text), and a ScrapeBatch
+if it succeeded; a failed target is simply tried again next round. One loop on one thread drives every
+target's scrape at once over non-blocking sockets: connect (or reuse the target's keep-alive connection,
+gzip accepted), send `GET /metrics`, read the response as it arrives (hub.httpread, which treats its
+bytes as hostile), and parse the body with the target's own parser, whose series cache makes a
+steady-state scrape cheap, a few thousand lines at a time between reads of the other sockets. An idle
+keep-alive connection the target dropped is retried once on a fresh one. Samples carry the time their
+scrape started (timestamps written in a body are not honoured, as with Prometheus's honor_timestamps:
+false). A series sent twice in one body keeps its first sample; the others are dropped and counted in
+`duplicates_dropped`. Targets that went down or came back are logged one line per round, so a
+fleet-wide blip is not a line per target.
 
-A hostile target costs only itself. Each scrape has one deadline, its tick plus the timeout, for
-connecting, waiting, reading and parsing (limits are enforced while reading and parsing, not after).
-A round ends when all its scrapes have, or at its deadline: every scrape still going is then cut off
-and reported down ("deadline of N s exceeded while <what it was doing>"). No scrape outlives its
-round, and since the timeout is at most the interval, the next tick starts on time for every target.
-Only a sink that holds the loop past a tick's deadline (or a parse that ignored its own) makes the
-loop skip ticks (counted in `ticks_skipped`).
+A hostile target costs only itself (limits are enforced while reading and parsing, not after). A
+scrape's fetch has a deadline, its tick plus the timeout, for connecting, waiting and reading, as
+Prometheus's scrape_timeout bounds its HTTP request: a fetch still going at its round's deadline is cut
+off and reported down ("deadline of N s exceeded while <what it was doing>"). A body read in time is
+parsed within a budget of its parser's own CPU time, the timeout again ("parsing used up its N s of
+CPU time"), not of the wall clock: the loop is one thread, and a hub starting (every series new to
+every parser, the store's first inserts holding the GIL on other threads) can give it less CPU in a
+round than that round's first parses take. A parse not done by its round's deadline goes on in the
+next round (and between rounds), and the target's next body waits for it, so that a target's bodies
+are parsed in order; one not done when that next round ends is reported down ("deadline of the next
+round exceeded while parsing"). So every scrape ends within two rounds and a target holds at most two
+bodies. Each round hands the sink the scrapes that ended in it, its own and carried ones, each stamped
+with its own tick. The timeout is at most the interval, so the next tick starts on time for every
+target; only a sink that holds the loop past a tick's deadline makes the loop skip ticks (counted in
+`ticks_skipped`).
 
 `--shard i/n` keeps the targets whose crc32("host:port") modulo n is i: stable across processes and
 hosts, so n hubs split a fleet exactly.
@@ -33,6 +41,7 @@ import errno
 import gc
 import json
 import logging
+import math
 import os
 import selectors
 import socket
@@ -67,6 +76,10 @@ _LOOKUP_THREADS = 4
 _LOOKUP_POLL_S = 0.01
 # Parsing runs in slices of this long between polls of the sockets, whose data waits in kernel buffers.
 _PARSE_SLICE_S = 0.01
+# Rounds after its own that a scrape's body may still wait for its parse, or be parsed in: a hub starting
+# parses every target's first body cold (about 10 us of CPU a sample, 50 times a steady body's), and its
+# other threads hold the GIL for much of its first seconds.
+CARRY_ROUNDS = 3
 _LOGGED_TARGETS = 3  # named in a round's log line of targets that went down or came back
 
 Sink = Callable[[list[ScrapeBatch], list[TargetStatus]], None]
@@ -238,6 +251,7 @@ class _TargetSession:
         self._up: bool | None = None
         self.change = ""  # "down" or "up" when the last scrape changed the target's state
         self.error = ""  # the last scrape's error
+        self.bodies: deque[_Scrape] = deque()  # read, parse not ended, oldest first: the first parses
         self._duplicating = False
 
     def succeeded(self, ts: float, duration_s: float, exposition: Exposition) -> _Outcome:
@@ -304,11 +318,11 @@ def _log_changes(sessions: Sequence[_TargetSession]) -> None:
 
 
 class _Round:
-    """What one round's loop shares with its scrapes: the selector, the deadline, and the scrapes that
-    wait for a host lookup or have a body to parse, a step at a time. Bodies of targets that were up
-    last round are parsed first: their parse is cheap (their series are known), so a round short of CPU
-    (a hub starting, a busy host) spends what it has on keeping them up rather than on the first parse
-    of a new target's series."""
+    """What one round's loop shares with its scrapes: the selector, the deadline, the scrapes that wait
+    for a host lookup or have a body to parse, a step at a time, and those that ended, in the order they
+    did. Bodies of targets that were up last round are parsed first: their parse is cheap (their series
+    are known), so a round short of CPU (a hub starting, a busy host) spends what it has on keeping them
+    up rather than on the first parse of a new target's series."""
 
     def __init__(self, selector: selectors.BaseSelector, resolver: Callable[[], Executor], deadline: float):
         self.selector = selector
@@ -318,10 +332,17 @@ class _Round:
         self.lookups: list[_Scrape] = []
         self.warm: deque[_Scrape] = deque()
         self.cold: deque[_Scrape] = deque()
+        self.ended: list[_Scrape] = []
 
-    def drive(self, scrapes: Sequence[_Scrape]) -> None:
-        """Run every scrape until all have ended or the deadline has passed, then cut off the rest."""
-        self.running = len(scrapes)
+    def drive(
+        self, scrapes: Sequence[_Scrape], carried: Sequence[_Scrape] = (), *, counts: bool = True
+    ) -> list[_Scrape]:
+        """Run this round's scrapes, and those carried into it, until all have ended or the deadline has
+        passed. Then a fetch still going is cut off, and a scrape with a body still to parse is returned,
+        to be carried into the next round; a carried one is failed instead, if this round was the last of
+        its CARRY_ROUNDS (`counts`: the parsing between two rounds is not one)."""
+        self._take(carried)
+        self.running += len(scrapes)
         for scrape in scrapes:
             scrape.guarded(scrape.start)
         while self.running:
@@ -332,34 +353,82 @@ class _Round:
                 left = 0
             elif self.lookups:
                 left = min(left, _LOOKUP_POLL_S)
-            for key, events in self.selector.select(left):
-                scrape = key.data
-                scrape.guarded(lambda scrape=scrape, events=events: scrape.ready(events))
+            self._serve_sockets(left)
             for scrape in [scrape for scrape in self.lookups if scrape.lookup.done()]:
                 self.lookups.remove(scrape)
                 scrape.guarded(scrape.looked_up)
             self._parse_for(_PARSE_SLICE_S)
+        while self.running and self._serve_sockets(0):
+            pass  # what arrived by the deadline counts, however busy the loop (or the GIL) was meanwhile
+        carry = []
+        for scrape in carried:  # the older first: one that fails lets the target's next body be parsed
+            if scrape.outcome is None:
+                if counts and scrape.rounds_left == 0:
+                    scrape.guarded(scrape.give_up)
+                else:
+                    scrape.rounds_left -= counts
+                    carry.append(scrape)
         for scrape in scrapes:
             if scrape.outcome is None:
-                scrape.guarded(scrape.cut_off)
+                if scrape.has_body:
+                    carry.append(scrape)
+                else:
+                    scrape.guarded(scrape.cut_off)
+        return carry
+
+    def _serve_sockets(self, timeout: float) -> int:
+        """Step the scrapes whose sockets are ready, waiting up to `timeout` for one; how many were."""
+        ready = self.selector.select(timeout)
+        for key, events in ready:
+            scrape = key.data
+            scrape.guarded(lambda scrape=scrape, events=events: scrape.ready(events))
+        return len(ready)
+
+    def parse_all(self, carried: Sequence[_Scrape]) -> None:
+        """Parse the bodies of `carried` to their ends, with no deadline but each parse's CPU budget."""
+        self._take(carried)
+        while self.warm or self.cold:
+            self._parse_for(math.inf)
+
+    def queue(self, scrape: _Scrape) -> None:
+        """Queue a scrape whose parse has started for its steps, by whether its target was up."""
+        (self.warm if scrape.session.was_up else self.cold).append(scrape)
+
+    def _take(self, carried: Sequence[_Scrape]) -> None:
+        """Make scrapes carried from an earlier round this one's: parsed, counted and ended here."""
+        for scrape in carried:
+            scrape.round = self
+            if scrape.steps is not None:
+                self.queue(scrape)
+        self.running = len(carried)
 
     def _parse_for(self, seconds: float) -> None:
         """Parse steps, warm bodies first, for about `seconds`: sockets are polled between slices, not
-        between steps (each poll lets the hub's other threads take the GIL, and waits to get it back)."""
+        between steps (each poll lets the hub's other threads take the GIL, and waits to get it back).
+        Bodies are parsed one after the other, each to its end, so that they end in the order they came
+        and a round short of CPU ends as many as it can rather than none (a body's last step would
+        otherwise wait for every other body's first); only a body that had a whole slice and is not done
+        (a large one, a hostile one) goes to the back of its queue, so as not to hold the others."""
         end = time.monotonic() + seconds
+        first = None
         while queue := self.warm or self.cold:
-            scrape = queue.popleft()
+            scrape = queue[0]
+            first = first or scrape
             scrape.guarded(scrape.parse_step)
-            if scrape.steps is not None:
-                queue.append(scrape)
+            ended = scrape.steps is None
+            if ended:
+                queue.popleft()
             if time.monotonic() >= end:
+                if not ended and scrape is first:
+                    queue.rotate(-1)
                 return
 
 
 class _Scrape:
-    """One target's scrape in one round, a state machine the round's loop drives: look up the host if it
-    is not an address, connect (or reuse the idle keep-alive connection), send the request, read the
-    response as it arrives, then parse the body a step at a time. `outcome` is set once it has ended."""
+    """One target's scrape, a state machine the loop drives: look up the host if it is not an address,
+    connect (or reuse the idle keep-alive connection), send the request, read the response as it arrives,
+    then (once the target's earlier bodies are parsed) parse the body a step at a time, in its round or
+    the next. `outcome` is set once it has ended."""
 
     def __init__(self, session: _TargetSession, round_: _Round, ts: float) -> None:
         self.session = session
@@ -370,8 +439,11 @@ class _Scrape:
         self.outcome: _Outcome | None = None
         self.sock: socket.socket | None = None
         self.lookup: Future[list[tuple]] | None = None
-        self.steps: Generator[None, None, Exposition] | None = None
-        self._reader = ResponseReader(session.limits.max_body_bytes)
+        self.steps: Generator[int, None, Exposition] | None = None
+        self.line = 1  # the next line to parse
+        self.rounds_left = CARRY_ROUNDS  # rounds it may still be carried into, past the one it is in
+        self._text = ""  # the body, until its parse starts
+        self._reader: ResponseReader | None = ResponseReader(session.limits.max_body_bytes)  # till read
         self._sent = 0
         self._reused = False
         self._retried = False
@@ -428,20 +500,33 @@ class _Scrape:
         else:
             self._receive()
 
+    @property
+    def has_body(self) -> bool:
+        """Whether its body was read and waits for its parse, or is being parsed."""
+        return self in self.session.bodies
+
+    def start_parse(self) -> None:
+        """Parse the body, a step at a time, now that the target's earlier bodies are parsed."""
+        self.phase = "parsing"
+        self.steps = self.session.parser.parse_steps(self._text, self.session.timeout_s)
+        self._text = ""
+        self.round.queue(self)
+
     def parse_step(self) -> None:
         try:
-            next(self.steps)
+            self.line = next(self.steps)
         except StopIteration as done:
             self.steps = None
             self._end(self.session.succeeded(self.ts, time.perf_counter() - self.started, done.value))
 
     def cut_off(self) -> None:
-        """The round's deadline has passed: a parse is resumed once (it stops at once, at its deadline,
-        unless only its last step was left); anything else ends down, naming where it was."""
-        if self.steps is not None:
-            self.parse_step()
-        else:
-            self._fail(self.session.deadline_error(self.phase))
+        """The round's deadline has passed during the fetch: it ends down, naming where it was."""
+        self._fail(self.session.deadline_error(self.phase))
+
+    def give_up(self) -> None:
+        """CARRY_ROUNDS rounds after its own have ended too, its body not parsed: it ends down."""
+        doing = f"parsing (line {self.line})" if self.steps is not None else self.phase
+        self._fail(f"deadline of {CARRY_ROUNDS} more round(s) exceeded while {doing}")
 
     def _connect(self) -> None:
         self.phase = "connecting"
@@ -470,25 +555,29 @@ class _Scrape:
         self._watch(events)
 
     def _receive(self) -> None:
-        try:
-            data = self.sock.recv(_READ_CHUNK)
-        except BlockingIOError:
-            return
-        except ConnectionResetError:
-            if not self._may_retry():
-                raise
-            self._retry()
-            return
+        """Read all the socket holds, up to the response's end: a chunk per poll would leave a large body
+        waiting for the parse slices between polls (the reader's limits bound what is read)."""
         reader = self._reader
-        if not data:
-            if self._may_retry():
+        while True:
+            try:
+                data = self.sock.recv(_READ_CHUNK)
+            except BlockingIOError:
+                return
+            except ConnectionResetError:
+                if not self._may_retry():
+                    raise
                 self._retry()
                 return
-            reader.closed()
-        elif not reader.feed(data):
+            if not data:
+                if self._may_retry():
+                    self._retry()
+                    return
+                reader.closed()
+                break
+            if reader.feed(data):
+                break
             if reader.head_done:
                 self.phase = "reading the body"
-            return
         self._body_read(reader)
 
     def _body_read(self, reader: ResponseReader) -> None:
@@ -499,17 +588,22 @@ class _Scrape:
             self.session.sock = sock
         else:
             sock.close()
-        self.phase = "parsing"
         body = reader.body
         if reader.content_encoding == "gzip":
             body = _gunzip(body, self.session.limits.max_body_bytes)
-        self.steps = self.session.parser.parse_steps(body.decode(), self.round.deadline)
-        (self.round.warm if self.session.was_up else self.round.cold).append(self)
+        self._text = body.decode()
+        self._reader = None  # its bytes: the body may wait rounds for its parse, as text alone
+        bodies = self.session.bodies
+        bodies.append(self)
+        if len(bodies) == 1:
+            self.start_parse()
+        else:
+            self.phase = "waiting for the parse of the target's previous body"
 
     def _may_retry(self) -> bool:
         """Whether the connection that failed was the idle keep-alive one, before any byte of its answer:
         the target dropped it while idle, which is worth one more try on a fresh connection."""
-        return self._reused and not self._retried and not self._reader.started
+        return self._reused and not self._retried and self._reader is not None and not self._reader.started
 
     def _retry(self) -> None:
         self._close_socket()
@@ -545,12 +639,20 @@ class _Scrape:
             self._end(self.session.failed(self.ts, time.perf_counter() - self.started, error))
 
     def _end(self, outcome: _Outcome) -> None:
+        """Record the outcome; if this scrape held the target's parser, the target's next body may start."""
         self.outcome = outcome
         self.round.running -= 1
+        self.round.ended.append(self)
+        bodies = self.session.bodies
+        if self in bodies:
+            held_parser = bodies[0] is self
+            bodies.remove(self)
+            if held_parser and bodies:
+                bodies[0].guarded(bodies[0].start_parse)
 
     def _describe(self, exc: BaseException) -> str:
         if isinstance(exc, DeadlineExceeded):
-            return self.session.deadline_error(f"parsing (line {exc.lineno})")
+            return f"parsing used up its {self.session.timeout_s:g} s of CPU time (line {exc.lineno})"
         if isinstance(exc, ConnectionRefusedError):
             return "connection refused"
         if isinstance(exc, socket.gaierror):
@@ -569,8 +671,9 @@ class Scraper:
     `selectors`) and parses each body, a run of lines at a time between reads, as it completes: no
     thread per target, and so no threads fighting for the GIL. Host names are looked up on a small
     pool of threads (addresses need none). A round ends when all its scrapes have, or at its deadline,
-    when every scrape still going is cut off; so no scrape outlives its round, and none can overlap the
-    next.
+    when every fetch still going is cut off and every body still to parse is carried into the next
+    round (see the module's docstring); so no fetch outlives its round, no scrape the round after, and
+    a target is asked once per round.
 
     `target_source` is called before every round (a TargetsFile's `current`, or any list in tests);
     `targets` holds the last round's targets of this shard. `clock` gives the unix time that stamps
@@ -612,29 +715,46 @@ class Scraper:
         self._selector = selectors.DefaultSelector()
         self._resolver: ThreadPoolExecutor | None = None
         self._settled = False
+        self._carried: list[_Scrape] = []  # scrapes whose body is still to parse, into the next round
+        self._ended: list[_Scrape] = []  # scrapes ended and not yet handed over, in the order they ended
 
     def scrape_once(self) -> tuple[list[ScrapeBatch], list[TargetStatus]]:
-        """One round now: every target of this shard, concurrently, each until its deadline."""
-        return self._round(time.monotonic() + self.timeout_s)
+        """One round now: every target of this shard, concurrently, each fetch until its deadline, and
+        every body read parsed to its end (or its CPU budget's)."""
+        self._round(time.monotonic() + self.timeout_s)
+        self._parse_carried()
+        return self._take_ended()
 
     def run(self, stop: threading.Event, sink: Sink) -> None:
-        """Scrape at each multiple of the interval until `stop` is set; `sink` gets every round.
+        """Scrape at each multiple of the interval until `stop` is set; after each round, `sink` gets the
+        scrapes that ended since its last call (the round's, and earlier rounds' that were still parsing).
 
-        A round ends by its deadline, which is never past the next tick, so slow targets delay no
-        tick. A sink that raises loses only its own round; one that blocks past a tick's deadline
-        makes the loop skip that tick rather than bunch scrapes together.
+        A round ends by its deadline, which is never past the next tick, so slow targets delay no tick;
+        bodies still to parse are parsed until the next tick, and in the next round. A sink that raises
+        loses only what it was given; one that blocks past a tick's deadline makes the loop skip that
+        tick rather than bunch scrapes together. Once stopped, the bodies read are parsed and handed over.
         """
         tick = self._first_tick(self._clock())
-        while not stop.wait(max(0.0, tick - self._clock())):
+        while not stop.is_set():
+            self._parse_until(tick)
+            if stop.wait(max(0.0, tick - self._clock())):
+                break
             late = max(0.0, self._clock() - tick)
-            batches, statuses = self._round(time.monotonic() + self.timeout_s - late)
-            try:
-                sink(batches, statuses)
-            except Exception:
-                log.exception("scrape sink failed; %d batches of this round are lost", len(batches))
+            self._round(time.monotonic() + self.timeout_s - late)
+            self._hand_over(sink)
             if not self._settled:
                 self._settle()
             tick = self._next_tick(tick)
+        self._parse_carried()
+        if self._ended:
+            self._hand_over(sink)
+
+    def _hand_over(self, sink: Sink) -> None:
+        batches, statuses = self._take_ended()
+        try:
+            sink(batches, statuses)
+        except Exception:
+            log.exception("scrape sink failed; %d batches of this round are lost", len(batches))
 
     def _settle(self) -> None:
         """After the first round whose targets that answered all sent steady bodies (every series cached),
@@ -666,7 +786,7 @@ class Scraper:
         return (now // self.interval_s + 1) * self.interval_s
 
     def _next_tick(self, tick: float) -> float:
-        """The tick after `tick`, unless the sink (or a parse deaf to its deadline) held the loop past its
+        """The tick after `tick`, unless the sink (or one step of a parse) held the loop past its
         deadline (then the first tick whose deadline is still ahead, the skipped ones counted), or the
         clock was set back."""
         tick += self.interval_s
@@ -681,15 +801,36 @@ class Scraper:
             tick = self._first_tick(now)
         return tick
 
-    def _round(self, deadline: float) -> tuple[list[ScrapeBatch], list[TargetStatus]]:
-        """Scrape every target of this shard by `deadline` (time.monotonic), and collect."""
+    def _round(self, deadline: float) -> None:
+        """Scrape every target of this shard, each fetch by `deadline` (time.monotonic), and go on with
+        the bodies carried from the round before; this round's last for them."""
         self.targets = [target for target in self._target_source() if self.shard.owns(target)]
         round_ = _Round(self._selector, self._lookups, deadline)
         ts = self._clock()
         scrapes = [_Scrape(session, round_, ts) for session in self._sessions_for(self.targets)]
-        round_.drive(scrapes)
-        _log_changes([scrape.session for scrape in scrapes])
-        outcomes = [scrape.outcome for scrape in scrapes if scrape.outcome is not None]
+        self._carried = round_.drive(scrapes, self._carried)
+        self._ended += round_.ended
+
+    def _parse_until(self, tick: float) -> None:
+        """Go on parsing the carried bodies until `tick` (unix time, on `clock`), the next round's start."""
+        if self._carried:
+            round_ = _Round(self._selector, self._lookups, time.monotonic() + tick - self._clock())
+            self._carried = round_.drive((), self._carried, counts=False)
+            self._ended += round_.ended
+
+    def _parse_carried(self) -> None:
+        """Parse the carried bodies to their ends (each within its CPU budget)."""
+        round_ = _Round(self._selector, self._lookups, math.inf)
+        round_.parse_all(self._carried)
+        self._carried = []
+        self._ended += round_.ended
+
+    def _take_ended(self) -> tuple[list[ScrapeBatch], list[TargetStatus]]:
+        """The scrapes ended since the last call, as batches and statuses, their types and duplicates
+        counted, and their targets' changes logged."""
+        ended, self._ended = self._ended, []
+        _log_changes(list(dict.fromkeys(scrape.session for scrape in ended)))
+        outcomes = [scrape.outcome for scrape in ended]
         for outcome in outcomes:
             self.types.update(outcome.types)
             self.duplicates_dropped += outcome.duplicates

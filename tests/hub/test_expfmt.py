@@ -1,5 +1,5 @@
 """The exposition parser reads real bodies sample for sample as prometheus_client does, names broken lines,
-enforces its limits and deadline while parsing, keeps the first of a series sent twice, and stays right
+enforces its limits and CPU budget while parsing, keeps the first of a series sent twice, and stays right
 when its series cache answers instead of the full parse."""
 
 from __future__ import annotations
@@ -212,33 +212,53 @@ def test_the_sample_limit_stops_the_parse_at_the_first_sample_over_it() -> None:
     assert len(ExpositionParser(max_samples=30_000).parse("\n".join(lines))) == 30_000
 
 
-class StepClock:
-    """A clock that reads 0, 1, 2, ... on successive calls, counting them."""
+class CpuClock:
+    """A CPU clock that advances `per_read` on every read (the parse's own steps taking time), and by
+    whatever a test adds to `now` (other parses and threads running between its steps); reads counted."""
 
-    def __init__(self) -> None:
+    def __init__(self, per_read: float = 1.0) -> None:
+        self.per_read = per_read
+        self.now = 0.0
         self.calls = 0
 
     def __call__(self) -> float:
         self.calls += 1
-        return self.calls - 1
+        self.now += self.per_read
+        return self.now
 
 
-def test_a_deadline_stops_the_parse_between_chunks_naming_the_line_reached() -> None:
+def test_a_cpu_budget_stops_the_parse_between_runs_naming_the_line_reached() -> None:
     text = "\n".join(numbered_body(40_000)) + "\n"  # about 1.5 MB
     reached = []
-    for deadline in (0, 1, 2):
-        with pytest.raises(
-            DeadlineExceeded, match=r"^deadline exceeded while parsing \(line \d+\)$"
-        ) as caught:
-            ExpositionParser(clock=StepClock()).parse(text, deadline)
+    for budget in (0, 1, 2):  # each run of lines costs the parse 1 s on this clock
+        with pytest.raises(DeadlineExceeded, match=r"^parsing used up its CPU time \(line \d+\)$") as caught:
+            ExpositionParser(clock=CpuClock()).parse(text, budget)
         reached.append(caught.value.lineno)
     assert reached[0] == 1 and reached[0] < reached[1] < reached[2] < 44_000, reached
-    clock = StepClock()
-    assert len(ExpositionParser(max_samples=40_000, clock=clock).parse(text, deadline=1e9)) == 40_000
-    assert 2 <= clock.calls <= len(text) // 50_000, "checked now and then, not on every line"
+    clock = CpuClock()
+    assert len(ExpositionParser(max_samples=40_000, clock=clock).parse(text, cpu_budget_s=1e9)) == 40_000
+    assert 2 <= clock.calls <= len(text) // 25_000, "read twice a run of lines, not on every line"
 
 
-def test_without_a_deadline_the_clock_is_never_read() -> None:
+def test_the_cpu_budget_counts_the_parses_own_steps_not_the_time_between_them() -> None:
+    """The scraper's one thread parses many bodies a step at a time, and waits for the GIL that other
+    threads hold: a parse is charged for its own steps only, however long it waited between them."""
+    text = "\n".join(numbered_body(40_000)) + "\n"
+    for per_step, completes in ((0.0, True), (0.25, False)):
+        clock = CpuClock(per_read=per_step)  # a step's run of lines lies between two reads
+        steps = ExpositionParser(clock=clock).parse_steps(text, cpu_budget_s=1.0)
+        lines = []
+        with pytest.raises(StopIteration if completes else DeadlineExceeded) as ended:
+            while True:
+                lines.append(next(steps))
+                clock.now += 10.0  # ten seconds of other work before the parse's next step
+        if completes:
+            assert len(ended.value.value) == 40_000 and len(lines) > 4
+        else:
+            assert ended.value.lineno == lines[-1] and len(lines) == 4, "stopped once its steps took 1 s"
+
+
+def test_without_a_budget_the_clock_is_never_read() -> None:
     def no_clock() -> float:
         raise AssertionError("read the clock")
 
