@@ -99,7 +99,7 @@ def test_a_wait_past_queue_s_is_refused_with_when_a_slot_frees():
         take(slots, "a")
     assert "no slot came free in" in str(refused.value)
     assert "this client runs 1 queries of its 1 (hub.query_slots_per_client)" in str(refused.value)
-    assert refused.value.retry_after_s in (7, 8)  # the holding query's deadline, in whole seconds up
+    assert 1 <= refused.value.retry_after_s <= 8  # by the holding query's deadline, in whole seconds
     assert (slots.running, slots.waiting) == (0, 0)
 
 
