@@ -28,6 +28,7 @@ EXTRA_OF_MODULE = {
     "sklearn": "hub",
     "httpx": "hub",
     "cramjam": "hub",
+    "re2": "hub",
     "streamlit": "ui",
     "altair": "ui",
     "kubernetes": "k8s",
@@ -99,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     exporter = sub.add_parser("exporter", help="serve this VM's GPU, RoCE and link metrics over HTTP")
     exporter.add_argument("--listen", help="HOST:PORT to serve /metrics on (default 0.0.0.0:9400)")
+    exporter.add_argument(
+        "--web.max-requests",
+        type=int,
+        dest="web_max_requests",
+        metavar="N",
+        help="scrapes in flight at once, past which one is answered 503; 0: no bound (default 40)",
+    )
     _exporter_flags(exporter)
     exporter.set_defaults(run="fleetlens.exporter_cli:cmd_exporter")
 
