@@ -1,7 +1,8 @@
 """The hub's one path to the store: straight in while the store takes batches, through the spool while not.
 
     writer = Writer(store, Spool("/var/lib/fleetlens/spool", max_bytes=1 << 30))
-    writer.write("samples", batches)      # from the scrape loop and the receivers; never raises a StoreError
+    writer.write("steps", rows)           # from the receivers; never raises a StoreError
+    writer.write_round(batches, statuses) # scraped samples and their scrape rows, together or not at all
     registry.register(writer)             # its metrics and the spool's, on the hub's /metrics
     writer.close()                        # stops replaying, tries once more; what is left stays on disk
 
@@ -10,7 +11,13 @@ batch it already took (a crash between an insert and the deletion of its spool f
 spools the batch and a background thread replays the spool, waiting longer after each failed try
 (Backoff). StoreRejected keeps it in the spool's rejected/ directory, never retried. While anything is
 spooled, new writes are spooled behind it, so the batches of one writing thread reach the store in the
-order they were written.
+order they were written. A round's target statuses go into the same spool file as its samples
+(write_round), so the replay stores both or neither.
+
+The store keeps one row per sample, step and scrape whatever is sent again (analytics.store.ledger):
+repeats are dropped as Prometheus's TSDB drops them, the first row kept, and counted in
+fleetlens_hub_refused_rows{kind, reason="duplicate"} (the stored value: a retry, a replay, a sender's
+repeat) or {reason="conflict"} (another value: Prometheus's duplicate sample for timestamp).
 
 Operators hear of it: the first failure after a good insert logs that the store refuses writes and why,
 and the first good insert after failures logs that it takes them again (one line per change of state,

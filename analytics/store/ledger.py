@@ -6,10 +6,14 @@ requests, across batches grouped together or replayed from the hub's spool, acro
 row stored stays, with Prometheus's TSDB semantics for a sample at a timestamp its series already has
 (storage.ErrDuplicateSampleForTimestamp): the identical value, bit for bit, is dropped in silence (a
 retry, a replay, a sender's repeat); another value is refused and the stored one kept. Steps compare
-their duration_s, scrape rows their `up`. Each insert reports what it dropped (Inserted.duplicates,
-Inserted.conflicts; the hub counts them in fleetlens_hub_refused_rows{kind, reason="duplicate" or
-"conflict"}). Unlike Prometheus, a row older than its key's latest is stored if its key is not: backfill
-and remote write's resharded queues are not out of order here.
+their duration_s, scrape rows their `up`. A step is one run of it: records of one (job, rank, step)
+STEP_RUN_APART_MS or more apart in time are two runs, both stored (a job restarted from its last
+checkpoint runs the steps since again, as sim.jobs plays it and slow_node expects), nearer ones one
+step sent again (a retry or a replay keeps its time; two records 0.1 ms apart are one step). Each
+insert reports what it dropped (Inserted.duplicates, Inserted.conflicts; the hub counts them in
+fleetlens_hub_refused_rows{kind, reason="duplicate" or "conflict"}). Unlike Prometheus, a row older than
+its key's latest is stored if its key is not: backfill and remote write's resharded queues are not out of
+order here.
 
 Cheap on the hot path. A key's rows come in order nearly always (a series' scrapes, a rank's steps), so a
 ledger keeps per key a high-water mark: no row of the key past the mark is stored. A row past its mark
@@ -48,10 +52,14 @@ from analytics.store.records import ScrapeBatch, TargetStatus
 
 MAX_LEDGER_KEYS = 2_000_000  # past this many keys a ledger starts over (label churn)
 MAX_CACHED_BATCH_SERIES = 100_000  # series lists whose marks' positions a SampleLedger keeps
+# Records of one (job, rank, step) this far apart in time are two runs of the step (a job restarted from a
+# checkpoint runs its last steps again, sim.jobs), nearer one step sent again (a retry keeps its time).
+STEP_RUN_APART_MS = 10_000
 
 R = TypeVar("R")
 K = TypeVar("K", bound=Hashable)
 
+TimedValues = list[tuple[int, object]]  # the time (ms) and value of each stored row of one key and order
 # (sql, parameters) -> rows: a query on the inserting session, its failures the store's StoreErrors
 Query = Callable[[str, Mapping[str, Any]], Sequence[tuple]]
 
@@ -100,8 +108,9 @@ class RecordLookup(Protocol[K]):
         """Of `keys`, those with a row at order `since` or later, and their latest order."""
         ...
 
-    def values(self, keys: Collection[tuple[K, int]]) -> Mapping[tuple[K, int], object]:
-        """Of `keys` ((key, order) pairs), those stored, and their stored value (the first if several)."""
+    def values(self, keys: Collection[tuple[K, int]]) -> Mapping[tuple[K, int], TimedValues]:
+        """Of `keys` ((key, order) pairs), those stored, and the time (ms) and value of each of their
+        stored rows."""
         ...
 
 
@@ -121,24 +130,29 @@ class SampleLookup(Protocol):
 
 class RecordLedger(Generic[R, K]):
     """High-water marks of the rows of one table, by `key`; `order` orders a key's rows (an int), `value`
-    is what a repeat is compared by."""
+    is what a repeat is compared by. With `apart_ms`, rows of one key and order whose `time` (ms) is that
+    far from every other's are different rows, each stored: a step run again (module docstring)."""
 
     def __init__(
         self,
         key: Callable[[R], K],
         order: Callable[[R], int],
         value: Callable[[R], object],
+        time: Callable[[R], int],
+        apart_ms: int = 0,
         limit: int = MAX_LEDGER_KEYS,
     ) -> None:
         self.lock = threading.Lock()  # held by the store from admit() to the end of the insert
-        self._key, self._order, self._value = key, order, value
+        self._key, self._order, self._value, self._time = key, order, value, time
+        self._apart_ms = apart_ms
         self._limit = limit
         self._marks: dict[K, int] = {}
 
     def admit(self, rows: Sequence[R], lookup: RecordLookup[K]) -> Admitted[R]:
-        """The rows of `rows` not stored yet, the first of each key and order, in their order; the marks
-        move past them. Raises the lookup's StoreError (the marks then only claim more than is stored)."""
-        key, order, value, marks = self._key, self._order, self._value, self._marks
+        """The rows of `rows` not stored yet, the first of each key and order (and time, with apart_ms),
+        in their order; the marks move past them. Raises the lookup's StoreError (the marks then only
+        claim more than is stored)."""
+        key, order, marks = self._key, self._order, self._marks
         keyed = [(key(row), order(row), row) for row in rows]
         if unknown := {k for k, _, _ in keyed} - marks.keys():
             if len(marks) + len(unknown) > self._limit:
@@ -148,30 +162,35 @@ class RecordLedger(Generic[R, K]):
             found = lookup.marks(unknown, since)
             marks.update((k, found.get(k, since - 1)) for k in unknown)
         kept: list[R] = []
-        firsts: dict[tuple[K, int], object] = {}
+        seen: dict[tuple[K, int], list[tuple[int, object]]] = {}  # rows kept, by key and order
         later: list[tuple[K, int, R]] = []
         for k, o, row in keyed:
             if o > marks[k]:
                 marks[k] = o
                 kept.append(row)
-                firsts[k, o] = value(row)
+                seen[k, o] = [(self._time(row), self._value(row))]
             else:
                 later.append((k, o, row))
         if not later:
             return Admitted(kept)
-        asked = {(k, o) for k, o, _ in later} - firsts.keys()
-        stored = lookup.values(asked) if asked else {}
+        stored = lookup.values({(k, o) for k, o, _ in later})
         duplicates = conflicts = 0
         for k, o, row in later:
-            first = firsts.get((k, o), stored.get((k, o), _MISSING))
+            t, value = self._time(row), self._value(row)
+            before = [*stored.get((k, o), ()), *seen.get((k, o), ())]
+            first = next((v for when, v in before if self._repeats(t, when)), _MISSING)
             if first is _MISSING:
-                firsts[k, o] = value(row)
+                seen.setdefault((k, o), []).append((t, value))
                 kept.append(row)
-            elif same(first, value(row)):
+            elif same(first, value):
                 duplicates += 1
             else:
                 conflicts += 1
         return Admitted(kept, duplicates, conflicts)
+
+    def _repeats(self, time: int, other: int) -> bool:
+        """Whether a row at `time` repeats one of the same key and order at `other`."""
+        return not self._apart_ms or abs(time - other) < self._apart_ms
 
 
 class SampleLedger:
@@ -319,10 +338,19 @@ class Ledgers:
     def __init__(self, limit: int = MAX_LEDGER_KEYS) -> None:
         self.samples = SampleLedger(limit)
         self.steps: RecordLedger[Any, tuple[str, int]] = RecordLedger(
-            lambda row: (row.job, row.rank), lambda row: row.step, lambda row: float(row.duration_s), limit
+            lambda row: (row.job, row.rank),
+            lambda row: row.step,
+            lambda row: float(row.duration_s),
+            lambda row: millis(row.ts),
+            STEP_RUN_APART_MS,
+            limit,
         )
         self.targets: RecordLedger[TargetStatus, tuple[str, str]] = RecordLedger(
-            lambda row: (row.target, row.node), lambda row: millis(row.ts), lambda row: bool(row.up), limit
+            lambda row: (row.target, row.node),
+            lambda row: millis(row.ts),
+            lambda row: bool(row.up),
+            lambda row: millis(row.ts),
+            limit=limit,
         )
 
 
@@ -385,15 +413,13 @@ class StepRows:
         wanted = set(keys)
         return {(job, rank): step for job, rank, step in rows if (job, rank) in wanted}
 
-    def values(
-        self, keys: Collection[tuple[tuple[str, int], int]]
-    ) -> dict[tuple[tuple[str, int], int], float]:
+    def values(self, keys: Collection[tuple[tuple[str, int], int]]) -> dict[tuple[Any, int], TimedValues]:
         rows = self._query(
-            f"SELECT job, rank, step, duration_s FROM {self._table}"
-            " WHERE job IN {jobs:Array(String)} AND step IN {steps:Array(UInt64)}",
+            f"SELECT job, rank, step, toUnixTimestamp64Milli(ts), duration_s FROM {self._table}"
+            " WHERE job IN {jobs:Array(String)} AND step IN {steps:Array(UInt64)} ORDER BY ts",
             {"jobs": sorted({job for (job, _), _ in keys}), "steps": sorted({step for _, step in keys})},
         )
-        return _first_of(((job, rank), step, duration) for job, rank, step, duration in rows)
+        return _by_key(((job, rank), step, t, duration) for job, rank, step, t, duration in rows)
 
 
 class TargetRows:
@@ -413,9 +439,7 @@ class TargetRows:
         wanted = set(keys)
         return {(target, node): t for target, node, t in rows if (target, node) in wanted}
 
-    def values(
-        self, keys: Collection[tuple[tuple[str, str], int]]
-    ) -> dict[tuple[tuple[str, str], int], bool]:
+    def values(self, keys: Collection[tuple[tuple[str, str], int]]) -> dict[tuple[Any, int], TimedValues]:
         times = {t for _, t in keys}
         rows = self._query(
             f"SELECT target, node, toUnixTimestamp64Milli(ts) AS t, up FROM {self._table}"
@@ -428,13 +452,13 @@ class TargetRows:
                 "times": sorted(times),
             },
         )
-        return _first_of(((target, node), t, bool(up)) for target, node, t, up in rows)
+        return _by_key(((target, node), t, t, bool(up)) for target, node, t, up in rows)
 
 
-def _first_of(rows: Iterable[tuple[Hashable, int, object]]) -> dict[tuple[Any, int], object]:
-    """(key, order) -> value of the first row of each; the store's rows of a key asked about may hold
-    others of its orders, which the ledger does not ask for."""
-    found: dict[tuple[Any, int], object] = {}
-    for key, order, value in rows:
-        found.setdefault((key, order), value)
+def _by_key(rows: Iterable[tuple[Hashable, int, int, object]]) -> dict[tuple[Any, int], TimedValues]:
+    """(key, order) -> [(time, value)] of stored rows given as (key, order, time, value); the rows of a
+    key asked about may hold others of its orders, which the ledger does not ask for."""
+    found: dict[tuple[Any, int], TimedValues] = {}
+    for key, order, time, value in rows:
+        found.setdefault((key, order), []).append((time, value))
     return found

@@ -152,3 +152,20 @@ def test_scrape_rows_repeated_in_one_insert_and_later_are_stored_once(store: Sto
     )
     assert (int(result), result.duplicates, result.conflicts) == (1, 1, 0)
     assert store.query("SELECT count(), countIf(up) FROM targets").rows == [(2, 2)]
+
+
+def test_a_step_run_again_after_a_restart_from_a_checkpoint_is_stored_and_its_retry_is_not(store: Store):
+    now = time.time()
+    first_run = [
+        StepRecord(now + i, "job-c", 0, "vela-001", step, 0.5) for i, step in enumerate(range(100, 105))
+    ]
+    rerun = [
+        StepRecord(now + 60 + i, "job-c", 0, "vela-001", step, 0.6) for i, step in enumerate(range(101, 107))
+    ]
+    assert store.insert_steps(first_run, token="run-1") == 5
+    result = store.insert_steps(rerun, token="run-2")  # restarted from the checkpoint at step 100
+    assert (int(result), result.duplicates, result.conflicts) == (6, 0, 0)
+    result = store.insert_steps([*first_run[2:], *rerun[:3]], token="retry")  # both runs sent again
+    assert (int(result), result.duplicates, result.conflicts) == (0, 6, 0)
+    runs = store.query("SELECT step, count() FROM steps WHERE job = 'job-c' GROUP BY step ORDER BY step").rows
+    assert runs == [(100, 1), (101, 2), (102, 2), (103, 2), (104, 2), (105, 1), (106, 1)]
