@@ -94,6 +94,9 @@ class ExporterConfig:
     gpu_sim_count: int = 8
     netclass_ignored_devices: str = "^$"
     netclass_ignore_invalid_speed: bool = False
+    # scrapes in flight at once (collecting together, or rendering), past which one is answered 503;
+    # 0: no bound (node_exporter's --web.max-requests, and its default)
+    web_max_requests: int = 40
 
     def __post_init__(self) -> None:
         split_listen(self.listen, "exporter.listen")
@@ -104,6 +107,10 @@ class ExporterConfig:
             raise ConfigError(f"exporter.netclass_ignored_devices: not a regular expression: {exc}") from None
         if self.gpu_sim_count < 0:
             raise ConfigError(f"exporter.gpu_sim_count: must be >= 0, got {self.gpu_sim_count}")
+        if self.web_max_requests < 0:
+            raise ConfigError(
+                f"exporter.web_max_requests: must be >= 0 (0: no bound), got {self.web_max_requests}"
+            )
 
     @property
     def host_port(self) -> tuple[str, int]:

@@ -44,7 +44,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     config = _exporter_config(args, listen=args.listen)
     exporter = build_exporter(config)
     host, port = config.host_port
-    server = serve(make_registry(exporter), host, port)
+    server = serve(make_registry(exporter), host, port, config.web_max_requests)
     shown_host = f"[{host}]" if ":" in host else host
     log.info(
         "serving metrics at http://%s:%d/metrics (collectors: %s)",

@@ -1,23 +1,31 @@
-"""The exporter process: guards around collectors, its own metrics, HTTP content negotiation."""
+"""The exporter process: guards around collectors, its own metrics, HTTP content negotiation, and
+scrapes that arrive together sharing one collection, bounded by --web.max-requests."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 from collectors import textformat
 from collectors.base import ReadErrors
-from collectors.exporter import Exporter, make_registry, serve
+from collectors.exporter import Exporter, SharedCollection, make_registry, scrape_body, serve
 from collectors.registry import BuiltCollector
+from fleetlens.cli import build_parser
+from fleetlens.exporter_cli import _exporter_config
+from tests.support.clock import FakeClock
 
 
 class Healthy:
@@ -154,3 +162,124 @@ def test_sysfs_root_that_is_no_directory_is_a_config_error(tmp_path, command, ma
     assert "--sysfs-root" in line and str(root) in line
     assert ("does not exist" if make_root == "missing" else "is not a directory") in line
     assert "Traceback" not in done.stderr
+
+
+class Gate:
+    """A collector whose collect() blocks until the test opens the gate, counting its calls: a slow
+    collection that the test holds and lets go, with no sleep. Each collection reports its number."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.opened = threading.Event()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        self.calls += 1
+        number = self.calls
+        self.opened.wait(timeout=30)  # a test that never opens it fails rather than hangs
+        yield GaugeMetricFamily("fleetlens_test_collection", "Which collection answered.", value=number)
+
+
+@contextlib.contextmanager
+def served(registry: CollectorRegistry, max_requests: int = 40) -> Iterator[tuple[str, SharedCollection]]:
+    """The metrics server on a free port: its base URL and the collections its scrapes share."""
+    srv = serve(registry, "127.0.0.1", 0, max_requests)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_port}", srv.get_app().shared
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def answer(url: str) -> tuple[int, bytes, dict[str, str]]:
+    """Status, body and headers of a GET; a 503 is an answer too."""
+    try:
+        with urllib.request.urlopen(url, timeout=30) as resp:
+            return resp.status, resp.read(), dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), dict(exc.headers)
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} after {timeout_s:g} s"
+        time.sleep(0.005)
+
+
+def test_parallel_scrapes_share_one_collection_and_get_the_same_body() -> None:
+    """Twenty scrapes that arrive while a collection runs wait for it: the collector runs once, all get
+    its body; a scrape that comes after it ended starts a new collection (nothing is kept between)."""
+    gate = Gate()
+    with (
+        served(make_registry(Exporter([built("gate", gate)]), process_metrics=False)) as (base, shared),
+        ThreadPoolExecutor(20) as pool,
+    ):
+        scrapes = [pool.submit(answer, base + "/metrics") for _ in range(20)]
+        wait_until(lambda: shared.in_flight == 20, "20 scrapes in flight")
+        assert gate.calls == 1, "one collection for all of them"
+        gate.opened.set()
+        answers = [scrape.result() for scrape in scrapes]
+        later = answer(base + "/metrics")
+    assert {status for status, _, _ in answers} == {200}
+    (body,) = {body for _, body, _ in answers}
+    assert b"\nfleetlens_test_collection 1\n" in body
+    assert later[0] == 200 and b"\nfleetlens_test_collection 2\n" in later[1] and gate.calls == 2
+
+
+def test_past_max_requests_a_scrape_is_answered_503_naming_the_limit() -> None:
+    gate = Gate()
+    registry = make_registry(Exporter([built("gate", gate)]), process_metrics=False)
+    with served(registry, max_requests=3) as (base, shared), ThreadPoolExecutor(3) as pool:
+        scrapes = [pool.submit(answer, base + "/metrics") for _ in range(3)]
+        wait_until(lambda: shared.in_flight == 3, "3 scrapes in flight")
+        status, body, headers = answer(base + "/metrics")
+        gate.opened.set()
+        assert [scrape.result()[0] for scrape in scrapes] == [200, 200, 200]
+        after = answer(base + "/metrics")[0]
+    assert status == 503 and headers["Retry-After"] == "1"
+    assert body == b"3 scrapes are in flight, the most --web.max-requests allows; try again later\n"
+    assert after == 200 and gate.calls == 2, "the refused scrape ran no collector; a later one does"
+
+
+def test_no_bound_with_max_requests_0() -> None:
+    gate = Gate()
+    registry = make_registry(Exporter([built("gate", gate)]), process_metrics=False)
+    with served(registry, max_requests=0) as (base, shared), ThreadPoolExecutor(60) as pool:
+        scrapes = [pool.submit(answer, base + "/metrics") for _ in range(60)]
+        wait_until(lambda: shared.in_flight == 60, "60 scrapes in flight")
+        gate.opened.set()
+        assert {scrape.result()[0] for scrape in scrapes} == {200} and gate.calls == 1
+
+
+@pytest.mark.parametrize("accept", ["", "application/openmetrics-text; version=1.0.0"])
+@pytest.mark.parametrize("encoding", ["", "gzip"])
+def test_a_shared_scrape_answers_the_exposition_a_direct_one_renders(accept: str, encoding: str) -> None:
+    exporter = Exporter([built("healthy", Healthy()), built("broken", Broken())], clock=FakeClock())
+    registry = make_registry(exporter, process_metrics=False)
+    expected, content_type = scrape_body(registry, accept)
+    with served(registry) as (base, _):
+        request = urllib.request.Request(
+            base + "/metrics", headers={"Accept": accept, "Accept-Encoding": encoding}
+        )
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            body, headers = resp.read(), resp.headers
+    assert headers["Content-Type"] == content_type
+    assert (gzip.decompress(body) if encoding else body) == expected
+
+
+@pytest.mark.parametrize(
+    ("given", "max_requests"), [([], 40), (["--web.max-requests", "7"], 7), (["--web.max-requests", "0"], 0)]
+)
+def test_web_max_requests_flag_reaches_the_config(given: list[str], max_requests: int) -> None:
+    args = build_parser().parse_args(["exporter", *given])
+    assert _exporter_config(args, listen=args.listen).web_max_requests == max_requests
+
+
+def test_a_negative_web_max_requests_is_refused_in_one_line(tmp_path) -> None:
+    argv = [sys.executable, "-m", "fleetlens.cli", "exporter", "--web.max-requests", "-1"]
+    argv += ["--sysfs-root", str(tmp_path), "--gpu-backend", "none", "--listen", "127.0.0.1:0"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    [line] = done.stderr.splitlines()
+    assert "exporter.web_max_requests" in line and "-1" in line
