@@ -266,6 +266,28 @@ def test_crash_between_insert_and_delete_resends_the_same_token_without_duplicat
     assert store.scrape_times() == [1, 2]
 
 
+def test_a_round_spooled_whole_replays_its_statuses_after_its_samples_and_stays_until_both_are_in(tmp_path):
+    spool = Spool(tmp_path, max_bytes=1 << 20)
+    status = TargetStatus(1.0, "vela-001:9400", "vela-001", True, 0.02, 1, "")
+    assert spool.put("samples", "round-1", [scrape(1)], statuses=[status])
+    store = FakeStore()
+
+    def targets_down(kind: Kind, rows: Sequence[Row], token: str) -> None:
+        if kind == "targets":
+            raise StoreUnavailable("fake store: down after the samples")
+        store.insert(kind, rows, token)
+
+    assert spool.replay(targets_down) == 0
+    assert (spool.pending_entries, store.attempts) == (1, ["round-1"])
+    reopened = Spool(tmp_path, max_bytes=1 << 20)  # a restart finds the round whole
+    assert reopened.replay(store.insert) == 1
+    assert store.attempts == ["round-1", "round-1", "round-1/targets"]  # the samples' repeat: one token
+    stored = [(kind, rows) for kind, rows, _ in store.stored]
+    assert stored == [("samples", [scrape(1)]), ("targets", [status])]
+    with pytest.raises(ValueError, match="statuses go with a batch of samples"):
+        spool.put("steps", "t", [StepRecord(1.0, "job", 0, "vela-001", 1, 1.0)], statuses=[status])
+
+
 def test_refused_batch_is_kept_for_an_operator_and_the_replay_goes_on(tmp_path):
     spool = Spool(tmp_path, max_bytes=1 << 20)
     put_scrapes(spool, [1, 2, 3])
