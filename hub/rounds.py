@@ -166,6 +166,7 @@ class RoundQueue:
         self._rounds: list[tuple[list[ScrapeBatch], list[TargetStatus]]] = []
         self._ready = threading.Condition()
         self._closed = False
+        self._waiting = False  # for the store, to resolve what the journal was left with
         self._resolve_left()
         self._thread = threading.Thread(target=self._write_until_closed, name="fleetlens-insert", daemon=True)
         self._thread.start()
@@ -195,7 +196,9 @@ class RoundQueue:
         try:
             self._journal.resolve(self._writer)
         except StoreError as error:
-            log.warning("the scrape rows an earlier run left wait for the store: %s", error)
+            level = logging.DEBUG if self._waiting else logging.WARNING
+            log.log(level, "the scrape rows an earlier run left wait for the store: %s", error)
+            self._waiting = True
 
     def _write_until_closed(self) -> None:
         held: list[TargetStatus] = []
@@ -215,7 +218,7 @@ class RoundQueue:
             batches = [batch for batches, _ in rounds for batch in batches]
             try:
                 if new and self._journal is not None:
-                    journaled.append(self._journal.record(new))
+                    journaled += _recorded(self._journal, new)
                 if self._writer.write_round(batches, new, hold=True) is Written.STORED:
                     held += new
                 elif held:  # the new statuses went with their samples; the held ones' samples are stored
@@ -238,3 +241,17 @@ class RoundQueue:
                 journaled = []
             if closed and not rounds:
                 return
+
+
+def _recorded(journal: RoundJournal, statuses: list[TargetStatus]) -> list[Path]:
+    """`statuses` journaled (their file, in a list); none when the disk refuses: the round is written all
+    the same, only a crash before its statuses are would lose them."""
+    try:
+        return [journal.record(statuses)]
+    except OSError as error:
+        log.warning(
+            "cannot journal %d scrape rows (%s); a crash before they are written loses them",
+            len(statuses),
+            error,
+        )
+        return []

@@ -5,6 +5,7 @@ kill -9: tests/hub/test_crash.py kills the real one) or the store fails between 
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from collections.abc import Sequence
@@ -245,3 +246,16 @@ def test_a_spooled_round_stores_its_statuses_with_its_samples_even_when_the_stor
     assert orphans(store) == []
     assert store.query("SELECT count(), uniqExact(series_id, ts) FROM samples").rows == [(4, 4)]
     assert store.query("SELECT count() FROM targets").rows == [(3,)]
+
+
+def test_a_journal_the_disk_refuses_still_writes_every_round_and_its_statuses(tmp_path, monkeypatch) -> None:
+    def full_disk(path: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("hub.rounds.write_durably", full_disk)
+    sink = Sink()
+    queue = RoundQueue(sink, RoundJournal(tmp_path / "rounds", lambda statuses: set()), hold_s=60)
+    for n in range(2):
+        sink.put_and_wait(queue, n)
+    queue.close()
+    assert sink.writes == [(scraped(0)[0], []), (scraped(1)[0], []), ([], scraped(0)[1] + scraped(1)[1])]
