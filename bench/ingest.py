@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -113,7 +114,8 @@ def last_seconds(seconds: float) -> str:
 
 
 def first_minute(interval_s: float) -> str:
-    """A condition on `targets` rows: scrapes of the hub's first minute (its first 60 s / interval rounds)."""
+    """A condition on `targets` rows: scrapes of the hub's first minute (its first 60 s / interval ticks;
+    a first round that started late in its tick may make one less)."""
     return f"ts < (SELECT min(ts) FROM targets) + {60 - interval_s / 2:g}"
 
 
@@ -144,29 +146,37 @@ def top_error(base: str, where: str) -> str:
 
 @dataclass
 class FirstMinute:
-    """A hub's first minute of scraping: scrapes it recorded, how many failed, rounds it scraped, and the
+    """A hub's first minute of scraping: scrapes it recorded, how many failed, rounds it scraped, the
     rounds with failures as (seconds since the first round, failed scrapes, slowest scrape in s, the most
-    frequent error)."""
+    frequent error), and the rounds missing (seconds since the first round of each)."""
 
     scrapes: int
     failed: int
     rounds: int
     error: str
     failing_rounds: list[tuple[float, int, float, str]]
+    missing: list[float]
 
     @classmethod
     def of(cls, base: str, interval_s: float) -> FirstMinute:
         client = HubClient(base)
         where = first_minute(interval_s)
-        scrapes, failed, rounds = client.query(
-            f"SELECT count(), countIf(up = 0), uniqExact(ts) FROM targets WHERE {where}"
+        scrapes, failed, ticks = client.query(
+            "SELECT count(), countIf(up = 0), arraySort(groupUniqArray(toFloat64(ts))) "
+            f"FROM targets WHERE {where}"
         ).rows[0]
+        missing = [
+            round(earlier - ticks[0] + interval_s, 1)
+            for earlier, later in itertools.pairwise(ticks)
+            if later - earlier > 1.5 * interval_s
+        ]
         failing = client.query(
             "SELECT toFloat64(ts) - (SELECT toFloat64(min(ts)) FROM targets) AS s, countIf(up = 0) AS n, "
             f"max(duration_s), topKIf(1)(error, up = 0)[1] FROM targets WHERE {where} "
             "GROUP BY s HAVING n > 0 ORDER BY s"
         ).rows
-        return cls(scrapes, failed, rounds, top_error(base, where), [tuple(row) for row in failing])
+        rows = [tuple(row) for row in failing]
+        return cls(scrapes, failed, len(ticks), top_error(base, where), rows, missing)
 
 
 def stored_bytes_per_sample(store: Path) -> float:
@@ -394,11 +404,11 @@ def report(
             + (f", most often {hub.error}" if hub.error else "")
         )
         first = hub.first_minute
-        rounds = round(60 / args.interval_s)
+        skipped = ", ".join(f"{at:g} s" for at in first.missing) or "none"
         print(
-            f"{hub.name} first minute: failed scrapes {first.failed} of {first.scrapes}; "
-            f"rounds scraped {first.rounds} of {rounds}"
-            + (f", most often {first.error}" if first.error else "")
+            f"{hub.name} first minute: failed scrapes {first.failed} of {first.scrapes} "
+            f"in {first.rounds} rounds; rounds skipped: {skipped}"
+            + (f"; most often {first.error}" if first.error else "")
         )
         if first.failing_rounds:
             print(f"{hub.name} first minute's rounds with failures (failed, slowest scrape, most often):")

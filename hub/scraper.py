@@ -20,13 +20,13 @@ parsed within a budget of its parser's own CPU time, the timeout again ("parsing
 CPU time"), not of the wall clock: the loop is one thread, and a hub starting (every series new to
 every parser, the store's first inserts holding the GIL on other threads) can give it less CPU in a
 round than that round's first parses take. A parse not done by its round's deadline goes on in the
-next round (and between rounds), and the target's next body waits for it, so that a target's bodies
-are parsed in order; one not done when that next round ends is reported down ("deadline of the next
-round exceeded while parsing"). So every scrape ends within two rounds and a target holds at most two
-bodies. Each round hands the sink the scrapes that ended in it, its own and carried ones, each stamped
-with its own tick. The timeout is at most the interval, so the next tick starts on time for every
-target; only a sink that holds the loop past a tick's deadline makes the loop skip ticks (counted in
-`ticks_skipped`).
+following rounds (and between rounds), and the target's next body waits for it, so that a target's
+bodies are parsed in order, each to its end before the next; one not done CARRY_S seconds after its
+round (at least one round more) is reported down ("deadline of N more round(s) exceeded while
+parsing"). So every scrape ends within a few rounds, and a target holds at most one body per round.
+Each round hands the sink the scrapes that ended in it, its own and carried ones, each stamped with its
+own tick. The timeout is at most the interval, so the next tick starts on time for every target; only a
+sink that holds the loop past a tick's deadline makes the loop skip ticks (counted in `ticks_skipped`).
 
 `--shard i/n` keeps the targets whose crc32("host:port") modulo n is i: stable across processes and
 hosts, so n hubs split a fleet exactly.
@@ -76,10 +76,10 @@ _LOOKUP_THREADS = 4
 _LOOKUP_POLL_S = 0.01
 # Parsing runs in slices of this long between polls of the sockets, whose data waits in kernel buffers.
 _PARSE_SLICE_S = 0.01
-# Rounds after its own that a scrape's body may still wait for its parse, or be parsed in: a hub starting
-# parses every target's first body cold (about 10 us of CPU a sample, 50 times a steady body's), and its
-# other threads hold the GIL for much of its first seconds.
-CARRY_ROUNDS = 3
+# How long after its round a scrape's body may still wait for its parse, or be parsed, in seconds (at
+# least the next round): a hub starting parses every target's first body cold (about 10 us of CPU a
+# sample, 50 times a steady body's), and its other threads hold the GIL for much of its first seconds.
+CARRY_S = 5.0
 _LOGGED_TARGETS = 3  # named in a round's log line of targets that went down or came back
 
 Sink = Callable[[list[ScrapeBatch], list[TargetStatus]], None]
@@ -234,10 +234,11 @@ class _Outcome:
 class _TargetSession:
     """One target across rounds: its keep-alive socket, resolved addresses, parser and up/down state."""
 
-    def __init__(self, target: Target, timeout_s: float, limits: ScrapeLimits) -> None:
+    def __init__(self, target: Target, timeout_s: float, limits: ScrapeLimits, carry_rounds: int) -> None:
         self.target = target
         self.timeout_s = timeout_s
         self.limits = limits
+        self.carry_rounds = carry_rounds  # rounds after its own a scrape's body may be carried into
         self.parser = ExpositionParser(
             max_samples=limits.max_samples,
             max_label_length=limits.max_label_length,
@@ -340,7 +341,7 @@ class _Round:
         """Run this round's scrapes, and those carried into it, until all have ended or the deadline has
         passed. Then a fetch still going is cut off, and a scrape with a body still to parse is returned,
         to be carried into the next round; a carried one is failed instead, if this round was the last of
-        its CARRY_ROUNDS (`counts`: the parsing between two rounds is not one)."""
+        its session's carry_rounds (`counts`: the parsing between two rounds is not one)."""
         self._take(carried)
         self.running += len(scrapes)
         for scrape in scrapes:
@@ -441,7 +442,7 @@ class _Scrape:
         self.lookup: Future[list[tuple]] | None = None
         self.steps: Generator[int, None, Exposition] | None = None
         self.line = 1  # the next line to parse
-        self.rounds_left = CARRY_ROUNDS  # rounds it may still be carried into, past the one it is in
+        self.rounds_left = session.carry_rounds  # rounds it may still be carried into, past this one
         self._text = ""  # the body, until its parse starts
         self._reader: ResponseReader | None = ResponseReader(session.limits.max_body_bytes)  # till read
         self._sent = 0
@@ -524,9 +525,9 @@ class _Scrape:
         self._fail(self.session.deadline_error(self.phase))
 
     def give_up(self) -> None:
-        """CARRY_ROUNDS rounds after its own have ended too, its body not parsed: it ends down."""
+        """The rounds it could be carried into have ended too, its body not parsed: it ends down."""
         doing = f"parsing (line {self.line})" if self.steps is not None else self.phase
-        self._fail(f"deadline of {CARRY_ROUNDS} more round(s) exceeded while {doing}")
+        self._fail(f"deadline of {self.session.carry_rounds} more round(s) exceeded while {doing}")
 
     def _connect(self) -> None:
         self.phase = "connecting"
@@ -675,6 +676,7 @@ class Scraper:
     round (see the module's docstring); so no fetch outlives its round, no scrape the round after, and
     a target is asked once per round.
 
+    `carry_rounds` is how many rounds after its own a body may still be parsed in (CARRY_S at least one).
     `target_source` is called before every round (a TargetsFile's `current`, or any list in tests);
     `targets` holds the last round's targets of this shard. `clock` gives the unix time that stamps
     samples and aligns ticks. `types` collects every family's type from the targets' TYPE lines (the
@@ -703,6 +705,7 @@ class Scraper:
             )
         self.interval_s = interval_s
         self.timeout_s = timeout_s
+        self.carry_rounds = max(1, math.ceil(CARRY_S / interval_s))
         self.shard = shard
         self.limits = limits
         self.types: dict[str, str] = {}
@@ -851,5 +854,7 @@ class Scraper:
                 del self._sessions[address]
         for address, target in wanted.items():
             if address not in self._sessions:
-                self._sessions[address] = _TargetSession(target, self.timeout_s, self.limits)
+                self._sessions[address] = _TargetSession(
+                    target, self.timeout_s, self.limits, self.carry_rounds
+                )
         return [self._sessions[address] for address in wanted]

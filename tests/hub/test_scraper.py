@@ -36,16 +36,7 @@ from collectors.base import CollectorOptions
 from collectors.exporter import Exporter, make_registry, serve
 from hub.errors import ScrapeError, ScraperConfigError
 from hub.expfmt import ExpositionParser
-from hub.scraper import (
-    CARRY_ROUNDS,
-    ScrapeLimits,
-    Scraper,
-    Shard,
-    Target,
-    TargetsFile,
-    _gunzip,
-    parse_targets,
-)
+from hub.scraper import ScrapeLimits, Scraper, Shard, Target, TargetsFile, _gunzip, parse_targets
 from tests.support.peers import free_port, hung_listener
 
 BODY = (
@@ -398,10 +389,10 @@ def test_hostile_targets_cost_only_themselves_on_every_tick(our_exporter: str) -
     """At a 1 s interval with a 1 s timeout, next to a silent target, a slow-loris, a million series and a
     body that takes seconds of CPU to parse, our exporter is scraped at every tick; each hostile target is
     down, every round, for its own reason (the slow body's parse is stopped by its CPU budget, or once it
-    has waited CARRY_ROUNDS rounds more than its own)."""
+    has waited its carry_rounds rounds more than its own)."""
     deadline, limit = "deadline of 1 s exceeded while ", "max_samples=10000"
     budget = re.escape("parsing used up its 1 s of CPU time")
-    waited = re.escape(f"deadline of {CARRY_ROUNDS} more round(s) exceeded while parsing")
+    waited = re.escape("deadline of 5 more round(s) exceeded while parsing")  # CARRY_S at 1 s
     stopped = f"({budget}|{waited})"
     with (
         serving(silent) as quiet,
@@ -514,6 +505,42 @@ def test_bodies_read_in_time_are_not_failed_for_time_the_loop_spent_elsewhere(
     assert all(status.up and status.samples == 500 for status in statuses), {s.error for s in statuses}
     ticks = sorted({status.ts for status in statuses})
     assert len(ticks) == 2 and sorted(s.target for s in statuses) == sorted(2 * [t.address for t in targets])
+
+
+def test_a_body_whose_parse_never_gets_done_ends_down_after_its_carry_rounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A parse that never ends and never uses up its CPU time (here, one that waits between its steps, as
+    a loop starved of the GIL would) is carried into carry_rounds more rounds, then reported down; the
+    target's later bodies wait for it, one per round, and are parsed once it has ended: none is lost."""
+    with (
+        serving(body_server(BODY)) as server,
+        Scraper(lambda: [Target(server.address)], interval_s=1, timeout_s=0.5) as scraper,
+    ):
+        parser = ExpositionParser  # the session's parser is made in the first round: patch its class
+        parse_steps = parser.parse_steps
+        stalled = []
+
+        def stalled_once(self: ExpositionParser, text: str, cpu_budget_s: float | None = None) -> object:
+            if stalled:
+                return parse_steps(self, text, cpu_budget_s)
+            stalled.append(text)
+            return never_done()
+
+        def never_done() -> Iterator[int]:
+            while True:
+                time.sleep(0.005)
+                yield 1
+
+        monkeypatch.setattr(parser, "parse_steps", stalled_once)
+        rounds = run_rounds(scraper, scraper.carry_rounds + 3)
+    statuses = sorted((status for statuses in rounds for status in statuses), key=lambda s: s.ts)
+    stuck, *later = statuses
+    assert not stuck.up
+    assert stuck.error == f"deadline of {scraper.carry_rounds} more round(s) exceeded while parsing (line 1)"
+    assert later and all(status.up for status in later), [s.error for s in later]
+    assert len(statuses) == len(server.requests), "every body read was parsed or reported, none dropped"
+    assert scraper.ticks_skipped == 0
 
 
 def test_a_sink_that_holds_the_loop_past_a_tick_skips_it_and_counts_it() -> None:
