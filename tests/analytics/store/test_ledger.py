@@ -27,6 +27,7 @@ LABELS = [{"gpu": str(gpu)} for gpu in range(3)]
 VALUES = (1.0, 2.0, -0.0, 0.0, math.nan)
 START = time.time() - 3600  # examples go forward from an hour ago, a minute each: their own samples
 _examples = itertools.count()
+_tokens = itertools.count()
 
 
 def bits(value: float) -> bytes:
@@ -70,7 +71,7 @@ def test_the_store_holds_the_first_of_every_series_and_ts_and_reports_every_othe
             )
             for node, tick, samples in inserted
         ]
-        result = writer.insert_samples(sent, token=f"call-{len(opened)}-{id(sent)}")
+        result = writer.insert_samples(sent, token=f"call-{next(_tokens)}")  # a token never used before
         duplicates += result.duplicates
         conflicts += result.conflicts
         for batch in sent:
