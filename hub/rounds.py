@@ -115,8 +115,10 @@ class RoundJournal:
             if scraped and not stored.intersection(scraped):
                 continue
             kept += [status for status in statuses if status.samples == 0 or _scrape(status) in stored]
-        names = "".join(path.name for path, _ in files)
-        token = "round-journal-" + hashlib.sha256(names.encode()).hexdigest()[:32]
+        # named by what it holds, not by the files' names, which a later run numbers again from 1: the
+        # same token for other rows would have the store drop them as a replay
+        content = json.dumps([astuple(status) for status in kept]).encode()
+        token = "round-journal-" + hashlib.sha256(content).hexdigest()[:32]
         writer.write_round([], kept, token=token)
         self.settle([path for path, _ in files])
         total = sum(len(statuses) for _, statuses in files)

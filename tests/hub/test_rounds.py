@@ -259,3 +259,17 @@ def test_a_journal_the_disk_refuses_still_writes_every_round_and_its_statuses(tm
         sink.put_and_wait(queue, n)
     queue.close()
     assert sink.writes == [(scraped(0)[0], []), (scraped(1)[0], []), ([], scraped(0)[1] + scraped(1)[1])]
+
+
+def test_the_journals_of_two_deaths_named_alike_are_both_written(store: Store, tmp_path: Path) -> None:
+    now = float(int(time.time()))
+    spool = tmp_path / "spool"
+    writer = Writer(store, Spool(spool, 1 << 20))
+    for life in range(2):  # each life dies holding one round, its journal numbered from 1 again
+        batches, statuses = scraped_at(now + life)
+        RoundJournal(spool / JOURNAL_DIR, store.stored_scrapes).record(statuses)
+        assert writer.write_round(batches, statuses, hold=True) is Written.STORED
+        RoundQueue(writer, RoundJournal(spool / JOURNAL_DIR, store.stored_scrapes)).close()  # the next life
+    writer.close()
+    assert orphans(store) == []
+    assert store.query("SELECT count() FROM targets").rows == [(4,)]
