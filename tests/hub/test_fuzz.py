@@ -25,6 +25,7 @@ from hub.writer import Writer
 from tests.support import escapes
 from tests.support.otlp import export, histogram, step_point
 from tests.support.strategies import JSON_VALUES
+from tests.support.wsgi import wsgi_post
 
 FUZZ_EXAMPLES = int(os.environ.get("FLEETLENS_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(
@@ -115,19 +116,8 @@ def call(
     length: str | None = None,
 ) -> int:
     """The status of one POST, through the hub's WSGI app as its server calls it, from loopback."""
-    statuses = []
-    environ = {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": path,
-        "REMOTE_ADDR": "127.0.0.1",
-        "CONTENT_TYPE": content_type,
-        "CONTENT_LENGTH": str(len(body)) if length is None else length,
-        "wsgi.input": io.BytesIO(body),
-    }
-    if encoding is not None:
-        environ["HTTP_CONTENT_ENCODING"] = encoding
-    hub.app(environ, lambda status, headers: statuses.append(int(status.split()[0])))
-    return statuses[0]
+    headers = {} if encoding is None else {"HTTP_CONTENT_ENCODING": encoding}
+    return wsgi_post(hub, path, body, content_type, environ=headers, length=length)[0]
 
 
 def encoded(body: bytes, encoding: str | None) -> bytes:

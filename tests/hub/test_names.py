@@ -7,7 +7,6 @@ chDB store."""
 
 from __future__ import annotations
 
-import io
 import itertools
 import json
 import time
@@ -29,6 +28,7 @@ from hub.writer import Writer
 from tests.support import remote_write
 from tests.support.clock import FakeClock
 from tests.support.otlp import export, histogram, step_point
+from tests.support.wsgi import wsgi_post
 
 CONTROLS = [chr(code) for code in (*range(0x20), *range(0x7F, 0xA0))]
 SURROGATES = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
@@ -52,22 +52,13 @@ def hub(store, tmp_path: Path) -> Iterator[Hub]:
 
 
 def post(hub: Hub, path: str, body: bytes, content_type: str) -> tuple[int, bytes]:
-    """(status, answer) of one POST from loopback, through the hub's WSGI app as its server calls it."""
-    statuses = []
-    environ = {
-        "REQUEST_METHOD": "POST",
-        "PATH_INFO": path,
-        "REMOTE_ADDR": "127.0.0.1",
-        "CONTENT_TYPE": content_type,
-        "CONTENT_LENGTH": str(len(body)),
-        "wsgi.input": io.BytesIO(body),
-    }
-    if path == "/api/v1/write":
-        environ.update(
-            HTTP_CONTENT_ENCODING="snappy", HTTP_X_PROMETHEUS_REMOTE_WRITE_VERSION=remote_write.VERSION
-        )
-    answer = b"".join(hub.app(environ, lambda status, headers: statuses.append(int(status.split()[0]))))
-    return statuses[0], answer
+    """(status, answer) of one POST from loopback, remote write's headers on its path."""
+    headers = (
+        {"HTTP_CONTENT_ENCODING": "snappy", "HTTP_X_PROMETHEUS_REMOTE_WRITE_VERSION": remote_write.VERSION}
+        if path == "/api/v1/write"
+        else {}
+    )
+    return wsgi_post(hub, path, body, content_type, environ=headers)
 
 
 def stored_steps(hub: Hub, rank: int) -> list[tuple]:
