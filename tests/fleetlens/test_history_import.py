@@ -255,12 +255,15 @@ def scalar_via_hub(hub: str) -> int:
 
 
 def refused_rows(hub: str) -> float:
+    """Step rows the hub refused as past their retention (not the repeats it drops, counted apart)."""
     with urllib.request.urlopen(f"{hub}/metrics", timeout=10) as response:
         families = text_string_to_metric_families(response.read().decode())
     (value,) = [
         sample.value
         for family in families
         for sample in family.samples
-        if sample.name == "fleetlens_hub_refused_rows_total" and sample.labels["kind"] == "steps"
+        if sample.name == "fleetlens_hub_refused_rows_total"
+        and sample.labels["kind"] == "steps"
+        and sample.labels["reason"] == "retention"
     ]
     return value
