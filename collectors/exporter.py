@@ -208,37 +208,43 @@ class SharedCollection:
 class MetricsApp:
     """WSGI app: /metrics (format by Accept header, gzip on request), a landing page at /. Scrapes that
     arrive together share one collection (`shared`); past its `max_requests` in flight a scrape gets 503
-    with a body that names the limit."""
+    with a body that names the limit. HEAD is answered as GET is, without the body (as node_exporter's
+    server does: the headers, Content-Length included, are the GET's)."""
 
     def __init__(self, registry: CollectorRegistry, max_requests: int = DEFAULT_MAX_REQUESTS) -> None:
         self.shared = SharedCollection(registry, max_requests)
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        status, headers, body = self._answer(environ)
+        start_response(status, [*headers, ("Content-Length", str(len(body)))])
+        return [b"" if environ.get("REQUEST_METHOD") == "HEAD" else body]
+
+    def _answer(self, environ: dict) -> tuple[str, list[tuple[str, str]], bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
-            return self._metrics(environ, start_response)
+            return self._metrics(environ)
         if path == "/":
-            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
-            return [LANDING_PAGE]
-        start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"not found; metrics are at /metrics\n"]
+            return "200 OK", [("Content-Type", "text/html; charset=utf-8")], LANDING_PAGE
+        return "404 Not Found", [("Content-Type", "text/plain")], b"not found; metrics are at /metrics\n"
 
-    def _metrics(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+    def _metrics(self, environ: dict) -> tuple[str, list[tuple[str, str]], bytes]:
         gzipped = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
         answer = self.shared.scrape(environ.get("HTTP_ACCEPT", ""), gzipped)
         if answer is None:
-            start_response("503 Service Unavailable", [("Content-Type", "text/plain"), ("Retry-After", "1")])
             busy = (
                 f"{self.shared.max_requests} scrapes are in flight, the most --web.max-requests allows; "
                 "try again later\n"
             )
-            return [busy.encode()]
+            return (
+                "503 Service Unavailable",
+                [("Content-Type", "text/plain"), ("Retry-After", "1")],
+                busy.encode(),
+            )
         body, content_type = answer
         headers = [("Content-Type", content_type)]
         if gzipped:
             headers.append(("Content-Encoding", "gzip"))
-        start_response("200 OK", headers)
-        return [body]
+        return "200 OK", headers, body
 
 
 def make_app(registry: CollectorRegistry, max_requests: int = DEFAULT_MAX_REQUESTS) -> MetricsApp:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import socket
 import subprocess
 import sys
 import threading
@@ -97,6 +98,26 @@ def test_landing_page_and_unknown_paths(server):
     with pytest.raises(urllib.error.HTTPError) as info:
         get(server + "/nothing")
     assert info.value.code == 404
+
+
+def test_head_answers_the_get_headers_without_a_body(server):
+    """HEAD /metrics and / as node_exporter answers them: GET's status and headers, a Content-Length
+    included, and no body on the wire (read from a raw socket: an HTTP client would skip it, and the next
+    answer on a kept-alive connection would start inside it)."""
+    host, port = server.removeprefix("http://").split(":")
+    for path in ("/metrics", "/"):
+        _, got, get_headers = get(server + path)
+        with socket.create_connection((host, int(port)), timeout=5) as connection:
+            connection.sendall(f"HEAD {path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+            answer = b"".join(iter(lambda: connection.recv(65536), b""))
+        head, _, body = answer.partition(b"\r\n\r\n")
+        status, *lines = head.decode().split("\r\n")
+        headers = dict(line.split(": ", 1) for line in lines)
+        assert status.split()[1] == "200" and body == b""
+        assert headers["Content-Type"] == get_headers["Content-Type"]
+        assert int(headers["Content-Length"]) > 0
+        if path == "/":  # /metrics is collected again for the HEAD: its process figures differ a little
+            assert int(headers["Content-Length"]) == len(got)
 
 
 def test_close_reaches_collectors_that_hold_resources():
