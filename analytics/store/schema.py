@@ -1,97 +1,30 @@
 """The store's schema: every table and view as ClickHouse DDL, for one node or a cluster, and its migrations.
 
-Tables and views (docs/schema.md has every column, with example queries):
+docs/schema.md lists every table and view with its columns; docs/performance.md measures the layout.
 
-    series        one row per series: series_id, metric, node, labels, first_seen
-    samples       raw samples: metric, node, series_id, ts, value; TTL raw_days
-    samples_1m    1-minute rollup (min, max, sum, count, last), rolled from samples (roll_up_minutes);
-                  TTL rollup_days
-    samples_1h    1-hour rollup, the same columns, filled from samples_1m (roll_up_hours); TTL rollup_days
-    metrics       VIEW (ts, metric, node, labels, value): the stable interface for postmortem SQL and Grafana
-    metrics_1m    VIEW (ts, metric, node, labels, min, max, avg, sum, count, last) over the rollup, and
-                  raw samples for the minutes not rolled up yet
-    metrics_1h    VIEW, the same columns over the hourly rollup
-    steps         training steps per rank: ts, job, rank, node, step, duration_s, compute_s, comm_s, data_s,
-                  dp_rank, pp_stage, tp_rank, steps, source, keep_until; TTL steps_days, or keep_until
-                  when later (imported history kept on purpose: `fleetlens steps import --keep-days`)
-    targets       one row per scrape: ts, target, node, up, duration_s, samples, error; TTL targets_days
-    anomalies     detector findings: start, end, kind, node, component, job, severity, score, evidence,
-                  detector, detector_version, id (rewritten with the same id when it ends)
-    alerts        alert state changes: ts, fingerprint, alertname, state, labels, annotations,
-                  starts_at, ends_at
-    actions       audit of automated actions, refusals included: ts, action, node, job, reason, mode,
-                  outcome, decision_id
-    silences      alert silences: id, matchers (JSON), starts_at, ends_at, created_by, comment, updated_at
-                  (rewritten with the same id when expired early)
-    notifications deliveries to alert receivers: ts, receiver, ok, attempts, status, error, fingerprints,
-                  states
-    schema_migrations   version, description, applied_at: which migrations this database has had
+Samples: labels live once per series in `series`; `samples` holds (metric, node, series_id, ts, value)
+ordered by (metric, node, series_id, ts), ts Delta+ZSTD, value FPC+ZSTD, partitioned by day, so that the
+commonest filters (`metric = ...`, `node = ...`) are primary-key lookups and raw samples expire a whole
+part at a time. The `metrics*` views are the stable interface readers query.
 
-Sample layout, chosen by measurement (bench/storage_layout.py, one run: 8 nodes x 475 series x 900
-scrapes 1 s apart = 3.42 M samples of simulated busy GPUs and procfs-fixture NICs with growing traffic
-counters, ms jitter on scrape times; bytes on disk per sample after OPTIMIZE FINAL, series table included):
+Merges: the tables the hub appends to every few seconds (samples, steps, targets) merge in tiers
+(TIERED_MERGES, ClickHouse's Trivial selector, which Store.open sets where a table lacks it; a server that
+refuses it keeps its default merges, and the log says so), so that a row is rewritten once per level.
 
-    wide    metric, node, labels Map in every row (OpenTelemetry Collector ClickHouse exporter)   3.90
-    signoz  series + samples (metric, series_id, ts DoubleDelta, value Gorilla), SigNoz samples_v4  1.42
-    ids     series + samples (series_id, ts Delta, value FPC) ordered by (series_id, ts)           1.12
-    chosen  series + samples (metric, node, series_id, ts Delta, value FPC)                        0.77
-
-    ts codecs, bytes/sample      Delta+ZSTD(1) 0.26   Delta+ZSTD(3) 0.26   DoubleDelta+ZSTD(1) 0.52
-    value codecs, bytes/sample   FPC+ZSTD(1) 0.43   FPC+ZSTD(3) 0.40   ZSTD(3) 0.44   Gorilla+ZSTD(1) 0.50
-
-DoubleDelta loses to Delta here because scrape times jitter by milliseconds; FPC beats Gorilla on GPU
-and NIC values; ZSTD(3) would save 7% more on values for more CPU in the hub's process (chDB). Sorting
-by (metric, node, series_id) puts like series side by side, which compresses better than series_id
-order (0.77 against 1.12) and makes the commonest filters (`metric = ...`, `node = ...`) primary-key
-lookups, as SigNoz does with metric_name; the LowCardinality metric and node columns cost almost
-nothing sorted first. Labels live once per series in `series`, joined by the `metrics` view.
-Everything is partitioned by day and raw samples expire a whole part at a time.
-
-Merges: the tables the hub appends to every few seconds (samples, steps, targets) merge in tiers, ten
-parts of one level into one part of the next (TIERED_MERGES, ClickHouse's Trivial selector, which
-Store.open sets where a table lacks it; a server that refuses it keeps its default merges, and the log
-says so), so that a sample is rewritten once per level: at most four times in a day of 1 s rounds (86,400
-parts), and a partition holds at most nine parts of each level. ClickHouse's default selector weighs every
-part as its bytes plus a fixed 5 MiB; the hub's parts (one round of 192 nodes, 126k samples, is about 60
-KB on disk) all look alike to it, and it merged the day's one big part again with every few new ones, each
-merge rewriting all of it: 3.63 of the hub's 5.43 us of CPU per scraped sample went to merges
-(bench/ingest.py, 192 nodes at 1 s, the window from 190 to 310 s), and they took more as the day's part
-grew. Tiered: 1.11 of 2.97 us, in a window that holds merges of the first two levels; each later level
-adds about 0.5 us per sample (the first level-3 merge, 1,000 s of rounds, 126 M rows, took about 67 s of
-CPU), so about 2.4 us of merges per sample over a day. Young parts are merged less, so they take more
-bytes per sample for a while (0.77 against 0.55 in that bench); a part merged in full takes as few as
-before.
-
-The 1-minute rollup has no materialized view either (migration 7 dropped samples_1m_mv): the view cost
-0.9 us of the hub's 4.4 us of CPU per scraped sample (one round of 192 nodes, 126k samples, into chDB:
-197 ms with it, 81 ms without). Instead roll_up_minutes() rolls the raw samples of every whole minute
-after the last one rolled, once that minute is ROLL_UP_MINUTES_AFTER_S old, into samples_1m, one insert
-per minute (Store.roll_up_minutes, which the hub runs every few seconds; bench/rollup.py measures both
-costs). Readers read samples_1m up to its last minute and raw samples after it, each sample as a row of
-its minute (minute_rows), so a late roll-up costs speed, not numbers; samples that arrive for a minute
-already rolled up reach raw samples only. AggregatingMergeTree folds a period's rows together in
-background merges; readers aggregate whatever is not merged yet (metrics_1m does). `last` is the max of
-(ts, value) tuples: the value at the latest ts, as exact as argMax, with no aggregate state to merge.
-
-The hourly rollup serves ranges of days: a week of the Fleet page's port matrix reads 60 times fewer rows
-than from samples_1m (bench/ui.py). It never had a materialized view: a second view on samples (beside
-samples_1m_mv, then) doubled the CPU of the hub's inserts into chDB (one round of 192 nodes, 126k
-samples: 244 -> 493 ms). Instead roll_up_hours() rolls the minutes of every whole hour after the last
-one rolled, once that hour is ROLL_UP_AFTER_S old and its samples are rolled into minutes, into
-samples_1h: migration 6 runs it once, the store's owner runs it now and then. Readers read samples_1h up
-to its last hour and the minute rows after it; samples that arrive for an hour already rolled up (older
-than ROLL_UP_AFTER_S, so their minute is rolled up too) reach raw samples only.
+Rollups have no materialized view: roll_up_minutes() rolls the raw samples of every whole minute after the
+last one rolled, once it is ROLL_UP_MINUTES_AFTER_S old, into samples_1m; roll_up_hours() rolls whole
+hours of minutes, once ROLL_UP_AFTER_S old, into samples_1h. Readers read a rollup up to its last period
+and the finer rows after it (minute_rows), so a late roll-up costs speed, not numbers; samples that
+arrive for a period already rolled up reach raw samples only.
 
 Cluster mode: every table is a Replicated*MergeTree `<name>_local` on each shard plus a Distributed
-`<name>` over them (sharded by series_id where a view joins, so that each join is shard-local); views are
-`<name>_local` views with a Distributed `<name>` on top. Readers and writers always use the plain name.
+`<name>` over them (sharded by series_id where a view joins, so each join is shard-local); readers and
+writers always use the plain name.
 
-Migrations are applied in order and recorded in schema_migrations; every statement is idempotent
-(IF NOT EXISTS, OR REPLACE for views, IF EXISTS for a drop; migration 7's delete takes only minutes the
-roll-up rolls again), so a migration interrupted halfway is simply applied again.
-A table's CREATE always shows its latest columns; a migration that adds a column to an existing table
-(AddColumn) is then a no-op on a fresh database and an ALTER on an old one. TTLs are not migrated:
-whatever a table's TTL is, Store.open brings it in line with the code's (retention_changes).
+Migrations are applied in order and recorded in schema_migrations; every statement is idempotent, so a
+migration interrupted halfway is simply applied again. A table's CREATE shows its latest columns, and
+AddColumn is a no-op on a fresh database and an ALTER on an old one. TTLs are not migrated: Store.open
+brings them in line with the code's (retention_changes).
 """
 
 from __future__ import annotations
