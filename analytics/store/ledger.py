@@ -6,36 +6,20 @@ requests, across batches grouped together or replayed from the hub's spool, acro
 row stored stays, with Prometheus's TSDB semantics for a sample at a timestamp its series already has
 (storage.ErrDuplicateSampleForTimestamp): the identical value, bit for bit, is dropped in silence (a
 retry, a replay, a sender's repeat); another value is refused and the stored one kept. Steps compare
-their duration_s, scrape rows their `up`. A step is one run of it: records of one (job, rank, step)
-STEP_RUN_APART_MS or more apart in time are two runs, both stored (a job restarted from its last
-checkpoint runs the steps since again, as sim.jobs plays it and slow_node expects), nearer ones one
-step sent again (a retry or a replay keeps its time; two records 0.1 ms apart are one step). Each
-insert reports what it dropped (Inserted.duplicates, Inserted.conflicts; the hub counts them in
-fleetlens_hub_refused_rows{kind, reason="duplicate" or "conflict"}). Unlike Prometheus, a row older than
-its key's latest is stored if its key is not: backfill and remote write's resharded queues are not out of
-order here.
+their duration_s, scrape rows their `up`. Records of one (job, rank, step) STEP_RUN_APART_MS or more
+apart are two runs of the step, both stored (a job restarted from its checkpoint); nearer ones are one
+step sent again. Each insert reports what it dropped (Inserted.duplicates, Inserted.conflicts). Unlike
+Prometheus, a row older than its key's latest is stored if its key is not: backfill is not out of order.
 
-Cheap on the hot path. A key's rows come in order nearly always (a series' scrapes, a rank's steps), so a
-ledger keeps per key a high-water mark: no row of the key past the mark is stored. A row past its mark
-is new and moves the mark: for samples one numpy comparison per batch (a batch is one target's scrape,
-its samples all at one ts; the series' marks are a slice of one array, found through the batch's series
-list, which the store reuses scrape after scrape). A row at or before its mark (a repeat, a retry, a
-replay, a backfill) is looked up among the rows of the same insert, then in the store: one query per
-insert for all of them, on the table's sort key or its time.
+A ledger keeps per key a high-water mark, learnt from the store the first time the key is met in this
+process: a row past its mark is new (one numpy comparison per batch for samples); a row at or before it is
+looked up among the insert's rows, then in the store, one query per insert. Past `limit` keys (label
+churn) a ledger starts over and learns again.
 
-The marks are learnt from the store the first time a key is met in this process (after a restart, a new
-series, a new rank): one query per insert for the latest stored row of the new keys from the earliest of
-their rows on. A key with no row there gets the mark just before it, which is still true: nothing past it
-is stored. Past `limit` keys (label churn) a ledger starts over and learns again.
-
-Concurrency. A Store and its sessions share one set of ledgers; a ledger's lock is held from admit() to the
-end of the insert, so two sessions cannot both admit one row (the hub inserts samples from one session
-anyway). Several processes do not share ledgers: hubs that shard the targets (`--shard i/n`) write
-disjoint series, scrape rows and (with steps sent to one hub per job) steps, and each stays exact; two hubs
-that write the same series (a remote write sender switched between hubs, an HA pair without a label
-telling them apart) each know only what they stored and what they learnt when they met the series, and
-can both store one sample. Each sender should write to one hub. A ClickHouse cluster changes nothing of
-this: the lookups read the Distributed tables, every shard.
+A Store and its sessions share one set of ledgers, whose lock is held from admit() to the end of the
+insert. Processes do not share ledgers: sharded hubs write disjoint keys and stay exact, but two hubs
+that write the same series can both store one sample, so each sender should write to one hub.
+docs/architecture.md says why.
 """
 
 from __future__ import annotations
