@@ -4,42 +4,16 @@ Event level, without point adjustment: an operator acts on reports, not on windo
 covers a fault is a detection however short, and a report that covers no fault is a false alarm however
 long. A report matches a fault when it names the same node, the same component where the fault has one
 (Fault.component; a node-level fault takes any), and its span [start, end, or the scenario end while open]
-meets [fault start, fault end + GRACE_INTERVALS scrape intervals] (the report needs a scrape or two to
-close). Each fault is detected by exactly one anomaly kind (expected_kind: DETECTED_BY, and for an Xid
-what NVIDIA's catalog says caused its code: gpu_app_error for the application's, gpu_fault otherwise),
+meets [fault start, fault end + GRACE_INTERVALS scrape intervals]. Each fault is detected by exactly one
+anomaly kind (expected_kind: DETECTED_BY, and for an Xid what NVIDIA's catalog says caused its code),
 strictly: a link_flap report on a port that went down does not detect the link_down.
 
-What the reports lead to is judged too, where a fault asks for it (expected_consequences): a GPU that
-needs a reset, a reboot or an inspection must raise an alert and a drain decision, and an application's
-Xids must raise neither. The anomalies are replayed, window by window, through the default alert rules
-(alerts.rules.DEFAULT_RULES) and drain policy with its safety limits lifted (they cap how many nodes go at
-once, not whether one should), in dry-run. A fault's consequences are those of its reports and of the
-reports on its node (and GPU) during it that detect no other fault.
-
-Reports that detect nothing are told apart, in this order, so that a person knows where to look:
-`other_fault` (during a fault of its node that it does not detect, by kind or by component: real
-trouble, wrongly named; a confounder at the same time is not what caused it), `confounder` (during a
-confounder's span on its node or job, with no fault on its node: a job-wide stall, a restart, an
-exporter restart, a scrape gap, a node of an imbalanced pipeline stage) and `false` (fault-free time).
-All three lower precision; the goals want zero `confounder` reports, and false reports per node-day
-count only `false`.
-
-Latency runs from a fault's onset: its start, except for a link flap, whose first flap ends when the
-link is back up half a period after it went down (before that nobody can tell a flap from a link going
-down); the goal "link_flap within one interval of the first flap" is measured from there.
-
-Anomaly kinds that detect no fault kind (peer_outlier, the catch-all Isolation Forest) are shown in the
-table but kept out of the goals; their reports count as true when they overlap any fault of their node.
-
-A scenario played in the stock flavour (`exporters: stock`) is read by stock exporters only, and the faults
-those cannot show (sim.stock.UNOBSERVABLE) are kept out of the recall and of the goals, each listed with
-the reason and whether it was detected anyway (which would mean the list is wrong). They are still faults:
-a report during one is judged against it as against any other.
-
-A slow node's truth is also what it costs its job (true_job_slowdown): the share of the job's step time
-due to it, from two runs of the job model that differ by that fault alone. The detector's estimate, the
-`job_slowdown` of the first report that detected it (its evidence), stands next to it in the results, and
-its latency is also counted in the job's steps.
+What the reports lead to is judged too, where a fault asks for it (expected_consequences): the anomalies
+are replayed, window by window, through the default alert rules and the drain policy with its safety
+limits lifted, in dry-run. Reports that detect nothing are classed `other_fault`, `confounder` or
+`false`, in that order; latency runs from a fault's onset; a scenario played by stock exporters keeps
+the faults they cannot show (sim.stock.UNOBSERVABLE) out of the recall; a slow node's truth includes what
+it costs its job (true_job_slowdown). docs/detectors.md defines each.
 """
 
 from __future__ import annotations
