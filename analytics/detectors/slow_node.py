@@ -1,19 +1,15 @@
 """slow_node: a node whose ranks compute slower than their peers in the same job and pipeline stage, in
 most of its recent steps, and what that costs the job.
 
-In synchronous training one slow node sets the pace of the whole job: its peers finish their compute and
-wait in communication, so every rank's step time rises and only the compute time (or, without phase data,
-the GPU clocks) tells which node it is. Peers are the nodes of the same job and the same pipeline stage,
-so a job-wide stall (a checkpoint: every node slows together) and a slower pipeline stage (by design)
-compare equal to their peers and are never reported. A job whose records carry no stage is one stage.
+In synchronous training one slow node sets the pace of the whole job: every rank's step time rises and
+only the compute time (or, without phase data, the GPU clocks) tells which node it is. Peers are the nodes
+of the same job and pipeline stage, so a job-wide stall and a slower pipeline stage compare equal to
+their peers and are never reported. A job whose records carry no stage is one stage.
 
-Judged by steps, not by wall-clock windows. A real job's step takes 0.05 s to 10 minutes, so each window
-looks back over at least `lookback_steps` of the job's median step (and at least the window). A node is
-judged in a window only when its ranks finished a step in it and it has `min_steps` steps in the lookback;
-the runner counts persistence over the windows that judged the node (`judged_by = "features"`), so a
-window without a new step neither confirms nor clears. Steps are compared one by one: per step (a `step`
-number; OTLP aggregates by time bucket instead) each node's median over its ranks against the median of its
-stage's nodes in that step,
+Judged by steps, not by wall-clock windows: each window looks back over at least `lookback_steps` of the
+job's median step, and a node is judged only in a window where its ranks finished a step and it has
+`min_steps` steps in the lookback (`judged_by = "features"`: a window without a new step neither confirms
+nor clears). Per step, each node's median over its ranks is compared with its stage's nodes:
 
     step ratio = node / stage median in that step
     ratio      = median of the node's step ratios over the lookback           (the score is ratio - 1)
@@ -21,19 +17,10 @@ stage's nodes in that step,
     consistency= its mean standing over the lookback
     z          = (ratio - median of the stage's node ratios) / max(MAD x 1.4826, relative_floor)
 
-so imbalance that moves between ranks from step to step (variable sequence lengths) gives every node a
-ratio near 1 and a consistency near one half, and only a node among the slowest of its stage in most of
-its steps is reported (by chance, 5 steps of random standing average 0.85 once in 500 judgements).
-
-Signal, per job: `compute_s` when the job's steps carry phase times; else the median SM clock of the
-node's GPUs over the window (DCGM_FI_DEV_SM_CLOCK, with GPU utilization and power as context in the
-evidence); else the step `duration_s` (an imported job with step times only).
-
-What it costs: the job's step waits for its slowest rank, so without this node a step would be shorter by
-the node's excess over the larger of its stage median and its slowest peer in that step. `job_slowdown` is
-that excess over the job's step time (median over the lookback; for the clock signal, assuming
-compute-bound steps, (ratio - 1) / ratio), and the anomaly's `lost_gpu_hours` is job_slowdown x the time it
-has lasted x the job's GPUs (its ranks).
+Signal, per job: `compute_s` when its steps carry phase times, else the median SM clock of the node's
+GPUs, else the step `duration_s`. The evidence carries `job_slowdown` (the node's excess over the larger
+of its stage median and its slowest peer, over the job's step time) and `lost_gpu_hours`. docs/detectors.md
+gives the thresholds and the reasoning.
 """
 
 from __future__ import annotations
