@@ -16,21 +16,7 @@ Driving it (the fleet simulator's API):
     clock.advance(15)                                # energy, replays, ECC and NVLink counters grow
     sim.clear_fault(2, "thermal_throttle")
 
-Fault kinds, their parameters and defaults (FAULTS):
-
-    thermal_throttle  temp_c, clock_factor       hot GPU, SM clock cut, SW and HW thermal slowdown set
-    power_brake       clock_factor               the system asserted the power brake: SM clock cut, HW
-                                                 Slowdown and HW Power Brake Slowdown set (the 8-H100
-                                                 capture in ../shared/fixtures/gpud idles at 86 MHz, a
-                                                 healthy H100 at 345: 0.25); set on every GPU of a node
-    slow              clock_factor               SM clock cut with no reason reported: a silent straggler
-    pcie_downgrade    gen, width, replays_per_second   link trained below its max, replays grow
-    ecc               sbe_per_second, dbe, remap_failure   SBEs grow; `dbe` DBEs at once, each remapping
-                                                 a row (pending until the fault is cleared, i.e. a reset)
-    host_staged       pcie_factor                its NIC traffic bounced through host memory (no GPUDirect
-                                                 RDMA): PCIe tx and rx bytes x pcie_factor
-    gpu_lost                                     fallen off the bus: fleetlens_gpu_up 0, Xid 79
-    xid               code                       one Xid event; nothing is kept, so nothing to clear
+Fault kinds, their parameters and defaults: FAULTS; docs/exporter.md says what each does.
 """
 
 from __future__ import annotations
