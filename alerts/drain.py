@@ -14,14 +14,10 @@ of the fleet, per job, per hour), counting drains waiting for approval as draine
               policy.retry_s)
 
 No backend is called on a decision made earlier: approve() checks the drain again when it is asked, on
-the alerts firing and the silences in force then, as the step would, whoever decided it (this
-controller, or the one it restored from the audit after a restart). The node must still have a firing
-alert a drain rule covers and not be drained already; then the silences, cooldown, retry wait, breaker
-(brought up to date with those alerts first) and limits, the decision itself not counted twice. An
-approval refused is recorded (action `approve`, outcome `refused`, the reason) and the decision stays
-pending, as a person asked for it: approve it again once the reason has passed (the breaker closed, a
-drain returned), or deny it. Returns need no such check to be safe, only to be real: a node goes back
-into scheduling (after return_after_healthy_s without an alert, or when a person asks) only while this
+the alerts firing and the silences in force then, as the step would, whoever decided it (this controller,
+or the one it restored from the audit after a restart). An approval refused is recorded (action
+`approve`, outcome `refused`, the reason) and the decision stays pending. A node goes back into
+scheduling (after return_after_healthy_s without an alert, or when a person asks) only while this
 controller holds it drained; its cooldown then keeps a still-firing alert from draining it again at once.
 
 Every decision goes to the `actions` table, refusals included (a refusal is recorded again only when
