@@ -76,9 +76,9 @@ def hub_process(
     /healthz answers on loopback.
 
     It runs in `work` (a relative spool lands there), its output in `work`/`log_name`. Its settings come
-    from its flags, its config and `env` only (`hub_environment`). A hub
-    that exits or does not answer within READY_TIMEOUT_S fails the test with its log. At the end it is
-    ended by its PID (SIGTERM, then SIGKILL past STOP_TIMEOUT_S) unless it has exited already.
+    from its flags, its config and `env` only (`hub_environment`). A hub that exits or does not answer
+    within READY_TIMEOUT_S fails the test with its log. At the end it is ended by its PID (SIGTERM, then
+    SIGKILL past STOP_TIMEOUT_S) unless it has exited already.
     """
     port = free_port()
     args = hub_command(work, *flags, store=store, listen=f"{listen_host}:{port}", log_level=log_level)
