@@ -1,4 +1,5 @@
-"""Shared test fixtures: the real data in ../shared/fixtures and extracted /sys trees."""
+"""Shared test fixtures: the real data in ../shared/fixtures, extracted /sys trees, the session's chDB
+store, and one `fleetlens hub` process shared by a module's tests."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from analytics.store import Store
 from tests.support import ttar
+from tests.support.hubserver import HubProcess, hub_process
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -60,3 +62,31 @@ def store(chdb_dir: Path) -> Iterator[Store]:
     """A Store on the session's chDB directory, in a database of its own, closed after the test."""
     with Store.open(f"chdb://{chdb_dir}", database=f"test_{uuid.uuid4().hex[:12]}") as opened:
         yield opened
+
+
+@pytest.fixture(scope="module")
+def shared_hub_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The work directory of the module's `shared_hub`: its store, spool and log, and what a module's
+    `shared_hub_flags` writes for it (a token file, targets)."""
+    return tmp_path_factory.mktemp("hub")
+
+
+@pytest.fixture(scope="module")
+def shared_hub_flags() -> tuple[str, ...]:
+    """The flags of the module's `shared_hub`; a module overrides this fixture to give its own."""
+    return ()
+
+
+@pytest.fixture(scope="module")
+def shared_hub_env() -> dict[str, str]:
+    """The environment variables of the module's `shared_hub`; a module overrides this fixture to set some."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def shared_hub(
+    shared_hub_dir: Path, shared_hub_flags: tuple[str, ...], shared_hub_env: dict[str, str]
+) -> Iterator[HubProcess]:
+    """One running `fleetlens hub` (tests/support/hubserver.hub_process) for all the tests of a module."""
+    with hub_process(shared_hub_dir, *shared_hub_flags, env=shared_hub_env) as hub:
+        yield hub

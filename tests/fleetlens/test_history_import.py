@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from analytics.store.retention import DAY_S
 from collectors.steprecord import CONTRACT_KEYS, StepRecord
 from tests.analytics.detectors import SyncJob
-from tests.support.peers import free_port, stop, wait_http
+from tests.support.hubserver import hub_process
 
 YEAR_AGO = (time.time() - 330 * DAY_S) // 3600 * 3600  # "11 months ago", as in the issue
 STEP_S = 5.0  # wall-clock seconds given to each iteration of the real trace, which carries none
@@ -195,36 +195,9 @@ def test_detect_save_through_a_hub_says_it_needs_the_store() -> None:
 @pytest.fixture
 def hub(tmp_path: Path) -> Iterator[str]:
     """A real `fleetlens hub` process (no targets, no detection) keeping steps 30 days."""
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fleetlens.cli",
-            "hub",
-            "--store",
-            f"chdb://{tmp_path / 'hub-data'}",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--detectors",
-            "none",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=tmp_path,
-        env={
-            **{k: v for k, v in os.environ.items() if not k.startswith("FLEETLENS_")},
-            "FLEETLENS_HUB_STEPS_RETENTION_DAYS": "30",
-            "FLEETLENS_HUB_SPOOL_DIR": str(tmp_path / "spool"),
-        },
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(f"{url}/healthz", process)
-        yield url
-    finally:
-        stop(process)
+    env = {"FLEETLENS_HUB_STEPS_RETENTION_DAYS": "30", "FLEETLENS_HUB_SPOOL_DIR": str(tmp_path / "spool")}
+    with hub_process(tmp_path, store=f"chdb://{tmp_path / 'hub-data'}", env=env) as running:
+        yield running.url
 
 
 def test_through_a_hub_old_records_are_refused_or_kept(hub: str, tmp_path: Path) -> None:

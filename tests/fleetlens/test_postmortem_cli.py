@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.support.hubserver import hub_process
 from tests.support.incident import NODE
-from tests.support.peers import free_port, peer
 
 FLEETLENS = [sys.executable, "-m", "fleetlens.cli", "--log-level", "ERROR"]
 SEED = """
@@ -82,21 +82,10 @@ def test_a_bad_scope_exits_non_zero_naming_it(seeded, args: list[str], status: i
     assert done.stdout == ""
 
 
-def test_a_jobs_json_from_the_store_and_csv_through_a_hub_holding_it_carry_the_same_events(seeded):
+def test_a_jobs_json_from_the_store_and_csv_through_a_hub_holding_it_carry_the_same_events(seeded, tmp_path):
     as_json = postmortem(seeded, "--job", "job-a", "--format", "json")
-    port = free_port()
-    hub = [
-        *FLEETLENS,
-        "hub",
-        "--store",
-        f"chdb://{seeded[0]}",
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--detectors",
-        "none",
-    ]
-    with peer(hub, f"http://127.0.0.1:{port}/healthz", cwd=REPO):
-        as_csv = postmortem(seeded, "--job", "job-a", "--format", "csv", hub=f"http://127.0.0.1:{port}")
+    with hub_process(tmp_path, store=f"chdb://{seeded[0]}", log_level="ERROR") as hub:
+        as_csv = postmortem(seeded, "--job", "job-a", "--format", "csv", hub=hub.url)
 
     assert as_json.returncode == as_csv.returncode == 0, as_json.stderr + as_csv.stderr
     report = json.loads(as_json.stdout)

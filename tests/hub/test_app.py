@@ -6,10 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -26,7 +23,6 @@ from analytics.errors import QueryError, StoreRejected, StoreUnavailable
 from analytics.store.hubclient import HubClient
 from analytics.store.records import ActionRow, ScrapeBatch, SilenceRow
 from collectors.exporter import make_registry, serve
-from collectors.httpserver import serve_app
 from collectors.steps import StepTracker
 from fleetlens.config import ExporterConfig
 from fleetlens.exporter_cli import build_exporter
@@ -38,7 +34,7 @@ from hub.scraper import Scraper, Shard, TargetsFile
 from hub.spool import Spool
 from hub.writer import Writer
 from tests.support.clock import FakeClock
-from tests.support.peers import free_port, stop, wait_http
+from tests.support.hubserver import hub_process, on_loopback
 from tests.support.queryattacks import LONG_QUERY
 
 TOKEN = "s3cret"
@@ -95,12 +91,8 @@ def make_hub(
 @pytest.fixture
 def served(store, tmp_path, fleet) -> Iterator[tuple[Hub, str]]:
     hub = make_hub(store, tmp_path, fleet)
-    server = serve_app(hub.app, "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield hub, f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
-    hub.writer.close()
+    with on_loopback(hub) as url:
+        yield hub, url
 
 
 def scrape(hub: Hub) -> None:
@@ -200,10 +192,7 @@ def test_silences_and_drain_requests_go_through_the_hub_and_only_requests_are_ac
 
 def test_token_guards_the_api_but_not_metrics_or_health(store, tmp_path):
     hub = make_hub(store, tmp_path, token=TOKEN)
-    server = serve_app(hub.app, "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}"
-    try:
+    with on_loopback(hub) as url:
         with pytest.raises(QueryError, match="401"):
             HubClient(url, token="").query("SELECT 1")
         assert HubClient(url, token=TOKEN).query("SELECT 1").rows == [(1,)]
@@ -212,10 +201,6 @@ def test_token_guards_the_api_but_not_metrics_or_health(store, tmp_path):
                 assert response.status == 200
         with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
             assert b"fleetlens_hub_refused_requests_total" in response.read()
-    finally:
-        server.shutdown()
-        server.server_close()
-        hub.writer.close()
 
 
 def test_store_outage_during_scraping_loses_and_duplicates_nothing_across_a_restart(store, tmp_path, fleet):
@@ -318,10 +303,7 @@ def test_unknown_paths_count_under_one_label_and_cannot_forge_log_lines(served, 
 def test_healthz_says_when_the_store_refuses_writes_and_logs_each_change_once(store, tmp_path, fleet, caplog):
     outage = Outage(store)
     hub = make_hub(outage, tmp_path, fleet)
-    server = serve_app(hub.app, "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}"
-    try:
+    with on_loopback(hub) as url:
         scrape(hub)
         assert urllib.request.urlopen(url + "/healthz", timeout=5).read() == b"ok\n"
         outage.down = True
@@ -337,10 +319,6 @@ def test_healthz_says_when_the_store_refuses_writes_and_logs_each_change_once(st
         while hub.health() is not None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert urllib.request.urlopen(url + "/healthz", timeout=5).read() == b"ok\n"
-    finally:
-        server.shutdown()
-        server.server_close()
-        hub.writer.close()
     said = [r.getMessage() for r in caplog.records if r.name == "fleetlens.hub.writer"]
     assert sum("the store refuses writes" in message for message in said) == 1, said
     assert sum("takes writes again" in message for message in said) == 1, said
@@ -350,18 +328,9 @@ def test_healthz_says_when_the_store_refuses_writes_and_logs_each_change_once(st
 def test_two_long_queries_cost_ingest_no_interval(fleet, tmp_path):
     """Queries run on read sessions of their own: a scrape round never waits for them."""
     (tmp_path / "targets.json").write_text(json.dumps(fleet[:2]))  # the two exporters that answer
-    port = free_port()
-    args = [
-        *(sys.executable, "-m", "fleetlens.cli", "hub", "--store", f"chdb://{tmp_path}/store"),
-        *("--targets", str(tmp_path / "targets.json"), "--listen", f"127.0.0.1:{port}"),
-        *("--interval-s", "1", "--detectors", "none"),
-    ]
-    env = {**os.environ, "FLEETLENS_HUB_QUERY_MAX_SECONDS": "8"}
-    with (tmp_path / "hub.log").open("w") as log:
-        process = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=log, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/healthz", process, timeout=60)
+    flags = ("--targets", str(tmp_path / "targets.json"), "--interval-s", "1")
+    with hub_process(tmp_path, *flags, env={"FLEETLENS_HUB_QUERY_MAX_SECONDS": "8"}) as hub:
+        url = hub.url
         time.sleep(3)
         start = time.time()
         queries = [
@@ -384,8 +353,6 @@ def test_two_long_queries_cost_ingest_no_interval(fleet, tmp_path):
             .query("SELECT node, toUnixTimestamp64Milli(ts) / 1000 FROM targets WHERE up ORDER BY node, ts")
             .rows
         )
-    finally:
-        stop(process)
     assert 7 < took < 14  # both ran, side by side, until the hub's limit stopped them
     for node in ("vela-001", "vela-002"):
         stamps = [start, *(ts for name, ts in rows if name == node and start <= ts < end), end]

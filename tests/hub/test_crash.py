@@ -13,7 +13,6 @@ import json
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,11 +21,8 @@ from pathlib import Path
 import pytest
 
 from analytics.store.hubclient import HubClient
-from fleetlens.demo.peers import wait_http
 from sim.fleet import SimFleet
-from tests.support.peers import free_port
-
-FLEETLENS = [sys.executable, "-m", "fleetlens.cli", "--log-level", "WARNING"]
+from tests.support.hubserver import hub_process
 
 
 @contextmanager
@@ -35,20 +31,9 @@ def hub(root: Path, targets: Path, life: int) -> Iterator[tuple[subprocess.Popen
     hub-<life>.log. Ended by its own PID at the block's end if still running (SIGTERM: a clean stop)."""
     config = root / "fleetlens.yaml"
     config.write_text(json.dumps({"hub": {"spool_dir": str(root / "spool"), "detectors": "none"}}))
-    address = f"127.0.0.1:{free_port()}"
-    args = [
-        *FLEETLENS, "hub", "--config", str(config), "--store", f"chdb://{root / 'store'}",
-        "--listen", address, "--targets", str(targets), "--interval-s", "1",
-    ]  # fmt: skip
-    with (root / f"hub-{life}.log").open("w") as log:
-        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_http(f"http://{address}/healthz", process, timeout=60)
-        yield process, f"http://{address}"
-    finally:
-        if process.poll() is None:
-            process.terminate()
-            process.wait(timeout=60)
+    flags = ("--config", str(config), "--targets", str(targets), "--interval-s", "1")
+    with hub_process(root, *flags, log_level="WARNING", log_name=f"hub-{life}.log") as running:
+        yield running.process, running.url
 
 
 def scrape_rows(url: str, sql: str) -> list:

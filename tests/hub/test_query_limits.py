@@ -5,18 +5,15 @@ naming the hub's limit, the hub's peak memory bounded, and a client that holds i
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.support.peers import free_port, stop, wait_http
+from tests.support.hubserver import HubProcess
 from tests.support.queryattacks import (
     BIG_VALUE,
     CONCURRENT_BIG_VALUES,
@@ -31,31 +28,23 @@ GiB = 1 << 30
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
-    """`fleetlens hub` with two read tokens, queries of at most QUERY_MAX_S that wait 1 s for a slot:
-    its URL and process id."""
-    work = tmp_path_factory.mktemp("hub")
-    tokens = work / "tokens"
+def shared_hub_flags(shared_hub_dir: Path) -> tuple[str, ...]:
+    tokens = shared_hub_dir / "tokens"
     tokens.write_text(f"read {READER_A}\nread {READER_B}\n")
     tokens.chmod(0o600)
-    port = free_port()
-    args = [
-        *(sys.executable, "-m", "fleetlens.cli", "hub", "--store", f"chdb://{work}/store"),
-        *("--listen", f"127.0.0.1:{port}", "--detectors", "none", "--token-file", str(tokens)),
-    ]
-    env = {
-        **os.environ,
-        "FLEETLENS_HUB_QUERY_MAX_SECONDS": str(QUERY_MAX_S),
-        "FLEETLENS_HUB_QUERY_QUEUE_S": "1",
-    }
-    with (work / "hub.log").open("w") as log:
-        process = subprocess.Popen(args, cwd=work, env=env, stdout=log, stderr=log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/healthz", process, timeout=60)
-        yield url, process.pid
-    finally:
-        stop(process)
+    return ("--token-file", str(tokens))
+
+
+@pytest.fixture(scope="module")
+def shared_hub_env() -> dict[str, str]:
+    return {"FLEETLENS_HUB_QUERY_MAX_SECONDS": str(QUERY_MAX_S), "FLEETLENS_HUB_QUERY_QUEUE_S": "1"}
+
+
+@pytest.fixture(scope="module")
+def hub(shared_hub: HubProcess) -> tuple[str, int]:
+    """`fleetlens hub` with two read tokens, queries of at most QUERY_MAX_S that wait 1 s for a slot:
+    its URL and process id."""
+    return shared_hub.url, shared_hub.process.pid
 
 
 def ask(url: str, sql: str, token: str) -> tuple[int, dict, dict]:

@@ -8,10 +8,8 @@ from __future__ import annotations
 import collections
 import io
 import json
-import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -29,7 +27,8 @@ from hub.spool import Spool
 from hub.writer import Writer
 from tests.support import escapes
 from tests.support.clock import FakeClock
-from tests.support.peers import fleetlens_exporter, free_port, peer, stop, wait_http
+from tests.support.hubserver import HubProcess, hub_command, hub_environment, hub_process
+from tests.support.peers import fleetlens_exporter, free_port, peer
 
 ADMIN, READER, WRITER, ACTOR = "admin-token", "read-token", "write-token", "act-token"
 OVER_THE_LIMIT = 25_000_000  # body bytes: over the hub's default max_body_bytes (16 MiB)
@@ -86,37 +85,32 @@ def step_lines(step: int) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def hub(procfs_sys: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """`fleetlens hub` (admin token in FLEETLENS_API_TOKEN, scoped ones in a token file) scraping a real
-    exporter every second; its URL, work directory and the canary directory."""
-    work = tmp_path_factory.mktemp("hub")
+def shared_hub_flags(procfs_sys: Path, shared_hub_dir: Path) -> Iterator[tuple[str, ...]]:
+    """Scoped tokens in a token file and a real exporter, running while the hub does, scraped every second."""
     exporter_args, metrics_url = fleetlens_exporter(
         "--gpu-backend", "sim", "--sysfs-root", str(procfs_sys), "--node", "vela-001"
     )
-    tokens = work / "tokens"
+    tokens = shared_hub_dir / "tokens"
     tokens.write_text(f"# scoped tokens\nread {READER}\nwrite {WRITER}\nact {ACTOR}\n")
     tokens.chmod(0o600)
-    (work / "targets.json").write_text(
-        json.dumps([{"targets": [metrics_url.split("/")[2]], "labels": {"node": "vela-001"}}])
-    )
-    port = free_port()
-    args = [
-        *(sys.executable, "-m", "fleetlens.cli", "hub", "--store", f"chdb://{work}/store"),
-        *("--listen", f"127.0.0.1:{port}", "--targets", str(work / "targets.json"), "--interval-s", "1"),
-        *("--detectors", "none", "--token-file", str(tokens)),
-    ]
-    canary = work / "canary"
+    targets = shared_hub_dir / "targets.json"
+    targets.write_text(json.dumps([{"targets": [metrics_url.split("/")[2]], "labels": {"node": "vela-001"}}]))
+    with peer(exporter_args, metrics_url):
+        yield ("--targets", str(targets), "--interval-s", "1", "--token-file", str(tokens))
+
+
+@pytest.fixture(scope="module")
+def shared_hub_env() -> dict[str, str]:
+    return {"FLEETLENS_API_TOKEN": ADMIN}
+
+
+@pytest.fixture(scope="module")
+def hub(shared_hub: HubProcess, shared_hub_dir: Path) -> dict:
+    """`fleetlens hub` (admin token in FLEETLENS_API_TOKEN, scoped ones in a token file) scraping a real
+    exporter every second; its URL, work directory and the canary directory."""
+    canary = shared_hub_dir / "canary"
     canary.mkdir()
-    with peer(exporter_args, metrics_url), (work / "hub.log").open("w") as log:
-        process = subprocess.Popen(
-            args, cwd=work, env={**os.environ, "FLEETLENS_API_TOKEN": ADMIN}, stdout=log, stderr=log
-        )
-        try:
-            url = f"http://127.0.0.1:{port}"
-            wait_http(url + "/healthz", process)
-            yield {"url": url, "work": work, "canary": canary}
-        finally:
-            stop(process)
+    return {"url": shared_hub.url, "work": shared_hub_dir, "canary": canary}
 
 
 def samples_stored(url: str) -> int:
@@ -225,32 +219,9 @@ def test_without_a_token_only_loopback_clients_are_served(store, tmp_path):
 
 
 def test_a_hub_without_a_token_says_so_when_it_starts(tmp_path):
-    port = free_port()
-    env = {key: value for key, value in os.environ.items() if key != "FLEETLENS_API_TOKEN"}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fleetlens.cli",
-            "hub",
-            "--store",
-            f"chdb://{tmp_path}/store",
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--detectors",
-            "none",
-        ],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        wait_http(f"http://127.0.0.1:{port}/healthz", process)
-    finally:
-        stop(process)
-    output = process.stdout.read()  # a few lines: the pipe cannot fill
+    with hub_process(tmp_path) as hub:
+        pass
+    output = hub.log.read_text()
     assert "the API answers loopback clients only" in output, output
 
 
@@ -365,28 +336,14 @@ def test_head_is_answered_as_get_without_a_body(hub, path):
 def test_a_hub_without_a_token_refuses_to_listen_beyond_loopback(tmp_path):
     """Without a token the API answers loopback clients only: listening on every interface is refused with
     the usual one-line configuration error, before the store is opened, unless the flag says it is meant."""
-    env = {key: value for key, value in os.environ.items() if key != "FLEETLENS_API_TOKEN"}
-    port = free_port()
-    hub_args = [
-        *(sys.executable, "-m", "fleetlens.cli", "hub", "--store", f"chdb://{tmp_path}/store"),
-        *("--listen", f"0.0.0.0:{port}", "--detectors", "none"),
-    ]
+    env = hub_environment()
+    hub_args = hub_command(tmp_path, listen=f"0.0.0.0:{free_port()}")
     refused = subprocess.run(hub_args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2, refused.stderr
     assert refused.stderr.startswith("fleetlens: configuration error: hub.listen 0.0.0.0:")
     assert refused.stderr.count("\n") == 1 and "--listen-without-token" in refused.stderr
     assert not (tmp_path / "store").exists()
 
-    process = subprocess.Popen(
-        [*hub_args, "--listen-without-token"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_http(f"http://127.0.0.1:{port}/healthz", process)
+    with hub_process(tmp_path, "--listen-without-token", listen_host="0.0.0.0") as hub:
         query_body = json.dumps({"sql": "SELECT 1"}).encode()
-        assert post(f"http://127.0.0.1:{port}", "/api/v1/query", query_body, None)[0] == 200
-    finally:
-        stop(process)
+        assert post(hub.url, "/api/v1/query", query_body, None)[0] == 200

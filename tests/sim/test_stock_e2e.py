@@ -25,6 +25,7 @@ from sim.evaluation import CONFOUNDER, FALSE, evaluate
 from sim.scenario import Scenario, load_scenario
 from sim.stock import DCGM_EXPORTER, NODE_EXPORTER
 from tests.conftest import REPO
+from tests.support.hubserver import hub_process
 from tests.support.peers import free_port, require_binary
 
 pytestmark = pytest.mark.integration
@@ -77,20 +78,8 @@ def hub(root: Path, interval_s: float) -> Iterator[str]:
         }
     }
     (root / "fleetlens.yaml").write_text(json.dumps(config))  # JSON is YAML
-    address = f"127.0.0.1:{free_port()}"
-    args = [
-        *FLEETLENS,
-        "hub",
-        "--config",
-        str(root / "fleetlens.yaml"),
-        "--store",
-        f"chdb://{root / 'store'}",
-        "--listen",
-        address,
-    ]
-    with logged_process(args, root / "hub.log") as process:
-        wait_http(f"http://{address}/healthz", process, timeout=60)
-        yield f"http://{address}"
+    with hub_process(root, "--config", str(root / "fleetlens.yaml"), log_level="WARNING") as running:
+        yield running.url
 
 
 @contextmanager

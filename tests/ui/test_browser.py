@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.browser import chromium
+from tests.support.hubserver import hub_process
 from tests.support.peers import free_port, peer, require_binary
 
 pytestmark = pytest.mark.integration
@@ -59,11 +60,8 @@ def hub(tmp_path: Path) -> Iterator[str]:
         [*FLEETLENS, "sim", "run", str(tmp_path / "tiny.yaml"), "--offline", "--store", dsn], check=True
     )
     subprocess.run([sys.executable, "-c", DETECT, dsn], check=True)
-    port = free_port()
-    args = [*FLEETLENS, "hub", "--store", dsn, "--listen", f"127.0.0.1:{port}", "--detectors", "none"]
-    (tmp_path / "hub.yaml").write_text(f"hub: {{spool_dir: {tmp_path / 'spool'}}}\n")
-    with peer([*args, "--config", str(tmp_path / "hub.yaml")], f"http://127.0.0.1:{port}/healthz"):
-        yield f"http://127.0.0.1:{port}"
+    with hub_process(tmp_path, store=dsn, log_level="ERROR") as running:
+        yield running.url
 
 
 def test_the_pages_and_a_stragglers_cost_render_in_a_browser(chromium_binary: str, hub: str, tmp_path: Path):

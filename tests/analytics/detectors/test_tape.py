@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analytics.detectors.base import Window, frame, read_frame
+from analytics.detectors.base import Window, read_frame
 from analytics.detectors.counters import (
     INCREASE,
     INSIDE_MAX,
@@ -25,7 +25,6 @@ from analytics.detectors.counters import (
     STEADY_INCREASE,
     STEADY_RATE,
     STEADY_SECONDS,
-    series_parameters,
     series_sql,
 )
 from analytics.detectors.groups import group_sum
@@ -40,6 +39,7 @@ from analytics.detectors.tape import (
 )
 from analytics.store import Store
 from analytics.store.records import ScrapeBatch
+from tests.analytics.detectors.replay import series_sql_frame
 
 WINDOW_S = 10.0
 WINDOWS = 4
@@ -99,8 +99,7 @@ def store_samples(store: Store, samples: list[tuple[str, str, dict[str, str], in
 
 
 def expected(store: Store, metrics: list[str], window: Window, lookback_s: float) -> pd.DataFrame:
-    parameters = series_parameters(metrics, window.start, window.end, lookback_s)
-    return ordered(frame(store.query(SUMMARIES_SQL, parameters=parameters, max_rows=100_000)))
+    return ordered(series_sql_frame(store, SUMMARIES_SQL, metrics, window, lookback_s))
 
 
 def summarised(view: TapeView) -> pd.DataFrame:

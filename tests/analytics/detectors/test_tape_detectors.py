@@ -7,19 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pytest
 
 from analytics.detectors import congestion, links
-from analytics.detectors.base import Window, frame
+from analytics.detectors.base import Window
 from analytics.detectors.counters import (
     LAST,
-    MAX_CANDIDATES,
     STEADY_RATE,
     STEADY_SECONDS,
-    series_parameters,
     series_sql,
     steady_increase,
 )
@@ -27,7 +24,7 @@ from analytics.detectors.runner import DetectionRunner
 from analytics.store import Store
 from analytics.store.protocols import Reader
 from tests.analytics.detectors import test_congestion, test_links
-from tests.analytics.detectors.replay import play, scenarios
+from tests.analytics.detectors.replay import Compared, compare, play_compared, scenarios, series_sql_frame
 from tests.support.fleetdata import SimulatedFleet
 
 L = links
@@ -90,53 +87,19 @@ ORDER BY node, component
 
 
 def old_links(source: Reader, window: Window, lookback_s: float, ignored: str) -> pd.DataFrame:
-    parameters = series_parameters(L.LINK_METRICS, window.start, window.end, lookback_s) | {
-        "ignored": ignored
-    }
-    return frame(source.query(LINK_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
+    return series_sql_frame(source, LINK_SQL, L.LINK_METRICS, window, lookback_s, ignored=ignored)
 
 
 def old_ports(source: Reader, window: Window) -> pd.DataFrame:
-    parameters = series_parameters(C.CONGESTION_METRICS, window.start, window.end)
-    return frame(source.query(CONGESTION_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
-
-
-def assert_same_frame(new: pd.DataFrame, old: pd.DataFrame) -> None:
-    """The same columns, rows, order and values; an empty frame's columns alone (SQL's come untyped).
-    Text is text whether pandas holds it as Python strings or Arrow's (the tape keeps Python strings);
-    every other dtype must match."""
-    if old.empty:
-        assert new.empty and list(new.columns) == list(old.columns)
-    else:
-        pd.testing.assert_frame_equal(text_as_objects(new), text_as_objects(old), check_exact=True)
-
-
-def text_as_objects(columns: pd.DataFrame) -> pd.DataFrame:
-    """`columns` with its text as Python strings (object columns) wherever pandas holds Arrow strings."""
-    text = [name for name, dtype in columns.dtypes.items() if isinstance(dtype, pd.StringDtype)]
-    return columns.astype(dict.fromkeys(text, object)) if text else columns
-
-
-class Compared:
-    """Wraps a features function so that each call also runs the old SQL and compares."""
-
-    def __init__(self, new: Callable[..., pd.DataFrame], old: Callable[..., pd.DataFrame]) -> None:
-        self._new, self._old = new, old
-        self.rows = 0
-
-    def __call__(self, source: Reader, window: Window, *args: Any) -> pd.DataFrame:
-        new = self._new(source, window, *args)
-        assert_same_frame(new, self._old(source, window, *args))
-        self.rows += len(new)
-        return new
+    return series_sql_frame(source, CONGESTION_SQL, C.CONGESTION_METRICS, window)
 
 
 @pytest.fixture
 def compared(monkeypatch: pytest.MonkeyPatch) -> list[Compared]:
-    checks = [Compared(links.links, old_links), Compared(congestion.ports, old_ports)]
-    monkeypatch.setattr(links, "links", checks[0])
-    monkeypatch.setattr(congestion, "ports", checks[1])
-    return checks
+    return [
+        compare(monkeypatch, links, "links", old_links),
+        compare(monkeypatch, congestion, "ports", old_ports),
+    ]
 
 
 SCENARIOS = scenarios(test_links, test_congestion)
@@ -146,8 +109,7 @@ SCENARIOS = scenarios(test_links, test_congestion)
 def test_every_scenario_gives_the_frames_the_sql_gave(
     scenario: Callable[..., None], compared: list[Compared], request: pytest.FixtureRequest
 ):
-    play(scenario, request)
-    assert sum(check.rows for check in compared) > 0
+    play_compared(scenario, request, *compared)
 
 
 def test_a_conformance_fleet_stepped_by_the_runner_gives_the_frames_the_sql_gave(

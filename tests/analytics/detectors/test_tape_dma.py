@@ -12,14 +12,12 @@ import pandas as pd
 import pytest
 
 from analytics.detectors import dma
-from analytics.detectors.base import Window, frame
+from analytics.detectors.base import Window
 from analytics.detectors.counters import (
     LAST,
-    MAX_CANDIDATES,
     STEADY_INCREASE,
     STEADY_RATE,
     STEADY_SECONDS,
-    series_parameters,
     series_sql,
 )
 from analytics.detectors.dcgm import PCIE_LINK, metric_in
@@ -28,8 +26,7 @@ from analytics.detectors.runner import DetectionRunner
 from analytics.store import Store
 from analytics.store.protocols import Reader
 from tests.analytics.detectors import test_dma
-from tests.analytics.detectors.replay import play, scenarios
-from tests.analytics.detectors.test_tape_detectors import assert_same_frame
+from tests.analytics.detectors.replay import Compared, compare, play_compared, scenarios, series_sql_frame
 from tests.support.fleetdata import SimulatedFleet
 
 D = dma
@@ -114,33 +111,19 @@ ORDER BY node, component
 
 
 def old_candidates(source: Reader, window: Window, lookback_s: float) -> pd.DataFrame:
-    parameters = series_parameters(D.DMA_METRICS, window.start, window.end, lookback_s)
-    return frame(source.query(DMA_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
+    return series_sql_frame(source, DMA_SQL, D.DMA_METRICS, window, lookback_s)
 
 
-class Compared:
-    """Wraps dma.candidates so that each call also runs the old SQL and compares."""
-
-    def __init__(self, new: Callable[..., pd.DataFrame]) -> None:
-        self._new = new
-        self.rows = 0
-        self.signals: set[str] = set()  # the kinds of candidates compared: gpu, port, nccl
-
-    def __call__(self, source: Reader, window: Window, lookback_s: float) -> pd.DataFrame:
-        new = self._new(source, window, lookback_s)
-        assert_same_frame(new, old_candidates(source, window, lookback_s))
-        self.rows += len(new)
-        self.signals |= {"gpu"} if new["component"].str.startswith("gpu:").any() else set()
-        self.signals |= {"port"} if new["is_port"].any() else set()
-        self.signals |= {"nccl"} if new["nccl_without_gdr"].map(len).any() else set()
-        return new
+def signals(candidates: pd.DataFrame) -> set[str]:
+    """The kinds of candidates a frame holds: gpu, port, nccl."""
+    kinds = {"gpu"} if candidates["component"].str.startswith("gpu:").any() else set()
+    kinds |= {"port"} if candidates["is_port"].any() else set()
+    return kinds | ({"nccl"} if candidates["nccl_without_gdr"].map(len).any() else set())
 
 
 @pytest.fixture
 def compared(monkeypatch: pytest.MonkeyPatch) -> Compared:
-    check = Compared(dma.candidates)
-    monkeypatch.setattr(dma, "candidates", check)
-    return check
+    return compare(monkeypatch, dma, "candidates", old_candidates)
 
 
 SCENARIOS = scenarios(test_dma)
@@ -150,8 +133,7 @@ SCENARIOS = scenarios(test_dma)
 def test_every_scenario_gives_the_frame_the_sql_gave(
     scenario: Callable[..., None], compared: Compared, request: pytest.FixtureRequest
 ):
-    play(scenario, request)
-    assert compared.rows > 0
+    play_compared(scenario, request, compared)
 
 
 def test_a_fleet_stepped_by_the_runner_gives_the_frames_the_sql_gave(
@@ -178,4 +160,4 @@ def test_a_fleet_stepped_by_the_runner_gives_the_frames_the_sql_gave(
         windows += [fleet.tick() for _ in range(3)]
         for window in windows:
             runner.step(store, window)
-    assert compared.signals == {"gpu", "port", "nccl"}
+    assert set().union(*map(signals, compared.frames)) == {"gpu", "port", "nccl"}

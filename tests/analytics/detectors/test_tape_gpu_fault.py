@@ -15,14 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analytics.detectors import gpu_fault
-from analytics.detectors.base import Window, frame
+from analytics.detectors.base import Window
 from analytics.detectors.counters import (
     INCREASE,
     INSIDE_MAX,
     INSIDE_MIN,
-    MAX_CANDIDATES,
     STEADY_INCREASE,
-    series_parameters,
     series_sql,
 )
 from analytics.detectors.dcgm import ANSWERS, GPU_UP, metric_in
@@ -39,10 +37,16 @@ from analytics.detectors.runner import DetectionRunner
 from analytics.store import Store
 from analytics.store.protocols import Reader
 from tests.analytics.detectors import test_gpu_fault, test_stock_exporters
-from tests.analytics.detectors.replay import play, scenarios
+from tests.analytics.detectors.replay import (
+    Compared,
+    assert_same_frame,
+    compare,
+    play_compared,
+    scenarios,
+    series_sql_frame,
+)
 from tests.analytics.detectors.test_gpu_fault import store_gpu_scrapes
 from tests.analytics.detectors.test_hostile_inputs import BASE, VALUES, XID_LABELS, examples
-from tests.analytics.detectors.test_tape_detectors import Compared, assert_same_frame
 from tests.support.fleetdata import SimulatedFleet
 
 FAULT_SERIES = series_sql(
@@ -117,8 +121,7 @@ def old_gpu_faults(source: Reader, window: Window, lookback_s: float) -> pd.Data
     """The SQL's frame as gpu_fault's now reads: its Xid lists turned into `xid_counts` as the detector
     turned them before, and without `answered_at`, which silent_scrapes is counted from (gpu_fault's
     frame holds neither: 1,536 lists each per window at 192 nodes, for the garbage collector to walk)."""
-    parameters = series_parameters(gpu_fault.FAULT_METRICS, window.start, window.end, lookback_s)
-    found = frame(source.query(FAULT_SQL, parameters=parameters, max_rows=MAX_CANDIDATES))
+    found = series_sql_frame(source, FAULT_SQL, gpu_fault.FAULT_METRICS, window, lookback_s)
     counts = [
         {int(code): round(events) for code, events in zip(codes, counted, strict=True) if events >= 1}
         for codes, counted in zip(found["xid_codes"], found["xid_events"], strict=True)
@@ -129,9 +132,7 @@ def old_gpu_faults(source: Reader, window: Window, lookback_s: float) -> pd.Data
 
 @pytest.fixture
 def compared(monkeypatch: pytest.MonkeyPatch) -> Compared:
-    check = Compared(gpu_fault.gpu_faults, old_gpu_faults)
-    monkeypatch.setattr(gpu_fault, "gpu_faults", check)
-    return check
+    return compare(monkeypatch, gpu_fault, "gpu_faults", old_gpu_faults)
 
 
 SCENARIOS = scenarios(test_gpu_fault, test_stock_exporters, mentioning={test_stock_exporters: "GpuFault"})
@@ -141,8 +142,7 @@ SCENARIOS = scenarios(test_gpu_fault, test_stock_exporters, mentioning={test_sto
 def test_every_scenario_gives_the_frame_the_sql_gave(
     scenario: Callable[..., None], compared: Compared, request: pytest.FixtureRequest
 ):
-    play(scenario, request)
-    assert compared.rows > 0
+    play_compared(scenario, request, compared)
 
 
 def test_a_fleet_stepped_by_the_runner_gives_the_frames_the_sql_gave(

@@ -26,8 +26,7 @@ from analytics.store import Store
 from analytics.store.protocols import Reader
 from analytics.store.records import ScrapeBatch
 from tests.analytics.detectors import test_gpu_throttle, test_stock_exporters
-from tests.analytics.detectors.replay import play, scenarios
-from tests.analytics.detectors.test_tape_detectors import Compared, assert_same_frame
+from tests.analytics.detectors.replay import Compared, assert_same_frame, compare, play_compared, scenarios
 from tests.support.fleetdata import SimulatedFleet
 
 GPUS_SQL = f"""
@@ -100,13 +99,12 @@ def compared(monkeypatch: pytest.MonkeyPatch) -> list[Compared]:
     """The window's GPUs against the old SQL's, and the features against those the old pandas code
     (pandas_features) computed from the old SQL's GPUs."""
     features = GpuThrottle.features
-    gpus = Compared(gpu_throttle.window_gpus, old_gpus)
 
     def old_features(detector: GpuThrottle, source: Reader, window: Window) -> pd.DataFrame:
         return pandas_features(detector, source, window, old_gpus(source, window))
 
+    gpus = compare(monkeypatch, gpu_throttle, "window_gpus", old_gpus)
     checks = [gpus, Compared(features, old_features)]
-    monkeypatch.setattr(gpu_throttle, "window_gpus", gpus)
     monkeypatch.setattr(GpuThrottle, "features", lambda self, *args: checks[1](self, *args))
     return checks
 
@@ -122,8 +120,7 @@ SCENARIOS = scenarios(
 def test_every_scenario_gives_the_frames_the_sql_gave(
     scenario: Callable[..., None], compared: list[Compared], request: pytest.FixtureRequest
 ):
-    play(scenario, request, mask=CLOCK_EVENT_MASKS[0])
-    assert compared[0].rows > 0
+    play_compared(scenario, request, compared[0], mask=CLOCK_EVENT_MASKS[0])
 
 
 GPU_LABELS = st.fixed_dictionaries(

@@ -26,8 +26,7 @@ from analytics.detectors.slow_node import SlowNode
 from analytics.store import Store
 from analytics.store.protocols import Reader
 from tests.analytics.detectors import SyncJob, test_peer_outlier, test_stock_exporters
-from tests.analytics.detectors.replay import play, scenarios
-from tests.analytics.detectors.test_tape_detectors import Compared
+from tests.analytics.detectors.replay import Compared, play_compared, scenarios
 from tests.support.fleetdata import SimulatedFleet
 
 # per series: the median (gauges) and the rate over the span (counters; NULL across a reset or with one
@@ -98,8 +97,7 @@ SCENARIOS = scenarios(
 def test_every_scenario_gives_the_features_the_sql_gave(
     scenario: Callable[..., None], compared: Compared, request: pytest.FixtureRequest
 ):
-    play(scenario, request)
-    assert compared.rows > 0
+    play_compared(scenario, request, compared)
 
 
 def test_a_fleet_stepped_by_the_runner_gives_the_features_the_sql_gave(
