@@ -43,6 +43,7 @@ RUN_ERRORS = (
     "alerts.errors:AlertsError",
     "collectors.errors:CollectorError",
     "hub.errors:HubError",
+    "sim.errors:SimError",
 )
 
 
