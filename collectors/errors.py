@@ -3,6 +3,9 @@
     CollectorError
     ├── SysfsError          a sysfs file is unreadable or holds a value we cannot parse
     ├── GpuBackendError     NVML (or the simulated backend) failed for a device or as a whole
+    │   ├── _DeviceLost         NVML says a device is gone: its reading ends there (gpu.nvml, private)
+    │   └── _CaptureProblem     bad nvidia-smi capture text at a line, raised whole as GpuBackendError
+    │                           naming the file and line (gpu.replay, private)
     └── LogParseError       a kernel or NCCL log line, or a step JSON line, is malformed
 
 Collectors catch theirs per sample or per device, report them through `ReadErrors` and go on: one bad

@@ -12,7 +12,8 @@ from typing import Any
 from collectors import registry
 from collectors.base import CollectorOptions
 from collectors.exporter import Exporter, make_registry, scrape_body, serve
-from fleetlens.config import ConfigError, ExporterConfig, load_exporter_config
+from fleetlens.config import ExporterConfig, load_exporter_config
+from fleetlens.errors import ConfigError
 from fleetlens.serving import serve_until_signal
 
 log = logging.getLogger("fleetlens")

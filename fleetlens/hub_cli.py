@@ -29,7 +29,8 @@ from collectors.httpserver import serve_app
 from collectors.steprecord import StepRecord, read_step_records
 from fleetlens.access import hub_config, load, open_store, reader, retention
 from fleetlens.alerting import build_alert_service
-from fleetlens.config import Config, ConfigError
+from fleetlens.config import Config
+from fleetlens.errors import ConfigError
 from fleetlens.serving import serve_until_signal
 from hub.app import Hub
 from hub.auth import Tokens, is_loopback_host
