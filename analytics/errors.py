@@ -11,6 +11,8 @@
     │                          to the reader that asked)
     ├── SchemaError            migrations cannot be applied (a newer schema than this code knows, a bad DSN)
     │   └── AddressError       a store DSN or hub URL that is not understood (a bad flag or setting)
+    ├── SettingError           a flag, setting or request parameter out of its range (keep_days); a
+    │                          ValueError too, as the hub's API catches it
     ├── DetectorError          an unknown detector name, or a detector that cannot run
     └── PostmortemError        a report's scope that cannot be reported on (no node and no job, both, a
                                window ending before it starts, a node or job the store does not know)
@@ -73,6 +75,10 @@ class SchemaError(AnalyticsError):
 
 class AddressError(SchemaError):
     """A store DSN or a hub URL that cannot be understood: a bad flag or setting, not a bad store."""
+
+
+class SettingError(AnalyticsError, ValueError):
+    """A value given by a flag, setting or request parameter is out of its range; the message names it."""
 
 
 class DetectorError(AnalyticsError):

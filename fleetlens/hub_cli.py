@@ -18,7 +18,7 @@ from typing import Any
 
 from analytics.detectors import build as build_detectors
 from analytics.detectors.runner import DetectionRunner, detect, store_anomalies
-from analytics.errors import RetentionRefused
+from analytics.errors import RetentionRefused, SettingError
 from analytics.store import Store
 from analytics.store.hubclient import HubClient
 from analytics.store.readonly import ReadLimits
@@ -175,7 +175,7 @@ def cmd_steps_import(args: argparse.Namespace) -> int:
     refused, naming the cutoff, unless --keep-days keeps them. Exit 1 when any record was not stored."""
     try:
         keep_days = None if args.keep_days is None else check_keep_days(args.keep_days, "--keep-days")
-    except ValueError as exc:
+    except SettingError as exc:
         raise ConfigError(str(exc)) from None
     body = Path(args.file).read_bytes()
     try:
