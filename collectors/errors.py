@@ -13,8 +13,8 @@
                                 (a ValueError too, as callers of the SDK catch it)
 
 Collectors catch theirs per sample or per device, report them through `ReadErrors` and go on: one bad
-file never fails a scrape. Each message names the file, device, line or field it is about. (The hub's
-errors are hub.errors.)
+file never fails a scrape (a CollectorConfigError comes at start-up, before any scrape). Each message
+names the file, device, line or field it is about. (The hub's errors are hub.errors.)
 """
 
 from __future__ import annotations
