@@ -7,8 +7,15 @@
     │       └── RetentionRefused   rows older than their table's retention: refused, counted, not stored
     ├── QueryError             a read-only query was refused (a write, a syntax error, a limit exceeded)
     │   └── QueryLimitExceeded     it ran into one of its limits (memory, rows or bytes read, result, time)
-    └── SchemaError            migrations cannot be applied (a newer schema than this code knows, a bad DSN)
-        └── AddressError       a store DSN or hub URL that is not understood (a bad flag or setting)
+    ├── NativeError            a Native result body that is not the numeric columns asked for (a QueryError
+    │                          to the reader that asked)
+    ├── SchemaError            migrations cannot be applied (a newer schema than this code knows, a bad DSN)
+    │   └── AddressError       a store DSN or hub URL that is not understood (a bad flag or setting)
+    ├── SettingError           a flag, setting or request parameter out of its range (keep_days); a
+    │                          ValueError too, as the hub's API catches it
+    ├── DetectorError          an unknown detector name, or a detector that cannot run
+    └── PostmortemError        a report's scope that cannot be reported on (no node and no job, both, a
+                               window ending before it starts, a node or job the store does not know)
 
 Messages name what was refused and why, in words an operator can act on.
 """
@@ -58,9 +65,26 @@ class QueryLimitExceeded(QueryError):
         self.limit = limit
 
 
+class NativeError(AnalyticsError):
+    """A Native body that is not the numeric columns asked for; the message says what and where."""
+
+
 class SchemaError(AnalyticsError):
     """The schema cannot be brought to this code's version, or the DSN is not understood."""
 
 
 class AddressError(SchemaError):
     """A store DSN or a hub URL that cannot be understood: a bad flag or setting, not a bad store."""
+
+
+class SettingError(AnalyticsError, ValueError):
+    """A value given by a flag, setting or request parameter is out of its range; the message names it."""
+
+
+class DetectorError(AnalyticsError):
+    """An unknown detector name, or a detector that cannot run; the message names which."""
+
+
+class PostmortemError(AnalyticsError):
+    """The report's scope cannot be reported on: neither or both of node and job, a window that ends
+    before it starts, or a node or job the store knows nothing of."""

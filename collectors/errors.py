@@ -3,11 +3,18 @@
     CollectorError
     ├── SysfsError          a sysfs file is unreadable or holds a value we cannot parse
     ├── GpuBackendError     NVML (or the simulated backend) failed for a device or as a whole
-    └── LogParseError       a kernel or NCCL log line, or a step JSON line, is malformed
+    │   ├── _DeviceLost         NVML says a device is gone: its reading ends there (gpu.nvml, private)
+    │   └── _CaptureProblem     bad nvidia-smi capture text at a line, raised whole as GpuBackendError
+    │                           naming the file and line (gpu.replay, private)
+    ├── LogParseError       a kernel or NCCL log line, or a step JSON line, is malformed
+    │   └── StepRecordError     a step record breaks its contract: a missing or unknown key, a bad value,
+    │                           a duplicate step (a ValueError too, as the hub and SDK users catch it)
+    └── CollectorConfigError    an unknown collector name, or an SDK setting the environment gets wrong
+                                (a ValueError too, as callers of the SDK catch it)
 
 Collectors catch theirs per sample or per device, report them through `ReadErrors` and go on: one bad
-file never fails a scrape. Each message names the file, device, line or field it is about. (The hub's
-errors are hub.errors.)
+file never fails a scrape (a CollectorConfigError comes at start-up, before any scrape). Each message
+names the file, device, line or field it is about. (The hub's errors are hub.errors.)
 """
 
 from __future__ import annotations
@@ -27,3 +34,11 @@ class GpuBackendError(CollectorError):
 
 class LogParseError(CollectorError):
     """A log line could not be parsed; the message names the source and line number."""
+
+
+class StepRecordError(LogParseError, ValueError):
+    """A step record breaks the JSON-lines contract; the message names the key or the line."""
+
+
+class CollectorConfigError(CollectorError, ValueError):
+    """An unknown collector name, or a step SDK setting the environment gets wrong; the message names it."""

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from collectors.base import Collector, CollectorOptions, ReadErrors
+from collectors.errors import CollectorConfigError
 
 Factory = Callable[[CollectorOptions, ReadErrors], Collector]
 
@@ -65,7 +66,7 @@ def resolve(enable: Iterable[str] = (), disable: Iterable[str] = ()) -> list[str
     enable, disable = list(enable), list(disable)
     unknown = sorted(set(enable + disable) - set(known))
     if unknown:
-        raise ValueError(f"unknown collector(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        raise CollectorConfigError(f"unknown collector(s) {', '.join(unknown)}; known: {', '.join(known)}")
     chosen = {name for name, reg in known.items() if reg.default_enabled} | set(enable)
     return sorted(chosen - set(disable))
 

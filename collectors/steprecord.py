@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from collectors.errors import LogParseError
+from collectors.errors import LogParseError, StepRecordError
 
 PHASES = ("compute", "comm", "data")  # the order of their *_s keys in a JSON line
 STEP_DURATION = "fleetlens.step.duration"
@@ -83,13 +83,13 @@ _REQUIRED_KEYS = ("ts", "job", "rank", "node", "step", "duration_s")
 
 
 def check_value(key: str, value: Any) -> Any:
-    """The value of `key` as its record type; ValueError naming the key and what it must be otherwise."""
+    """The value of `key` as its record type; StepRecordError naming the key and what it must be otherwise."""
     if key in NAME_KEYS:
         if isinstance(value, str):
             if (bad := _NOT_IN_NAMES.search(value)) is None:
                 return value
             problem = _name_problem(bad)
-            raise ValueError(f"{key!r} must be printable Unicode: {problem} of {reprlib.repr(value)}")
+            raise StepRecordError(f"{key!r} must be printable Unicode: {problem} of {reprlib.repr(value)}")
         wanted = "a string of printable Unicode"
     elif key in _INT_MAX:
         if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _INT_MAX[key]:
@@ -101,7 +101,7 @@ def check_value(key: str, value: Any) -> Any:
         if number is not None and low <= number <= high:
             return number
         wanted = f"unix seconds from {TS_RANGE_TEXT}" if key == "ts" else "a finite non-negative number"
-    raise ValueError(f"{key!r} must be {wanted}, got {reprlib.repr(value)}")
+    raise StepRecordError(f"{key!r} must be {wanted}, got {reprlib.repr(value)}")
 
 
 def _finite(value: Any) -> float | None:
@@ -125,19 +125,19 @@ def _name_problem(bad: re.Match) -> str:
 
 
 def parse_step_record(line: str) -> StepRecord:
-    """One JSON line as a StepRecord; ValueError saying what is wrong with it."""
+    """One JSON line as a StepRecord; StepRecordError saying what is wrong with it."""
     try:
         values = json.loads(line)
     except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
+        raise StepRecordError("JSON nested too deeply") from None
     if not isinstance(values, dict):
-        raise ValueError(f"expected a JSON object, got {type(values).__name__}")
+        raise StepRecordError(f"expected a JSON object, got {type(values).__name__}")
     missing = [key for key in _REQUIRED_KEYS if key not in values]
     if missing:
-        raise ValueError(f"missing key(s) {', '.join(missing)}")
+        raise StepRecordError(f"missing key(s) {', '.join(missing)}")
     unknown = sorted(set(values) - set(CONTRACT_KEYS))
     if unknown:
-        raise ValueError(f"unknown key(s) {', '.join(map(reprlib.repr, unknown))}")
+        raise StepRecordError(f"unknown key(s) {', '.join(map(reprlib.repr, unknown))}")
     return StepRecord(**{key: check_value(key, value) for key, value in values.items()})
 
 
@@ -150,10 +150,10 @@ class SeenSteps:
         self._lines: dict[tuple[str, int, int, float], int] = {}
 
     def check(self, record: StepRecord, line: int) -> None:
-        """Note `record`, read on `line`; ValueError naming both lines if its step was read before."""
+        """Note `record`, read on `line`; StepRecordError naming both lines if its step was read before."""
         first = self._lines.setdefault((record.job, record.rank, record.step, record.ts), line)
         if first != line:
-            raise ValueError(
+            raise StepRecordError(
                 f"duplicate of line {first}: job {reprlib.repr(record.job)} rank {record.rank} "
                 f"step {record.step} at ts {record.ts} again"
             )

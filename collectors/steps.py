@@ -55,6 +55,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 
+from collectors.errors import CollectorConfigError
 from collectors.steprecord import PHASE_DURATION, PHASES, STEP_DURATION, check_value
 
 log = logging.getLogger("fleetlens.steps")
@@ -338,7 +339,7 @@ def _env_int(environ: Mapping[str, str], name: str) -> int | None:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+        raise CollectorConfigError(f"environment variable {name}={value!r} is not an integer") from None
 
 
 class StepTracker:
@@ -369,7 +370,7 @@ class StepTracker:
     ) -> None:
         job = job or environ.get("TORCHELASTIC_RUN_ID", _UNSET_JOB)
         if job == _UNSET_JOB:
-            raise ValueError("no job name: pass job=... or run under torchrun with --rdzv-id")
+            raise CollectorConfigError("no job name: pass job=... or run under torchrun with --rdzv-id")
         if rank is None:
             rank = _env_int(environ, "RANK") or 0
         self.identity: dict[str, str | int] = {"job": job, "rank": rank, "node": node or socket.gethostname()}

@@ -1,1 +1,2 @@
-"""fleetlens: the front door (CLI and configuration) that wires collectors, analytics, alerts and ui."""
+"""fleetlens: the front door (CLI and configuration) that wires collectors, analytics, alerts and ui;
+errors.py holds the errors it raises, as one tree (FleetlensError)."""

@@ -37,12 +37,13 @@ EXTRA_OF_MODULE = {
 EXTRA_OF_COMMAND = {"fleetlens.ui_cli": "ui", "fleetlens.demo_cli": "all"}
 # The errors a command reports in one line, by where they are defined: a class never imported cannot
 # have been raised, so none of these modules is imported to catch it.
-CONFIG_ERRORS = ("fleetlens.config:ConfigError", "analytics.errors:AddressError")
+CONFIG_ERRORS = ("fleetlens.errors:ConfigError", "analytics.errors:AddressError")
 RUN_ERRORS = (
     "analytics.errors:AnalyticsError",
     "alerts.errors:AlertsError",
     "collectors.errors:CollectorError",
     "hub.errors:HubError",
+    "sim.errors:SimError",
 )
 
 

@@ -21,13 +21,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
+from fleetlens.errors import ConfigError
+
 if TYPE_CHECKING:
     from alerts.policy import DrainPolicy
     from alerts.rules import AlertRule
-
-
-class ConfigError(ValueError):
-    """A configuration value is missing, unknown or of the wrong type; the message says where it came from."""
 
 
 GpuBackend = str  # nvml, sim, none or replay:FILE[#N]: checked by check_gpu_backend
@@ -466,7 +464,6 @@ def load_exporter_config(
 __all__ = [
     "AlertsConfig",
     "Config",
-    "ConfigError",
     "DrainConfig",
     "ExporterConfig",
     "GpuBackend",

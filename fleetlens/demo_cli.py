@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from fleetlens.demo.run import SCENARIO, DemoOptions, run_demo
+from fleetlens.errors import DemoError
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -19,6 +20,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     try:
         return run_demo(options, say=lambda line: print(line, flush=True))
-    except (RuntimeError, TimeoutError) as error:  # DemoError, LinkSetupError, a peer that did not start
+    except DemoError as error:
         print(f"fleetlens demo: {error}", flush=True)
         return 1

@@ -11,8 +11,10 @@ from typing import Any
 
 from collectors import registry
 from collectors.base import CollectorOptions
+from collectors.errors import CollectorConfigError
 from collectors.exporter import Exporter, make_registry, scrape_body, serve
-from fleetlens.config import ConfigError, ExporterConfig, load_exporter_config
+from fleetlens.config import ExporterConfig, load_exporter_config
+from fleetlens.errors import ConfigError
 from fleetlens.serving import serve_until_signal
 
 log = logging.getLogger("fleetlens")
@@ -35,7 +37,7 @@ def build_exporter(config: ExporterConfig) -> Exporter:
     options = CollectorOptions(**{f.name: getattr(config, f.name) for f in fields(CollectorOptions)})
     try:
         names = registry.resolve(config.enable_collectors, config.disable_collectors)
-    except ValueError as exc:
+    except CollectorConfigError as exc:
         raise ConfigError(f"exporter collectors: {exc}") from None
     return Exporter(registry.build(names, options))
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from analytics.detectors import build as build_detectors
 from analytics.detectors.runner import DetectionRunner, detect, store_anomalies
-from analytics.errors import RetentionRefused
+from analytics.errors import RetentionRefused, SettingError
 from analytics.store import Store
 from analytics.store.hubclient import HubClient
 from analytics.store.readonly import ReadLimits
@@ -29,7 +29,8 @@ from collectors.httpserver import serve_app
 from collectors.steprecord import StepRecord, read_step_records
 from fleetlens.access import hub_config, load, open_store, reader, retention
 from fleetlens.alerting import build_alert_service
-from fleetlens.config import Config, ConfigError
+from fleetlens.config import Config
+from fleetlens.errors import ConfigError
 from fleetlens.serving import serve_until_signal
 from hub.app import Hub
 from hub.auth import Tokens, is_loopback_host
@@ -174,7 +175,7 @@ def cmd_steps_import(args: argparse.Namespace) -> int:
     refused, naming the cutoff, unless --keep-days keeps them. Exit 1 when any record was not stored."""
     try:
         keep_days = None if args.keep_days is None else check_keep_days(args.keep_days, "--keep-days")
-    except ValueError as exc:
+    except SettingError as exc:
         raise ConfigError(str(exc)) from None
     body = Path(args.file).read_bytes()
     try:

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from typing import NoReturn
 
 from fleetlens.access import load
-from fleetlens.config import ConfigError
+from fleetlens.errors import ConfigError
 from ui import environment
 
 

@@ -15,6 +15,7 @@ live         a scenario served on the wall clock for a separate hub (the demo's 
 loopserver   the asyncio HTTP server the simulated nodes answer on
 evaluation   detectors scored against the injected faults
 pipeline     simulate and evaluate scenarios into throwaway stores
+errors       the errors the simulator raises, as one tree (SimError)
 
 Both modes give the same rows for a scenario (the targets' duration_s aside), and the same scenario (its
 seed) in the same workdir gives identical rows run after run. Targets are named `<node>:9400`, where a

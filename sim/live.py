@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from collectors.errors import CollectorError
 from collectors.steprecord import StepRecord
+from sim.errors import SimulationError
 from sim.fleet import LOOPBACK
 from sim.jobs import JobModel
 from sim.loopserver import LoopServer
@@ -148,7 +148,7 @@ class LiveFleet:
             chunk = self._pending[:STEPS_PER_POST]
             try:
                 poster.post(chunk)
-            except (OSError, CollectorError) as error:
+            except (OSError, SimulationError) as error:
                 log.warning("hub at %s did not take step records yet: %s", poster.address, error)
                 poster.reconnect()
                 return

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 
+from sim.errors import BadRequest
+
 log = logging.getLogger("fleetlens.loopserver")
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -31,14 +33,6 @@ MAX_BODY_BYTES = 1 << 20
 _HOP_BY_HOP = {"content-length", "connection", "transfer-encoding", "keep-alive"}
 
 Response = tuple[str, list[tuple[str, str]], bytes]
-
-
-class BadRequest(Exception):
-    """The request head or body cannot be served; the message says why, the status says how."""
-
-    def __init__(self, status: HTTPStatus, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class LoopServer:

@@ -18,13 +18,13 @@ from pathlib import Path
 
 from collectors import registry, textformat
 from collectors.base import CollectorOptions, ReadErrors
-from collectors.errors import CollectorError
 from collectors.exporter import Exporter, make_app, make_registry
 from collectors.gpu.collector import GpuCollector
 from collectors.gpu.sim import ManualClock, SimBackend
 from collectors.registry import BuiltCollector
 from collectors.xid import XidCollector
 from sim.dcgm import DcgmExporter
+from sim.errors import SimulationError
 from sim.fleet import SEED_STRIDE
 from sim.jobs import downtimes, nccl_log, nic_of_gpu
 from sim.nodeexporter import NodeExporter
@@ -41,10 +41,6 @@ NIC_IDLE_LOAD = 0.01  # health checks and monitoring while no job runs
 NO_GDR_TRAFFIC = 0.6  # share of its healthy throughput a NIC keeps when NCCL stages through host memory
 STORM_XIDS = (13, 31, 43)  # what a crashing job's kernels raise: graphics engine exception, MMU fault, stop
 DBE_XID, REMAP_XID, CONTAINED_XID = 48, 63, 94  # a double-bit ECC error, its row remap, contained errors
-
-
-class SimulationError(CollectorError):
-    """The simulation cannot go on: a bad argument, or a part of the pipeline that refused its rows."""
 
 
 @dataclass

@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from collectors.errors import CollectorError
+from sim.errors import NodeExporterError
 
 BINARY = "prometheus-node-exporter"  # Debian's package and binary name (upstream: node_exporter)
 BINARY_ENV = "FLEETLENS_NODE_EXPORTER"  # another node_exporter binary to run instead
@@ -53,10 +53,6 @@ def _end_with_parent() -> None:
     that could take a lock another thread of the parent held at the fork)."""
     if _LIBC is not None:
         _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-class NodeExporterError(CollectorError):
-    """node_exporter is not installed, did not start, or did not answer; the message says which and how."""
 
 
 def find_binary() -> str:

@@ -27,8 +27,9 @@ from analytics.store import Store
 from analytics.store.records import ScrapeBatch, TargetStatus
 from collectors.steprecord import StepRecord
 from hub.expfmt import ExpositionParser
+from sim.errors import SimulationError
 from sim.jobs import JobModel
-from sim.node import SCENARIO_EPOCH, SCRAPE_GAP_ERROR, SimNode, SimSummary, SimulationError, tick_times
+from sim.node import SCENARIO_EPOCH, SCRAPE_GAP_ERROR, SimNode, SimSummary, tick_times
 from sim.scenario import Scenario
 from sim.stock import DCGM_EXPORTER, NODE_EXPORTER
 

@@ -23,10 +23,11 @@ from hub.otlp import OtlpStepReceiver
 from hub.scraper import Scraper, Target
 from hub.spool import Spool
 from hub.writer import Writer
+from sim.errors import SimulationError
 from sim.fleet import LOOPBACK
 from sim.jobs import JobModel
 from sim.loopserver import LoopServer
-from sim.node import SCENARIO_EPOCH, SimNode, SimSummary, SimulationError, tick_times
+from sim.node import SCENARIO_EPOCH, SimNode, SimSummary, tick_times
 from sim.scenario import Scenario
 
 STEPS_PER_POST = 2_000  # online: step records per POST, well under the loopback server's body limit

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from analytics.errors import AnalyticsError
+from sim.errors import ScenarioError
 
 FAULT_KINDS = (
     "slow_node",
@@ -68,10 +68,6 @@ _CONFOUNDER_KEYS: dict[str, dict[str, Any]] = {
     "scrape_gap": {"node": None, "start_s": None, "end_s": None},
     "job_restart": {"job": None, "at_s": None, "down_s": 60.0},
 }
-
-
-class ScenarioError(AnalyticsError):
-    """A scenario file is unreadable or invalid; the message names the file and the key."""
 
 
 @dataclass(frozen=True)

@@ -25,13 +25,9 @@ from analytics.store import Store
 from analytics.store.hubclient import HubClient
 from analytics.store.protocols import ReadWriter
 from ui import environment
+from ui.errors import SourceError
 
 SESSION_KEY = "fleetlens.source"
-
-
-class SourceError(Exception):
-    """The app was started without a source, or with settings it cannot read; the message names the
-    environment variable."""
 
 
 def current() -> ReadWriter:

@@ -11,14 +11,12 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from ui.errors import WindowError
+
 LENGTHS_S = {"15 min": 900, "1 h": 3600, "6 h": 6 * 3600, "24 h": 86400, "7 d": 7 * 86400}
 CUSTOM = "custom"
 LENGTH_KEY, FROM_KEY, UNTIL_KEY = "window.length", "window.from", "window.until"
 SHOWN = "%Y-%m-%d %H:%M:%S"
-
-
-class WindowError(ValueError):
-    """A time in the sidebar that cannot be read, or a range that ends before it starts."""
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,9 @@ import pkgutil
 from collections.abc import Sequence
 
 from analytics.detectors.base import Detector
-from analytics.errors import AnalyticsError
+from analytics.errors import DetectorError
 
 _REGISTRY: dict[str, type[Detector]] = {}
-
-
-class DetectorError(AnalyticsError):
-    """An unknown detector name, or a detector that cannot run; the message names which."""
 
 
 def register(cls: type[Detector]) -> type[Detector]:

@@ -27,11 +27,11 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from analytics.detectors import DetectorError, build
+from analytics.detectors import build
 from analytics.detectors.base import SEVERITIES, Computed, Detector, Finding, Judgement, Window
 from analytics.detectors.steptape import StepTape
 from analytics.detectors.tape import Tape, TapeView
-from analytics.errors import StoreUnavailable
+from analytics.errors import DetectorError, StoreUnavailable
 from analytics.store.protocols import Reader
 from analytics.store.records import Anomaly, QueryResult
 

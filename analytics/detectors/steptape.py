@@ -29,10 +29,10 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from analytics.detectors import DetectorError
 from analytics.detectors.base import Window, read_numbers
 from analytics.detectors.groups import sorted_medians
 from analytics.detectors.tape import OVERLAP_S, millis
+from analytics.errors import DetectorError
 from analytics.store import native
 from analytics.store.protocols import Reader
 

@@ -32,9 +32,9 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import pandas as pd
 
-from analytics.detectors import DetectorError
 from analytics.detectors.base import Window, read_frame, read_numbers
 from analytics.detectors.groups import Columns, columns_frame, group_extreme, group_sum
+from analytics.errors import DetectorError
 from analytics.store.protocols import Reader
 
 OVERLAP_S = 10.0  # read again each window: samples inserted this late for the last window are still seen

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from analytics.errors import NativeError
+
 # the ClickHouse types read here, as numpy types (the values are little-endian, as numpy's on x86 and arm)
 NUMERIC_TYPES = {
     "UInt8": np.dtype("<u1"),
@@ -58,10 +60,6 @@ class Coded:
 
     def __getitem__(self, rows: slice) -> Coded:
         return Coded(self.codes[rows], self.texts)
-
-
-class NativeError(ValueError):
-    """A Native body that is not the numeric columns asked for; the message says what and where."""
 
 
 def numbers(body: bytes, columns: Mapping[str, npt.DTypeLike]) -> dict[str, np.ndarray | Coded]:

@@ -40,7 +40,7 @@ import pyarrow
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
-from analytics.errors import QueryError, QueryLimitExceeded, StoreUnavailable
+from analytics.errors import NativeError, QueryError, QueryLimitExceeded, StoreUnavailable
 from analytics.store import native
 from analytics.store.clickhouse_errors import short, unreachable
 from analytics.store.protocols import FrameResult, NumbersResult
@@ -233,7 +233,7 @@ class ReadSessions:
             body = _run(session, statement, parameters, native_format=True)
         try:
             found = native.numbers(body, columns)
-        except native.NativeError as error:
+        except NativeError as error:
             raise QueryError(f"the result is not the numeric columns asked for: {error}") from None
         rows = len(next(iter(found.values()), ()))
         return NumbersResult({name: column[:max_rows] for name, column in found.items()}, rows > max_rows)

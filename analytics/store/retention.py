@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypeVar
 
+from analytics.errors import SettingError
 from analytics.store.schema import Retention
 
 DAY_S = 86_400
@@ -110,11 +111,11 @@ class Inserted(int):
 
 
 def check_keep_days(value: object, name: str = "keep_days") -> int:
-    """`value` as whole days to keep imported history, 1 to KEEP_DAYS_MAX; ValueError naming `name`."""
+    """`value` as whole days to keep imported history, 1 to KEEP_DAYS_MAX; SettingError naming `name`."""
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= KEEP_DAYS_MAX:
-        raise ValueError(f"{name}: a whole number of days from 1 to {KEEP_DAYS_MAX}, got {value!r}")
+        raise SettingError(f"{name}: a whole number of days from 1 to {KEEP_DAYS_MAX}, got {value!r}")
     return value
 
 

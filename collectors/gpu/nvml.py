@@ -194,7 +194,7 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class _DeviceLost(Exception):
+class _DeviceLost(GpuBackendError):
     """NVML says the device is gone (GPU_IS_LOST, RESET_REQUIRED); the message names the call."""
 
 

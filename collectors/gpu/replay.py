@@ -79,7 +79,7 @@ LISTED_MIG = re.compile(
 )
 
 
-class _CaptureProblem(Exception):
+class _CaptureProblem(GpuBackendError):
     """Bad capture text at `line` (from 1; 0: the file as a whole)."""
 
     def __init__(self, line: int, problem: str) -> None:

@@ -16,11 +16,9 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from fleetlens.errors import ChildExited
+
 STOP_TIMEOUT_S = 20.0  # a hub flushing its writer gets this long before SIGKILL
-
-
-class ChildExited(RuntimeError):
-    """A child the demo needs ended on its own; the message names it and ends with its log."""
 
 
 class Children:

@@ -18,11 +18,9 @@ import subprocess
 from pathlib import Path
 from types import TracebackType
 
+from fleetlens.errors import LinkSetupError
+
 PORTS = 2
-
-
-class LinkSetupError(RuntimeError):
-    """A namespace, veth or mount could not be made; the message has the command and its answer."""
 
 
 class RealLinks:

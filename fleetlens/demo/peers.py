@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleetlens.errors import ChildExited, DemoError
+
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 PRIVATE_PORTS_FROM = 20000  # below the ephemeral range, above what system services usually hold
 
@@ -58,7 +60,7 @@ def free_ports(count: int, port_range: Path = EPHEMERAL_RANGE) -> list[int]:
             chosen.append(port)
             if len(chosen) == count:
                 return chosen
-    raise OSError(f"fewer than {count} free TCP ports on 127.0.0.1 below {low}")
+    raise DemoError(f"fewer than {count} free TCP ports on 127.0.0.1 below {low}")
 
 
 def _ephemeral_range(path: Path) -> tuple[int, int]:
@@ -76,11 +78,11 @@ def wait_http(url: str, process: subprocess.Popen, timeout: float = 20.0) -> Non
     while time.monotonic() < deadline:
         if process.poll() is not None:
             out = process.stdout.read() if process.stdout else ""
-            raise RuntimeError(f"{process.args[0]} exited with {process.returncode}:\n{out}")
+            raise ChildExited(f"{process.args[0]} exited with {process.returncode}:\n{out}")
         if answers(url):
             return
         time.sleep(0.1)
-    raise TimeoutError(f"{url} did not answer within {timeout}s")
+    raise DemoError(f"{url} did not answer within {timeout}s")
 
 
 def answers(url: str, timeout_s: float = 1.0) -> bool:
@@ -172,13 +174,13 @@ class SlurmCluster:
     def wait_until(
         self, condition: Callable[[NodeStates], bool], what: str, timeout: float = 15.0
     ) -> NodeStates:
-        """Poll sinfo until `condition` holds for it. RuntimeError as soon as a daemon has exited,
-        TimeoutError naming `what` and sinfo's last answer; both with the daemons' logs."""
+        """Poll sinfo until `condition` holds for it. ChildExited as soon as a daemon has exited,
+        DemoError naming `what` and sinfo's last answer; both with the daemons' logs."""
         deadline = time.monotonic() + timeout
         last: NodeStates | str = "no answer"
         while time.monotonic() < deadline:
             if any(process.poll() is not None for process in self.daemons.values()):
-                raise RuntimeError(f"a Slurm daemon exited while waiting for {what}\n{self.logs()}")
+                raise ChildExited(f"a Slurm daemon exited while waiting for {what}\n{self.logs()}")
             try:
                 last = self.sinfo()
             except subprocess.CalledProcessError as error:
@@ -187,7 +189,7 @@ class SlurmCluster:
                 if condition(last):
                     return last
             time.sleep(0.2)
-        raise TimeoutError(f"Slurm did not reach {what} within {timeout}s; sinfo said: {last}\n{self.logs()}")
+        raise DemoError(f"Slurm did not reach {what} within {timeout}s; sinfo said: {last}\n{self.logs()}")
 
     def logs(self, lines: int = 20) -> str:
         """The controller's and every exited daemon's status and the last lines of their logs."""

@@ -45,6 +45,7 @@ from fleetlens.demo import peers
 from fleetlens.demo.children import Children
 from fleetlens.demo.links import RealLinks
 from fleetlens.demo.report import Narrator, clock, passed, read_anomalies, verdict_lines
+from fleetlens.errors import DemoError
 from sim.evaluation import evaluate
 from sim.scenario import Fault, Scenario, load_scenario
 
@@ -78,10 +79,6 @@ class DemoOptions:
     headless: bool = False
     real_links: bool = False
     ui_port: int = 8501
-
-
-class DemoError(RuntimeError):
-    """The demo cannot start or go on; the message says what is missing or what failed."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from alerts.errors import AlertConfigError, BackendError, DecisionError
 from alerts.model import Alert, DrainRequest
 from alerts.policy import DrainLimits, DrainPolicy, DrainRule, parse_policy
 from analytics.store.records import Anomaly
-from fleetlens.config import ConfigError, load_config
+from fleetlens.config import load_config
+from fleetlens.errors import ConfigError
 
 
 @dataclass

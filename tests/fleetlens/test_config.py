@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from collectors.base import CollectorOptions
-from fleetlens.config import ConfigError, ExporterConfig, load_config
+from fleetlens.config import ExporterConfig, load_config
+from fleetlens.errors import ConfigError
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -8,7 +8,8 @@ from dataclasses import fields
 import pytest
 
 from analytics.store.readonly import ReadLimits
-from fleetlens.config import ConfigError, HubConfig, load_config
+from fleetlens.config import HubConfig, load_config
+from fleetlens.errors import ConfigError
 from hub.queryslots import QuerySlots
 
 

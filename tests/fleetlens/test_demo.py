@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from fleetlens.demo.report import passed, verdict_lines
-from fleetlens.demo.run import SCENARIO, SETTLE_S, DemoError, make_plan
+from fleetlens.demo.run import SCENARIO, SETTLE_S, make_plan
+from fleetlens.errors import DemoError
 from sim.evaluation import evaluate
 from sim.scenario import load_scenario
 from tests.support.browser import chromium

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fleetlens.demo.peers import free_ports
+from fleetlens.errors import DemoError
 
 POOL = range(20000, 21030)  # the ports below an ephemeral range starting at 21030
 
@@ -48,7 +49,8 @@ def test_only_the_free_ports_of_the_pool_are_handed_out_and_too_few_is_an_error(
             sock.close()
 
         assert set(free_ports(2, port_range)) == left  # every other port of the pool is taken
-        with pytest.raises(OSError, match=rf"fewer than 3 free TCP ports on 127\.0\.0\.1 below {POOL.stop}"):
+        too_few = rf"fewer than 3 free TCP ports on 127\.0\.0\.1 below {POOL.stop}"
+        with pytest.raises(DemoError, match=too_few):
             free_ports(3, port_range)
 
 

@@ -49,6 +49,7 @@ def test_exporter_process_loads_collectors_and_nothing_of_the_hub(procfs_sys: Pa
         "fleetlens.cli",
         "fleetlens.arguments",
         "fleetlens.config",
+        "fleetlens.errors",
         "fleetlens.exporter_cli",
         "fleetlens.serving",
     }, own

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.nodeexporter import NodeExporter, NodeExporterError
+from sim.errors import NodeExporterError
+from sim.nodeexporter import NodeExporter
 from sim.sysfs import SimSysfs
 from tests.collectors.test_node_exporter_conformance import (
     NEWER_LABELS,

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.scenario import FleetSpec, ScenarioError, load_scenario, random_faults, trace_faults
+from sim.errors import ScenarioError
+from sim.scenario import FleetSpec, load_scenario, random_faults, trace_faults
 
 ISSUE_EXAMPLE = """\
 seed: 7

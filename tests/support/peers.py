@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from fleetlens.demo.peers import free_port, stop, wait_http
+from fleetlens.errors import ChildExited
 
 __all__ = ["free_port", "stop", "wait_http"]
 
@@ -51,9 +52,9 @@ def peer(args: Sequence[str], ready_url: str, cwd: Path | None = None) -> Iterat
         try:
             try:
                 wait_http(ready_url, process)
-            except RuntimeError as exited:
+            except ChildExited as exited:
                 log.seek(0)
-                raise RuntimeError(f"{exited}{log.read()}") from None
+                raise ChildExited(f"{exited}{log.read()}") from None
             yield process
         finally:
             stop(process)

@@ -7,14 +7,13 @@ report.py builds the timeline, excursions.py finds the metric excursions that ma
 it out; model.py holds what they share.
 """
 
-from analytics.reports.postmortem.model import Event, Excursion, PostmortemError, Report, as_dict
+from analytics.reports.postmortem.model import Event, Excursion, Report, as_dict
 from analytics.reports.postmortem.render import summarize, to_csv, to_json, to_markdown
 from analytics.reports.postmortem.report import build_report
 
 __all__ = [
     "Event",
     "Excursion",
-    "PostmortemError",
     "Report",
     "as_dict",
     "build_report",

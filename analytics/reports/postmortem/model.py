@@ -8,16 +8,9 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from analytics.errors import AnalyticsError
-
 SOURCES = ("target", "excursion", "anomaly", "alert", "action")  # the order of events at the same instant
 IN_WINDOW = "ts >= {start:DateTime64(3)} AND ts < {end:DateTime64(3)}"
 SECONDS = "toUnixTimestamp64Milli({column}) / 1000"
-
-
-class PostmortemError(AnalyticsError, ValueError):
-    """The report's scope cannot be reported on: neither or both of node and job, a window that ends
-    before it starts, or a node or job the store knows nothing of."""
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from dataclasses import replace
 from typing import Any
 
 from analytics.detectors.base import Window
+from analytics.errors import PostmortemError
 from analytics.reports.postmortem.excursions import find_excursions
 from analytics.reports.postmortem.model import (
     IN_WINDOW,
@@ -41,7 +42,6 @@ from analytics.reports.postmortem.model import (
     SOURCES,
     Event,
     Excursion,
-    PostmortemError,
     Report,
     as_dict,
     change,

@@ -9,10 +9,10 @@ import logging
 import pandas as pd
 import pytest
 
-from analytics.detectors import DetectorError
 from analytics.detectors.base import Detector, Window, frame
 from analytics.detectors.runner import DetectionRunner, detect, store_anomalies, windows
 from analytics.detectors.slow_node import SlowNode
+from analytics.errors import DetectorError
 from analytics.store import Store
 from analytics.store.protocols import Reader
 from analytics.store.records import Anomaly

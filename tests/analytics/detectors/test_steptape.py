@@ -17,11 +17,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analytics.detectors import DetectorError, build
+from analytics.detectors import build
 from analytics.detectors.base import Window, frame
 from analytics.detectors.runner import DetectionRunner
 from analytics.detectors.slow_node import JOB_CADENCE, MAX_LOOKBACK_S, STEP_UNITS, step_units
 from analytics.detectors.steptape import COLUMN_TYPES, StepRows, StepTape
+from analytics.errors import DetectorError
 from analytics.store import Store
 from analytics.store.records import QueryResult
 from collectors.steprecord import StepRecord

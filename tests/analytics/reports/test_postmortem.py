@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analytics.detectors.base import Window
-from analytics.errors import QueryError
-from analytics.reports.postmortem import PostmortemError, build_report, to_csv, to_json, to_markdown
+from analytics.errors import PostmortemError, QueryError
+from analytics.reports.postmortem import build_report, to_csv, to_json, to_markdown
 from analytics.reports.sqlbox import SAVED_QUERIES, run_sql
 from analytics.store import Store
 from analytics.store.records import Anomaly, ScrapeBatch, TargetStatus

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analytics.detectors.base import read_numbers
-from analytics.errors import QueryError
+from analytics.errors import NativeError, QueryError
 from analytics.store import Store, native
 
 # every type the reader takes, from rows past one block of chDB's output (65,409 rows a block)
@@ -106,7 +106,7 @@ def test_a_body_cut_or_changed_is_read_whole_or_refused(body: bytes, data: st.Da
     whole = native.numbers(body, TYPES)
     try:
         found = native.numbers(damaged(body, data), TYPES)
-    except native.NativeError as error:
+    except NativeError as error:
         assert "block" in str(error)
         return
     assert list(found) == list(whole)
@@ -171,7 +171,7 @@ def test_a_coded_body_cut_or_changed_is_read_whole_or_refused(coded_body: bytes,
     with NativeError saying where; every code found points into its texts."""
     try:
         found = native.numbers(damaged(coded_body, data), CODED)
-    except native.NativeError as error:
+    except NativeError as error:
         assert "block" in str(error)
         return
     node = found["node"]
