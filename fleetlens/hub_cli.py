@@ -77,7 +77,7 @@ def build_hub(settings: Config, tokens: Tokens) -> Hub:
             detection_store,
             window_s=config.detect_window_s,
             lag_s=config.lag_s,
-            then=alerting.cycle,
+            alerting=alerting,
         )
     return Hub(
         store,
