@@ -9,7 +9,8 @@
     │   └── BodyTooLarge        the body declares or grows past its limit
     ├── PayloadError        a request body refused whole, with the HTTP status to answer (bodies)
     ├── TokenFileError      the token file cannot be read or has a bad line (auth)
-    └── SlotsBusy           no query slot came free for a client in time (queryslots)
+    ├── SlotsBusy           no query slot came free for a client in time (queryslots)
+    └── UnknownRecordType   rows of a type no store insert takes, handed to the writer (a bug; writer)
 
 A failed scrape or a refused body costs only itself: the scraper records `up 0` with the message, the
 API answers the status with it. Each message names the target, line, field or file it is about.
@@ -70,3 +71,7 @@ class SlotsBusy(HubError):
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class UnknownRecordType(HubError):
+    """Rows of a type the writer has no store insert for: a bug in the caller, never bad input."""

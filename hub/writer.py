@@ -50,6 +50,8 @@ from prometheus_client.utils import floatToGoString
 from analytics.errors import StoreError, StoreRejected, StoreUnavailable
 from analytics.store.protocols import IngestWriter
 from analytics.store.records import ScrapeBatch, TargetStatus
+from collectors.steprecord import StepRecord
+from hub.errors import UnknownRecordType
 from hub.spool import ROW_TYPES, Kind, Row, Spool
 
 log = logging.getLogger("fleetlens.hub.writer")
@@ -60,6 +62,13 @@ CONFLICT_WHAT = {  # what differed, by kind
     "samples": "a sample at a timestamp its series has",
     "steps": "a step's duration_s",
     "targets": "a scrape's up",
+}
+# The store's insert for each record type, called with (store, rows, token=..., keep_until=...): the
+# method is looked up on each call, so that a store wrapped at its boundary (tests' outages) is honoured.
+STORE_INSERTS: dict[type[Row], Callable[..., int]] = {
+    ScrapeBatch: lambda store, rows, **options: store.insert_samples(rows, **options),
+    TargetStatus: lambda store, rows, **options: store.insert_targets(rows, **options),
+    StepRecord: lambda store, rows, **options: store.insert_steps(rows, **options),
 }
 INSERT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -299,11 +308,15 @@ class Writer:
         return Written.SPOOLED if kept else Written.DROPPED
 
     def _insert(self, kind: Kind, rows: Sequence[Row], token: str, keep_until: float | None = None) -> None:
-        """One insert into the store, timed and counted, with what it refused; raises its StoreError."""
+        """One insert into the store, timed and counted, with what it refused; raises its StoreError, or
+        UnknownRecordType for rows no store insert takes."""
+        insert = STORE_INSERTS.get(type(rows[0]))
+        if insert is None:
+            raise UnknownRecordType(f"no store insert takes {type(rows[0]).__name__} rows (kind {kind!r})")
         kept = {} if keep_until is None else {"keep_until": keep_until}
         started = self._clock()
         try:
-            written = getattr(self.store, f"insert_{kind}")(rows, token=token, **kept)
+            written = insert(self.store, rows, token=token, **kept)
         except StoreError as error:
             unavailable = isinstance(error, StoreUnavailable)
             self._record(kind, started, failure="unavailable" if unavailable else "rejected")
