@@ -10,6 +10,7 @@
     ├── PayloadError        a request body refused whole, with the HTTP status to answer (bodies)
     ├── TokenFileError      the token file cannot be read or has a bad line (auth)
     ├── SlotsBusy           no query slot came free for a client in time (queryslots)
+    ├── HttpError           an API answer other than 200/204, with its status and body (app, apirequests)
     └── UnknownRecordType   rows of a type no store insert takes, handed to the writer (a bug; writer)
 
 A failed scrape or a refused body costs only itself: the scraper records `up 0` with the message, the
@@ -18,6 +19,8 @@ API answers the status with it. Each message names the target, line, field or fi
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from http import HTTPStatus
 
 
@@ -71,6 +74,25 @@ class SlotsBusy(HubError):
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class HttpError(HubError):
+    """An API answer other than 200/204: by default a JSON {"error": message}, or the given body, with
+    `headers` besides Content-Type (429's Retry-After)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        body: bytes | None = None,
+        content_type: str = "application/json",
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = json.dumps({"error": message}).encode() if body is None else body
+        self.content_type = content_type
+        self.headers = list(headers)
 
 
 class UnknownRecordType(HubError):

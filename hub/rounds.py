@@ -146,10 +146,13 @@ def _read_statuses(path: Path) -> list[TargetStatus]:
 
 
 class RoundQueue:
-    """Rounds waiting for `writer`, written by a thread of their own; `deferred` counts those past
-    `max_rounds` given to the writer's spool, `coalesced` those written together with an earlier one.
-    Target statuses are written at most `hold_s` seconds after their round was queued, often with later
-    ones', and journaled meanwhile in `journal` (none: a crash loses those held)."""
+    """Rounds waiting for `writer`, written by a thread of their own: the scraper's sink (`put`).
+
+    Counters for the hub's metrics: `scrapes` (target statuses put) and `samples` (samples put),
+    `deferred` (rounds past `max_rounds` given to the writer's spool), `coalesced` (rounds written
+    together with an earlier one). Target statuses are written at most `hold_s` seconds after their round
+    was queued, often with later ones', and journaled meanwhile in `journal` (none: a crash loses those
+    held)."""
 
     def __init__(
         self,
@@ -161,6 +164,8 @@ class RoundQueue:
     ) -> None:
         self.max_rounds = max_rounds
         self.hold_s = hold_s
+        self.scrapes = 0
+        self.samples = 0
         self.deferred = 0
         self.coalesced = 0
         self._writer = writer
@@ -176,6 +181,8 @@ class RoundQueue:
     def put(self, batches: list[ScrapeBatch], statuses: list[TargetStatus]) -> None:
         """Queue a round for the insert thread, or defer it when `max_rounds` already wait."""
         with self._ready:
+            self.scrapes += len(statuses)
+            self.samples += sum(len(batch) for batch in batches)
             if len(self._rounds) < self.max_rounds and not self._closed:
                 self._rounds.append((batches, statuses))
                 self._ready.notify()
