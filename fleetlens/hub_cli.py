@@ -39,8 +39,10 @@ from hub.errors import TokenFileError
 from hub.otlp import OtlpStepReceiver
 from hub.queryslots import QuerySlots
 from hub.remote_write import NodeIdentity, RemoteWriteLimits, RemoteWriteReceiver
-from hub.scraper import ScrapeLimits, Scraper, Shard, TargetsFile
+from hub.scraper import Scraper
 from hub.spool import Spool
+from hub.targets import Shard, TargetsFile
+from hub.targetsession import ScrapeLimits
 from hub.writer import Writer
 
 log = logging.getLogger("fleetlens")

@@ -34,8 +34,9 @@ from hub.app import Hub
 from hub.auth import Tokens
 from hub.otlp import OtlpStepReceiver
 from hub.rounds import TARGETS_HOLD_S
-from hub.scraper import Scraper, Shard, TargetsFile
+from hub.scraper import Scraper
 from hub.spool import Spool
+from hub.targets import Shard, TargetsFile
 from hub.writer import Writer
 from tests.support.clock import FakeClock
 from tests.support.peers import free_port, stop, wait_http
