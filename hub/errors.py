@@ -3,8 +3,8 @@
     HubError
     ├── ExpositionError     a scraped body breaks the text format or a limit (expfmt)
     │   └── DeadlineExceeded    parsing used up the CPU time a scrape's parse may take
-    ├── ScraperConfigError  a targets file, shard or scrape setting is unusable (scraper)
-    ├── ScrapeError         a target answered, but not with a usable body (scraper)
+    ├── ScraperConfigError  a targets file, shard or scrape setting is unusable (targets, scraper)
+    ├── ScrapeError         a target answered, but not with a usable body (targetsession, httpread)
     ├── FramingError        an HTTP body's framing is broken: a chunk line, its end (httpread)
     │   └── BodyTooLarge        the body declares or grows past its limit
     ├── PayloadError        a request body refused whole, with the HTTP status to answer (bodies)
@@ -14,7 +14,8 @@
     └── UnknownRecordType   rows of a type no store insert takes, handed to the writer (a bug; writer)
 
 A failed scrape or a refused body costs only itself: the scraper records `up 0` with the message, the
-API answers the status with it. Each message names the target, line, field or file it is about.
+API answers the status with it (HttpError). Each message names the target, line, field or file it is
+about. UnknownRecordType is a bug in the hub, never bad input: it propagates to whoever wrote the rows.
 """
 
 from __future__ import annotations
