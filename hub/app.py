@@ -1,12 +1,13 @@
 """The hub: scrapes the fleet's exporters, receives step times, and is the only writer of the store.
 
-    scraper ──(ScrapeBatch, TargetStatus every interval)──▶ writer ──▶ store
+    scraper ──(ScrapeBatch, TargetStatus every interval)──▶ rounds ──▶ writer ──▶ store
     POST /api/v1/write (Prometheus remote write) ─(ScrapeBatch, TargetStatus from `up`)─▶ writer
     POST /v1/metrics (OTLP) ─┐                               │ (store down: spool on disk, replay in order)
     POST /api/v1/steps ──────┴──(StepRecord)──▶ writer          ▼
     POST /api/v1/query ◀───────── read-only SQL ────────── store (read sessions of its own)
     POST /api/v1/silences, /api/v1/actions ─(silences, drain requests)─▶ store
     GET /metrics (the hub's own), GET /healthz (HEAD too, as GET without the body)
+    detection (each window) ──▶ anomalies in the store ──▶ alerting (hub.detect.Alerting)
 
 Every POST needs a token with its scope (hub.auth: read, write, act); a hub with no token serves
 POSTs to loopback clients only. /metrics and /healthz stay open so that Prometheus and load balancers need
