@@ -10,12 +10,15 @@
     ├── PayloadError        a request body refused whole, with the HTTP status to answer (bodies)
     ├── TokenFileError      the token file cannot be read or has a bad line (auth)
     ├── SlotsBusy           no query slot came free for a client in time (queryslots)
+    ├── SpoolEntryError     a spool file, or a batch to spool, not one whole entry of its format (spool)
+    ├── SettingError        a hub part built with a setting out of its range (queryslots, spool, otlp)
     ├── HttpError           an API answer other than 200/204, with its status and body (app, apirequests)
     └── UnknownRecordType   rows of a type no store insert takes, handed to the writer (a bug; writer)
 
 A failed scrape or a refused body costs only itself: the scraper records `up 0` with the message, the
 API answers the status with it (HttpError). Each message names the target, line, field or file it is
-about. UnknownRecordType is a bug in the hub, never bad input: it propagates to whoever wrote the rows.
+about. SpoolEntryError and SettingError are ValueErrors too, as bad values are in Python.
+UnknownRecordType is a bug in the hub, never bad input: it propagates to whoever wrote the rows.
 """
 
 from __future__ import annotations
@@ -75,6 +78,15 @@ class SlotsBusy(HubError):
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class SpoolEntryError(HubError, ValueError):
+    """Bytes that are not one whole spool entry (torn, not inflating, not the format), or a batch the
+    format cannot hold; the message says which."""
+
+
+class SettingError(HubError, ValueError):
+    """A hub part built with a setting out of its range; the message names the setting and the range."""
 
 
 class HttpError(HubError):

@@ -47,6 +47,7 @@ from prometheus_client.metrics_core import Metric
 from analytics.errors import StoreRejected, StoreUnavailable
 from analytics.store.records import ScrapeBatch, TargetStatus
 from collectors.steprecord import StepRecord
+from hub.errors import SettingError, SpoolEntryError
 
 log = logging.getLogger("fleetlens.hub.spool")
 
@@ -96,9 +97,9 @@ def encode_entry(
 ) -> bytes:
     """One spool file's bytes: header, then zlib of the JSON document (see the module docstring)."""
     if kind not in _FIELDS:
-        raise ValueError(f"unknown spool kind {kind!r}; known: {', '.join(_FIELDS)}")
+        raise SpoolEntryError(f"unknown spool kind {kind!r}; known: {', '.join(_FIELDS)}")
     if statuses and kind != "samples":
-        raise ValueError(f"target statuses go with a batch of samples, not of {kind}")
+        raise SpoolEntryError(f"target statuses go with a batch of samples, not of {kind}")
     document = {"v": FORMAT_VERSION, "kind": kind, "token": token, "rows": _encoded_rows(kind, rows)}
     if keep_until is not None:
         document["keep_until"] = keep_until
@@ -114,32 +115,35 @@ def _encoded_rows(kind: Kind, rows: Sequence[Row]) -> list[list]:
 
 
 def decode_entry(data: bytes) -> Entry:
-    """The entry of one spool file's bytes; ValueError when they are not one whole entry."""
+    """The entry of one spool file's bytes; SpoolEntryError when they are not one whole entry."""
     if not _is_whole(data[: HEADER.size], len(data)):
-        raise ValueError("torn or not a spool file: its length does not match its header")
+        raise SpoolEntryError("torn or not a spool file: its length does not match its header")
     inflater = zlib.decompressobj()
     try:
         text = inflater.decompress(data[HEADER.size :], MAX_DECODED_BYTES)
     except zlib.error as error:
-        raise ValueError(f"payload does not inflate: {error}") from error
+        raise SpoolEntryError(f"payload does not inflate: {error}") from error
     if inflater.unconsumed_tail or not inflater.eof:
-        raise ValueError(f"payload incomplete or larger than {MAX_DECODED_BYTES} bytes once inflated")
-    document = json.loads(text)  # a JSONDecodeError is a ValueError
+        raise SpoolEntryError(f"payload incomplete or larger than {MAX_DECODED_BYTES} bytes once inflated")
+    try:
+        document = json.loads(text)
+    except ValueError as error:
+        raise SpoolEntryError(f"payload is not JSON: {error}") from error
     try:
         if document["v"] != FORMAT_VERSION:
-            raise ValueError(f"format version {document['v']!r}, this hub reads {FORMAT_VERSION}")
+            raise SpoolEntryError(f"format version {document['v']!r}, this hub reads {FORMAT_VERSION}")
         kind = document["kind"]
         row_type = ROW_TYPES[kind]
         keep_until = document.get("keep_until")
         if keep_until is not None and not _seconds(keep_until):
-            raise ValueError(f"keep_until {keep_until!r} is not unix seconds")
+            raise SpoolEntryError(f"keep_until {keep_until!r} is not unix seconds")
         rows = [row_type(*values) for values in document["rows"]]
         statuses = [TargetStatus(*values) for values in document.get("statuses", ())]
         if statuses and kind != "samples":
-            raise ValueError(f"target statuses in a batch of {kind}")
+            raise SpoolEntryError(f"target statuses in a batch of {kind}")
         return Entry(kind, str(document["token"]), rows, keep_until, statuses)
     except (KeyError, TypeError) as error:
-        raise ValueError(f"not a spool document: {error!r}") from error
+        raise SpoolEntryError(f"not a spool document: {error!r}") from error
 
 
 def _seconds(value: object) -> bool:
@@ -170,7 +174,7 @@ class Spool:
 
     def __init__(self, directory: str | os.PathLike[str], max_bytes: int) -> None:
         if max_bytes <= 0:
-            raise ValueError(f"spool max_bytes must be positive, not {max_bytes}")
+            raise SettingError(f"spool max_bytes must be positive, not {max_bytes}")
         self.directory = Path(directory)
         self.max_bytes = max_bytes
         self.dropped_total = 0
@@ -256,7 +260,7 @@ class Spool:
                 while (entry := self._claim_oldest()) is not None:
                     try:
                         batch = decode_entry(entry.path.read_bytes())
-                    except (OSError, ValueError) as error:
+                    except (OSError, SpoolEntryError) as error:
                         self._retire(entry, CORRUPT, f"unreadable: {error}")
                         continue
                     kept = {} if batch.keep_until is None else {"keep_until": batch.keep_until}
