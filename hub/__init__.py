@@ -20,4 +20,7 @@ writer         the one path to the store, an insert per record type, through the
 spool          durable on-disk batches, replayed in order
 detect         the detection loop, each window's anomalies handed to alerting
 errors         the hub's errors, one tree
+
+Every error the hub raises derives from hub.errors.HubError (and from no other package's root); that
+module draws the tree with what each class means and where it is raised.
 """
