@@ -208,7 +208,8 @@ def main() -> int:
 
     sys.path.append(str(Path(__file__).resolve().parent.parent))  # after PYTHONPATH: an old tree wins
     from hub import scraper as scraper_module
-    from hub.scraper import Scraper, Target
+    from hub.scraper import Scraper
+    from hub.targets import Target
 
     kinds: dict[str, tuple[int, Callable[[], Handler]]] = {
         "healthy": (args.healthy, lambda: body_server(healthy_body())),

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from analytics.store.hubclient import HubClient
 from bench.exporter import cpu_seconds, stat_cpu_seconds
 from bench.parser import prometheus_client_parse, samples_per_second, warm_parse
-from hub.scraper import REQUEST_HEADERS
+from hub.targetsession import REQUEST_HEADERS
 from sim.fleet import SimFleet
 from tests.support.peers import free_port, peer
 

@@ -40,8 +40,10 @@ from hub.errors import TokenFileError
 from hub.otlp import OtlpStepReceiver
 from hub.queryslots import QuerySlots
 from hub.remote_write import NodeIdentity, RemoteWriteLimits, RemoteWriteReceiver
-from hub.scraper import ScrapeLimits, Scraper, Shard, TargetsFile
+from hub.scraper import Scraper
 from hub.spool import Spool
+from hub.targets import Shard, TargetsFile
+from hub.targetsession import ScrapeLimits
 from hub.writer import Writer
 
 log = logging.getLogger("fleetlens")
@@ -78,7 +80,7 @@ def build_hub(settings: Config, tokens: Tokens) -> Hub:
             detection_store,
             window_s=config.detect_window_s,
             lag_s=config.lag_s,
-            then=alerting.cycle,
+            alerting=alerting,
         )
     return Hub(
         store,

@@ -1,12 +1,13 @@
 """The hub: scrapes the fleet's exporters, receives step times, and is the only writer of the store.
 
-    scraper ──(ScrapeBatch, TargetStatus every interval)──▶ writer ──▶ store
+    scraper ──(ScrapeBatch, TargetStatus every interval)──▶ rounds ──▶ writer ──▶ store
     POST /api/v1/write (Prometheus remote write) ─(ScrapeBatch, TargetStatus from `up`)─▶ writer
     POST /v1/metrics (OTLP) ─┐                               │ (store down: spool on disk, replay in order)
     POST /api/v1/steps ──────┴──(StepRecord)──▶ writer          ▼
     POST /api/v1/query ◀───────── read-only SQL ────────── store (read sessions of its own)
     POST /api/v1/silences, /api/v1/actions ─(silences, drain requests)─▶ store
     GET /metrics (the hub's own), GET /healthz (HEAD too, as GET without the body)
+    detection (each window) ──▶ anomalies in the store ──▶ alerting (hub.detect.Alerting)
 
 Every POST needs a token with its scope (hub.auth: read, write, act); a hub with no token serves
 POSTs to loopback clients only. /metrics and /healthz stay open so that Prometheus and load balancers need
@@ -31,12 +32,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import fields
 from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry
@@ -47,13 +45,14 @@ from alerts.errors import SilenceError
 from analytics.errors import QueryError, QueryLimitExceeded, StoreError, StoreRejected
 from analytics.store.readonly import ReadLimits
 from analytics.store.records import REQUESTS, ActionRow, SilenceRow
-from analytics.store.retention import KEEP_DAYS_MAX, Cutoff, check_keep_days, import_refusal, keep_until
+from analytics.store.retention import KEEP_DAYS_MAX, Cutoff, import_refusal, keep_until
 from analytics.store.schema import Retention
 from collectors import textformat
 from collectors.logtext import printable
+from hub.apirequests import keep_days_parameter, query_request, record_rows
 from hub.auth import Tokens
 from hub.detect import DetectionLoop
-from hub.errors import PayloadError, SlotsBusy
+from hub.errors import HttpError, PayloadError, SlotsBusy
 from hub.groupcommit import GroupCommit
 from hub.httpread import RequestBody
 from hub.otlp import OtlpStepReceiver, otlp_error_response
@@ -68,29 +67,9 @@ log = logging.getLogger("fleetlens.hub")
 
 JSON = "application/json"
 ROLL_UP_EVERY_S = 15.0  # how often the hub rolls finished minutes and hours into the rollups
-MAX_JSON_DEPTH = 32  # nesting of the API's JSON bodies, far more than any of them needs
 OTHER_PATH = "other"  # what unknown paths count as in fleetlens_hub_refused_requests
 NO_CONTENT = (b"", "")  # a handler's answer that is a 204: taken, nothing to say
 OPEN_PATHS = ("/metrics", "/healthz")  # GET and HEAD, without a token: they hold no data of the fleet
-
-
-class HttpError(Exception):
-    """An answer other than 200: by default a JSON {"error": message}, or the given body, with `headers`
-    besides Content-Type (429's Retry-After)."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        body: bytes | None = None,
-        content_type: str = JSON,
-        headers: Sequence[tuple[str, str]] = (),
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = json.dumps({"error": message}).encode() if body is None else body
-        self.content_type = content_type
-        self.headers = list(headers)
 
 
 _REASONS = {
@@ -171,10 +150,8 @@ class Hub:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         journal = RoundJournal(writer.spool.directory / JOURNAL_DIR, writer.store.stored_scrapes)
-        self._rounds = RoundQueue(writer, journal, max_rounds=pending_rounds)
+        self.rounds = RoundQueue(writer, journal, max_rounds=pending_rounds)  # the scraper's sink
         self._counts_lock = threading.Lock()
-        self.scrapes = 0
-        self.samples = 0
         self.refused: dict[tuple[str, int], int] = {}
         self.errors = 0
         self.registry = CollectorRegistry(auto_describe=False)
@@ -186,15 +163,15 @@ class Hub:
         """Start the scrape loop (if there are targets), the detection loop and the roll-ups, each in a
         thread.
 
-        Rounds are written by one insert thread of their own (hub.rounds), in order, so that the next
-        round is scraped on time while the store takes the last one (chDB works outside the GIL); rounds
-        that queued while the store was slow go in together. Past `pending_rounds` waiting rounds, a round
-        goes to the spool and is replayed when the store catches up: the scrape loop never waits for the
-        store, so no interval is lost to a slow one.
+        The scrape loop hands each round to `rounds` (hub.rounds.RoundQueue), whose insert thread writes
+        them in order, so that the next round is scraped on time while the store takes the last one (chDB
+        works outside the GIL); rounds that queued while the store was slow go in together. Past
+        `pending_rounds` waiting rounds, a round goes to the spool and is replayed when the store catches
+        up: the scrape loop never waits for the store, so no interval is lost to a slow one.
         """
         if self.scraper is not None:
             thread = threading.Thread(
-                target=self.scraper.run, args=(self._stop, self._queue_round), daemon=True
+                target=self.scraper.run, args=(self._stop, self.rounds.put), daemon=True
             )
             thread.start()
             self._threads.append(thread)
@@ -220,29 +197,12 @@ class Hub:
             if self._stop.wait(ROLL_UP_EVERY_S):
                 return
 
-    def _queue_round(self, batches: list, statuses: list) -> None:
-        self._count_round(batches, statuses)
-        self._rounds.put(batches, statuses)
-
-    @property
-    def deferred_rounds(self) -> int:
-        return self._rounds.deferred
-
-    @property
-    def coalesced_rounds(self) -> int:
-        return self._rounds.coalesced
-
-    def _count_round(self, batches: list, statuses: list) -> None:
-        with self._counts_lock:
-            self.scrapes += len(statuses)
-            self.samples += sum(len(batch) for batch in batches)
-
     def close(self) -> None:
         """Stop scraping, flush the writer (what cannot be stored stays in the spool), close the store."""
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=30)
-        self._rounds.close()
+        self.rounds.close()
         for close in self._closing:
             close()
         self.writer.close()
@@ -256,17 +216,17 @@ class Hub:
 
     def collect(self) -> Iterable:
         counters = [
-            ("scrapes", "Target scrapes attempted.", self.scrapes),
-            ("samples", "Samples scraped and handed to the writer.", self.samples),
+            ("scrapes", "Target scrapes attempted.", self.rounds.scrapes),
+            ("samples", "Samples scraped and handed to the writer.", self.rounds.samples),
             (
                 "deferred_rounds",
                 "Scraped rounds spooled as the store still took earlier ones.",
-                self.deferred_rounds,
+                self.rounds.deferred,
             ),
             (
                 "coalesced_rounds",
                 "Scraped rounds written with an earlier one: the store took longer than an interval.",
-                self.coalesced_rounds,
+                self.rounds.coalesced,
             ),
             ("request_errors", "API requests that failed unexpectedly (500; the log has why).", self.errors),
             (
@@ -409,7 +369,7 @@ class Hub:
     def _steps(self, body: bytes, environ: dict) -> tuple[bytes, str]:
         """Step JSON lines, taken whole or refused whole: a request holding a record older than the steps
         cutoff is a 422 naming it, unless ?keep_days=N keeps them all N days from now."""
-        keep_days = _keep_days(environ.get("QUERY_STRING", ""))
+        keep_days = keep_days_parameter(environ.get("QUERY_STRING", ""))
         try:
             rows = parse_steps_jsonl(
                 body, environ.get("CONTENT_TYPE"), environ.get("HTTP_CONTENT_ENCODING"), self.otlp.limits
@@ -453,7 +413,7 @@ class Hub:
     def _silences(self, body: bytes, environ: dict) -> tuple[bytes, str]:
         """Silences made, changed, expired or imported: the check every writer runs (alerts.commands),
         against what the store holds, before anything is stored; 400 naming the row and field."""
-        rows, token = _rows(body, SilenceRow)
+        rows, token = record_rows(body, SilenceRow)
         try:
             check_silences(self.store, rows)
         except SilenceError as exc:
@@ -462,7 +422,7 @@ class Hub:
 
     def _actions(self, body: bytes, environ: dict) -> tuple[bytes, str]:
         """People's requests to the drain controller; only requests, never decisions, come this way."""
-        rows, token = _rows(body, ActionRow)
+        rows, token = record_rows(body, ActionRow)
         for index, row in enumerate(rows):
             if row.outcome != "requested" or row.action not in REQUESTS:
                 raise HttpError(
@@ -488,7 +448,7 @@ class Hub:
         nearest second (a few read sessions serve every request). The rows are the JSON the store wrote,
         spliced into the answer, never parsed."""
         deadline = time.monotonic() + self._query_max_seconds
-        sql, max_rows, parameters = _query_request(body, self._query_max_rows)
+        sql, max_rows, parameters = query_request(body, self._query_max_rows)
         try:
             with self._query_slots.slot(self._query_client(environ), deadline):
                 result = self.store.query_json(
@@ -531,114 +491,3 @@ class Hub:
         "/api/v1/silences": ("act", _silences),
         "/api/v1/actions": ("act", _actions),
     }
-
-
-def _keep_days(query: str) -> int | None:
-    """?keep_days=N of /api/v1/steps (1 to KEEP_DAYS_MAX), None without it; 400 naming the parameter."""
-    try:
-        parameters = urllib.parse.parse_qs(query, keep_blank_values=True, strict_parsing=bool(query))
-    except ValueError:
-        raise HttpError(400, f"query string {printable(query)[:200]!r}: expected keep_days=N") from None
-    if unknown := sorted(set(parameters) - {"keep_days"}):
-        shown = printable(", ".join(unknown))[:200]
-        raise HttpError(400, f"unknown query parameter(s) {shown}: /api/v1/steps takes only keep_days")
-    values = parameters.get("keep_days")
-    if values is None:
-        return None
-    if len(values) > 1:
-        raise HttpError(400, "keep_days: given more than once")
-    try:
-        return check_keep_days(values[0])
-    except ValueError as exc:
-        raise HttpError(400, printable(str(exc))[:300]) from None
-
-
-def _json_object(body: bytes, shape: str) -> dict:
-    """The body as a JSON object, at most MAX_JSON_DEPTH deep; 400 naming the expected `shape` if not."""
-    try:
-        value = json.loads(body)
-    except (ValueError, RecursionError):
-        raise HttpError(400, f"expected a JSON object {shape}") from None
-    if not isinstance(value, dict):
-        raise HttpError(400, f"expected a JSON object {shape}, got {_json_type(value)}")
-    if _depth(value) > MAX_JSON_DEPTH:
-        raise HttpError(400, f"JSON nested more than {MAX_JSON_DEPTH} deep")
-    return value
-
-
-def _depth(value: Any, limit: int = MAX_JSON_DEPTH + 1) -> int:
-    """How deep `value` nests, counted up to `limit`."""
-    if limit <= 0 or not isinstance(value, dict | list):
-        return 0
-    items = value.values() if isinstance(value, dict) else value
-    return 1 + max((_depth(item, limit - 1) for item in items), default=0)
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    return {dict: "an object", list: "an array", str: "a string", type(None): "null"}.get(
-        type(value), "a number"
-    )
-
-
-def _query_request(body: bytes, max_rows_limit: int) -> tuple[str, int, dict[str, Any]]:
-    """sql, max_rows (at most the limit) and parameters of a query request; 400 naming a bad field."""
-    request = _json_object(body, '{"sql": "...", "max_rows"?: int, "parameters"?: {name: value}}')
-    if unknown := sorted(set(request) - {"sql", "max_rows", "parameters"}):
-        raise HttpError(
-            400, f"unknown field(s) {printable(', '.join(unknown))[:200]}: send sql, max_rows, parameters"
-        )
-    sql = request.get("sql")
-    if not isinstance(sql, str):
-        raise HttpError(400, f"sql: expected a string, got {_json_type(sql)}")
-    max_rows = request.get("max_rows", max_rows_limit)
-    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-        raise HttpError(400, f"max_rows: expected a positive integer, got {_json_type(max_rows)}")
-    parameters = request.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise HttpError(
-            400, f"parameters: expected an object of names and values, got {_json_type(parameters)}"
-        )
-    for name, value in parameters.items():
-        if not _parameter_value(value):
-            shown = printable(name)[:64]
-            raise HttpError(400, f"parameters.{shown}: expected a string, number, boolean or a list of them")
-    return sql, min(max_rows, max_rows_limit), parameters
-
-
-def _parameter_value(value: Any) -> bool:
-    """A query parameter a {name:Type} placeholder can take: text, a finite number, a boolean, or a list."""
-    if isinstance(value, list):
-        return all(_parameter_value(item) for item in value)
-    if isinstance(value, float):
-        return math.isfinite(value)
-    return isinstance(value, str | int | bool)
-
-
-def _rows(body: bytes, record: type) -> tuple[list, str]:
-    """{"token": str, "rows": [{column: value}]} as records; 400 naming the row and field that do not fit."""
-    shape = '{"token": "...", "rows": [{...}]}'
-    request = _json_object(body, shape)
-    token, entries = request.get("token"), request.get("rows")
-    if not isinstance(token, str) or not token or not isinstance(entries, list):
-        raise HttpError(400, f"expected a JSON object {shape} with a non-empty token")
-    types = {f.name: f.type for f in fields(record)}
-    rows = []
-    for index, entry in enumerate(entries):
-        if not isinstance(entry, dict) or set(entry) != set(types):
-            raise HttpError(400, f"rows[{index}]: expected exactly the columns {', '.join(types)}")
-        for name, kind in types.items():
-            if not _fits(entry[name], kind):
-                raise HttpError(400, f"rows[{index}].{name}: expected {kind}, got {_json_type(entry[name])}")
-        rows.append(record(**entry))
-    return rows, token
-
-
-def _fits(value: Any, kind: str) -> bool:
-    """Whether a JSON value fits a record field of annotated type `kind` (str, float, or bool)."""
-    if kind == "str":
-        return isinstance(value, str)
-    if kind == "float":
-        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    return kind == "bool" and isinstance(value, bool)

@@ -3,10 +3,12 @@
 A window [t - window_s, t) is run `lag_s` after t, once the scrape round that ended it has been
 inserted (the lag is the scrape interval plus its timeout). The runner carries each detector's
 persistence from window to window, so an anomaly opens, is updated and closes as a batch run over the
-same range would. A failing cycle (store down, a detector that raises) is logged and counted; the next
-window runs as usual.
+same range would. Each window's anomalies (those that opened, changed or closed) then go to the
+`alerting` step (an Alerting: alerts.service.AlertService), named so that a reader can follow them there.
+A failing cycle (store down, a detector that raises) is logged and counted, as is a failing alerting
+step; neither stops the loop, and the next window runs as usual.
 
-    loop = DetectionLoop(DetectionRunner(build()), store, window_s=10, lag_s=11, then=alerts.cycle)
+    loop = DetectionLoop(DetectionRunner(build()), store, window_s=10, lag_s=11, alerting=alert_service)
     loop.run(stop_event)          # in a thread of its own; `collect()` gives its metrics
 """
 
@@ -16,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -26,6 +29,14 @@ from analytics.errors import AnalyticsError
 from analytics.store.records import Anomaly
 
 log = logging.getLogger("fleetlens.hub.detect")
+
+
+class Alerting(Protocol):
+    """Where each window's anomalies go after they are stored (alerts.service.AlertService)."""
+
+    def cycle(self, changed: list[Anomaly], now: float) -> None:
+        """Advance alerts to `now` (the window's end), given the anomalies that opened, changed or closed."""
+        ...
 
 
 class DetectionLoop:
@@ -39,10 +50,10 @@ class DetectionLoop:
         window_s: float,
         lag_s: float,
         clock: Callable[[], float] = time.time,
-        then: Callable[[list[Anomaly], float], None] | None = None,
+        alerting: Alerting | None = None,
     ) -> None:
         self.runner = runner
-        self.then = then  # what runs on each window's changed anomalies and its end: the alerts
+        self.alerting = alerting
         self.store = store
         self.window_s = window_s
         self.lag_s = lag_s
@@ -50,7 +61,7 @@ class DetectionLoop:
         self.cycles = 0
         self.failures = 0
         self.written = 0
-        self.then_failures = 0
+        self.alerting_failures = 0
         self.last_duration_s = 0.0
 
     def run(self, stop: threading.Event) -> None:
@@ -78,12 +89,17 @@ class DetectionLoop:
             self.cycles += 1
             self.last_duration_s = time.perf_counter() - started
         self.written += len(anomalies)
-        if self.then is not None:
-            try:
-                self.then(anomalies, window.end)
-            except Exception:  # alerting must not stop detection; the next window tries again
-                self.then_failures += 1
-                log.exception("alerting after the window ending %s failed", window.end)
+        if self.alerting is not None:
+            self._alert(anomalies, window.end)
+
+    def _alert(self, anomalies: list[Anomaly], end: float) -> None:
+        """Hand the window's anomalies to alerting; a failure is logged and counted, and the next window
+        tries again: alerting must not stop detection."""
+        try:
+            self.alerting.cycle(anomalies, end)
+        except Exception:
+            self.alerting_failures += 1
+            log.exception("alerting after the window ending %s failed", end)
 
     def collect(self) -> Iterator[Metric]:
         yield CounterMetricFamily(
@@ -110,7 +126,7 @@ class DetectionLoop:
         yield CounterMetricFamily(
             "fleetlens_hub_alerting_failures",
             "Alerting cycles after a detection window that failed (logged with the reason).",
-            value=self.then_failures,
+            value=self.alerting_failures,
         )
         yield GaugeMetricFamily(
             "fleetlens_hub_detection_duration_seconds",

@@ -3,20 +3,28 @@
     HubError
     ├── ExpositionError     a scraped body breaks the text format or a limit (expfmt)
     │   └── DeadlineExceeded    parsing used up the CPU time a scrape's parse may take
-    ├── ScraperConfigError  a targets file, shard or scrape setting is unusable (scraper)
-    ├── ScrapeError         a target answered, but not with a usable body (scraper)
+    ├── ScraperConfigError  a targets file, shard or scrape setting is unusable (targets, scraper)
+    ├── ScrapeError         a target answered, but not with a usable body (targetsession, httpread)
     ├── FramingError        an HTTP body's framing is broken: a chunk line, its end (httpread)
     │   └── BodyTooLarge        the body declares or grows past its limit
     ├── PayloadError        a request body refused whole, with the HTTP status to answer (bodies)
     ├── TokenFileError      the token file cannot be read or has a bad line (auth)
-    └── SlotsBusy           no query slot came free for a client in time (queryslots)
+    ├── SlotsBusy           no query slot came free for a client in time (queryslots)
+    ├── SpoolEntryError     a spool file, or a batch to spool, not one whole entry of its format (spool)
+    ├── SettingError        a hub part built with a setting out of its range (queryslots, spool, otlp)
+    ├── HttpError           an API answer other than 200/204, with its status and body (app, apirequests)
+    └── UnknownRecordType   rows of a type no store insert takes, handed to the writer (a bug; writer)
 
 A failed scrape or a refused body costs only itself: the scraper records `up 0` with the message, the
-API answers the status with it. Each message names the target, line, field or file it is about.
+API answers the status with it (HttpError). Each message names the target, line, field or file it is
+about. SpoolEntryError and SettingError are ValueErrors too, as bad values are in Python.
+UnknownRecordType is a bug in the hub, never bad input: it propagates to whoever wrote the rows.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from http import HTTPStatus
 
 
@@ -70,3 +78,35 @@ class SlotsBusy(HubError):
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class SpoolEntryError(HubError, ValueError):
+    """Bytes that are not one whole spool entry (torn, not inflating, not the format), or a batch the
+    format cannot hold; the message says which."""
+
+
+class SettingError(HubError, ValueError):
+    """A hub part built with a setting out of its range; the message names the setting and the range."""
+
+
+class HttpError(HubError):
+    """An API answer other than 200/204: by default a JSON {"error": message}, or the given body, with
+    `headers` besides Content-Type (429's Retry-After)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        body: bytes | None = None,
+        content_type: str = "application/json",
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = json.dumps({"error": message}).encode() if body is None else body
+        self.content_type = content_type
+        self.headers = list(headers)
+
+
+class UnknownRecordType(HubError):
+    """Rows of a type the writer has no store insert for: a bug in the caller, never bad input."""

@@ -1,13 +1,12 @@
 """Remote write requests that arrive together are written together: one insert per table per group.
 
 A Prometheus sends many small requests at once (one per queue shard, 500 to a few thousand samples
-each), and every store insert has a fixed cost (on chDB ~15 ms of CPU per table, then the merging of
-the parts it made): replayed agent requests written one per group cost the hub ten times the CPU per
-sample of 30,000-sample groups. So the first request of a group waits until the group holds
-`full_samples` samples or `linger_s` has passed, and until the previous group is written (requests that
-come meanwhile join it), then writes them all; every request of the group is answered with the group's
-outcome. A sender sees the wait as latency (well inside its remote_timeout) and adds queue shards to keep
-its throughput; a slower store makes larger groups, which cost less per sample.
+each), and every store insert has a fixed cost (CPU per table, then the merging of the parts it
+made), which small groups pay many times over per sample. So the first request of a group waits until
+the group holds `full_samples` samples or `linger_s` has passed, and until the previous group is written
+(requests that come meanwhile join it), then writes them all; every request of the group is answered
+with the group's outcome. A sender sees the wait as latency (well inside its remote_timeout) and adds
+queue shards to keep its throughput; a slower store makes larger groups, which cost less per sample.
 
 Idempotency survives the grouping: a group's token is a digest of its requests' tokens (a spooled group
 is replayed once), and a request whose token was written in an earlier group is answered at once

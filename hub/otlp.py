@@ -64,7 +64,7 @@ from hub.bodies import (
     unsupported_media,
     utf8_text,
 )
-from hub.errors import PayloadError
+from hub.errors import PayloadError, SettingError
 
 PROTOBUF = "application/x-protobuf"
 
@@ -216,7 +216,7 @@ class OtlpStepReceiver:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         if max_series < 1:
-            raise ValueError(f"max_series must be at least 1, got {max_series}")
+            raise SettingError(f"max_series must be at least 1, got {max_series}")
         self.limits = limits
         self.forgotten_series = 0
         self._forget_after_s = forget_after_s

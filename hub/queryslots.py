@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from hub.errors import SlotsBusy
+from hub.errors import SettingError, SlotsBusy
 
 WAITING_PER_SLOT = 4
 
@@ -38,9 +38,9 @@ class QuerySlots:
 
     def __init__(self, total: int = 4, per_client: int = 2, queue_s: float = 5.0) -> None:
         if not 1 <= per_client <= total:
-            raise ValueError(f"slots: need 1 <= per_client <= total, got {per_client} and {total}")
+            raise SettingError(f"slots: need 1 <= per_client <= total, got {per_client} and {total}")
         if not 0 <= queue_s < math.inf:
-            raise ValueError(f"slots: queue_s must be 0 or more seconds, got {queue_s}")
+            raise SettingError(f"slots: queue_s must be 0 or more seconds, got {queue_s}")
         self.total = total
         self.per_client = per_client
         self.queue_s = queue_s

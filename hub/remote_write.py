@@ -2,35 +2,27 @@
 
     receiver = RemoteWriteReceiver(RemoteWriteLimits(), NodeIdentity(("node", "Hostname", "instance")))
     received = receiver.receive(body, content_type, content_encoding, version_header)
-    writer.write("samples", received.batches, token=received.token)
-    writer.write("targets", received.statuses, token=received.token)
+    GroupCommit(writer).commit(received)  # hub.groupcommit: with the requests that came together
 
-A request is a snappy-compressed (block format) protobuf WriteRequest (prometheus/prompb). It is taken
-whole or refused whole with a 4xx naming the problem, as the protocol wants: senders retry 5xx and
-drop 4xx, so nothing that could succeed later is ever answered 4xx, and nothing that never will is
-answered 5xx. The decoded size is read from the snappy header and checked before anything is inflated.
-Decoding costs about as much as the rest of ingest, so a series is decoded once: a series seen before
-whose one sample has Prometheus's fixed layout is read from its bytes without the parser (see _convert).
+A request is a snappy-compressed (block format) protobuf WriteRequest (prometheus/prompb), taken whole or
+refused whole with PayloadError (a 4xx naming the problem), as the protocol wants: senders retry 5xx and
+drop 4xx, so nothing that could succeed later is answered 4xx, and nothing that never will 5xx. The
+decoded size is read from the snappy header and checked before anything is inflated. A series seen
+before whose one sample has Prometheus's fixed layout is read from its bytes without the parser
+(_convert): decoding is a large share of ingest.
 
-Each series' node is the first of `NodeIdentity.labels` it carries (`instance` with its port stripped),
-so that one node's dcgm-exporter series (Hostname) and node_exporter series (a file_sd `node` label)
-meet under one node. A series that only its `instance` names (an exporter's process metrics, `up`)
-joins the node its target's other series named, once one has. `node` itself is a column, never a
-stored label; every other label is kept.
-Samples become ScrapeBatches per (instance, node, timestamp): Prometheus stamps every sample of one
-scrape with the scrape's time, so a batch is what the hub's own scraper would have made of that scrape.
-
-`up` is not stored as a sample: each of its samples is a target status (the `targets` table, as for a
-scrape of the hub's own), its node the one that target's other series named (a dcgm-exporter target's
-`up` has no Hostname), its duration and sample count from scrape_duration_seconds and
+Each series' node is the first of `NodeIdentity.labels` it carries (`instance` without its port), so
+that one node's dcgm-exporter and node_exporter series meet under one node; a series only its
+`instance` names (process metrics, `up`) joins the node its target's other series named. `node` is a
+column, never a stored label. Samples become ScrapeBatches per (instance, node, timestamp), what the
+hub's own scraper would have made of that scrape. `up` is not stored as a sample: each of its samples is
+a target status (the `targets` table), with duration and sample count from scrape_duration_seconds and
 scrape_samples_scraped when the same request holds them.
 
-Samples dropped without refusing the request are counted by reason (DROP_REASONS): staleness markers
-(Prometheus's "this series ended", not a value), timestamps outside what the store can hold, series
-with none of the node labels, native histograms (not stored by this hub).
-
-Replays are idempotent: `token` is a digest of the body, by which hub.groupcommit answers a request the
-sender retries (a timeout after the hub had stored it) without storing it twice.
+Samples dropped without refusing the request are counted by reason (DROP_REASONS): staleness markers,
+timestamps outside what the store can hold, series with none of the node labels, native histograms.
+Replays are idempotent: `token` is a digest of the body, by which hub.groupcommit answers a retried
+request without storing it twice.
 """
 
 from __future__ import annotations

@@ -1,27 +1,25 @@
 """Scraped rounds on their way to the store: one insert thread, rounds coalesced when it falls behind.
 
-The scrape loop never waits for the store: it hands each round to `put` and goes on. One thread writes
-the rounds in order. When the store took longer than an interval, every round that queued meanwhile
-goes in with the next insert: an insert into chDB has a fixed cost of tens of milliseconds, so a store
-that fell behind catches up with bigger inserts instead of falling further behind. Past `max_rounds`
-waiting rounds (a store that is down, not just slow) a round goes to the spool instead (its samples and
-statuses in one file), so the memory held stays bounded.
+    rounds = RoundQueue(writer, RoundJournal(spool_dir / JOURNAL_DIR, store.stored_scrapes))
+    scraper.run(stop, rounds.put)         # the scraper's sink: never waits for the store
 
-A round's target statuses (one row per scrape) are held and written with a later round's, those of every
-round of up to `hold_s` seconds (TARGETS_HOLD_S) in one insert: their insert's fixed cost was 0.12-0.2 us
-of CPU per scraped sample at 192 nodes scraped every second, paid for a row per target. Their readers can
-wait that long: the fleet page calls a node down after minutes without a scrape
-(analytics.reports.dashboards.DOWN_AFTER_S), postmortems read past windows and no detector reads them.
-Statuses held that long are written even when no round comes (a long interval), and all of them at close.
+One thread writes the rounds in order. When the store took longer than an interval, every round that
+queued meanwhile goes in with the next insert, so a store that fell behind catches up with bigger
+inserts (each has a fixed cost) instead of falling further behind. Past `max_rounds` waiting rounds (a
+store that is down, not just slow) a round goes to the spool instead, its samples and statuses in one
+file, so the memory held stays bounded.
 
-A round's samples and its statuses are stored together or not at all, even if the hub dies (kill -9,
-power) while it holds them. Before a write's samples go to the store, its statuses are written durably to
-a journal file (RoundJournal: `rounds/` in the spool directory); the file is deleted once they are
-written (stored, or spooled). A hub that starts and finds files left resolves them against the store: the
-statuses whose samples are stored are written (a repeat of a row stored just before the death is dropped
-by the store, analytics.store.ledger), the others dropped with their samples, which never got in. Samples
-that go to the spool instead take their statuses along in the same file (hub.writer.Writer.write_round),
-so the replay stores both or neither.
+A round's target statuses (one row per scrape) are held and written with later rounds', those of up to
+`hold_s` seconds (TARGETS_HOLD_S) in one insert, which saves an insert per round; their readers wait
+minutes before calling a node down. Held statuses are written even when no round comes, and at close.
+
+Failure policy: a round's samples and its statuses are stored together or not at all, even if the hub
+dies while it holds them. Before a write's samples go to the store, its statuses are written durably to
+a journal file (RoundJournal: `rounds/` in the spool directory), deleted once they are written (stored
+or spooled). A hub that starts and finds files left resolves them against the store: statuses whose
+samples are stored are written (a repeat is dropped by the store), the others dropped with their
+samples. A journal the disk refuses is logged and the round written all the same; a failed write is
+logged and its statuses left to the journal.
 """
 
 from __future__ import annotations
@@ -146,10 +144,13 @@ def _read_statuses(path: Path) -> list[TargetStatus]:
 
 
 class RoundQueue:
-    """Rounds waiting for `writer`, written by a thread of their own; `deferred` counts those past
-    `max_rounds` given to the writer's spool, `coalesced` those written together with an earlier one.
-    Target statuses are written at most `hold_s` seconds after their round was queued, often with later
-    ones', and journaled meanwhile in `journal` (none: a crash loses those held)."""
+    """Rounds waiting for `writer`, written by a thread of their own: the scraper's sink (`put`).
+
+    Counters for the hub's metrics: `scrapes` (target statuses put) and `samples` (samples put),
+    `deferred` (rounds past `max_rounds` given to the writer's spool), `coalesced` (rounds written
+    together with an earlier one). Target statuses are written at most `hold_s` seconds after their round
+    was queued, often with later ones', and journaled meanwhile in `journal` (none: a crash loses those
+    held)."""
 
     def __init__(
         self,
@@ -161,6 +162,8 @@ class RoundQueue:
     ) -> None:
         self.max_rounds = max_rounds
         self.hold_s = hold_s
+        self.scrapes = 0
+        self.samples = 0
         self.deferred = 0
         self.coalesced = 0
         self._writer = writer
@@ -176,6 +179,8 @@ class RoundQueue:
     def put(self, batches: list[ScrapeBatch], statuses: list[TargetStatus]) -> None:
         """Queue a round for the insert thread, or defer it when `max_rounds` already wait."""
         with self._ready:
+            self.scrapes += len(statuses)
+            self.samples += sum(len(batch) for batch in batches)
             if len(self._rounds) < self.max_rounds and not self._closed:
                 self._rounds.append((batches, statuses))
                 self._ready.notify()

@@ -1,55 +1,30 @@
 """The hub's durable on-disk spool: batches the store could not take, kept in order until it can.
 
-The spool directory holds one file per batch, named `<sequence>-<kind>-<rows>.spool` with a 20-digit
-sequence number that grows across restarts, so the names sort in the order the batches were put:
+    spool = Spool("/var/lib/fleetlens/spool", max_bytes=1 << 30)
+    spool.put(kind, token, rows)     # durably, behind every batch put before; False if dropped instead
+    spool.replay(insert)             # oldest first, each file deleted once its insert returned
 
-    00000000000000000042-samples-828.spool      pending: replayed oldest first, deleted once inserted
-    00000000000000000043-steps-64.spool.tmp     being written; left behind only by a crash mid-write
-    rejected/                                   batches the store refused (StoreRejected), for an operator
-    corrupt/                                    torn or unreadable files, set aside on start or on replay
+One file per batch, `<sequence>-<kind>-<rows>.spool`, its 20-digit sequence growing across restarts so
+that the names sort in the order the batches were put; `rejected/` and `corrupt/` hold files set aside.
+A file is a 16-byte header (magic, payload length) and zlib of compact JSON (the layout: docs/hub.md),
+which decodes only to strings, numbers, lists and dicts for the record constructors, inflated at most
+MAX_DECODED_BYTES: a planted or damaged file is at worst set aside or refused by the store.
 
-Policy. StoreUnavailable: the batch stays pending and is replayed when the store is back. StoreRejected:
-the store said retrying the same data fails again, so the batch moves to rejected/ and is never replayed;
-an operator can inspect it (it is the same format) without it blocking the batches behind it. A torn file
-(shorter than its header says, or a `.tmp` left by a crash) is set aside in corrupt/ when the spool
-opens, a file whose payload fails to decode when it is replayed; both are counted, neither stops the hub.
+Failure policy. StoreUnavailable: the batch stays pending and is replayed when the store is back.
+StoreRejected: retrying would fail again, so the batch moves to rejected/ for an operator, never
+replayed and never blocking the batches behind it. A torn file (shorter than its header says, or a
+`.tmp` left by a crash) is set aside in corrupt/ when the spool opens, one whose payload fails to decode
+when it is replayed; both are counted, neither stops the hub. A batch of samples carries its scrapes'
+target statuses: the replay inserts them after the samples (token `<token>/targets`) and deletes the
+file only once both are in, so a scrape's row is never lost while its samples are stored (hub.rounds).
 
-Safety of a write: temp file, write, flush, fsync, atomic rename, fsync of the directory, so a pending
-file is either whole or absent after a power cut. Deleting a file after its insert is not fsynced: if a
-crash brings it back, the replay sends it again with the same token and the store drops the repeat.
+Durability: temp file, write, flush, fsync, atomic rename, fsync of the directory, so a pending file is
+whole or absent after a power cut. A deletion is not fsynced: a file a crash brings back is sent again
+with the same token, and the store drops the repeat.
 
-Bound. `max_bytes` covers every file in the directory, set-aside ones included. To make room for a new
-file, set-aside files are deleted first, then the oldest pending ones (dropped: counted in entries and in
-rows); the one being replayed is spared, so the directory may exceed the bound by that one file. A batch
-larger than the whole bound is dropped at once.
-
-Format: 16 bytes of header (b"FLSPOOL1", payload length as 8 bytes big-endian), then the payload, zlib
-(level 6) of compact JSON {"v": 1, "kind", "token", "rows", "keep_until"?, "statuses"?}, each row a list
-of its record's fields in dataclass order; `keep_until` (unix seconds) only in a batch of step records
-kept past the steps retention (imported history), which the replay hands on to the store with it;
-`statuses` only in a batch of samples, the target statuses of their scrapes: the replay inserts them
-after the samples (token `<token>/targets`) and deletes the file only once both are in, so a scrape's
-row never waits in the spool apart from its samples, nor is lost while they are stored (hub.rounds).
-The header lets the spool find torn files on start from 16 bytes and a stat, without decompressing a
-possibly large backlog. JSON writes NaN and ±Inf sample values as NaN/Infinity, which
-Python's json reads back exactly, as it does every float and str.
-
-Why JSON and zlib, measured in one run on one realistic scrape (828 samples: the exporter with 16
-simulated GPUs, dcgm-style labels, and procfs's InfiniBand tree), best of 15, on this 2-core machine:
-
-    this format: JSON + zlib 6    4,547 bytes (5.5 per sample)   encode 4.1 ms   decode 2.2 ms
-    JSON + zlib 1                 6,786 bytes (8.2 per sample)   encode 3.1 ms   decode 2.1 ms
-    pickle 5 + zlib 1             7,317 bytes (8.8 per sample)   encode 2.0 ms   decode 2.0 ms
-    JSON, uncompressed          157,490 bytes (190 per sample)   encode 3.1 ms   decode 2.2 ms
-
-The bound is what limits how long an outage the hub rides out: at 5.5 bytes per sample, 1 GiB holds
-about 17 minutes of a 192-node fleet of 1,000 samples per node scraped every second: 1.6x as long as
-pickle, which would save 2 ms of encoding per batch, and 1.5x as long as zlib 1, which would save 1 ms
-(msgpack is not installed). And pickle would be unsafe: unpickling runs code that the file names, so
-anyone able to write into the spool directory could run code in the hub on its next replay. JSON
-decoding yields only strings, numbers, lists and dicts, which go to the record constructors; a planted
-or damaged file is at worst set aside as corrupt or refused by the store, and the inflated size is
-capped (MAX_DECODED_BYTES) so that a small file cannot inflate into all of memory.
+Bound: `max_bytes` covers every file, set-aside ones included. To make room, set-aside files are deleted
+first, then the oldest pending ones (dropped: counted in entries and rows); the one being replayed is
+spared, so the directory may exceed the bound by that file. A batch larger than the bound is dropped.
 """
 
 from __future__ import annotations
@@ -72,6 +47,7 @@ from prometheus_client.metrics_core import Metric
 from analytics.errors import StoreRejected, StoreUnavailable
 from analytics.store.records import ScrapeBatch, TargetStatus
 from collectors.steprecord import StepRecord
+from hub.errors import SettingError, SpoolEntryError
 
 log = logging.getLogger("fleetlens.hub.spool")
 
@@ -121,9 +97,9 @@ def encode_entry(
 ) -> bytes:
     """One spool file's bytes: header, then zlib of the JSON document (see the module docstring)."""
     if kind not in _FIELDS:
-        raise ValueError(f"unknown spool kind {kind!r}; known: {', '.join(_FIELDS)}")
+        raise SpoolEntryError(f"unknown spool kind {kind!r}; known: {', '.join(_FIELDS)}")
     if statuses and kind != "samples":
-        raise ValueError(f"target statuses go with a batch of samples, not of {kind}")
+        raise SpoolEntryError(f"target statuses go with a batch of samples, not of {kind}")
     document = {"v": FORMAT_VERSION, "kind": kind, "token": token, "rows": _encoded_rows(kind, rows)}
     if keep_until is not None:
         document["keep_until"] = keep_until
@@ -139,32 +115,35 @@ def _encoded_rows(kind: Kind, rows: Sequence[Row]) -> list[list]:
 
 
 def decode_entry(data: bytes) -> Entry:
-    """The entry of one spool file's bytes; ValueError when they are not one whole entry."""
+    """The entry of one spool file's bytes; SpoolEntryError when they are not one whole entry."""
     if not _is_whole(data[: HEADER.size], len(data)):
-        raise ValueError("torn or not a spool file: its length does not match its header")
+        raise SpoolEntryError("torn or not a spool file: its length does not match its header")
     inflater = zlib.decompressobj()
     try:
         text = inflater.decompress(data[HEADER.size :], MAX_DECODED_BYTES)
     except zlib.error as error:
-        raise ValueError(f"payload does not inflate: {error}") from error
+        raise SpoolEntryError(f"payload does not inflate: {error}") from error
     if inflater.unconsumed_tail or not inflater.eof:
-        raise ValueError(f"payload incomplete or larger than {MAX_DECODED_BYTES} bytes once inflated")
-    document = json.loads(text)  # a JSONDecodeError is a ValueError
+        raise SpoolEntryError(f"payload incomplete or larger than {MAX_DECODED_BYTES} bytes once inflated")
+    try:
+        document = json.loads(text)
+    except ValueError as error:
+        raise SpoolEntryError(f"payload is not JSON: {error}") from error
     try:
         if document["v"] != FORMAT_VERSION:
-            raise ValueError(f"format version {document['v']!r}, this hub reads {FORMAT_VERSION}")
+            raise SpoolEntryError(f"format version {document['v']!r}, this hub reads {FORMAT_VERSION}")
         kind = document["kind"]
         row_type = ROW_TYPES[kind]
         keep_until = document.get("keep_until")
         if keep_until is not None and not _seconds(keep_until):
-            raise ValueError(f"keep_until {keep_until!r} is not unix seconds")
+            raise SpoolEntryError(f"keep_until {keep_until!r} is not unix seconds")
         rows = [row_type(*values) for values in document["rows"]]
         statuses = [TargetStatus(*values) for values in document.get("statuses", ())]
         if statuses and kind != "samples":
-            raise ValueError(f"target statuses in a batch of {kind}")
+            raise SpoolEntryError(f"target statuses in a batch of {kind}")
         return Entry(kind, str(document["token"]), rows, keep_until, statuses)
     except (KeyError, TypeError) as error:
-        raise ValueError(f"not a spool document: {error!r}") from error
+        raise SpoolEntryError(f"not a spool document: {error!r}") from error
 
 
 def _seconds(value: object) -> bool:
@@ -195,7 +174,7 @@ class Spool:
 
     def __init__(self, directory: str | os.PathLike[str], max_bytes: int) -> None:
         if max_bytes <= 0:
-            raise ValueError(f"spool max_bytes must be positive, not {max_bytes}")
+            raise SettingError(f"spool max_bytes must be positive, not {max_bytes}")
         self.directory = Path(directory)
         self.max_bytes = max_bytes
         self.dropped_total = 0
@@ -281,7 +260,7 @@ class Spool:
                 while (entry := self._claim_oldest()) is not None:
                     try:
                         batch = decode_entry(entry.path.read_bytes())
-                    except (OSError, ValueError) as error:
+                    except (OSError, SpoolEntryError) as error:
                         self._retire(entry, CORRUPT, f"unreadable: {error}")
                         continue
                     kept = {} if batch.keep_until is None else {"keep_until": batch.keep_until}

@@ -6,27 +6,23 @@
     registry.register(writer)             # its metrics and the spool's, on the hub's /metrics
     writer.close()                        # stops replaying, tries once more; what is left stays on disk
 
-Each write gets a fresh uuid4 token that travels with its batch into the spool, so the store can drop a
-batch it already took (a crash between an insert and the deletion of its spool file). StoreUnavailable
-spools the batch and a background thread replays the spool, waiting longer after each failed try
-(Backoff). StoreRejected keeps it in the spool's rejected/ directory, never retried. While anything is
-spooled, new writes are spooled behind it, so the batches of one writing thread reach the store in the
-order they were written. A round's target statuses go into the same spool file as its samples
-(write_round), so the replay stores both or neither.
+Each record type has its store insert (STORE_INSERTS); rows of another type raise UnknownRecordType.
+Each write gets a fresh uuid4 token that travels with its batch into the spool, so the store drops a
+batch it already took (a crash between an insert and the deletion of its spool file).
 
-The store keeps one row per sample, step and scrape whatever is sent again (analytics.store.ledger):
-repeats are dropped as Prometheus's TSDB drops them, the first row kept, and counted in
-fleetlens_hub_refused_rows{kind, reason="duplicate"} (the stored value: a retry, a replay, a sender's
-repeat) or {reason="conflict"} (another value: Prometheus's duplicate sample for timestamp).
+Failure policy. StoreUnavailable spools the batch, and a background thread replays the spool, waiting
+longer after each failed try (Backoff). StoreRejected sets the batch aside in the spool's rejected/,
+never retried. While anything is spooled, new writes are spooled behind it, so the batches of one
+writing thread reach the store in order. A round's target statuses go into the same spool file as its
+samples (write_round), so the replay stores both or neither. The first failure after a good insert logs
+that the store refuses writes and why, the first good insert after failures that it takes them again
+(one line per change of state); `health()` says why while it lasts, for the hub's /healthz.
 
-Operators hear of it: the first failure after a good insert logs that the store refuses writes and why,
-and the first good insert after failures logs that it takes them again (one line per change of state,
-not per batch); `health()` says why while it lasts, for the hub's /healthz.
-
-Rows older than their table's retention are never lost in silence: the store refuses them at the insert
-(analytics.store.retention: a batch that waited in the spool past the cutoff, a clock far behind), the
-hub's doors before they get here; both are counted in fleetlens_hub_refused_rows{kind, reason="retention"}
-(`refused()`), and the first of each kind is logged with the cutoff. Step batches kept past the retention
+Nothing is lost in silence: rows the store keeps once (analytics.store.ledger) and drops again are
+counted in fleetlens_hub_refused_rows{kind, reason="duplicate"} (the same value: a retry, a replay) or
+{reason="conflict"} (another value, as Prometheus's duplicate sample for timestamp); rows older than
+their table's retention, refused by the store or at the hub's doors, under reason="retention"
+(`refused()`), the first of each kind logged with the cutoff. Step batches kept past the retention
 (`keep_until`, imported history) carry it into the spool and back out to the store.
 """
 
@@ -50,6 +46,8 @@ from prometheus_client.utils import floatToGoString
 from analytics.errors import StoreError, StoreRejected, StoreUnavailable
 from analytics.store.protocols import IngestWriter
 from analytics.store.records import ScrapeBatch, TargetStatus
+from collectors.steprecord import StepRecord
+from hub.errors import UnknownRecordType
 from hub.spool import ROW_TYPES, Kind, Row, Spool
 
 log = logging.getLogger("fleetlens.hub.writer")
@@ -60,6 +58,13 @@ CONFLICT_WHAT = {  # what differed, by kind
     "samples": "a sample at a timestamp its series has",
     "steps": "a step's duration_s",
     "targets": "a scrape's up",
+}
+# The store's insert for each record type, called with (store, rows, token=..., keep_until=...): the
+# method is looked up on each call, so that a store wrapped at its boundary (tests' outages) is honoured.
+STORE_INSERTS: dict[type[Row], Callable[..., int]] = {
+    ScrapeBatch: lambda store, rows, **options: store.insert_samples(rows, **options),
+    TargetStatus: lambda store, rows, **options: store.insert_targets(rows, **options),
+    StepRecord: lambda store, rows, **options: store.insert_steps(rows, **options),
 }
 INSERT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -299,11 +304,15 @@ class Writer:
         return Written.SPOOLED if kept else Written.DROPPED
 
     def _insert(self, kind: Kind, rows: Sequence[Row], token: str, keep_until: float | None = None) -> None:
-        """One insert into the store, timed and counted, with what it refused; raises its StoreError."""
+        """One insert into the store, timed and counted, with what it refused; raises its StoreError, or
+        UnknownRecordType for rows no store insert takes."""
+        insert = STORE_INSERTS.get(type(rows[0]))
+        if insert is None:
+            raise UnknownRecordType(f"no store insert takes {type(rows[0]).__name__} rows (kind {kind!r})")
         kept = {} if keep_until is None else {"keep_until": keep_until}
         started = self._clock()
         try:
-            written = getattr(self.store, f"insert_{kind}")(rows, token=token, **kept)
+            written = insert(self.store, rows, token=token, **kept)
         except StoreError as error:
             unavailable = isinstance(error, StoreUnavailable)
             self._record(kind, started, failure="unavailable" if unavailable else "rejected")

@@ -20,8 +20,9 @@ from collectors.gpu.sim import ManualClock
 from collectors.steprecord import CONTRACT_KEYS, StepRecord
 from hub.app import Hub
 from hub.otlp import OtlpStepReceiver
-from hub.scraper import Scraper, Target
+from hub.scraper import Scraper
 from hub.spool import Spool
+from hub.targets import Target
 from hub.writer import Writer
 from sim.errors import SimulationError
 from sim.fleet import LOOPBACK

@@ -30,8 +30,9 @@ from hub.app import Hub
 from hub.auth import Tokens
 from hub.otlp import OtlpStepReceiver
 from hub.rounds import TARGETS_HOLD_S
-from hub.scraper import Scraper, Shard, TargetsFile
+from hub.scraper import Scraper
 from hub.spool import Spool
+from hub.targets import Shard, TargetsFile
 from hub.writer import Writer
 from tests.support.clock import FakeClock
 from tests.support.hubserver import hub_process, on_loopback
@@ -400,14 +401,14 @@ def assert_every_round_stored_whole(store) -> None:
 @pytest.mark.timing
 def test_a_store_that_falls_behind_takes_the_rounds_that_waited_in_one_insert(store, tmp_path, fleet):
     hub = run_hub_on_slow_store(store, tmp_path, fleet, delay_s=1.5, pending_rounds=10)
-    assert hub.coalesced_rounds > 0 and hub.deferred_rounds == 0  # caught up without the spool
+    assert hub.rounds.coalesced > 0 and hub.rounds.deferred == 0  # caught up without the spool
     assert_every_round_stored_whole(store)
 
 
 @pytest.mark.timing
 def test_a_store_that_falls_far_behind_never_holds_up_the_scrape_loop(store, tmp_path, fleet):
     hub = run_hub_on_slow_store(store, tmp_path, fleet, delay_s=3, pending_rounds=1)
-    assert hub.deferred_rounds > 0  # rounds past the one allowed to wait went to the spool
+    assert hub.rounds.deferred > 0  # rounds past the one allowed to wait went to the spool
     assert_every_round_stored_whole(store)
 
 

@@ -75,12 +75,15 @@ def test_what_runs_after_each_window_gets_its_anomalies_and_its_failures_stop_no
 ) -> None:
     calls: list[tuple[int, float]] = []
 
-    def alerting(anomalies: list, end: float) -> None:
-        calls.append((len(anomalies), end))
-        if len(calls) == 1:
-            raise RuntimeError("receiver config broken")
+    class Alerting:
+        def cycle(self, changed: list, now: float) -> None:
+            calls.append((len(changed), now))
+            if len(calls) == 1:
+                raise RuntimeError("receiver config broken")
 
-    loop = DetectionLoop(DetectionRunner(build(["link_down"])), store, window_s=10, lag_s=11, then=alerting)
+    loop = DetectionLoop(
+        DetectionRunner(build(["link_down"])), store, window_s=10, lag_s=11, alerting=Alerting()
+    )
     with SimulatedFleet(store, tmp_path, gpus=0) as fleet:
         fleet["vela-001"].sysfs.set_link(0, up=False)
         windows = [fleet.tick() for _ in range(7)]
@@ -89,7 +92,7 @@ def test_what_runs_after_each_window_gets_its_anomalies_and_its_failures_stop_no
 
     assert [end for _, end in calls] == [window.end for window in windows]
     assert [count for count, _ in calls][-1] == 1  # the window where link_down opened
-    assert (loop.then_failures, loop.failures) == (1, 0)
+    assert (loop.alerting_failures, loop.failures) == (1, 0)
     assert exposition(loop)[key("fleetlens_hub_alerting_failures_total")] == 1
 
 

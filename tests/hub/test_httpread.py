@@ -24,7 +24,9 @@ from hypothesis import strategies as st
 from bench.hostile_targets import TargetServer, body_server, serving
 from hub.errors import BodyTooLarge, PayloadError, ScrapeError
 from hub.httpread import MAX_HEAD_BYTES, MAX_HEADERS, ChunkedDecoder, RequestBody, ResponseReader
-from hub.scraper import ScrapeLimits, Scraper, Target
+from hub.scraper import Scraper
+from hub.targets import Target
+from hub.targetsession import ScrapeLimits
 
 BODY = b'# TYPE t gauge\nt{gpu="0"} 1\nt{gpu="1"} 2\n'
 DEFAULT_LIMITS = ScrapeLimits()

@@ -36,7 +36,9 @@ from collectors.base import CollectorOptions
 from collectors.exporter import Exporter, make_registry, serve
 from hub.errors import ScrapeError, ScraperConfigError
 from hub.expfmt import ExpositionParser
-from hub.scraper import ScrapeLimits, Scraper, Shard, Target, TargetsFile, _gunzip, parse_targets
+from hub.scraper import Scraper
+from hub.targets import Shard, Target, TargetsFile, parse_targets
+from hub.targetsession import ScrapeLimits, gunzip_scraped
 from tests.support.peers import free_port, hung_listener
 
 BODY = (
@@ -297,7 +299,7 @@ def test_shards_partition_the_fleet_exactly() -> None:
 def test_shards_agree_across_processes() -> None:
     """Two hubs are two processes: Python's salted hash() would give each its own split."""
     program = (
-        "from hub.scraper import Shard, Target\n"
+        "from hub.targets import Shard, Target\n"
         f"print(sorted(a for a in {[t.address for t in FLEET]!r} if Shard(0, 2).owns(Target(a))))"
     )
     splits = {
@@ -575,11 +577,11 @@ def test_gzip_bodies_inflate_as_zlib_inflates_them_and_broken_ones_fail_by_name(
     limit = max(1, len(body) // 2)
     if len(body) > limit:
         with pytest.raises(ScrapeError, match="once decompressed"):
-            _gunzip(compressed, limit)
-    assert _gunzip(compressed, len(body)) == zlib.decompressobj(wbits=31).decompress(compressed)
+            gunzip_scraped(compressed, limit)
+    assert gunzip_scraped(compressed, len(body)) == zlib.decompressobj(wbits=31).decompress(compressed)
     try:  # cut short: what arrived of the body, or refused
-        assert body.startswith(_gunzip(compressed[: len(compressed) - cut], len(body) + 1))
+        assert body.startswith(gunzip_scraped(compressed[: len(compressed) - cut], len(body) + 1))
     except ScrapeError as exc:
         assert str(exc).startswith("bad gzip body")
     with contextlib.suppress(ScrapeError):  # corrupted: some bytes or refused, nothing else
-        _gunzip(compressed[:10] + bytes([compressed[10] ^ 0xFF]) + compressed[11:], len(body) + 1)
+        gunzip_scraped(compressed[:10] + bytes([compressed[10] ^ 0xFF]) + compressed[11:], len(body) + 1)

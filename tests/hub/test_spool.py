@@ -14,8 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from analytics.errors import StoreRejected, StoreUnavailable
-from analytics.store.records import ScrapeBatch, TargetStatus
+from analytics.store.records import ScrapeBatch, SilenceRow, TargetStatus
 from collectors.steprecord import StepRecord
+from hub.errors import UnknownRecordType
 from hub.spool import Kind, Row, Spool, row_count
 from hub.writer import Backoff, Writer
 from tests.support.exposition import samples_of
@@ -466,3 +467,11 @@ def test_insert_latency_is_a_histogram_per_kind(tmp_path, writers):
     assert metric(writer, "fleetlens_hub_store_insert_duration_seconds_sum", kind="steps") == pytest.approx(
         0.6
     )
+
+
+def test_rows_of_a_type_no_store_insert_takes_are_a_clear_error_not_stored_nor_spooled(tmp_path, writers):
+    store = FakeStore()
+    writer = writers(store, Spool(tmp_path, max_bytes=1 << 20))
+    with pytest.raises(UnknownRecordType, match="no store insert takes SilenceRow rows"):
+        writer.write("steps", [SilenceRow("s1", "[]", 0.0, 1.0, "ops", "maintenance", 0.0)])
+    assert store.attempts == [] and writer.spool.pending_entries == 0
