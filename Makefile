@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 DEBIAN_PEERS := prometheus prometheus-node-exporter prometheus-alertmanager slurmctld slurmd slurm-client chromium
 TORCH := torch==2.13.0
 
-.PHONY: demo test chaos venv install install-test debian-peers lint bench eval eval-ci clean
+.PHONY: demo test chaos venv install install-test debian-peers lint bench screenshot eval eval-ci clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ test: install-test
 # The long attack and crash tests (docs/security.md): query floods, repeated kill -9 of a hub.
 chaos: install-test
 	$(VENV)/bin/pytest -q -m chaos
+
+# The README's screenshot (docs/fleet.png): the demo's Fleet page, as its end-to-end test sees it.
+screenshot: install-test $(VENV)/.torch
+	FLEETLENS_SCREENSHOT=$(CURDIR)/docs/fleet.png $(VENV)/bin/pytest -q tests/fleetlens/test_demo.py -k ctrl_c
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -1,7 +1,8 @@
 """`fleetlens demo` end to end, every part a real process: the live simulated fleet, the hub with its
 embedded store, a PyTorch DDP job with a slowed rank, Alertmanager and a private Slurm when installed
 (root), real veth links in network namespaces when root, and the UI, whose Fleet page (seen by a
-headless Chromium) is the README's screenshot, docs/fleet.png."""
+headless Chromium) is the README's screenshot: `make screenshot` writes it to docs/fleet.png, `make test`
+into the test's own folder, so a test run leaves the checkout as it was."""
 
 from __future__ import annotations
 
@@ -29,7 +30,6 @@ from tests.support.browser import chromium
 from tests.support.peers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-SCREENSHOT = REPO / "docs" / "fleet.png"
 NOW = 1_800_000_000.0
 
 
@@ -171,7 +171,9 @@ def test_ctrl_c_stops_every_process_the_demo_started_and_leaves_the_store_readab
         if shutil.which("chromium"):  # the README's screenshot: the demo's Fleet page
             with chromium(shutil.which("chromium"), tmp_path / "profile") as browser:
                 browser.visible_text(f"http://127.0.0.1:{ui_port}/", ["demo-026", "anomalous", "gpu_fault"])
-                browser.screenshot(SCREENSHOT)
+                screenshot = Path(os.environ.get("FLEETLENS_SCREENSHOT") or tmp_path / "fleet.png")
+                browser.screenshot(screenshot)
+                assert screenshot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
         children = descendants(process.pid)
         assert len(children) >= 8  # fleet, hub, torchrun and 4 ranks, the UI (and peers when installed)
 
