@@ -213,8 +213,8 @@ class GpuThrottleEvidence(Evidence):
 class XidEvidence(Evidence):
     """The Xids of a window (per code, keyed by the code as text) and the action they recommend."""
 
-    action: Action  # the most disruptive action the signals ask for (analytics.reports.remedy)
-    action_text: str
+    action: Action | None = None  # the most disruptive one the signals ask for; None in older rows
+    action_text: str | None = None
     xid_codes: tuple[int, ...] | None = None
     xid_counts: Mapping[str, int] | None = None
     xid_causes: Mapping[str, str] | None = None

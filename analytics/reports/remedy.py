@@ -7,9 +7,9 @@ reports (ACTION_KINDS; analytics.evidence.XidEvidence):
     action       the most disruptive analytics.xid_catalog.Action its signals ask for ("reset_gpu")
     action_text  the same in words (ACTION_TEXT)
 
-Anomalies of other kinds and stored evidence that could not be read (analytics.evidence.Unreadable: one
-written before the detector reported an action, or naming no known action) recommend none (None): every
-reader shows nothing rather than a wrong action.
+Anomalies written before the detector reported an action, anomalies of other kinds and stored evidence
+that could not be read (analytics.evidence.Unreadable, such as an action this code does not know)
+recommend none (None): every reader shows nothing rather than a wrong action.
 
 Standard library only, as analytics.reports.straggler: the alerting code imports this without pandas.
 """
