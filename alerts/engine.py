@@ -23,7 +23,6 @@ from dataclasses import dataclass, field, replace
 from alerts.model import Alert
 from alerts.rules import DEFAULT_RULES, AlertRule, fingerprint
 from alerts.silences import Silence, muted_by
-from analytics.reports.straggler import parse_evidence
 from analytics.store.records import AlertChange, Anomaly
 
 
@@ -116,7 +115,7 @@ class AlertEngine:
             state="pending",
             starts_at=anomaly.start,
             generator_url=self.generator_url,
-            evidence=parse_evidence(anomaly.evidence),
+            evidence=anomaly.evidence,
         )
 
     @staticmethod

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+
+from analytics.evidence import Evidence
 
 ALERT_STATES = ("pending", "firing", "resolved")
 
@@ -17,8 +18,8 @@ class Alert:
     Labels identify it (Alertmanager's fingerprint is a hash of them) and always hold `alertname`;
     fleetlens alerts also carry `node`, `kind`, `severity`, and `component` and `job` when known.
     Annotations hold `summary`, `description` and `evidence` (the anomaly's numbers, as JSON). `evidence`
-    holds the same numbers parsed, for the drain policy (a rule may require a minimum job_slowdown);
-    it is neither sent nor stored, since a rule's annotations may leave the JSON out.
+    holds the same numbers typed (analytics.evidence), for the drain policy (a rule may require a minimum
+    job_slowdown); it is neither sent nor stored, since a rule's annotations may leave the JSON out.
     """
 
     fingerprint: str
@@ -28,7 +29,7 @@ class Alert:
     starts_at: float  # when it started firing (while pending: when it became pending)
     ends_at: float | None = None  # when it resolved; None while pending or firing
     generator_url: str = ""  # where a person can see what raised it
-    evidence: Mapping[str, Any] = field(default_factory=dict)  # its anomaly's evidence, parsed
+    evidence: Evidence | None = None  # its anomaly's evidence; None for an alert raised without one
 
     @property
     def alertname(self) -> str:

@@ -7,7 +7,8 @@ anomaly has them, plus the rule's own labels. Annotations are templates over the
     {kind} {node} {component} {job} {severity} {score} {evidence} {detector} {where}
     {job_slowdown} {lost_gpu_hours} {action} {action_text}
 
-where `where` is "vela-007 gpu:3" (node and component) and `evidence` the anomaly's JSON. `job_slowdown`
+where `where` is "vela-007 gpu:3" (node and component) and `evidence` the anomaly's evidence as the
+store holds it (analytics.evidence.to_json). `job_slowdown`
 and `lost_gpu_hours` are what a straggler costs its job (analytics.reports.straggler), as people read
 them ("31%", "2.4"); `action` and `action_text` what a GPU fault asks an operator to do
 (analytics.reports.remedy: "reset_gpu", "drain the node and reset the GPU, ..."). Only some anomalies
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alerts.errors import AlertConfigError
+from analytics.evidence import to_json
 from analytics.reports.remedy import ACTION, ACTION_KINDS, ACTION_TEXT_KEY, shown_action
 from analytics.reports.straggler import (
     COSTED_KINDS,
@@ -173,6 +175,7 @@ def _template_values(anomaly: Anomaly) -> dict[str, str]:
     has them."""
     values = {name: getattr(anomaly, name) for name in TEMPLATE_FIELDS if hasattr(anomaly, name)}
     values.update(
+        evidence=to_json(anomaly.evidence),
         score=f"{anomaly.score:.3g}",
         where=" ".join(part for part in (anomaly.node, anomaly.component) if part),
     )

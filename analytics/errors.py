@@ -14,6 +14,8 @@
     ├── SettingError           a flag, setting or request parameter out of its range (keep_days); a
     │                          ValueError too, as the hub's API catches it
     ├── DetectorError          an unknown detector name, or a detector that cannot run
+    ├── EvidenceError          evidence that cannot cross the store: an unknown kind or version, a field
+    │                          missing, extra, of the wrong type or not finite (analytics.evidence)
     └── PostmortemError        a report's scope that cannot be reported on (no node and no job, both, a
                                window ending before it starts, a node or job the store does not know)
 
@@ -83,6 +85,11 @@ class SettingError(AnalyticsError, ValueError):
 
 class DetectorError(AnalyticsError):
     """An unknown detector name, or a detector that cannot run; the message names which."""
+
+
+class EvidenceError(AnalyticsError):
+    """Evidence that cannot cross the store: an unknown kind or version, or a field that is missing, extra,
+    of the wrong type or not finite; the message names the kind and the field."""
 
 
 class PostmortemError(AnalyticsError):

@@ -19,6 +19,7 @@ from typing import Any
 from analytics.detectors import build as build_detectors
 from analytics.detectors.runner import DetectionRunner, detect, store_anomalies
 from analytics.errors import RetentionRefused, SettingError
+from analytics.evidence import as_dict
 from analytics.store import Store
 from analytics.store.hubclient import HubClient
 from analytics.store.readonly import ReadLimits
@@ -242,7 +243,7 @@ def _anomaly_json(anomaly: Anomaly) -> dict[str, Any]:
     for key in ("start", "end"):
         if row[key] is not None:
             row[key] = datetime.fromtimestamp(row[key], UTC).isoformat(timespec="milliseconds")
-    row["evidence"] = json.loads(anomaly.evidence)
+    row["evidence"] = as_dict(anomaly.evidence)
     return row
 
 

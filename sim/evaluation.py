@@ -19,7 +19,6 @@ it costs its job (true_job_slowdown). docs/detectors.md defines each.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,6 +31,7 @@ import numpy as np
 from alerts.drain import DrainController
 from alerts.engine import AlertEngine
 from alerts.policy import DrainLimits, DrainPolicy
+from analytics.evidence import SlowNodeEvidence, as_dict
 from analytics.store.records import Anomaly
 from analytics.xid_catalog import lookup
 from sim.jobs import JobModel
@@ -471,7 +471,7 @@ def _fault_outcome(
     found = sorted((r for r in reports if _detects(r, fault, scenario)), key=lambda report: report.start_s)
     latency = max(0.0, round(found[0].start_s - _onset(fault), 3)) if found else None
     ids = tuple(report.anomaly.id for report in found)
-    estimate = _evidence_number(found[0].anomaly, "job_slowdown") if found else None
+    estimate = _job_slowdown(found[0].anomaly) if found else None
     led = [led_to.get(r.anomaly.id, (False, False)) for r in _consequential(fault, reports, scenario)]
     alerted, drained = any(alert for alert, _ in led), any(drain for _, drain in led)
     return FaultOutcome(fault, latency, window_s, scenario.interval_s, ids, cost, estimate, alerted, drained)
@@ -548,15 +548,12 @@ def _mean_step_s(steps: list[tuple[float, float]], start_s: float, end_s: float)
     return float(np.mean(durations)) if durations else None
 
 
-def _evidence_number(anomaly: Anomaly, key: str) -> float | None:
-    """A finite number from the anomaly's evidence (a JSON object), or None where it has none."""
-    try:
-        value = json.loads(anomaly.evidence or "{}").get(key)
-    except (ValueError, AttributeError):
+def _job_slowdown(anomaly: Anomaly) -> float | None:
+    """The job slowdown a straggler's evidence estimates, when it is a finite number; else None."""
+    evidence = anomaly.evidence
+    if not isinstance(evidence, SlowNodeEvidence) or evidence.job_slowdown is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
+    return evidence.job_slowdown if math.isfinite(evidence.job_slowdown) else None
 
 
 def _judge(report: Report, scenario: Scenario) -> ReportOutcome:
@@ -865,6 +862,6 @@ def _report_json(outcome: ReportOutcome) -> dict[str, Any]:
         "open": anomaly.end is None,
         **{name: getattr(anomaly, name) for name in ("id", "kind", "node", "component", "job", "severity")},
         "score": anomaly.score,
-        "evidence": anomaly.evidence,
+        "evidence": as_dict(anomaly.evidence),
         "detector": f"{anomaly.detector} {anomaly.detector_version}",
     }

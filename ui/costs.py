@@ -1,14 +1,17 @@
 """What the stragglers among a page's anomalies cost their jobs, as the Node and Anomalies pages show it:
 the settings of the job_slowdown and lost_gpu_hours columns (dashboards.with_straggler_cost), and one line
-per straggler whose evidence states its cost, since a table's cells are not text a reader can search."""
+per straggler whose evidence states its cost, since a table's cells are not text a reader can search; and
+the evidence column those tables show beside them."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pandas as pd
 import streamlit as st
 
+from analytics.evidence import as_dict
 from analytics.reports.straggler import StragglerCost, cost_text, gpu_hours
 from ui import window
 
@@ -24,6 +27,12 @@ def cost_columns() -> dict[str, Any]:
             "GPU-hours lost", format="%.2f", help="GPU-hours of the whole job lost to the node so far"
         ),
     }
+
+
+def with_evidence_text(anomalies: pd.DataFrame) -> pd.DataFrame:
+    """`anomalies` (dashboards.anomalies) with their evidence as the JSON text st's JsonColumn shows: its
+    fields (analytics.evidence.as_dict), or for a row the store holds unreadable, the error saying why."""
+    return anomalies.assign(evidence=[json.dumps(as_dict(evidence)) for evidence in anomalies["evidence"]])
 
 
 def show_costs(anomalies: pd.DataFrame) -> None:

@@ -22,7 +22,7 @@ import functools
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from analytics.evidence import Evidence
 from analytics.store import native
 from analytics.store.protocols import ColumnReader, FrameResult, NumbersReader, NumbersResult, Reader
 from analytics.store.records import QueryResult
@@ -64,10 +65,10 @@ class Finding:
     job: str  # "" when no job is involved
     score: float
     severity: str  # one of SEVERITIES
-    evidence: Mapping[str, Any] = field(default_factory=dict)  # JSON-able numbers that triggered it
+    evidence: Evidence  # the numbers that triggered it, typed per kind (analytics.evidence)
 
     @classmethod
-    def at(cls, row: Any, kind: str, score: float, severity: str, evidence: Mapping[str, Any]) -> Finding:
+    def at(cls, row: Any, kind: str, score: float, severity: str, evidence: Evidence) -> Finding:
         """A finding about one candidate row of a features frame: its node, component and job."""
         return cls(kind, row.node, row.component, row.job, float(score), severity, evidence)
 
@@ -134,9 +135,9 @@ class Detector(ABC):
         lookback it reads them with: the runner reads them all in one read per window. None here."""
         return {}
 
-    def so_far(self, evidence: Mapping[str, Any], elapsed_s: float) -> dict[str, Any]:
+    def so_far(self, evidence: Evidence, elapsed_s: float) -> Evidence:
         """An open anomaly's evidence after `elapsed_s`, for what accumulates (a cost so far); as is here."""
-        return dict(evidence)
+        return evidence
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,22 @@ def passing(features: pd.DataFrame, scores: np.ndarray, threshold: float) -> Ite
     if not len(passed):  # the usual window: no frame of no rows to build
         return iter(())
     return zip(as_tuples(features.iloc[passed]), scores[passed], strict=True)
+
+
+def passing_findings(
+    features: pd.DataFrame,
+    scores: np.ndarray,
+    threshold: float,
+    kind: str,
+    severity: str,
+    evidence: Callable[[Any, float], Evidence],
+) -> list[Finding]:
+    """A finding of `kind` at `severity` for each row whose score is at least `threshold`, with the
+    evidence `evidence(row, score)` builds."""
+    return [
+        Finding.at(row, kind, score, severity, evidence(row, score))
+        for row, score in passing(features, scores, threshold)
+    ]
 
 
 def as_tuples(rows: pd.DataFrame, *, index: bool = True) -> list[Any]:

@@ -13,16 +13,17 @@ cause), against the other ports judged by transmit wait: the two are different u
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
 from analytics.detectors import register
-from analytics.detectors.base import Detector, Finding, Window, passing
+from analytics.detectors.base import Detector, Finding, Window, passing_findings
 from analytics.detectors.counters import LOOKBACK_S, evidence_number
 from analytics.detectors.groups import columns_frame, group_sum, groups, median_exact
 from analytics.detectors.tape import label, tape_view
+from analytics.evidence import CongestionEvidence
 from analytics.store.protocols import Reader
 
 ECN_MARKED = "node_infiniband_np_ecn_marked_roce_packets_received_total"
@@ -128,22 +129,17 @@ class Congestion(Detector):
         return ((features["per_s"] - features["fleet_median_per_s"]) / spread).to_numpy(float)
 
     def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
-        return [
-            Finding.at(
-                row,
-                "congestion",
-                score,
-                "info",
-                {
-                    "ecn_marks_per_s": evidence_number(row.ecn_marks_per_s),
-                    "cnp_sent_per_s": evidence_number(row.cnp_sent_per_s),
-                    "cnp_handled_per_s": evidence_number(row.cnp_handled_per_s),
-                    "transmit_wait_per_s": evidence_number(row.transmit_wait_per_s),
-                    "signal": row.signal,
-                    "fleet_median_per_s": evidence_number(row.fleet_median_per_s),
-                    "fleet_mad_per_s": evidence_number(row.fleet_mad_per_s),
-                    "robust_z": evidence_number(score),
-                },
-            )
-            for row, score in passing(features, scores, self.min_score)
-        ]
+        return passing_findings(features, scores, self.min_score, "congestion", "info", _evidence)
+
+
+def _evidence(row: Any, score: float) -> CongestionEvidence:
+    return CongestionEvidence(
+        ecn_marks_per_s=evidence_number(row.ecn_marks_per_s),
+        cnp_sent_per_s=evidence_number(row.cnp_sent_per_s),
+        cnp_handled_per_s=evidence_number(row.cnp_handled_per_s),
+        transmit_wait_per_s=evidence_number(row.transmit_wait_per_s),
+        signal=row.signal,
+        fleet_median_per_s=evidence_number(row.fleet_median_per_s),
+        fleet_mad_per_s=evidence_number(row.fleet_mad_per_s),
+        robust_z=evidence_number(score),
+    )

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from analytics.detectors.base import Finding, as_tuples
+from analytics.evidence import Evidence as TypedEvidence
 
 LOOKBACK_S = 60.0  # how far before a range to look for its first step: bridges scrape gaps this long
 MAX_CANDIDATES = 1_000_000  # rows a detector's feature query may return: every GPU and port of a fleet
@@ -106,7 +107,7 @@ def evidence_number(value: Any) -> float | None:
 
 
 Signals = Callable[[pd.DataFrame], Mapping[str, pd.Series]]  # per signal name, True per row where it fired
-Evidence = Callable[[Any], dict[str, Any]]  # a row (itertuples) -> the numbers behind one signal
+Evidence = Callable[[Any], dict[str, Any]]  # a row (itertuples) -> the evidence fields of one signal
 
 
 def signal_count(signals: Mapping[str, pd.Series]) -> np.ndarray:
@@ -121,17 +122,18 @@ def signal_findings(
     scores: np.ndarray,
     signals: Signals,
     evidence: Mapping[str, Evidence],
+    build: Callable[..., TypedEvidence],
 ) -> list[Finding]:
-    """A finding for each row on which a signal fired, its evidence naming the signals that fired and
-    holding the numbers of each."""
+    """A finding for each row on which a signal fired, its evidence (`build`, an analytics.evidence class)
+    naming the signals that fired and holding the numbers of each."""
     fired_somewhere = scores >= 1
     reported = features[fired_somewhere]
     fired = signals(reported)
     found = []
     for position, (row, score) in enumerate(zip(as_tuples(reported), scores[fired_somewhere], strict=True)):
         names = sorted(name for name, signal in fired.items() if signal.iloc[position])
-        details: dict[str, Any] = {"signals": names}
+        details: dict[str, Any] = {}
         for name in names:
             details.update(evidence[name](row))
-        found.append(Finding.at(row, kind, score, severity, details))
+        found.append(Finding.at(row, kind, score, severity, build(signals=tuple(names), **details)))
     return found

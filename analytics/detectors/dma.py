@@ -45,6 +45,7 @@ from analytics.detectors.groups import (
 )
 from analytics.detectors.peers import node_jobs
 from analytics.detectors.tape import TapeView, label, tape_views
+from analytics.evidence import DmaDegradedEvidence
 from analytics.store.protocols import Reader
 
 PCIE_REPLAYS = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
@@ -314,7 +315,9 @@ class DmaDegraded(Detector):
         return signal_count(self._signals(features))
 
     def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
-        return signal_findings("dma_degraded", "warning", features, scores, self._signals, EVIDENCE)
+        return signal_findings(
+            "dma_degraded", "warning", features, scores, self._signals, EVIDENCE, DmaDegradedEvidence
+        )
 
     def _signals(self, features: pd.DataFrame) -> dict[str, pd.Series]:
         """Each signal of a degraded DMA path, True per row where it fired (numpy on the columns: pandas's
@@ -360,7 +363,7 @@ EVIDENCE: dict[str, Evidence] = {
         **_pushback_evidence(row),
         "peers": f"job {row.job}" if row.job else "nodes without a job",
     },
-    "nccl": lambda row: {"nccl_ranks_without_gdr": list(row.nccl_without_gdr)},
+    "nccl": lambda row: {"nccl_ranks_without_gdr": tuple(row.nccl_without_gdr)},
 }
 
 

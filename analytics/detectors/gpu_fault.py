@@ -51,7 +51,8 @@ from analytics.detectors.groups import (
     objects,
 )
 from analytics.detectors.tape import TapeView, label, tape_view
-from analytics.reports.remedy import ACTION, ACTION_TEXT, ACTION_TEXT_KEY
+from analytics.evidence import GpuAppErrorEvidence, GpuFaultEvidence
+from analytics.reports.remedy import ACTION_TEXT
 from analytics.store.protocols import Reader
 from analytics.xid_catalog import Action, lookup, worst_action
 
@@ -445,31 +446,29 @@ def _gpu_fault(row: Any, score: float, fired: list[str]) -> Finding:
     action = max(
         [worst_action(row.xid_counts), *(SIGNAL_ACTIONS[name] for name in others)], key=lambda a: a.rank
     )
-    evidence: dict[str, Any] = {"signals": fired}
+    details: dict[str, Any] = {}
     for name in others:
-        evidence.update(FAULT_EVIDENCE[name](row))
-    evidence.update(_xid_evidence(row, action))
+        details.update(FAULT_EVIDENCE[name](row))
+    evidence = GpuFaultEvidence(signals=tuple(fired), **details, **_xid_evidence(row, action))
     return Finding("gpu_fault", row.node, row.component, "", float(score), severity, evidence)
 
 
 def _gpu_app_error(row: Any, score: float) -> Finding:
     """Application Xids alone: the job's fault, reported with the job, at info severity."""
-    evidence = _xid_evidence(row, worst_action(row.xid_counts))
+    evidence = GpuAppErrorEvidence(**_xid_evidence(row, worst_action(row.xid_counts)))
     return Finding.at(row, "gpu_app_error", score, "info", evidence)
 
 
 def _xid_evidence(row: Any, action: Action) -> dict[str, Any]:
-    """The Xids of the window per code (JSON keys are strings): how many, what the catalog calls them
-    and who likely caused them; the recommended action; the GPU's PCI address when its labels had one."""
+    """The fields of analytics.evidence.XidEvidence: the Xids of the window per code (keyed by the code as
+    text, as JSON keys are), how many, what the catalog calls them and who likely caused them; the
+    recommended action; the GPU's PCI address when its labels had one."""
     counts: Mapping[int, int] = row.xid_counts
     codes = sorted(counts)
-    evidence: dict[str, Any] = {
-        ACTION: action.value,
-        ACTION_TEXT_KEY: ACTION_TEXT[action],
-    }
+    evidence: dict[str, Any] = {"action": action, "action_text": ACTION_TEXT[action]}
     if codes:
         evidence.update(
-            xid_codes=codes,
+            xid_codes=tuple(codes),
             xid_counts={str(code): counts[code] for code in codes},
             xid_causes={str(code): lookup(code).cause.value for code in codes},
             xid_mnemonics={str(code): lookup(code).mnemonic for code in codes},

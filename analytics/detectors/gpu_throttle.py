@@ -44,6 +44,7 @@ from analytics.detectors.groups import (
     objects,
 )
 from analytics.detectors.tape import label, tape_view
+from analytics.evidence import GpuThrottleEvidence
 from analytics.store.protocols import Reader
 
 # NVML's clocks-event reasons (fleetlens_gpu_clock_throttle_reason{reason}) that mean the GPU lowered its
@@ -326,11 +327,11 @@ def _reference(row: object) -> float:
     return max((value for value in values if not pd.isna(value)), default=np.nan)
 
 
-def _named(reasons: list[str]) -> dict[str, object]:
+def _named(reasons: list[str]) -> dict[str, tuple[str, ...]]:
     return {
-        "reasons": reasons,
-        "reason_names": [REASON_TEXTS[reason][0] for reason in reasons],
-        "look_at": [REASON_TEXTS[reason][1] for reason in reasons],
+        "reasons": tuple(reasons),
+        "reason_names": tuple(REASON_TEXTS[reason][0] for reason in reasons),
+        "look_at": tuple(REASON_TEXTS[reason][1] for reason in reasons),
     }
 
 
@@ -340,19 +341,19 @@ def _gpu_finding(row: object) -> Finding:
         "gpu_throttle",
         row.score,
         "warning",
-        {
+        GpuThrottleEvidence(
             **_named(list(row.reasons)),
-            "sm_clock_mhz": evidence_number(row.sm_clock_mhz),
-            "peers_sm_clock_mhz": evidence_number(_reference(row)),
-            "node_peers_sm_clock_mhz": evidence_number(row.node_peers_mhz),
-            "fleet_peers_sm_clock_mhz": evidence_number(row.fleet_peers_mhz),
-            "past_sm_clock_mhz": evidence_number(row.past_mhz),
-            "clock_drop": evidence_number(row.score),
-            "gpu_temp_c": evidence_number(row.temp_c),
-            "gpu_power_w": evidence_number(row.power_w),
-            "gpu_util_percent": evidence_number(row.util_percent),
-            "peers": "busy GPUs" if row.busy else "idle GPUs",
-        },
+            sm_clock_mhz=evidence_number(row.sm_clock_mhz),
+            peers_sm_clock_mhz=evidence_number(_reference(row)),
+            node_peers_sm_clock_mhz=evidence_number(row.node_peers_mhz),
+            fleet_peers_sm_clock_mhz=evidence_number(row.fleet_peers_mhz),
+            past_sm_clock_mhz=evidence_number(row.past_mhz),
+            clock_drop=evidence_number(row.score),
+            gpu_temp_c=evidence_number(row.temp_c),
+            gpu_power_w=evidence_number(row.power_w),
+            gpu_util_percent=evidence_number(row.util_percent),
+            peers="busy GPUs" if row.busy else "idle GPUs",
+        ),
     )
 
 
@@ -367,17 +368,17 @@ def _node_finding(node: str, rows: pd.DataFrame) -> Finding:
         "",
         float(rows["score"].median()),
         "warning",
-        {
+        GpuThrottleEvidence(
             **_named(shared or sorted(set().union(*rows["reasons"]))),
-            "gpus_throttled": len(rows),
-            "components": sorted(rows["component"]),
-            "sm_clock_mhz": evidence_number(rows["sm_clock_mhz"].median()),
-            "fleet_peers_sm_clock_mhz": evidence_number(references["fleet_peers_mhz"].median()),
-            "past_sm_clock_mhz": evidence_number(references["past_mhz"].median()),
-            "clock_drop": evidence_number(rows["score"].median()),
-            "gpu_temp_c": evidence_number(rows["temp_c"].max()),
-            "gpu_power_w": evidence_number(rows["power_w"].median()),
-            "gpu_util_percent": evidence_number(rows["util_percent"].median()),
-            "peers": "busy GPUs" if rows["busy"].all() else "idle GPUs",
-        },
+            gpus_throttled=len(rows),
+            components=tuple(sorted(rows["component"])),
+            sm_clock_mhz=evidence_number(rows["sm_clock_mhz"].median()),
+            fleet_peers_sm_clock_mhz=evidence_number(references["fleet_peers_mhz"].median()),
+            past_sm_clock_mhz=evidence_number(references["past_mhz"].median()),
+            clock_drop=evidence_number(rows["score"].median()),
+            gpu_temp_c=evidence_number(rows["temp_c"].max()),
+            gpu_power_w=evidence_number(rows["power_w"].median()),
+            gpu_util_percent=evidence_number(rows["util_percent"].median()),
+            peers="busy GPUs" if rows["busy"].all() else "idle GPUs",
+        ),
     )

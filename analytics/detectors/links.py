@@ -32,10 +32,11 @@ import pandas as pd
 import re2
 
 from analytics.detectors import register
-from analytics.detectors.base import Detector, Finding, Window, computed_once, passing
+from analytics.detectors.base import Detector, Finding, Window, computed_once, passing_findings
 from analytics.detectors.counters import LOOKBACK_S, evidence_number
 from analytics.detectors.groups import Columns, columns_frame, group_extreme, group_sum, groups
 from analytics.detectors.tape import TapeView, label, tape_view
+from analytics.evidence import LinkDownEvidence, LinkFlapEvidence
 from analytics.store.protocols import Reader
 
 STATE = "node_infiniband_state_id"
@@ -168,8 +169,9 @@ def _link_series(view: TapeView, identity: Columns) -> dict[str, np.ndarray]:
     }
 
 
-def _link_evidence(row: Any) -> dict[str, Any]:
-    """The link's state as last seen: an interface's carrier, a port's IB state and physical state."""
+def _link_state(row: Any) -> dict[str, float | None]:
+    """The link's state as last seen (analytics.evidence.LinkState): an interface's carrier, a port's IB
+    state and physical state."""
     if row.netdev:
         return {"carrier": evidence_number(row.state)}
     return {"state": evidence_number(row.state), "physical_state": evidence_number(row.physical_state)}
@@ -218,22 +220,16 @@ class LinkFlap(_LinkDetector):
         return np.where(features["up_now"].astype(bool), features["downs"], 0.0).astype(float)
 
     def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
-        return [
-            Finding.at(
-                row,
-                "link_flap",
-                score,
-                "warning",
-                {
-                    "downs": evidence_number(row.downs),
-                    "link_downed": evidence_number(row.link_downed),
-                    "state_falls": evidence_number(row.state_falls),
-                    "lookback_s": self.lookback_s,
-                    **_link_evidence(row),
-                },
-            )
-            for row, score in passing(features, scores, self.min_flaps)
-        ]
+        return passing_findings(features, scores, self.min_flaps, "link_flap", "warning", self._evidence)
+
+    def _evidence(self, row: Any, score: float) -> LinkFlapEvidence:
+        return LinkFlapEvidence(
+            downs=evidence_number(row.downs),
+            link_downed=evidence_number(row.link_downed),
+            state_falls=evidence_number(row.state_falls),
+            lookback_s=self.lookback_s,
+            **_link_state(row),
+        )
 
 
 @register
@@ -266,13 +262,8 @@ class LinkDown(_LinkDetector):
         return np.where(features["down_whole_window"].astype(bool), features["down_s"], 0.0).astype(float)
 
     def findings(self, features: pd.DataFrame, scores: np.ndarray) -> list[Finding]:
-        return [
-            Finding.at(
-                row,
-                "link_down",
-                score,
-                "critical",
-                {"down_s": evidence_number(score), **_link_evidence(row)},
-            )
-            for row, score in passing(features, scores, self.min_down_s)
-        ]
+        return passing_findings(features, scores, self.min_down_s, "link_down", "critical", _down_evidence)
+
+
+def _down_evidence(row: Any, score: float) -> LinkDownEvidence:
+    return LinkDownEvidence(down_s=evidence_number(score), **_link_state(row))

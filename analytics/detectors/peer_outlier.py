@@ -39,6 +39,7 @@ from analytics.detectors.groups import (
 )
 from analytics.detectors.peers import peer_baseline, step_aggregates
 from analytics.detectors.tape import TapeView, tape_view
+from analytics.evidence import FeatureDeviation, PeerOutlierEvidence
 from analytics.store.protocols import Reader
 
 
@@ -173,22 +174,22 @@ class PeerOutlier(Detector):
             for row in np.flatnonzero(passed)
         ]
 
-    def _evidence(self, row: pd.Series, z: np.ndarray) -> dict[str, object]:
+    def _evidence(self, row: pd.Series, z: np.ndarray) -> PeerOutlierEvidence:
         """Up to `top_features` features farthest from their peers: value, peer median and z of each."""
         drivers = [i for i in np.argsort(-np.abs(z), kind="stable")[: self.top_features] if z[i]]
-        return {
-            "peers": int(row["peers"]),
-            "stage": int(row["stage"]),
-            "features": [
-                {
-                    "feature": NAMES[i],
-                    "value": _number(row[NAMES[i]]),
-                    "peer_median": _number(row[f"median_{NAMES[i]}"]),
-                    "z": round(float(z[i]), 2),
-                }
+        return PeerOutlierEvidence(
+            peers=int(row["peers"]),
+            stage=int(row["stage"]),
+            features=tuple(
+                FeatureDeviation(
+                    feature=NAMES[i],
+                    value=_number(row[NAMES[i]]),
+                    peer_median=_number(row[f"median_{NAMES[i]}"]),
+                    z=round(float(z[i]), 2),
+                )
                 for i in drivers
-            ],
-        }
+            ),
+        )
 
 
 def sampled_features(source: Reader, window: Window, nodes: np.ndarray, lookback_s: float) -> np.ndarray:

@@ -17,7 +17,6 @@ gives the same ids, and writing it again when it ends replaces its open row in t
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import traceback
@@ -32,6 +31,7 @@ from analytics.detectors.base import SEVERITIES, Computed, Detector, Finding, Ju
 from analytics.detectors.steptape import StepTape
 from analytics.detectors.tape import Tape, TapeView
 from analytics.errors import DetectorError, StoreUnavailable
+from analytics.evidence import to_json
 from analytics.store.protocols import Reader
 from analytics.store.records import Anomaly, QueryResult
 
@@ -262,10 +262,9 @@ def _anomaly(detector: Detector, track: _Track, start: float) -> Anomaly:
     assert finding is not None
     identity = f"{detector.name}/{finding.kind}/{finding.node}/{finding.component}/{finding.job}/{start:.3f}"
     assert track.last_found is not None
-    evidence = {
-        **detector.so_far(finding.evidence, track.last_found.end - start),
-        "windows": track.found_windows,
-    }
+    evidence = replace(
+        detector.so_far(finding.evidence, track.last_found.end - start), windows=track.found_windows
+    )
     return Anomaly(
         id=str(uuid.uuid5(ANOMALY_NAMESPACE, identity)),
         start=start,
@@ -276,7 +275,7 @@ def _anomaly(detector: Detector, track: _Track, start: float) -> Anomaly:
         job=finding.job,
         severity=track.severity,
         score=float(finding.score),
-        evidence=json.dumps(evidence, sort_keys=True, allow_nan=False),
+        evidence=evidence,
         detector=detector.name,
         detector_version=detector.version,
     )
@@ -317,13 +316,14 @@ def data_span(source: Reader) -> tuple[float, float] | None:
 
 
 def store_anomalies(store: Store, anomalies: Sequence[Anomaly]) -> None:
-    """Write `anomalies`; the insert token is derived from the rows themselves, so writing the same states
-    again (a rerun, a retry) stores nothing twice."""
+    """Write `anomalies`, their evidence as analytics.evidence.to_json's text (the one place anomalies
+    are written); the insert token is derived from the rows themselves, so writing the same states again
+    (a rerun, a retry) stores nothing twice."""
     if not anomalies:
         return
-    rows = sorted(repr(anomaly) for anomaly in anomalies)
-    token = "anomalies/" + hashlib.sha256("\n".join(rows).encode()).hexdigest()
-    store.insert_anomalies(anomalies, token=token)
+    rows = [replace(anomaly, evidence=to_json(anomaly.evidence)) for anomaly in anomalies]
+    token = "anomalies/" + hashlib.sha256("\n".join(sorted(map(repr, rows))).encode()).hexdigest()
+    store.insert_anomalies(rows, token=token)
 
 
 def _raised_at(error: BaseException) -> str:

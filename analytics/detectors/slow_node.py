@@ -26,7 +26,8 @@ gives the thresholds and the reasoning.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ from analytics.detectors.base import Detector, Finding, Window, as_tuples
 from analytics.detectors.groups import Columns, Groups, columns_frame, group_quantile_exact
 from analytics.detectors.peers import MAD_TO_SIGMA, node_values
 from analytics.detectors.steptape import StepRows, step_tape
+from analytics.evidence import Evidence, SlowNodeEvidence
 from analytics.store.protocols import Reader
 
 MAX_LOOKBACK_S = 3600.0  # 5 steps of 10 minutes, with a margin: the longest lookback a window gets
@@ -171,10 +173,12 @@ class SlowNode(Detector):
             for row, score in zip(as_tuples(features[passed], index=False), scores[passed], strict=True)
         ]
 
-    def so_far(self, evidence: Mapping[str, Any], elapsed_s: float) -> dict[str, Any]:
+    def so_far(self, evidence: Evidence, elapsed_s: float) -> Evidence:
         """The anomaly's evidence after `elapsed_s`: the GPU-hours the job has lost to the node."""
-        lost = float(evidence.get("job_slowdown", 0.0)) * elapsed_s * int(evidence.get("job_gpus", 0)) / 3600
-        return {**evidence, "lost_gpu_hours": round(lost, 3)}
+        if not isinstance(evidence, SlowNodeEvidence):
+            return evidence
+        lost = (evidence.job_slowdown or 0.0) * elapsed_s * evidence.job_gpus / 3600
+        return replace(evidence, lost_gpu_hours=round(lost, 3))
 
     def _recent_units(self, source: Reader, window: Window) -> Columns | None:
         """Each node's last steps (per job and stage) before the window's end, within the lookback its job's
@@ -354,25 +358,26 @@ def _job_gpus(units: Columns) -> np.ndarray:
     return gpus[jobs.ids]
 
 
-def _evidence(row: Any) -> dict[str, object]:
+def _evidence(row: Any) -> SlowNodeEvidence:
     """The numbers behind one finding; GPU context only where the SM clock was the signal."""
-    evidence: dict[str, object] = {
-        "signal": row.signal,
-        "value": float(row.value),
-        "peer_median": float(row.peer_median),
-        "ratio": round(float(row.ratio), 4),
-        "z": round(float(row.z), 2),
-        "consistency": round(float(row.consistency), 3),
-        "peers": int(row.peers),
-        "steps": int(row.steps),
-        "stage": int(row.stage),
-        "job_slowdown": round(float(row.job_slowdown), 4) if pd.notna(row.job_slowdown) else 0.0,
-        "job_step_s": round(float(row.job_step_s), 4),
-        "job_gpus": int(row.job_gpus),
-        "lookback_s": round(float(row.lookback_s), 1),
-    }
+    context: dict[str, float] = {}
     for name in CONTEXT:
         if pd.notna(getattr(row, name)):
-            evidence[name] = float(getattr(row, name))
-            evidence[f"peer_{name}"] = float(getattr(row, f"peer_{name}"))
-    return evidence
+            context[name] = float(getattr(row, name))
+            context[f"peer_{name}"] = float(getattr(row, f"peer_{name}"))
+    return SlowNodeEvidence(
+        signal=row.signal,
+        value=float(row.value),
+        peer_median=float(row.peer_median),
+        ratio=round(float(row.ratio), 4),
+        z=round(float(row.z), 2),
+        consistency=round(float(row.consistency), 3),
+        peers=int(row.peers),
+        steps=int(row.steps),
+        stage=int(row.stage),
+        job_slowdown=round(float(row.job_slowdown), 4) if pd.notna(row.job_slowdown) else 0.0,
+        job_step_s=round(float(row.job_step_s), 4),
+        job_gpus=int(row.job_gpus),
+        lookback_s=round(float(row.lookback_s), 1),
+        **context,
+    )

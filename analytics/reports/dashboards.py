@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from analytics.evidence import stored
 from analytics.reports.straggler import JOB_SLOWDOWN, LOST_GPU_HOURS, straggler_cost
 from analytics.store.protocols import Reader
 from analytics.store.schema import minute_rows
@@ -448,20 +449,23 @@ def anomalies(
     jobs: Sequence[str] = (),
     limit: int = 5000,
 ) -> pd.DataFrame:
-    """Anomalies that overlap [start, end), newest first, each with its evidence (JSON text) and, before
-    it, what a straggler costs its job (`with_straggler_cost`); an empty filter lets everything through.
-    `end` is NaT while an anomaly lasts."""
+    """Anomalies that overlap [start, end), newest first, each with its evidence (analytics.evidence's
+    object, read from the stored text here; Unreadable where it cannot be read) and, before it, what a
+    straggler costs its job (`with_straggler_cost`); an empty filter lets everything through. `end` is NaT
+    while an anomaly lasts."""
     parameters = _window(
         start, end, kinds=list(kinds), severities=list(severities), nodes=list(nodes), jobs=list(jobs)
     )
     found = frame(source, ANOMALIES_SQL, {**parameters, "limit": limit}, times=["start", "end"])
+    typed = [stored(kind, text) for kind, text in zip(found["kind"], found["evidence"], strict=True)]
+    found["evidence"] = pd.Series(typed, index=found.index, dtype=object)
     return with_straggler_cost(found)
 
 
 def with_straggler_cost(anomalies: pd.DataFrame) -> pd.DataFrame:
     """`anomalies` with job_slowdown (a fraction: 0.31 = the job's steps 31% shorter without the node)
     and lost_gpu_hours (so far) before their evidence column, read from it by analytics.reports.straggler:
-    NaN where the evidence does not say (other kinds, older slow_node anomalies). Parsed here rather
+    NaN where the evidence does not say (other kinds, older slow_node anomalies). Read here rather
     than with ClickHouse's JSON functions so that every reader applies the same rules to the figures."""
     costs = [straggler_cost(evidence) for evidence in anomalies["evidence"]]
     figures = {

@@ -1,14 +1,15 @@
-"""What a GPU's fault asks an operator to do, read from an anomaly's evidence: the one place that parses
+"""What a GPU's fault asks an operator to do, read from an anomaly's evidence: the one place that reads
 it, for the alert annotations and the drain policy, and the words people read for each action.
 
-The gpu_fault detector (analytics.detectors.gpu_fault) puts two keys in the evidence of the kinds it
-reports (ACTION_KINDS):
+The gpu_fault detector (analytics.detectors.gpu_fault) puts two fields in the evidence of the kinds it
+reports (ACTION_KINDS; analytics.evidence.XidEvidence):
 
     action       the most disruptive analytics.xid_catalog.Action its signals ask for ("reset_gpu")
     action_text  the same in words (ACTION_TEXT)
 
-Anomalies written before the detector reported an action, anomalies of other kinds and evidence that
-names no known action recommend none (None): every reader shows nothing rather than a wrong action.
+Anomalies written before the detector reported an action, anomalies of other kinds and stored evidence
+that could not be read (analytics.evidence.Unreadable, such as an action this code does not know)
+recommend none (None): every reader shows nothing rather than a wrong action.
 
 Standard library only, as analytics.reports.straggler: the alerting code imports this without pandas.
 """
@@ -16,9 +17,8 @@ Standard library only, as analytics.reports.straggler: the alerting code imports
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
-from analytics.reports.straggler import parse_evidence
+from analytics.evidence import Evidence, XidEvidence
 from analytics.xid_catalog import Action
 
 ACTION_KINDS = ("gpu_fault", "gpu_app_error")  # the anomaly kinds whose evidence carries an action
@@ -32,13 +32,12 @@ ACTION_TEXT: Mapping[Action, str] = {
 }
 
 
-def recommended_action(evidence: str | Mapping[str, Any] | None) -> Action | None:
-    """The action an anomaly's evidence (JSON text or parsed) recommends; None where it names none known."""
-    value = parse_evidence(evidence).get(ACTION)
-    return Action(value) if isinstance(value, str) and value in set(Action) else None
+def recommended_action(evidence: Evidence | None) -> Action | None:
+    """The action an anomaly's evidence recommends; None where it recommends none."""
+    return evidence.action if isinstance(evidence, XidEvidence) else None
 
 
-def shown_action(evidence: str | Mapping[str, Any] | None) -> dict[str, str]:
+def shown_action(evidence: Evidence | None) -> dict[str, str]:
     """The recommended action as annotation templates use it, {"action": "reset_gpu", "action_text":
     "drain the node and reset the GPU, ..."}; {} when the evidence recommends none."""
     action = recommended_action(evidence)

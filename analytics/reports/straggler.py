@@ -1,5 +1,6 @@
-"""What a straggler costs its job, read from an anomaly's evidence: the one place that parses it, for the
-alert annotations, the drain policy, the UI's pages and the postmortem report.
+"""What a straggler costs its job, read from an anomaly's evidence (analytics.evidence.SlowNodeEvidence):
+the one place that judges the figures, for the alert annotations, the drain policy, the UI's pages and the
+postmortem report.
 
 The slow_node detector puts two numbers in the evidence of each anomaly it opens:
 
@@ -8,20 +9,21 @@ The slow_node detector puts two numbers in the evidence of each anomaly it opens
     lost_gpu_hours  the anomaly's cost so far in GPU-hours of the whole job (job_slowdown x elapsed time
                     x the job's GPUs), >= 0
 
-Anomalies written before the detector reported them, and anomalies of other kinds, lack them; so does
-evidence that is not a JSON object. A value that is not a finite number in its range counts as absent too:
-every reader shows nothing ("n/a") rather than a wrong figure, and never fails on it.
+Anomalies written before the detector reported them, anomalies of other kinds and stored evidence that
+could not be read (analytics.evidence.Unreadable) lack them. A value that is not a finite number in its
+range counts as absent too: every reader shows nothing ("n/a") rather than a wrong figure, and never fails
+on it.
 
 Standard library only: the alerting code imports this without pulling in pandas.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from analytics.evidence import Evidence, SlowNodeEvidence
 
 COSTED_KINDS = ("slow_node",)  # the anomaly kinds whose evidence may carry job_slowdown, lost_gpu_hours
 JOB_SLOWDOWN, LOST_GPU_HOURS = "job_slowdown", "lost_gpu_hours"
@@ -41,26 +43,13 @@ class StragglerCost:
         return self.job_slowdown is not None and self.lost_gpu_hours is not None
 
 
-def parse_evidence(evidence: str | Mapping[str, Any] | None) -> dict[str, Any]:
-    """The evidence as a dict: JSON text parsed, a mapping copied; {} for anything else (empty or bad
-    JSON, a JSON value that is not an object), so that a reader never fails on a malformed row."""
-    if isinstance(evidence, Mapping):
-        return dict(evidence)
-    if not isinstance(evidence, str | bytes) or not evidence:
-        return {}
-    try:
-        parsed = json.loads(evidence)
-    except ValueError:
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
-
-
-def straggler_cost(evidence: str | Mapping[str, Any] | None) -> StragglerCost:
-    """The cost an anomaly's evidence (JSON text or parsed) states; absent figures are None."""
-    numbers = parse_evidence(evidence)
+def straggler_cost(evidence: Evidence | None) -> StragglerCost:
+    """The cost an anomaly's evidence states; absent figures are None."""
+    if not isinstance(evidence, SlowNodeEvidence):
+        return StragglerCost()
     return StragglerCost(
-        job_slowdown=_number(numbers.get(JOB_SLOWDOWN), below=1.0),
-        lost_gpu_hours=_number(numbers.get(LOST_GPU_HOURS)),
+        job_slowdown=_number(evidence.job_slowdown, below=1.0),
+        lost_gpu_hours=_number(evidence.lost_gpu_hours),
     )
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from analytics.evidence import Evidence
+
 
 @dataclass(frozen=True, slots=True)
 class ScrapeBatch:
@@ -51,7 +53,12 @@ STEP_COLUMNS = (
 @dataclass(frozen=True, slots=True)
 class Anomaly:
     """A detector's finding that persisted: one row of `anomalies`, written when it opens and written
-    again with the same id when it ends (the table keeps the latest). Times are unix seconds."""
+    again with the same id when it ends (the table keeps the latest). Times are unix seconds.
+
+    `evidence` is typed (analytics.evidence) everywhere but in the store: the rows a store's
+    insert_anomalies takes carry it as analytics.evidence.to_json's text, which
+    analytics.detectors.runner.store_anomalies writes, and readers of the table convert it back with
+    analytics.evidence.from_json (or stored) where its rows come in."""
 
     id: str
     start: float
@@ -62,7 +69,7 @@ class Anomaly:
     job: str
     severity: str  # info | warning | critical
     score: float
-    evidence: str  # JSON object: the numbers that triggered it
+    evidence: Evidence  # the numbers that triggered it
     detector: str
     detector_version: str
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 from alerts import commands
+from analytics.evidence import Evidence, as_dict, stored
 from analytics.store.hubclient import HubClient
 from analytics.store.records import ActionRow, Anomaly
 from sim.evaluation import CONFOUNDER, TRUE, ScenarioResult
@@ -55,12 +56,14 @@ class Narrator:
 
 def read_anomalies(client: HubClient, since: float) -> list[Anomaly]:
     result = client.query(ANOMALIES_SQL, parameters={"since": since}, max_rows=100_000)
-    return [Anomaly(**dict(zip(result.columns, row, strict=True))) for row in result.rows]
+    """The anomalies the hub's store holds from `since` on, each's evidence read from its stored text."""
+    rows = [dict(zip(result.columns, row, strict=True)) for row in result.rows]
+    return [Anomaly(**{**row, "evidence": stored(row["kind"], row["evidence"])}) for row in rows]
 
 
-def _brief(evidence: str, width: int = 100) -> str:
+def _brief(evidence: Evidence, width: int = 100) -> str:
     """The evidence as key=value pairs, numbers to 4 significant digits, cut at `width` characters."""
-    text = " ".join(f"{key}={_short(value)}" for key, value in json.loads(evidence).items())
+    text = " ".join(f"{key}={_short(value)}" for key, value in as_dict(evidence).items())
     return text if len(text) <= width else text[: width - 3] + "..."
 
 

@@ -6,7 +6,6 @@ makes."""
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +17,12 @@ from alerts.engine import AlertEngine
 from alerts.errors import AlertConfigError, BackendError, DecisionError
 from alerts.model import Alert, DrainRequest
 from alerts.policy import DrainLimits, DrainPolicy, DrainRule, parse_policy
+from analytics.evidence import Evidence, stored
 from analytics.store.records import Anomaly
+from analytics.xid_catalog import Action
 from fleetlens.config import load_config
 from fleetlens.errors import ConfigError
+from tests.support.evidence import example
 
 
 @dataclass
@@ -41,7 +43,7 @@ class RecordingBackend:
         self.calls.append((verb, request.node, request.reason))
 
 
-HARD_FAULT = json.dumps({"action": "reset_gpu"})  # what a double-bit ECC error's gpu_fault recommends
+HARD_FAULT = example("gpu_fault", action=Action.RESET_GPU)  # what a double-bit ECC error's gpu_fault asks
 
 
 def anomaly(
@@ -50,11 +52,11 @@ def anomaly(
     start: float = 0.0,
     severity: str = "critical",
     job: str = "",
-    evidence: str | None = None,
+    evidence: Evidence | None = None,
 ):
     """An open anomaly; a gpu_fault recommends a GPU reset unless `evidence` says otherwise."""
     if evidence is None:
-        evidence = HARD_FAULT if kind == "gpu_fault" else "{}"
+        evidence = HARD_FAULT if kind == "gpu_fault" else example(kind)
     return Anomaly(
         f"{kind}/{node}/{start}",
         start,
@@ -73,7 +75,7 @@ def anomaly(
 
 def straggler(node: str, job_slowdown: float, lost_gpu_hours: float = 1.0, start: float = 0.0) -> Anomaly:
     """A slow_node anomaly whose evidence says what it costs its job."""
-    cost = json.dumps({"ratio": 1.5, "job_slowdown": job_slowdown, "lost_gpu_hours": lost_gpu_hours})
+    cost = example("slow_node", ratio=1.5, job_slowdown=job_slowdown, lost_gpu_hours=lost_gpu_hours)
     return anomaly(node, "slow_node", start, "warning", "llm", cost)
 
 
@@ -315,8 +317,11 @@ def test_the_default_rules_drain_a_gpu_fault_only_for_an_action_that_needs_the_n
         "vela-005": "none",
     }
     alerts = firing(
-        *(anomaly(node, evidence=json.dumps({"action": action})) for node, action in faults.items()),
-        anomaly("vela-006", evidence="{}"),  # written before the detector recommended an action
+        *(
+            anomaly(node, evidence=example("gpu_fault", action=Action(action)))
+            for node, action in faults.items()
+        ),
+        anomaly("vela-006", evidence=stored("gpu_fault", "{}")),  # read from a row without an action
     )
     rows = drains.step(alerts, now=10) + drains.step(alerts, now=10 + 3600)  # at once, or never
 

@@ -32,17 +32,20 @@ from alerts.rules import fingerprint
 from alerts.service import AlertService
 from analytics.store import Store
 from analytics.store.records import ActionRow
+from analytics.xid_catalog import Action
 from tests.alerts.test_drain import anomaly, firing
+from tests.support.evidence import example
 
 NODES = tuple(f"vela-{i:03d}" for i in range(1, 11))
 JOBS = {node: f"job-{i % 3}" for i, node in enumerate(NODES)}
 HOUR_S = 3600.0
+RESET, RESTART = (example("gpu_fault", action=action) for action in (Action.RESET_GPU, Action.RESTART_JOB))
 # (kind, severity, component, evidence, whether the default drain rules cover it)
 VARIANTS = (
-    ("gpu_fault", "critical", "gpu:0", {"action": "reset_gpu"}, True),  # drained at once
-    ("gpu_fault", "critical", "gpu:1", {"action": "restart_job"}, False),  # the job restarts, not the node
-    ("link_down", "warning", "mlx5_0:1", {}, True),  # with a second signal, or after 300 s
-    ("gpu_throttle", "warning", "gpu:2", {}, False),  # alerted, never drained
+    ("gpu_fault", "critical", "gpu:0", RESET, True),  # drained at once
+    ("gpu_fault", "critical", "gpu:1", RESTART, False),  # the job restarts, not the node
+    ("link_down", "warning", "mlx5_0:1", example("link_down"), True),  # with a second signal, or after 300 s
+    ("gpu_throttle", "warning", "gpu:2", example("gpu_throttle"), False),  # alerted, never drained
 )
 
 
@@ -345,7 +348,7 @@ def test_approving_a_decision_whose_node_recovered_or_is_covered_no_more_calls_n
     drains = approving(hook)
     [decision] = drains.step(firing(anomaly("vela-001")), now=10)
     [recovered] = drains.approve(decision.decision_id, "alice", now=20, firing=[])
-    restart_only = firing(anomaly("vela-001", evidence=json.dumps({"action": "restart_job"})), now=30)
+    restart_only = firing(anomaly("vela-001", evidence=RESTART), now=30)
     [uncovered] = drains.approve(decision.decision_id, "alice", now=30, firing=restart_only)
 
     assert hook.calls == []

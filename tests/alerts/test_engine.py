@@ -9,7 +9,12 @@ from alerts.engine import AlertEngine, change_rows
 from alerts.errors import AlertConfigError
 from alerts.rules import AlertRule, fingerprint, parse_rules
 from alerts.silences import new_silence
+from analytics.evidence import Evidence, stored, to_json
 from analytics.store.records import Anomaly
+from analytics.xid_catalog import Action
+from tests.support.evidence import example
+
+XID_79 = example("gpu_fault", xid_codes=(79,))
 
 
 def anomaly(
@@ -25,7 +30,7 @@ def anomaly(
         job="",
         severity="critical",
         score=2.0,
-        evidence='{"xid_codes": [79]}',
+        evidence=XID_79 if kind == "gpu_fault" else example(kind),
         detector=kind,
         detector_version="1",
     )
@@ -62,14 +67,14 @@ def test_alert_labels_identify_the_anomaly_and_annotations_carry_its_evidence():
         "component": "gpu:3",
     }
     assert alert.annotations["summary"] == "gpu_fault on vela-007 gpu:3"
-    assert alert.annotations["evidence"] == '{"xid_codes": [79]}'
+    assert alert.annotations["evidence"] == to_json(XID_79)
     assert alert.fingerprint == fingerprint(alert.labels)
 
 
-COST = '{"ratio": 1.6, "job_slowdown": 0.314, "lost_gpu_hours": 2.43}'
+COST = example("slow_node", ratio=1.6, job_slowdown=0.314, lost_gpu_hours=2.43)
 
 
-def straggler(evidence: str = COST) -> Anomaly:
+def straggler(evidence: Evidence = COST) -> Anomaly:
     """vela-012 slowing job run-42, its evidence saying what that costs (or not)."""
     return anomaly("slow_node", "vela-012", component="", job="run-42", severity="warning", evidence=evidence)
 
@@ -79,21 +84,21 @@ def test_a_slow_node_alert_states_what_the_straggler_costs_its_job():
 
     assert alert.annotations["summary"] == "vela-012 slows job run-42 by 31% (2.4 GPU-hours lost so far)"
     assert alert.annotations["description"].endswith("; the job's steps would be 31% shorter without it")
-    assert alert.annotations["evidence"] == COST
-    assert alert.evidence["job_slowdown"] == 0.314  # parsed, for the drain policy
+    assert alert.annotations["evidence"] == to_json(COST)
+    assert alert.evidence == COST  # typed, for the drain policy
 
 
 @pytest.mark.parametrize(
     "evidence",
     [
-        '{"ratio": 1.6}',  # written before the detector reported the cost
-        '{"job_slowdown": "31%", "lost_gpu_hours": null}',  # not numbers
-        '{"job_slowdown": 1.5, "lost_gpu_hours": -2}',  # out of range
-        "not json",
-        "[0.3]",
+        example("slow_node", ratio=1.6),  # without the cost
+        stored("slow_node", '{"job_slowdown": "31%", "lost_gpu_hours": null}'),  # not numbers
+        example("slow_node", job_slowdown=1.5, lost_gpu_hours=-2),  # out of range
+        stored("slow_node", "not json"),
+        stored("slow_node", "[0.3]"),
     ],
 )
-def test_a_slow_node_alert_without_its_cost_reads_as_before(evidence: str):
+def test_a_slow_node_alert_without_its_cost_reads_as_before(evidence: Evidence):
     [alert] = AlertEngine().evaluate([straggler(evidence)], now=1100).to_send
 
     assert alert.annotations["summary"] == "slow_node on vela-012"
@@ -118,17 +123,19 @@ def test_a_configured_rule_may_use_the_cost_and_falls_back_to_the_default_withou
     assert (costed.annotations["cost"], costed.annotations["description"]) == ("2.4 GPU-h", "31% of run-42")
     assert costed.annotations["summary"].startswith("vela-012 slows job run-42 by 31%")  # its kind's default
 
-    [half] = AlertEngine().evaluate([straggler('{"job_slowdown": 0.3}')], now=1100).to_send
+    [half] = AlertEngine().evaluate([straggler(example("slow_node", job_slowdown=0.3))], now=1100).to_send
     assert half.annotations["summary"] == "slow_node on vela-012"  # uses both figures: falls back
     assert half.annotations["description"].endswith("would be 30% shorter without it")  # uses the one known
 
-    [before] = AlertEngine([rule]).evaluate([straggler('{"ratio": 1.6}')], now=1100).to_send
+    [before] = AlertEngine([rule]).evaluate([straggler(example("slow_node", ratio=1.6))], now=1100).to_send
     assert "cost" not in before.annotations  # no default to fall back to: left out
     assert before.annotations["description"].startswith("detector slow_node reports slow_node")
 
 
 def test_a_gpu_fault_alert_says_what_to_do_in_its_summary_and_description():
-    evidence = '{"xid_codes": [48, 63, 94], "action": "reset_gpu", "action_text": "ignored: ours is shown"}'
+    evidence = example(
+        "gpu_fault", xid_codes=(48, 63, 94), action=Action.RESET_GPU, action_text="ignored: ours is shown"
+    )
     [alert] = AlertEngine().evaluate([anomaly(evidence=evidence)], now=1010).to_send
 
     assert alert.annotations["summary"] == (
@@ -138,13 +145,15 @@ def test_a_gpu_fault_alert_says_what_to_do_in_its_summary_and_description():
         "detector gpu_fault reports gpu_fault on vela-007 gpu:3, severity critical, score 2; recommended "
         "action: reset_gpu (drain the node and reset the GPU, then return it if the GPU stays clean)"
     )
-    [before] = AlertEngine().evaluate([anomaly(evidence='{"action": "reboot"}')], now=1010).to_send
+    unknown = stored("gpu_fault", '{"signals": ["xid"], "action": "reboot"}')  # an action not known here
+    [before] = AlertEngine().evaluate([anomaly(evidence=unknown)], now=1010).to_send
     assert before.annotations["summary"] == "gpu_fault on vela-007 gpu:3"  # no action known: as before
 
 
 def test_application_xids_make_no_alert_under_the_default_rules():
     for severity in ("info", "critical"):  # the detector says info; no default rule covers the kind at all
-        app_error = anomaly("gpu_app_error", severity=severity, evidence='{"action": "restart_job"}')
+        restart = example("gpu_app_error", action=Action.RESTART_JOB)
+        app_error = anomaly("gpu_app_error", severity=severity, evidence=restart)
         assert AlertEngine().evaluate([app_error], now=1010).changes == []
 
 

@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
+from analytics.evidence import as_dict
 from analytics.store.records import Anomaly
+from analytics.xid_catalog import Action
 from sim.evaluation import (
     CONFOUNDER,
     DETECTED_BY,
@@ -26,6 +28,7 @@ from sim.evaluation import (
     true_job_slowdown,
 )
 from sim.scenario import FAULT_KINDS, Fault, Scenario, parse_scenario
+from tests.support.evidence import example
 
 EPOCH = 1_767_225_600.0
 NODE_DAYS = 8 * 1200 / 86_400  # the default hand-built scenario
@@ -52,7 +55,7 @@ def anomaly(
     end_s: float | None,
     component: str = "",
     severity: str = "warning",
-    **evidence: float | str,
+    **evidence: object,
 ) -> Anomaly:
     """A detector's report on the scenario clock (seconds from its start); end_s None while open."""
     return Anomaly(
@@ -65,7 +68,7 @@ def anomaly(
         job="llm",
         severity=severity,
         score=3.5,
-        evidence=json.dumps({"ratio": 1.2, **evidence}),
+        evidence=example(kind, **({"ratio": 1.2} if kind == "slow_node" else {}), **evidence),
         detector=kind,
         detector_version="1",
     )
@@ -90,8 +93,8 @@ EVERY_FAULT = [
 ]
 # what a perfect gpu_fault detector says of a GPU that must leave service, and of an application's Xids
 GPU_REPORTS = {
-    "gpu_fault": {"severity": "critical", "action": "reset_gpu"},
-    "gpu_app_error": {"severity": "info", "action": "restart_job"},
+    "gpu_fault": {"severity": "critical", "action": Action.RESET_GPU},
+    "gpu_app_error": {"severity": "info", "action": Action.RESTART_JOB},
 }
 
 
@@ -315,7 +318,7 @@ def test_the_suite_pools_scenarios_and_reports_everything_as_json() -> None:
     assert (false_report["verdict"], false_report["node"], false_report["evidence"]) == (
         FALSE,
         "vela-001",
-        '{"ratio": 1.2}',
+        as_dict(example("congestion")),
     )
     markdown = to_markdown(suite)
     assert "| congestion | 2 | 1.00 (2/2) | 3 | 0.67 (2/3) | 10 / 10 | 4.50 | 0 |" in markdown
@@ -435,7 +438,9 @@ def test_xids_are_expected_as_their_catalog_cause_says_and_must_alert_and_drain_
         "gpu_app_error", "gpu_app_error", "gpu_fault", "gpu_fault", "gpu_app_error",
     ]  # fmt: skip
     contained = replace(
-        perfect_report(gpus.faults[3]), severity="warning", evidence='{"action": "restart_job"}'
+        perfect_report(gpus.faults[3]),
+        severity="warning",
+        evidence=example("gpu_fault", action=Action.RESTART_JOB),
     )
     suite = combine(
         [evaluate(gpus, [*perfect_reports(gpus)[:3], contained, perfect_report(gpus.faults[4])], EPOCH)]

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from analytics.evidence import from_json
 from analytics.store.records import Anomaly
 from fleetlens.demo.peers import logged_process, wait_http
 from sim.evaluation import CONFOUNDER, FALSE, evaluate
@@ -153,7 +154,8 @@ def _anomaly(row: dict[str, Any]) -> Anomaly:
         key: None if row[key] is None else datetime.fromisoformat(row[key]).timestamp()
         for key in ("start", "end")
     }
-    return Anomaly(**{**row, **times, "evidence": json.dumps(row["evidence"])})
+    evidence = from_json(row["kind"], json.dumps(row["evidence"]))  # the CLI prints the fields, unversioned
+    return Anomaly(**{**row, **times, "evidence": evidence})
 
 
 def query(hub_url: str, sql: str) -> list[list]:

@@ -31,11 +31,12 @@ faults:
 """
 CONFIG = "drain: {mode: dry-run, limits: {max_nodes: 3, max_per_hour: 2}}\n"
 DETECT = """
-import json, sys, time
+import sys, time
 from analytics.detectors.runner import detect, store_anomalies
 from analytics.store import Store
 from analytics.store.records import Anomaly
-cost = json.dumps({"ratio": 1.4, "job_slowdown": 0.314, "lost_gpu_hours": 2.43})
+from tests.support.evidence import example
+cost = example("slow_node", ratio=1.4, job_slowdown=0.314, lost_gpu_hours=2.43)
 straggler = Anomaly("slow-1", time.time() - 300, None, "slow_node", "vela-004", "", "llm-tiny", "warning",
                     0.4, cost, "slow_node", "2")
 with Store.open(sys.argv[1]) as store:

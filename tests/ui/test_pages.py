@@ -19,6 +19,7 @@ from analytics.detectors.runner import DetectionRunner, store_anomalies
 from analytics.store import Store
 from analytics.store.records import ActionRow, AlertChange, Anomaly
 from collectors.steprecord import StepRecord
+from tests.support.evidence import example
 from tests.support.fleetdata import SimulatedFleet
 from ui import environment, source, window
 
@@ -222,15 +223,16 @@ def test_anomalies_page_filters_by_kind_severity_and_node_and_shows_the_evidence
 def add_stragglers(store: Store, end: float) -> None:
     """vela-002's slowness as two slow_node anomalies: one whose evidence says what it costs job llm-7b,
     and an older one written before the detector reported the cost."""
-    costed = {"ratio": 1.19, "job_slowdown": 0.314, "lost_gpu_hours": 2.43, "job_gpus": 10}
+    costed = example("slow_node", ratio=1.19, job_slowdown=0.314, lost_gpu_hours=2.43, job_gpus=10)
     store_anomalies(
         store,
-        [
-            Anomaly("slow-new", end - 60, None, "slow_node", "vela-002", "", "llm-7b", "warning", 0.19,
-                    json.dumps(costed), "slow_node", "2"),
-            Anomaly("slow-old", end - 80, end - 70, "slow_node", "vela-002", "", "llm-7b", "warning", 0.19,
-                    '{"ratio": 1.19}', "slow_node", "1"),
-        ],
+        [Anomaly("slow-new", end - 60, None, "slow_node", "vela-002", "", "llm-7b", "warning", 0.19,
+                 costed, "slow_node", "2")],
+    )  # fmt: skip
+    store.insert_anomalies(  # a row as the store holds it, evidence as its text
+        [Anomaly("slow-old", end - 80, end - 70, "slow_node", "vela-002", "", "llm-7b", "warning", 0.19,
+                 '{"ratio": 1.19}', "slow_node", "1")],  # type: ignore[arg-type]
+        token="slow-old",
     )  # fmt: skip
 
 

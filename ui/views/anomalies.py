@@ -3,11 +3,10 @@ evidence of each anomaly and what each straggler costs its job, and the alerts r
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 import streamlit as st
 
+from analytics.evidence import as_dict
 from analytics.reports import dashboards
 from ui import costs, plots, source, window
 
@@ -36,7 +35,7 @@ def show_evidence(found: pd.DataFrame) -> None:
         for row in found.itertuples()
     }
     chosen = st.selectbox("Evidence of", list(labels), format_func=labels.get, key="anomalies.evidence")
-    st.json(json.loads(found.set_index("id").at[chosen, "evidence"] or "{}"))
+    st.json(as_dict(found.set_index("id").at[chosen, "evidence"]))
 
 
 def show_anomalies(span: window.TimeRange) -> list[str]:
@@ -50,10 +49,11 @@ def show_anomalies(span: window.TimeRange) -> list[str]:
         st.info(f"no anomaly matches in {span.label}")
         return chosen["nodes"]
     st.altair_chart(
-        plots.anomaly_timeline(found, pd.Timestamp(span.end, unit="s", tz="UTC")), width="stretch"
+        plots.anomaly_timeline(found.drop(columns=["evidence"]), pd.Timestamp(span.end, unit="s", tz="UTC")),
+        width="stretch",
     )
     st.dataframe(
-        found.drop(columns=["id"]),
+        costs.with_evidence_text(found.drop(columns=["id"])),
         hide_index=True,
         column_config={
             **window.utc_columns("start", "end"),

@@ -62,11 +62,11 @@ def show_node(span: window.TimeRange) -> None:
     reader = source.current()
     found = dashboards.anomalies(reader, span.start, span.end, nodes=[node])
     st.caption(f"{node}, {span.label}; shaded: its anomalies")
-    show_series(node, span, found)
+    show_series(node, span, found.drop(columns=["evidence"]))  # a chart's data: numbers and names
     show_peers(node, span)
     st.subheader(f"Anomalies ({len(found)})")
     st.dataframe(
-        found.drop(columns=["id", "node"]),
+        costs.with_evidence_text(found.drop(columns=["id", "node"])),
         hide_index=True,
         column_config={
             **window.utc_columns("start", "end"),

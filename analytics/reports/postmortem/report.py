@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from analytics import evidence as typed_evidence
 from analytics.detectors.base import Window
 from analytics.errors import PostmortemError
 from analytics.reports.postmortem.excursions import find_excursions
@@ -50,7 +51,7 @@ from analytics.reports.postmortem.model import (
     number,
     utc,
 )
-from analytics.reports.straggler import cost_text, gpu_hours, parse_evidence, straggler_cost
+from analytics.reports.straggler import cost_text, gpu_hours, straggler_cost
 from analytics.store.protocols import Reader
 from analytics.store.records import QueryResult
 
@@ -126,7 +127,10 @@ def build_report(
     def rows(sql: str) -> list[dict[str, Any]]:
         return _rows(source.query(sql, parameters=parameters, max_rows=EVENT_ROWS))
 
-    anomalies = rows(ANOMALIES_SQL)
+    anomalies = [
+        {**row, "evidence": typed_evidence.stored(row["kind"], row["evidence"])}
+        for row in rows(ANOMALIES_SQL)
+    ]
     gaps = [_gap_event(row) for row in rows(GAPS_SQL)]
     excursions = find_excursions(source, anomalies, window)
     events = [
@@ -177,8 +181,8 @@ def _rows(result: QueryResult) -> list[dict[str, Any]]:
 def _anomaly_events(row: Mapping[str, Any], window: Window) -> list[Event]:
     """The anomaly's opening, and its closing when that falls in the window; both carry what a straggler
     costs its job when its evidence says, and state it in their detail."""
-    evidence = parse_evidence(row["evidence"])
-    cost = straggler_cost(evidence)
+    evidence = typed_evidence.as_dict(row["evidence"])
+    cost = straggler_cost(row["evidence"])
     where = " ".join(part for part in (row["kind"], row["component"]) if part)
     job = f", job {row['job']}" if row["job"] else ""
     costs = f"; {cost_text(cost)}" if cost.known else ""

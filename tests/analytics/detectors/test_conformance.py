@@ -10,7 +10,6 @@ with a fault of each kind the simulator knows on one node each, a counter reset 
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import re
 import uuid
@@ -23,6 +22,7 @@ import pytest
 
 from analytics.detectors import registered
 from analytics.detectors.base import KEY_COLUMNS, SEVERITIES, Detector, Finding, Window
+from analytics.evidence import EVIDENCE, from_json, to_json
 from analytics.store import Store
 from tests.analytics.detectors import SyncJob
 from tests.support.fleetdata import SimulatedFleet
@@ -129,4 +129,5 @@ def assert_well_formed(cls: type[Detector], finding: Finding, nodes: list[str]) 
     assert finding.node in nodes and isinstance(finding.job, str)
     assert COMPONENT.fullmatch(finding.component), finding.component
     assert isinstance(finding.score, float) and math.isfinite(finding.score)
-    assert isinstance(json.loads(json.dumps(finding.evidence, allow_nan=False)), dict)
+    assert isinstance(finding.evidence, EVIDENCE[finding.kind])
+    assert from_json(finding.kind, to_json(finding.evidence)) == finding.evidence  # crosses the store whole

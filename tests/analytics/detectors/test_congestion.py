@@ -26,8 +26,8 @@ def test_a_congested_port_is_reported_as_information_with_its_rates_against_the_
     assert (finding.kind, finding.node, finding.component) == ("congestion", "vela-003", "mlx5_1:1")
     assert finding.severity == "info"
     evidence = finding.evidence
-    assert evidence["ecn_marks_per_s"] > 100 * evidence["fleet_median_per_s"]
-    assert evidence["cnp_sent_per_s"] > 0 and evidence["cnp_handled_per_s"] > 0
+    assert evidence.ecn_marks_per_s > 100 * evidence.fleet_median_per_s
+    assert evidence.cnp_sent_per_s > 0 and evidence.cnp_handled_per_s > 0
     assert finding.score > Congestion().min_score
 
 

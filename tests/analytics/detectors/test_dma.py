@@ -8,6 +8,7 @@ from pathlib import Path
 
 from analytics.detectors.base import Window
 from analytics.detectors.dma import DmaDegraded
+from analytics.evidence import DmaDegradedEvidence
 from analytics.store import Store
 from tests.support.fleetdata import SimulatedFleet
 
@@ -30,12 +31,9 @@ def test_a_gpu_link_trained_below_its_maximum_and_replaying_is_reported_on_that_
 
         [finding] = DmaDegraded().detect(store, window)
     assert (finding.kind, finding.node, finding.component) == ("dma_degraded", "vela-004", "gpu:2")
-    assert finding.evidence == {
-        "signals": ["pcie"],
-        "pcie_link": "gen4 x8",
-        "pcie_max_link": "gen5 x16",
-        "pcie_replays": 20,
-    }
+    assert finding.evidence == DmaDegradedEvidence(
+        signals=("pcie",), pcie_link="gen4 x8", pcie_max_link="gen5 x16", pcie_replays=20
+    )
 
 
 def test_ports_moving_far_less_than_their_jobs_peers_are_reported_and_a_job_quiet_throughout_is_not(
@@ -51,10 +49,10 @@ def test_ports_moving_far_less_than_their_jobs_peers_are_reported_and_a_job_quie
         findings = DmaDegraded().detect(store, window)
     assert {(f.node, f.component) for f in findings} == {("vela-003", "mlx5_0:1"), ("vela-003", "mlx5_1:1")}
     for finding in findings:
-        assert finding.job == "llm" and finding.evidence["peers"] == "job llm"
-        assert finding.evidence["signals"] == ["roce_bytes"]
-        assert 0.2 < finding.evidence["roce_ratio"] < 0.4
-        assert finding.evidence["peers_roce_bytes_per_s"] > 2 * finding.evidence["roce_bytes_per_s"]
+        assert finding.job == "llm" and finding.evidence.peers == "job llm"
+        assert finding.evidence.signals == ("roce_bytes",)
+        assert 0.2 < finding.evidence.roce_ratio < 0.4
+        assert finding.evidence.peers_roce_bytes_per_s > 2 * finding.evidence.roce_bytes_per_s
 
 
 def test_a_congested_port_or_a_port_whose_link_is_down_moves_less_but_is_no_dma_fault(
@@ -101,7 +99,7 @@ def test_nccl_logs_saying_a_rank_runs_without_gpudirect_rdma_name_its_port_and_t
 
         [finding] = DmaDegraded().detect(store, window)
     assert (finding.node, finding.component) == ("vela-002", "mlx5_0:1")  # its rings go `via NET/IB/0`
-    [rank] = finding.evidence["nccl_ranks_without_gdr"]
+    [rank] = finding.evidence.nccl_ranks_without_gdr
     assert rank.startswith("rank 0 in ") and rank.endswith("rank.log: no")
 
 

@@ -3,7 +3,6 @@ gpud's real dmesg logs followed as a node's kernel log, stored and read back as 
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from pathlib import Path
@@ -16,6 +15,7 @@ from alerts.rules import DEFAULT_RULES
 from analytics.detectors.base import SEVERITIES, Finding, Window
 from analytics.detectors.gpu_fault import XID_COUNTER, GpuFault
 from analytics.detectors.runner import DetectionRunner
+from analytics.evidence import from_json, to_json
 from analytics.reports.remedy import ACTION_TEXT
 from analytics.store import Store
 from analytics.store.records import Anomaly, ScrapeBatch
@@ -38,7 +38,7 @@ def reported(store: Store, window: Window) -> set[tuple[str, str]]:
 
 def drain_rule_for(finding: Finding) -> object:
     """The default drain policy's rule for an alert on `finding`, as the drain controller asks it."""
-    return DrainPolicy().rule_for(finding.kind, finding.severity, None, finding.evidence.get("action"))
+    return DrainPolicy().rule_for(finding.kind, finding.severity, None, finding.evidence.action)
 
 
 def alerted(finding: Finding) -> bool:
@@ -103,13 +103,13 @@ def test_the_real_double_bit_ecc_sequence_is_one_critical_fault_to_reset_the_gpu
     [finding] = GpuFault().detect(store, window)
     assert (finding.kind, finding.severity, finding.node) == ("gpu_fault", "critical", "vela-001")
     assert finding.component == ""  # no GPU of this node's NVML has that address: the labels name none
-    assert finding.evidence["pci_bus_id"] == "00000000:19:00.0"
-    assert finding.evidence["xid_codes"] == [48, 63, 94]
-    assert finding.evidence["xid_counts"] == {str(xid): count for (_, xid), count in in_log.items()}
-    assert finding.evidence["xid_counts"] == {"48": 1, "63": 1, "94": 9}
-    assert finding.evidence["xid_causes"] == {"48": "hardware", "63": "hardware", "94": "hardware"}
-    assert finding.evidence["xid_mnemonics"]["48"] == lookup(48).mnemonic
-    assert (finding.evidence["action"], finding.evidence["action_text"]) == (
+    assert finding.evidence.pci_bus_id == "00000000:19:00.0"
+    assert finding.evidence.xid_codes == (48, 63, 94)
+    assert finding.evidence.xid_counts == {str(xid): count for (_, xid), count in in_log.items()}
+    assert finding.evidence.xid_counts == {"48": 1, "63": 1, "94": 9}
+    assert finding.evidence.xid_causes == {"48": "hardware", "63": "hardware", "94": "hardware"}
+    assert finding.evidence.xid_mnemonics["48"] == lookup(48).mnemonic
+    assert (finding.evidence.action, finding.evidence.action_text) == (
         "reset_gpu",
         ACTION_TEXT[Action.RESET_GPU],
     )
@@ -127,20 +127,20 @@ def test_the_real_sequence_on_gpuds_real_h100_node_names_the_gpu_its_address_bel
 
     [finding] = GpuFault().detect(store, window)
     assert (finding.kind, finding.severity, finding.component) == ("gpu_fault", "critical", "gpu:0")
-    assert finding.evidence["pci_bus_id"] == "00000000:19:00.0"
-    assert finding.evidence["xid_counts"] == {"48": 1, "63": 1, "94": 9}
-    assert finding.evidence["action"] == "reset_gpu" and drain_rule_for(finding) is not None
+    assert finding.evidence.pci_bus_id == "00000000:19:00.0"
+    assert finding.evidence.xid_counts == {"48": 1, "63": 1, "94": 9}
+    assert finding.evidence.action == "reset_gpu" and drain_rule_for(finding) is not None
 
 
 def test_gsp_rpc_timeouts_are_a_fault_with_the_catalogs_action(store: Store, tmp_path: Path, fixtures: Path):
     window = follow_log(store, tmp_path, (fixtures / "gpud" / "dmesg-with-xid-119.log").read_text())
 
     [finding] = GpuFault().detect(store, window)
-    assert (finding.kind, finding.evidence["pci_bus_id"]) == ("gpu_fault", "00000000:9B:00.0")
-    assert finding.evidence["xid_counts"] == {"119": 5}
-    assert finding.evidence["xid_causes"] == {"119": lookup(119).cause.value}
+    assert (finding.kind, finding.evidence.pci_bus_id) == ("gpu_fault", "00000000:9B:00.0")
+    assert finding.evidence.xid_counts == {"119": 5}
+    assert finding.evidence.xid_causes == {"119": lookup(119).cause.value}
     info = lookup(119)
-    assert (finding.severity, finding.evidence["action"]) == (info.severity, info.action.value)
+    assert (finding.severity, finding.evidence.action) == (info.severity, info.action.value)
     assert (drain_rule_for(finding) is not None) == (info.action.drains and info.severity == "critical")
 
 
@@ -162,11 +162,11 @@ def test_a_storm_of_application_xids_is_one_app_error_per_gpu_with_its_counts_an
     for finding in found:
         gpu = int(finding.component.removeprefix("gpu:"))
         expected = Counter(xid for on, xid in storm if on == gpu)
-        assert finding.evidence["xid_counts"] == {str(xid): count for xid, count in sorted(expected.items())}
-        assert (finding.severity, finding.job, finding.evidence["action"]) == ("info", "llm", "restart_job")
-        assert set(finding.evidence["xid_causes"].values()) == {"application"}
+        assert finding.evidence.xid_counts == {str(xid): count for xid, count in sorted(expected.items())}
+        assert (finding.severity, finding.job, finding.evidence.action) == ("info", "llm", "restart_job")
+        assert set(finding.evidence.xid_causes.values()) == {"application"}
         assert drain_rule_for(finding) is None and not alerted(finding)
-    assert sum(sum(f.evidence["xid_counts"].values()) for f in found) == 500
+    assert sum(sum(f.evidence.xid_counts.values()) for f in found) == 500
 
 
 def test_xids_a_lost_gpu_and_a_failed_row_remap_are_each_reported_on_their_gpu(store: Store, tmp_path: Path):
@@ -182,20 +182,20 @@ def test_xids_a_lost_gpu_and_a_failed_row_remap_are_each_reported_on_their_gpu(s
 
         found = {(f.node, f.component): f for f in GpuFault().detect(store, onset)}
         app = found.pop(("vela-001", "gpu:2"))
-        assert (app.kind, app.severity, app.evidence["xid_counts"]) == ("gpu_app_error", "info", {"13": 1})
+        assert (app.kind, app.severity, app.evidence.xid_counts) == ("gpu_app_error", "info", {"13": 1})
         assert {where: (f.kind, f.severity) for where, f in found.items()} == {
             ("vela-002", "gpu:1"): ("gpu_fault", "critical"),
             ("vela-003", "gpu:0"): ("gpu_fault", "critical"),
             ("vela-004", "gpu:3"): ("gpu_fault", "critical"),
         }
-        assert {where: (f.evidence["signals"], f.evidence["action"]) for where, f in found.items()} == {
-            ("vela-002", "gpu:1"): (["lost", "xid"], "reboot_node"),
-            ("vela-003", "gpu:0"): (["ecc_dbe", "row_remap_failure"], "drain_for_inspection"),
-            ("vela-004", "gpu:3"): (["ecc_dbe"], "reset_gpu"),
+        assert {where: (f.evidence.signals, f.evidence.action) for where, f in found.items()} == {
+            ("vela-002", "gpu:1"): (("lost", "xid"), "reboot_node"),
+            ("vela-003", "gpu:0"): (("ecc_dbe", "row_remap_failure"), "drain_for_inspection"),
+            ("vela-004", "gpu:3"): (("ecc_dbe",), "reset_gpu"),
         }
-        assert found[("vela-002", "gpu:1")].evidence["lost"] == "fleetlens_gpu_up 0"
-        assert found[("vela-003", "gpu:0")].evidence["ecc_dbe_errors"] == 2
-        assert found[("vela-004", "gpu:3")].evidence["xid_causes"] == {"31": "application"}  # listed too
+        assert found[("vela-002", "gpu:1")].evidence.lost == "fleetlens_gpu_up 0"
+        assert found[("vela-003", "gpu:0")].evidence.ecc_dbe_errors == 2
+        assert found[("vela-004", "gpu:3")].evidence.xid_causes == {"31": "application"}  # listed too
         # the Xid was a moment; the lost GPU and the failed remap last
         assert reported(store, later) == {("vela-002", "gpu:1"), ("vela-003", "gpu:0")}
 
@@ -211,7 +211,7 @@ def test_an_xid_both_nvml_and_the_kernel_log_saw_counts_once(store: Store, tmp_p
         log.write_text(f"NVRM: Xid (PCI:{address}): 48, pid='<unknown>', name=<unknown>, DBE\n" * 3)
         [finding] = GpuFault().detect(store, fleet.tick())
 
-    assert (finding.component, finding.evidence["xid_counts"]) == ("gpu:1", {"48": 3})
+    assert (finding.component, finding.evidence.xid_counts) == ("gpu:1", {"48": 3})
 
 
 def test_xids_already_in_the_log_when_a_node_is_first_scraped_are_history_not_news(
@@ -232,12 +232,12 @@ def test_a_gpu_missing_after_a_reboot_is_lost_while_its_node_reports(store: Stor
         window = fleet.tick()
 
         [finding] = GpuFault().detect(store, window)
-        assert (finding.node, finding.component, finding.evidence["action"]) == (
+        assert (finding.node, finding.component, finding.evidence.action) == (
             "vela-003",
             "gpu:3",
             "reboot_node",
         )
-        assert finding.evidence["lost"] == "no series while the node reports"
+        assert finding.evidence.lost == "no series while the node reports"
         assert reported(store, fleet.tick(skip={"vela-003"})) == set()
 
 
@@ -269,12 +269,12 @@ def test_each_xid_is_judged_as_the_catalog_says(store: Store, tmp_path: Path):
     for gpu, code in enumerate(codes):
         finding, info = found[f"gpu:{gpu}"], lookup(code)
         kind, severity = ("gpu_app_error", "info") if info.by_application else ("gpu_fault", info.severity)
-        assert (finding.kind, finding.severity, finding.evidence["action"]) == (
+        assert (finding.kind, finding.severity, finding.evidence.action) == (
             kind,
             severity,
             info.action.value,
         )
-        assert finding.evidence["xid_mnemonics"] == {str(code): info.mnemonic}
+        assert finding.evidence.xid_mnemonics == {str(code): info.mnemonic}
 
 
 @settings(
@@ -307,7 +307,7 @@ def test_any_xid_label_count_or_last_xid_gives_well_formed_findings(
     for index in range(4):
         for finding in GpuFault().detect(store, Window(base + 10 * index, base + 10 * (index + 1))):
             assert finding.kind in GpuFault.kinds and finding.severity in SEVERITIES
-            assert json.loads(json.dumps(finding.evidence, allow_nan=False))["action"] in set(Action)
+            assert from_json(finding.kind, to_json(finding.evidence)).action in set(Action)
 
 
 def test_an_infinite_row_remap_failure_is_a_fault_whose_evidence_json_can_carry(store: Store):
@@ -317,5 +317,5 @@ def test_an_infinite_row_remap_failure_is_a_fault_whose_evidence_json_can_carry(
     store_gpu_scrapes(store, base, series, [[1.0, math.inf]] * 2)
 
     [finding] = GpuFault().detect(store, Window(base + 10, base + 20))
-    assert finding.evidence["signals"] == ["row_remap_failure"]
-    assert json.loads(json.dumps(finding.evidence, allow_nan=False))["row_remap_failure"] is None
+    assert finding.evidence.signals == ("row_remap_failure",)
+    assert from_json(finding.kind, to_json(finding.evidence)).row_remap_failure is None

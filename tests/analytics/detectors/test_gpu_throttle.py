@@ -35,9 +35,9 @@ def test_a_thermally_throttled_gpu_is_named_with_its_reasons_and_its_clock_again
 
         [finding] = GpuThrottle().detect(store, window)
     assert (finding.kind, finding.node, finding.component) == ("gpu_throttle", "vela-002", "gpu:3")
-    assert {"hw_thermal_slowdown", "sw_thermal_slowdown"} <= set(finding.evidence["reasons"])
-    assert finding.evidence["sm_clock_mhz"] < 0.75 * finding.evidence["peers_sm_clock_mhz"]
-    assert finding.evidence["gpu_temp_c"] >= 90
+    assert {"hw_thermal_slowdown", "sw_thermal_slowdown"} <= set(finding.evidence.reasons)
+    assert finding.evidence.sm_clock_mhz < 0.75 * finding.evidence.peers_sm_clock_mhz
+    assert finding.evidence.gpu_temp_c >= 90
     assert finding.score >= 0.25
 
 
@@ -52,9 +52,9 @@ def test_a_node_whose_every_gpu_throttles_is_one_finding_on_the_node_against_the
 
         [finding] = GpuThrottle().detect(store, window)
     assert (finding.node, finding.component) == ("vela-004", "")
-    assert finding.evidence["gpus_throttled"] == 4
-    assert "HW Thermal Slowdown" in finding.evidence["reason_names"]
-    assert finding.evidence["sm_clock_mhz"] < 0.75 * finding.evidence["fleet_peers_sm_clock_mhz"]
+    assert finding.evidence.gpus_throttled == 4
+    assert "HW Thermal Slowdown" in finding.evidence.reason_names
+    assert finding.evidence.sm_clock_mhz < 0.75 * finding.evidence.fleet_peers_sm_clock_mhz
 
 
 def test_a_power_brake_on_a_whole_node_names_the_brake_against_its_model_on_other_nodes(
@@ -71,9 +71,9 @@ def test_a_power_brake_on_a_whole_node_names_the_brake_against_its_model_on_othe
         }
     assert found.keys() == {("vela-001", ""), ("vela-002", "gpu:5")}
     node = found["vela-001", ""]
-    assert node.evidence["reasons"] == ["hw_power_brake_slowdown", "hw_slowdown"]
-    assert node.evidence["reason_names"] == ["HW Power Brake Slowdown", "HW Slowdown"]
-    assert node.evidence["gpus_throttled"] == 8 and node.score >= 0.7
+    assert node.evidence.reasons == ("hw_power_brake_slowdown", "hw_slowdown")
+    assert node.evidence.reason_names == ("HW Power Brake Slowdown", "HW Slowdown")
+    assert node.evidence.gpus_throttled == 8 and node.score >= 0.7
 
 
 def test_a_node_alone_of_its_model_is_judged_against_its_own_recent_past(store: Store, tmp_path: Path):
@@ -84,9 +84,9 @@ def test_a_node_alone_of_its_model_is_judged_against_its_own_recent_past(store: 
 
         [finding] = GpuThrottle().detect(store, window)
     assert (finding.node, finding.component) == ("vela-001", "")
-    assert finding.evidence["fleet_peers_sm_clock_mhz"] is None
-    assert finding.evidence["past_sm_clock_mhz"] == 1980
-    assert finding.evidence["sm_clock_mhz"] == 495
+    assert finding.evidence.fleet_peers_sm_clock_mhz is None
+    assert finding.evidence.past_sm_clock_mhz == 1980
+    assert finding.evidence.sm_clock_mhz == 495
 
 
 def test_the_real_power_braked_8_h100_node_stands_out_in_a_simulated_idle_h100_fleet(
@@ -103,10 +103,10 @@ def test_the_real_power_braked_8_h100_node_stands_out_in_a_simulated_idle_h100_f
 
         [finding] = GpuThrottle().detect(store, window)
     assert (finding.node, finding.component) == ("vela-002", "")
-    assert finding.evidence["gpus_throttled"] == 8
-    assert finding.evidence["reason_names"] == ["HW Power Brake Slowdown", "HW Slowdown"]
-    assert (finding.evidence["sm_clock_mhz"], finding.evidence["fleet_peers_sm_clock_mhz"]) == (86, 345)
-    assert finding.evidence["peers"] == "idle GPUs" and finding.score == pytest.approx(1 - 86 / 345, abs=0.01)
+    assert finding.evidence.gpus_throttled == 8
+    assert finding.evidence.reason_names == ("HW Power Brake Slowdown", "HW Slowdown")
+    assert (finding.evidence.sm_clock_mhz, finding.evidence.fleet_peers_sm_clock_mhz) == (86, 345)
+    assert finding.evidence.peers == "idle GPUs" and finding.score == pytest.approx(1 - 86 / 345, abs=0.01)
 
 
 def test_a_thermal_fault_on_an_idle_node_is_reported_against_the_idle_gpus(store: Store, tmp_path: Path):
@@ -118,8 +118,8 @@ def test_a_thermal_fault_on_an_idle_node_is_reported_against_the_idle_gpus(store
 
         [finding] = GpuThrottle().detect(store, window)
     assert (finding.node, finding.component) == ("vela-003", "gpu:1")
-    assert finding.evidence["peers"] == "idle GPUs" and finding.evidence["gpu_util_percent"] == 0
-    assert finding.evidence["sm_clock_mhz"] < 0.9 * finding.evidence["peers_sm_clock_mhz"]
+    assert finding.evidence.peers == "idle GPUs" and finding.evidence.gpu_util_percent == 0
+    assert finding.evidence.sm_clock_mhz < 0.9 * finding.evidence.peers_sm_clock_mhz
 
 
 def test_a_slow_gpu_that_reports_no_reason_and_an_idle_fleet_are_no_throttling(store: Store, tmp_path: Path):

@@ -15,6 +15,7 @@ from analytics.detectors.links import IGNORED_INTERFACES, LinkDown, LinkFlap, li
 from analytics.detectors.runner import DetectionRunner, _SharedQueries
 from analytics.detectors.steptape import StepTape
 from analytics.detectors.tape import Tape
+from analytics.evidence import LinkDownEvidence
 from analytics.store import Store
 from analytics.store.records import ScrapeBatch
 from collectors import registry
@@ -43,7 +44,7 @@ def test_a_flap_between_two_scrapes_is_reported_in_that_window_on_that_port(stor
 
         [finding] = LinkFlap().detect(store, window)
         assert (finding.kind, finding.node, finding.component) == ("link_flap", "vela-002", "mlx5_1:1")
-        assert finding.evidence["link_downed"] == 1 and finding.evidence["state"] == 4
+        assert finding.evidence.link_downed == 1 and finding.evidence.state == 4
         assert LinkDown().detect(store, window) == []
 
 
@@ -60,7 +61,7 @@ def test_a_flap_a_scrape_caught_down_is_reported_one_interval_later_when_the_lin
         assert reported(LinkFlap(), store, caught_down) == set()
         [finding] = LinkFlap().detect(store, back)
         assert (finding.node, finding.component) == ("vela-003", "mlx5_0:1")
-        assert finding.evidence["state_falls"] == 1
+        assert finding.evidence.state_falls == 1
 
 
 def test_the_runner_opens_a_flap_in_the_window_of_the_first_flap_and_keeps_it_through_the_next(
@@ -119,7 +120,7 @@ def test_a_link_down_for_a_minute_and_a_half_is_link_down_from_its_first_minute_
         link_down = [LinkDown().detect(store, window) for window in down + back]
         assert [bool(found) for found in link_down] == [False] * 5 + [True] * 4 + [False] * 3
         assert {(f.node, f.component) for found in link_down for f in found} == {("vela-001", "mlx5_1:1")}
-        assert [f.evidence["down_s"] for found in link_down for f in found] == [60, 60, 60, 60]
+        assert [f.evidence.down_s for found in link_down for f in found] == [60, 60, 60, 60]
         assert all(reported(LinkFlap(), store, window) == set() for window in down + back)
 
 
@@ -277,8 +278,8 @@ def test_an_interface_of_a_node_without_rdma_ports_that_flapped_between_scrapes_
     assert reported(LinkFlap(), store, quiet) == set()
     [finding] = LinkFlap().detect(store, window)
     assert (finding.kind, finding.node, finding.component) == ("link_flap", "fl-demo", "fl-demo-a0")
-    assert finding.evidence["carrier"] == 1 and finding.evidence["link_downed"] == 1
-    assert "state" not in finding.evidence
+    assert finding.evidence.carrier == 1 and finding.evidence.link_downed == 1
+    assert finding.evidence.state is None
     assert LinkDown().detect(store, window) == []
 
 
@@ -293,7 +294,7 @@ def test_an_interface_a_scrape_caught_without_carrier_is_a_flap_when_it_is_back(
     assert reported(LinkFlap(), store, caught_down) == set()
     [finding] = LinkFlap().detect(store, back)
     assert finding.component == "fl-demo-a0"
-    assert finding.evidence["state_falls"] == 1 and finding.evidence["carrier"] == 1
+    assert finding.evidence.state_falls == 1 and finding.evidence.carrier == 1
 
 
 def test_an_interface_without_carrier_for_a_minute_and_a_half_is_link_down_and_its_return_is_no_flap(
@@ -309,7 +310,7 @@ def test_an_interface_without_carrier_for_a_minute_and_a_half_is_link_down_and_i
     link_down = [LinkDown().detect(store, window) for window in down + back]
     assert [bool(found) for found in link_down] == [False] * 5 + [True] * 4 + [False] * 3
     assert {(f.node, f.component) for found in link_down for f in found} == {("fl-demo", "fl-demo-a0")}
-    assert [f.evidence for found in link_down for f in found] == [{"down_s": 60, "carrier": 0}] * 4
+    assert [f.evidence for found in link_down for f in found] == [LinkDownEvidence(down_s=60, carrier=0)] * 4
     assert all(reported(LinkFlap(), store, window) == set() for window in down + back)
 
 

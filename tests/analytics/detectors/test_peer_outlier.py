@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -47,11 +46,11 @@ def test_a_node_unlike_its_peers_is_reported_with_the_features_that_set_it_apart
         "info",
         "llm",
     )
-    evidence = json.loads(anomaly.evidence)
-    drivers = {driver["feature"]: driver for driver in evidence["features"]}
+    evidence = anomaly.evidence
+    drivers = {driver.feature: driver for driver in evidence.features}
     assert {"sm_clock_mhz", "gpu_temp_c"} <= set(drivers)
-    assert drivers["sm_clock_mhz"]["value"] < drivers["sm_clock_mhz"]["peer_median"]
-    assert drivers["gpu_temp_c"]["z"] > 4 and evidence["peers"] == NODES
+    assert drivers["sm_clock_mhz"].value < drivers["sm_clock_mhz"].peer_median
+    assert drivers["gpu_temp_c"].z > 4 and evidence.peers == NODES
     assert DetectionRunner([PeerOutlier(min_peers=NODES + 1)]).run(store, *span) == []
 
 

@@ -3,7 +3,6 @@ reruns, a failing detector, and anomalies written to the store."""
 
 from __future__ import annotations
 
-import json
 import logging
 
 import pandas as pd
@@ -13,6 +12,7 @@ from analytics.detectors.base import Detector, Window, frame
 from analytics.detectors.runner import DetectionRunner, detect, store_anomalies, windows
 from analytics.detectors.slow_node import SlowNode
 from analytics.errors import DetectorError
+from analytics.evidence import from_json
 from analytics.store import Store
 from analytics.store.protocols import Reader
 from analytics.store.records import Anomaly
@@ -72,7 +72,7 @@ def test_two_findings_in_three_windows_open_an_anomaly_from_the_first(store: Sto
     assert min(reported) == 7
     opened = reported[7][0]
     assert (opened.node, opened.start, opened.end) == ("vela-003", window(5).start, None)
-    assert json.loads(opened.evidence)["windows"] == 2
+    assert opened.evidence.windows == 2
 
 
 def test_a_step_reports_what_opened_grew_stronger_or_closed(store: Store) -> None:
@@ -85,7 +85,7 @@ def test_a_step_reports_what_opened_grew_stronger_or_closed(store: Store) -> Non
     assert opened.id == stronger.id == closed.id
     assert stronger.score > opened.score and stronger.end is None
     assert closed.end == window(10).end  # the last window with a finding, found clear_windows later
-    assert json.loads(closed.evidence)["windows"] == 6
+    assert closed.evidence.windows == 6
 
 
 def test_a_rerun_over_the_same_data_gives_the_same_anomalies(store: Store) -> None:
@@ -164,6 +164,6 @@ def test_anomalies_are_stored_once_each_and_closing_replaces_the_open_row(store:
     ((stored_id, start_ms, end_ms, evidence),) = rows
     assert stored_id == opened.id == closed.id
     assert (start_ms, end_ms) == (window(5).start * 1000, window(9).end * 1000)
-    assert json.loads(evidence) == json.loads(closed.evidence)
+    assert from_json(closed.kind, evidence) == closed.evidence
     assert run_and_store() == [opened, closed]  # a rerun writes the same rows: the store keeps one of each
     assert store.query("SELECT count() FROM anomalies").rows == [(2,)]

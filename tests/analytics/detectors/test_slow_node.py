@@ -3,7 +3,6 @@ as the SDK reports them, and for the GPU fallback simulated GPUs read by the rea
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -50,10 +49,10 @@ def test_a_node_ten_percent_slower_is_found_within_three_windows_of_onset(store:
         "",
     )
     assert anomaly.start == window(ONSET).start and anomaly.end is None
-    evidence = json.loads(anomaly.evidence)
-    assert evidence["signal"] == "compute_s" and evidence["peers"] == 4 and evidence["stage"] == 0
-    assert evidence["ratio"] == pytest.approx(1.10, abs=0.02)
-    assert evidence["value"] > evidence["peer_median"]
+    evidence = anomaly.evidence
+    assert evidence.signal == "compute_s" and evidence.peers == 4 and evidence.stage == 0
+    assert evidence.ratio == pytest.approx(1.10, abs=0.02)
+    assert evidence.value > evidence.peer_median
 
 
 def test_a_node_five_percent_slower_is_found_and_stays_reported(store: Store) -> None:
@@ -81,7 +80,7 @@ def test_the_anomaly_ends_when_the_node_recovers(store: Store) -> None:
     assert anomaly.node == "vela-006" and anomaly.end is not None
     assert anomaly.start == window(ONSET).start
     assert recovered <= anomaly.end <= recovered + 10
-    assert json.loads(anomaly.evidence)["stage"] == 1
+    assert anomaly.evidence.stage == 1
 
 
 def stall(node: str, stage: int, t: float) -> float:
@@ -123,7 +122,7 @@ def test_step_times_alone_find_the_node_whose_ranks_take_longer(store: Store) ->
     store.insert_steps(job.steps(T0, 150), token="steps")
     (anomaly,) = detect(store, names=["slow_node"])
     assert anomaly.node == "vela-003"
-    assert json.loads(anomaly.evidence)["signal"] == "duration_s"
+    assert anomaly.evidence.signal == "duration_s"
 
 
 def test_without_phase_times_the_gpu_clocks_find_the_slow_node(store: Store, tmp_path: Path) -> None:
@@ -132,7 +131,7 @@ def test_without_phase_times_the_gpu_clocks_find_the_slow_node(store: Store, tmp
         start = gpu_clock_straggler(fleet, store)
     (anomaly,) = detect(store, start, start + 100, names=["slow_node"])
     assert anomaly.node == "vela-003" and start + 40 <= anomaly.start <= start + 60
-    evidence = json.loads(anomaly.evidence)
-    assert evidence["signal"] == "sm_clock_mhz" and evidence["value"] < evidence["peer_median"]
-    assert evidence["ratio"] == pytest.approx(1 / 0.85, abs=0.02)
-    assert evidence["power_w"] < evidence["peer_power_w"]
+    evidence = anomaly.evidence
+    assert evidence.signal == "sm_clock_mhz" and evidence.value < evidence.peer_median
+    assert evidence.ratio == pytest.approx(1 / 0.85, abs=0.02)
+    assert evidence.power_w < evidence.peer_power_w

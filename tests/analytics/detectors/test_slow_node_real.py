@@ -10,7 +10,6 @@ step takes about 10 s.
 from __future__ import annotations
 
 import csv
-import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -72,9 +71,9 @@ def test_real_transient_straggler_is_reported_in_its_episode_and_nowhere_else(
     assert in_episode, anomalies
     strongest = max(in_episode, key=lambda anomaly: anomaly.score)
     assert strongest.severity == "critical"
-    evidence = json.loads(strongest.evidence)
-    assert 0.3 < evidence["job_slowdown"] < 0.6  # 1.7-2.3x the median: the job waits for most of it
-    assert evidence["lost_gpu_hours"] > 0
+    evidence = strongest.evidence
+    assert 0.3 < evidence.job_slowdown < 0.6  # 1.7-2.3x the median: the job waits for most of it
+    assert evidence.lost_gpu_hours > 0
     outside = [a for a in anomalies if a.severity == "critical" and a not in in_episode]
     assert outside == []
 
@@ -84,7 +83,7 @@ def test_real_steady_worker_differences_never_report_the_faster_workers(store: S
     store.insert_steps(records, token="job_2")
     anomalies = slow_nodes(store, "job_2")
     assert {a.node for a in anomalies} <= {"worker-5"}
-    assert all(json.loads(a.evidence)["job_slowdown"] < 0.12 for a in anomalies)
+    assert all(a.evidence.job_slowdown < 0.12 for a in anomalies)
 
 
 def test_a_node_twice_slower_in_a_job_of_46_s_steps_is_found_within_5_of_its_steps(store: Store) -> None:
@@ -109,8 +108,8 @@ def test_a_node_twice_slower_in_a_job_of_46_s_steps_is_found_within_5_of_its_ste
     reported_at = window(index - 1).end
     steps_until_report = {r.step for r in records if r.node == "vela-006" and onset <= r.ts < reported_at}
     assert 1 <= len(steps_until_report) <= 5
-    evidence = json.loads(reported[0].evidence)
-    assert evidence["peers"] == 4 and evidence["lookback_s"] >= 5 * 46
+    evidence = reported[0].evidence
+    assert evidence.peers == 4 and evidence.lookback_s >= 5 * 46
     # the job's step went from 46 s to about 0.7 x 46 more: the node costs the job about 0.41 of it
-    assert evidence["job_slowdown"] == pytest.approx(0.7 / 1.7, abs=0.06)
+    assert evidence.job_slowdown == pytest.approx(0.7 / 1.7, abs=0.06)
     assert detect(store, T0, T0 + 1500, names=["slow_node"])[0].node == "vela-006"

@@ -7,7 +7,6 @@ what they cannot show is asserted missing, not assumed."""
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import shutil
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from analytics.detectors.gpu_throttle import GpuThrottle
 from analytics.detectors.links import LinkDown, LinkFlap
 from analytics.detectors.peer_outlier import PeerOutlier
 from analytics.detectors.runner import DetectionRunner, detect
+from analytics.evidence import DmaDegradedEvidence
 from analytics.store import Store
 from analytics.store.records import ScrapeBatch
 from analytics.xid_catalog import Action, lookup
@@ -99,21 +99,21 @@ def test_gpu_faults_from_the_default_counter_set_xid_gauge_remapped_rows_and_a_g
 
     assert set(onset) == {("vela-001", "gpu:2"), ("vela-003", "gpu:0"), ("vela-004", "gpu:3")}
     xid, dbe, app = onset["vela-001", "gpu:2"], onset["vela-003", "gpu:0"], onset["vela-004", "gpu:3"]
-    assert (xid.kind, xid.severity, xid.evidence["xid_counts"]) == ("gpu_fault", "critical", {"48": 1})
-    assert (dbe.kind, dbe.evidence["signals"], dbe.evidence["xid_counts"]) == (
+    assert (xid.kind, xid.severity, xid.evidence.xid_counts) == ("gpu_fault", "critical", {"48": 1})
+    assert (dbe.kind, dbe.evidence.signals, dbe.evidence.xid_counts) == (
         "gpu_fault",
-        ["ecc_dbe", "xid"],
+        ("ecc_dbe", "xid"),
         {"94": 1},
     )
-    assert (dbe.evidence["uncorrectable_remapped_rows"], dbe.evidence["ecc_dbe_errors"]) == (1, 0)
-    assert dbe.evidence["action"] == max(Action.RESET_GPU, lookup(94).action, key=lambda a: a.rank).value
-    assert (app.kind, app.severity, app.evidence["xid_counts"]) == ("gpu_app_error", "info", {"13": 1})
+    assert (dbe.evidence.uncorrectable_remapped_rows, dbe.evidence.ecc_dbe_errors) == (1, 0)
+    assert dbe.evidence.action == max(Action.RESET_GPU, lookup(94).action, key=lambda a: a.rank).value
+    assert (app.kind, app.severity, app.evidence.xid_counts) == ("gpu_app_error", "info", {"13": 1})
     # the lost GPU after lost_after_scrapes scrapes without it, with a reboot asked for
     lost = third["vela-002", "gpu:1"]
-    assert (lost.kind, lost.severity, lost.evidence["signals"]) == ("gpu_fault", "critical", ["lost"])
-    assert (lost.evidence["silent_scrapes"], lost.evidence["action"]) == (3, "reboot_node")
+    assert (lost.kind, lost.severity, lost.evidence.signals) == ("gpu_fault", "critical", ("lost",))
+    assert (lost.evidence.silent_scrapes, lost.evidence.action) == (3, "reboot_node")
     assert "lost" not in {
-        signal for finding in onset.values() for signal in finding.evidence.get("signals", [])
+        signal for finding in onset.values() for signal in getattr(finding.evidence, "signals", ())
     }
 
 
@@ -220,14 +220,14 @@ def test_a_lost_gpu_whose_last_xid_gauge_is_still_served_stays_lost_past_the_loo
     store.insert_samples([scrape(tick, tick < 3, tick < 10) for tick in ticks], token=f"sticky-{base}")
     signals = [
         [
-            f.evidence["signals"]
+            f.evidence.signals
             for f in detector.detect(store, Window(base + WINDOW_S * t, base + WINDOW_S * (t + 1)))
         ]
         for t in ticks
     ]
     # Xid 79 when the gauge turns; silent from tick 3, lost from its third silent scrape while the gauge
     # is served, and for the lookback after the gauge went too (ticks 10-15: its last series at tick 9)
-    assert signals == [[]] * 3 + [[["xid"]]] + [[]] + [[["lost"]]] * 11
+    assert signals == [[]] * 3 + [[("xid",)]] + [[]] + [[("lost",)]] * 11
 
 
 # -- gpu_throttle ------------------------------------------------------------------------------------------
@@ -261,10 +261,10 @@ def test_throttling_read_from_dcgms_reasons_bitmask_names_its_reasons(
 
     assert found.keys() == {("vela-002", "gpu:3"), ("vela-001", "")}
     thermal, brake = found["vela-002", "gpu:3"], found["vela-001", ""]
-    assert thermal.evidence["reasons"] == ["hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown"]
-    assert thermal.evidence["gpu_temp_c"] >= 90 and thermal.score == pytest.approx(0.3, abs=0.02)
-    assert brake.evidence["reason_names"] == ["HW Power Brake Slowdown", "HW Slowdown"]
-    assert brake.evidence["gpus_throttled"] == 8
+    assert thermal.evidence.reasons == ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown")
+    assert thermal.evidence.gpu_temp_c >= 90 and thermal.score == pytest.approx(0.3, abs=0.02)
+    assert brake.evidence.reason_names == ("HW Power Brake Slowdown", "HW Slowdown")
+    assert brake.evidence.gpus_throttled == 8
 
 
 def test_without_reasons_a_busy_gpu_far_below_its_peers_is_throttled_for_unknown_reasons(
@@ -283,10 +283,10 @@ def test_without_reasons_a_busy_gpu_far_below_its_peers_is_throttled_for_unknown
 
     assert found.keys() == {("vela-002", "gpu:3"), ("vela-001", "")}
     thermal, brake = found["vela-002", "gpu:3"], found["vela-001", ""]
-    assert thermal.evidence["reasons"] == ["unknown"] and thermal.evidence["gpu_temp_c"] >= 90
-    assert thermal.evidence["sm_clock_mhz"] < 0.65 * thermal.evidence["peers_sm_clock_mhz"]
-    assert brake.evidence["reasons"] == ["unknown"] and brake.evidence["gpus_throttled"] == 8
-    assert brake.evidence["gpu_power_w"] < 0.5 * 600  # a braked node draws little while busy
+    assert thermal.evidence.reasons == ("unknown",) and thermal.evidence.gpu_temp_c >= 90
+    assert thermal.evidence.sm_clock_mhz < 0.65 * thermal.evidence.peers_sm_clock_mhz
+    assert brake.evidence.reasons == ("unknown",) and brake.evidence.gpus_throttled == 8
+    assert brake.evidence.gpu_power_w < 0.5 * 600  # a braked node draws little while busy
     assert ("vela-003", "gpu:0") in reported(GpuThrottle(min_unknown_drop=0.1), store, window)
 
 
@@ -299,9 +299,9 @@ def test_without_reasons_a_node_alone_of_its_model_is_judged_against_its_own_pas
             fleet["vela-001"].gpus.set_fault(gpu, "power_brake")
         [finding] = GpuThrottle().detect(store, fleet.tick())
 
-    assert (finding.node, finding.component, finding.evidence["reasons"]) == ("vela-001", "", ["unknown"])
-    assert finding.evidence["fleet_peers_sm_clock_mhz"] is None
-    assert finding.evidence["sm_clock_mhz"] < 0.3 * finding.evidence["past_sm_clock_mhz"]
+    assert (finding.node, finding.component, finding.evidence.reasons) == ("vela-001", "", ("unknown",))
+    assert finding.evidence.fleet_peers_sm_clock_mhz is None
+    assert finding.evidence.sm_clock_mhz < 0.3 * finding.evidence.past_sm_clock_mhz
 
 
 def test_without_reasons_idle_gpus_at_any_clock_and_an_evenly_loaded_fleet_are_no_throttling(
@@ -345,12 +345,9 @@ def test_a_downgraded_pcie_link_is_read_from_dcgms_link_fields_and_unseen_withou
 
     assert set(findings) == found
     for finding in findings.values():
-        assert finding.evidence == {
-            "signals": ["pcie"],
-            "pcie_link": "gen4 x8",
-            "pcie_max_link": "gen5 x16",
-            "pcie_replays": 20,
-        }
+        assert finding.evidence == DmaDegradedEvidence(
+            signals=("pcie",), pcie_link="gen4 x8", pcie_max_link="gen5 x16", pcie_replays=20
+        )
 
 
 def test_without_nccl_logs_a_rank_without_gpudirect_rdma_shows_only_as_its_port_moving_less(
@@ -371,9 +368,9 @@ def test_without_nccl_logs_a_rank_without_gpudirect_rdma_shows_only_as_its_port_
         "mlx5_0:1",
         "llm",
     )
-    assert finding.evidence["signals"] == ["roce_bytes"]  # no `nccl` signal: no verdict on GPUDirect RDMA
-    assert finding.evidence["roce_ratio"] == pytest.approx(NO_GDR_TRAFFIC, abs=0.1)
-    assert finding.evidence["transmit_wait_per_s"] == 0  # node_exporter 1.5 reads no ECN counters
+    assert finding.evidence.signals == ("roce_bytes",)  # no `nccl` signal: no verdict on GPUDirect RDMA
+    assert finding.evidence.roce_ratio == pytest.approx(NO_GDR_TRAFFIC, abs=0.1)
+    assert finding.evidence.transmit_wait_per_s == 0  # node_exporter 1.5 reads no ECN counters
 
 
 # -- congestion, and what dma_degraded makes of it ---------------------------------------------------------
@@ -404,7 +401,7 @@ def test_a_congested_port_is_congestion_with_or_without_ecn_counters_and_no_dma_
         "mlx5_1:1",
         "info",
     )
-    assert finding.evidence["signal"] == signal and finding.score >= Congestion().min_score
+    assert finding.evidence.signal == signal and finding.score >= Congestion().min_score
     assert ports.loc[("vela-003", "mlx5_1:1"), "has_ecn"] == hw_counters
 
 
@@ -440,7 +437,7 @@ def test_flaps_and_a_link_down_are_found_on_node_exporters_series(
         gap = [fleet.tick(skip={"vela-001"}) for _ in range(3)] + [fleet.tick()]
 
         [flap] = LinkFlap().detect(store, flapped)
-        assert (flap.node, flap.component, flap.evidence["link_downed"]) == ("vela-002", "mlx5_1:1", 1)
+        assert (flap.node, flap.component, flap.evidence.link_downed) == ("vela-002", "mlx5_1:1", 1)
         assert reported(LinkDown(), store, down[-1]) == {("vela-004", "mlx5_0:1")}
         for window in gap:
             assert reported(LinkFlap(), store, window) == set()
@@ -457,10 +454,10 @@ def test_without_phase_times_the_slow_node_is_found_by_its_stock_sm_clocks(
     with stock_fleet(store, tmp_path, fixtures, nodes=8) as (fleet, _):
         start = gpu_clock_straggler(fleet, store)
     (anomaly,) = detect(store, start, start + 100, names=["slow_node"])
-    evidence = json.loads(anomaly.evidence)
-    assert (anomaly.node, anomaly.kind, evidence["signal"]) == ("vela-003", "slow_node", "sm_clock_mhz")
-    assert evidence["ratio"] == pytest.approx(1 / 0.85, abs=0.02)
-    assert evidence["power_w"] < evidence["peer_power_w"]
+    evidence = anomaly.evidence
+    assert (anomaly.node, anomaly.kind, evidence.signal) == ("vela-003", "slow_node", "sm_clock_mhz")
+    assert evidence.ratio == pytest.approx(1 / 0.85, abs=0.02)
+    assert evidence.power_w < evidence.peer_power_w
 
 
 def test_a_node_unlike_its_peers_on_stock_series_is_a_peer_outlier_and_no_node_is_without_steps(
@@ -478,6 +475,6 @@ def test_a_node_unlike_its_peers_on_stock_series_is_a_peer_outlier_and_no_node_i
 
     store.insert_steps(SyncJob(nodes=nodes).steps(start, ticks * fleet.interval_s), token="steps")
     (anomaly,) = DetectionRunner([PeerOutlier()]).run(store, *span)
-    drivers = {driver["feature"] for driver in json.loads(anomaly.evidence)["features"]}
+    drivers = {driver.feature for driver in anomaly.evidence.features}
     assert (anomaly.node, anomaly.kind, anomaly.job) == ("vela-005", "peer_outlier", "llm")
     assert {"sm_clock_mhz", "gpu_temp_c"} <= drivers

@@ -17,11 +17,14 @@ from hypothesis import strategies as st
 
 from analytics.detectors.base import Window
 from analytics.errors import PostmortemError, QueryError
+from analytics.evidence import as_dict
+from analytics.evidence import to_json as stored_text
 from analytics.reports.postmortem import build_report, to_csv, to_json, to_markdown
 from analytics.reports.sqlbox import SAVED_QUERIES, run_sql
 from analytics.store import Store
 from analytics.store.records import Anomaly, ScrapeBatch, TargetStatus
 from collectors.steprecord import StepRecord
+from tests.support.evidence import example
 from tests.support.incident import NODE, THROTTLED_GPU, Incident, seed_incident
 
 RX_BYTES = "node_infiniband_port_data_received_bytes_total"
@@ -54,7 +57,7 @@ def test_a_node_report_tells_the_anomaly_alert_drain_and_gap_in_time_order(store
     assert times == sorted(times)
     opened = report.events[[event.what for event in report.events].index("gpu_throttle gpu:1 opened")]
     assert (opened.ts, opened.end) == (incident.anomaly.start, incident.anomaly.end)
-    assert opened.evidence == json.loads(incident.anomaly.evidence)
+    assert opened.evidence == as_dict(incident.anomaly.evidence)
     assert opened.evidence["sm_clock_mhz"] < 0.75 * opened.evidence["peers_sm_clock_mhz"]
     assert "hw_thermal_slowdown" in opened.evidence["reasons"]
     assert f"sm_clock_mhz={opened.evidence['sm_clock_mhz']:,.0f}" in opened.detail
@@ -137,7 +140,7 @@ def test_markdown_json_and_csv_carry_the_same_timeline(store: Store, incident: I
 
 
 def straggler(key: str, node: str, start: float, end: float | None, evidence: str) -> Anomaly:
-    """A slow_node anomaly of `node` in job run-42."""
+    """A slow_node anomaly of `node` in job run-42, as the store holds it (`evidence` as text)."""
     kind = "slow_node"
     return Anomaly(key, start, end, kind, node, "", "run-42", "warning", 0.4, evidence, kind, "2")
 
@@ -155,12 +158,13 @@ def seed_stragglers(store: Store) -> None:
         ],
         token="steps",
     )
-    cost = {"ratio": 1.45, "job_slowdown": 0.314, "lost_gpu_hours": 2.43, "job_gpus": 24}
+    cost = example("slow_node", ratio=1.45, job_slowdown=0.314, lost_gpu_hours=2.43, job_gpus=24)
+    later = example("slow_node", job_slowdown=0.05, lost_gpu_hours=0.57)
     store.insert_anomalies(
         [
             straggler("s-0", "vela-012", T0 + 60, T0 + 300, '{"ratio": 1.2}'),
-            straggler("s-1", "vela-012", T0 + 600, T0 + 1800, json.dumps(cost)),
-            straggler("s-2", "vela-013", T0 + 2400, None, '{"job_slowdown": 0.05, "lost_gpu_hours": 0.57}'),
+            straggler("s-1", "vela-012", T0 + 600, T0 + 1800, stored_text(cost)),
+            straggler("s-2", "vela-013", T0 + 2400, None, stored_text(later)),
             straggler("s-3", "vela-013", T0 + 120, T0 + 180, "{not json"),
         ],
         token="stragglers",

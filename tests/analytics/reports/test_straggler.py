@@ -1,4 +1,4 @@
-"""What a straggler costs, read from evidence as every reader reads it: absent, malformed or out-of-range
+"""What a straggler costs, read from evidence as every reader reads it: absent, unreadable or out-of-range
 figures count as absent, and the figures read the same wherever they are shown."""
 
 from __future__ import annotations
@@ -7,32 +7,40 @@ import math
 
 import pytest
 
+from analytics.evidence import Evidence, stored, to_json
 from analytics.reports.straggler import StragglerCost, cost_text, gpu_hours, percent, straggler_cost
+from tests.support.evidence import example
 
 
-def test_the_cost_is_read_from_json_text_or_parsed_evidence():
-    text = '{"ratio": 1.5, "job_slowdown": 0.314, "lost_gpu_hours": 2.43}'
-    assert straggler_cost(text) == straggler_cost({"job_slowdown": 0.314, "lost_gpu_hours": 2.43})
-    assert straggler_cost(text) == StragglerCost(0.314, 2.43) and StragglerCost(0.314, 2.43).known
-    assert straggler_cost('{"job_slowdown": 0, "lost_gpu_hours": 0}') == StragglerCost(0.0, 0.0)
+def test_the_cost_is_read_from_stored_text_or_typed_evidence():
+    evidence = example("slow_node", ratio=1.5, job_slowdown=0.314, lost_gpu_hours=2.43)
+    assert straggler_cost(stored("slow_node", to_json(evidence))) == straggler_cost(evidence)
+    assert straggler_cost(evidence) == StragglerCost(0.314, 2.43) and StragglerCost(0.314, 2.43).known
+    assert straggler_cost(example("slow_node", job_slowdown=0, lost_gpu_hours=0)) == StragglerCost(0.0, 0.0)
 
 
 @pytest.mark.parametrize(
     "evidence",
     [
         None,
-        "",
-        "{}",
-        "not json",
-        "[0.3, 2]",
-        '{"job_slowdown": "31%", "lost_gpu_hours": "2.4"}',
-        '{"job_slowdown": true, "lost_gpu_hours": null}',
-        '{"job_slowdown": 1.0, "lost_gpu_hours": -0.1}',
-        {"job_slowdown": math.nan, "lost_gpu_hours": math.inf},
+        *(
+            stored("slow_node", text)  # what the store's readers make of text that is not slow_node evidence
+            for text in (
+                "",
+                "{}",
+                "not json",
+                "[0.3, 2]",
+                '{"job_slowdown": "31%", "lost_gpu_hours": "2.4"}',
+                '{"job_slowdown": true, "lost_gpu_hours": null}',
+            )
+        ),
+        example("slow_node", job_slowdown=1.0, lost_gpu_hours=-0.1),
+        example("slow_node", job_slowdown=math.nan, lost_gpu_hours=math.inf),
+        example("gpu_fault"),  # another kind
     ],
 )
-def test_missing_malformed_or_impossible_figures_are_absent(evidence: object):
-    cost = straggler_cost(evidence)  # type: ignore[arg-type]
+def test_missing_unreadable_or_impossible_figures_are_absent(evidence: Evidence | None):
+    cost = straggler_cost(evidence)
 
     assert cost == StragglerCost() and not cost.known
     assert (percent(cost.job_slowdown), gpu_hours(cost.lost_gpu_hours), cost_text(cost)) == ("n/a", "n/a", "")
