@@ -133,9 +133,8 @@ class LinkFlapEvidence(LinkState):
     """A link up now that went down in the window or its lookback (analytics.detectors.links)."""
 
     downs: float | None = None
-    link_downed: float | None = (
-        None  # the port's link_downed counter's (an interface's carrier downs') increase
-    )
+    # the increase of the port's link_downed counter (of an interface's carrier downs)
+    link_downed: float | None = None
     state_falls: float | None = None
     lookback_s: float
 

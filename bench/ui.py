@@ -40,6 +40,15 @@ import clickhouse_connect
 from streamlit.testing.v1 import AppTest
 
 from analytics.detectors.base import frame
+from analytics.evidence import (
+    CongestionEvidence,
+    DmaDegradedEvidence,
+    GpuThrottleEvidence,
+    LinkDownEvidence,
+    LinkFlapEvidence,
+    SlowNodeEvidence,
+    to_json,
+)
 from analytics.store import Store, schema
 from analytics.store.records import ActionRow, AlertChange, Anomaly
 from analytics.store.schema import Layout
@@ -63,14 +72,20 @@ PORT_METRICS = {  # counters grow with t; node 20's port 2 goes down now and the
     "node_infiniband_rp_cnp_packets_handled_total": "t * 10 * 35 + intDiv(t, 9)",
 }
 # anomaly kind -> its component, for the kinds whose series the store holds (no XID or gpu_up: no gpu_fault)
-KINDS = {
-    "slow_node": "",
-    "gpu_throttle": "gpu:3",
-    "link_flap": "mlx5_2:1",
-    "link_down": "mlx5_2:1",
-    "dma_degraded": "mlx5_1:1",
-    "congestion": "mlx5_0:1",
-}
+KINDS = {  # the anomalies seeded: each kind's component and the evidence its detector would write
+    "slow_node": ("", SlowNodeEvidence(
+        ratio=1.2, signal="compute_s", value=1.2, peer_median=1.0, z=6.1, consistency=0.9, peers=63,
+        steps=30, stage=0, job_step_s=1.0, job_gpus=512, lookback_s=60.0, job_slowdown=0.17, windows=3)),
+    "gpu_throttle": ("gpu:3", GpuThrottleEvidence(
+        reasons=("hw_thermal_slowdown",), reason_names=("HW thermal slowdown",), look_at=("cooling",),
+        peers="busy GPUs", sm_clock_mhz=1410.0, peers_sm_clock_mhz=1980.0, clock_drop=0.29, windows=3)),
+    "link_flap": ("mlx5_2:1", LinkFlapEvidence(downs=3.0, state=4.0, physical_state=5.0, lookback_s=60.0)),
+    "link_down": ("mlx5_2:1", LinkDownEvidence(down_s=10.0, state=1.0, physical_state=3.0, windows=3)),
+    "dma_degraded": ("mlx5_1:1", DmaDegradedEvidence(
+        signals=("pcie",), pcie_link="gen4 x8", pcie_max_link="gen4 x16", windows=3)),
+    "congestion": ("mlx5_0:1", CongestionEvidence(
+        signal="ecn_marks", ecn_marks_per_s=5e4, fleet_median_per_s=100.0, robust_z=12.0, windows=3)),
+}  # fmt: skip
 RANGES = ("1 h", "24 h", "7 d")  # the sidebar's choices: raw samples, then the rollup
 PEER_METRIC = "DCGM_FI_DEV_GPU_TEMP"
 PEER_ROWS_MAX_S = 86400  # a week of one metric's raw rows in pandas would take tens of GB
@@ -187,7 +202,6 @@ def seed_events(store: Store, nodes: int, first: float, last: float, count: int)
         kind, node = pick.choice(list(KINDS)), node_name(pick.randrange(nodes))
         severity = "critical" if kind == "link_down" else pick.choice(("warning", "info"))
         end = None if still_open else start + pick.uniform(30, 1800)
-        evidence = '{"ratio": 1.2, "z": 6.1, "windows": 3}'
         anomalies.append(
             Anomaly(
                 f"a{number}",
@@ -195,16 +209,16 @@ def seed_events(store: Store, nodes: int, first: float, last: float, count: int)
                 end,
                 kind,
                 node,
-                KINDS[kind],
+                KINDS[kind][0],
                 "llm-64",
                 severity,
                 2.0,
-                evidence,
+                to_json(KINDS[kind][1]),
                 kind,
                 "1",
             )
         )
-        labels = {"node": node, "kind": kind, "severity": severity, "component": KINDS[kind]}
+        labels = {"node": node, "kind": kind, "severity": severity, "component": KINDS[kind][0]}
         changes.append(
             AlertChange(start + 30, f"f{number}", kind, "firing", labels, {"summary": kind}, start, None)
         )

@@ -439,8 +439,9 @@ class Store:
             return self._sample_rows.stored_scrapes({(s.node, _millis(s.ts)) for s in statuses})
 
     def insert_anomalies(self, rows: Sequence[Anomaly], *, token: str) -> int:
-        """Store anomaly rows; an anomaly written again under its id (when it ends) replaces the earlier
-        row on merge (read with FINAL). Returns the number of rows sent."""
+        """Store anomaly rows, their evidence as the text analytics.evidence.to_json wrote
+        (analytics.detectors.runner.store_anomalies); an anomaly written again under its id (when it ends)
+        replaces the earlier row on merge (read with FINAL). Returns the number of rows sent."""
         return self._insert_records(
             "anomalies", _columns(Anomaly), rows, token, times=("start", "end"), nullable_times=("end",)
         )
