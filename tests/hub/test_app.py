@@ -430,3 +430,11 @@ def test_the_hub_rolls_finished_minutes_and_hours_into_the_rollups_when_it_start
     hub.close()
     assert rows == [(50.0, 70.0, 60.0, 60.0, 3)]
     assert store.query("SELECT count(), sum(count) FROM samples_1m").rows == [(3, 3)]
+
+
+def test_a_hub_process_that_cannot_start_fails_its_test_with_the_hubs_own_words(tmp_path: Path):
+    """The shared test hub (tests.support.hubserver): a hub that exits at once (a DSN it cannot use) is
+    reported with its log, which names the problem, not as a bare timeout."""
+    failed = pytest.raises(RuntimeError, match=r"(?s)fleetlens hub did not start.*postgres://db/fleet")
+    with failed, hub_process(tmp_path, store="postgres://db/fleet"):
+        pass

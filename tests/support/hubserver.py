@@ -14,6 +14,7 @@ from pathlib import Path
 
 from collectors.httpserver import serve_app
 from fleetlens.demo.peers import free_port, stop, wait_http
+from fleetlens.errors import DemoError
 from hub.app import Hub
 
 READY_TIMEOUT_S = 60.0  # a hub opening a chDB store on a busy machine takes its time
@@ -91,7 +92,7 @@ def hub_process(
     try:
         try:
             wait_http(f"{url}/healthz", process, timeout=READY_TIMEOUT_S)
-        except (RuntimeError, TimeoutError) as failed:
+        except DemoError as failed:  # it exited (ChildExited) or never answered
             raise RuntimeError(
                 f"fleetlens hub did not start: {failed}\n{log.read_text(errors='replace')}"
             ) from None
