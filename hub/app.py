@@ -170,16 +170,14 @@ class Hub:
         up: the scrape loop never waits for the store, so no interval is lost to a slow one.
         """
         if self.scraper is not None:
-            thread = threading.Thread(
-                target=self.scraper.run, args=(self._stop, self.rounds.put), daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
+            self._spawn(self.scraper.run, self._stop, self.rounds.put)
         if self.detection is not None:
-            thread = threading.Thread(target=self.detection.run, args=(self._stop,), daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        thread = threading.Thread(target=self._roll_up_until_stopped, name="fleetlens-rollup", daemon=True)
+            self._spawn(self.detection.run, self._stop)
+        self._spawn(self._roll_up_until_stopped, name="fleetlens-rollup")
+
+    def _spawn(self, target: Callable[..., None], *args: object, name: str | None = None) -> None:
+        """Run `target(*args)` in a daemon thread that close() waits for."""
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
 
