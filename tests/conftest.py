@@ -10,10 +10,16 @@ from pathlib import Path
 
 import clickhouse_connect
 import pytest
+from hypothesis import settings
 
 from analytics.store import Store
 from tests.support import ttar
 from tests.support.hubserver import HubProcess, hub_process
+
+# Property tests check what their examples do, not how fast: on a shared 2-core machine Hypothesis's default
+# 200 ms deadline per example fails them at random (timed assertions belong in the `timing` tests).
+settings.register_profile("fleetlens", deadline=None)
+settings.load_profile("fleetlens")
 
 REPO = Path(__file__).resolve().parent.parent
 
