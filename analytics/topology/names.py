@@ -3,11 +3,17 @@
 Every byte an importer reads came from another tool, so each name it reports passes one allowlist:
 a string, 1 to MAX_NAME_CHARS characters, every one printable (no control, format or bidi-override
 characters, so a name can be neither a second log line nor disguised), and no whitespace at either end.
-The input as a whole is at most MAX_INPUT_CHARS. Anything else is refused with a TopologyError that names
+The input as a whole is at most MAX_INPUT_CHARS.
+
+What a hypervisor sees is named within its host: a PF's interface ("eth0") or a PCI address
+("0000:06:12.5") repeats on every host, so such an entity is named "<host>/<local name>" (host_scoped),
+the same whichever importer or host agent reports it. Anything else is refused with a TopologyError that names
 the source, where in it, and what is wrong; nothing of a refused input is imported.
 """
 
 from __future__ import annotations
+
+from pathlib import PurePath
 
 from analytics.errors import TopologyError
 from analytics.topology.model import Entity, Kind, Link
@@ -53,3 +59,16 @@ def checked_link(child: tuple[Kind, object], parent: tuple[Kind, object], *, sou
         Entity(child[0], checked_name(child[1], source=source, where=where)),
         Entity(parent[0], checked_name(parent[1], source=source, where=where)),
     )
+
+
+def host_scoped(host: str, local: str) -> str:
+    """The fleet-wide name of something `host` names `local` (its interface, its PCI address)."""
+    return f"{host}/{local}"
+
+
+def caller_host(source: str, host: str | None) -> str:
+    """The host whose view a per-host input (lldpcli, virsh) shows: `host` when the caller names it (bind
+    it with functools.partial), else the source file's name without its suffix ("host-005.json" ->
+    "host-005"), so one saves each host's output under its host's name."""
+    name = host if host is not None else PurePath(source).stem
+    return checked_name(name, source=source, where="host")
