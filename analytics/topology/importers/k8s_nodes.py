@@ -22,12 +22,12 @@ List or NodeList of Nodes, a node without a name, labels that are not text, an u
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from analytics.errors import TopologyError
+from analytics.topology.importers._input import expect, load_json
 from analytics.topology.model import Kind, Link
-from analytics.topology.names import checked_input, checked_link, checked_name, shown
+from analytics.topology.names import checked_link, checked_name, shown
 
 LEAF_LABELS = ("fabric.topograph.run/tier-0", "network.topology.nvidia.com/leaf")
 SPINE_LABELS = ("fabric.topograph.run/tier-1", "network.topology.nvidia.com/spine")
@@ -36,24 +36,6 @@ ACCELERATOR_LABELS = (
     "network.topology.nvidia.com/accelerator",
     "nvidia.com/gpu.clique",
 )
-
-
-def load_json(text: str, source: str) -> Any:
-    """`text` parsed as JSON, or a TopologyError naming the line and column of the fault."""
-    text = checked_input(text, source)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TopologyError(source, f"line {exc.lineno} column {exc.colno}", f"not JSON: {exc.msg}") from None
-    except RecursionError:
-        raise TopologyError(source, "input", "JSON nested too deep") from None
-
-
-def expect(value: Any, kind: type, source: str, path: str) -> Any:
-    """`value` if it is a `kind` (dict, list, str), else a TopologyError naming its JSON `path`."""
-    if not isinstance(value, kind):
-        raise TopologyError(source, path, f"is {type(value).__name__}, not {kind.__name__}")
-    return value
 
 
 def _label(labels: dict[str, Any], keys: tuple[str, ...], source: str, path: str) -> str | None:
