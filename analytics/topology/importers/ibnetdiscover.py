@@ -31,8 +31,10 @@ from analytics.topology.model import Kind, Link
 from analytics.topology.names import checked_input, checked_link, shown
 
 _HEADER = re.compile(r'(Switch|Ca|Rt)\s+\d+\s+"([SHR]-[0-9a-fA-F]+)"\s*#\s*"([^"]*)".*')
-_PORT = re.compile(r'\[\d+\](?:\[ext \d+\])?(?:\([0-9a-fA-F]+\))?\s+"([SHR]-[0-9a-fA-F]+)"\[\d+\].*')
-_COMMENT_TEXT = re.compile(r'#[^"]*"([^"]*)"')  # the first quoted text after '#': the remote description
+_PORT = re.compile(
+    r'\[\d+\](?:\[ext \d+\])?(?:\([0-9a-fA-F]+\))?\s+"([SHR]-[0-9a-fA-F]+)"\[\d+\](?:\([0-9a-fA-F]+\))?'
+    r'\s*#[^"]*"([^"]*)"[^"]*'  # the comment: lid, width, and the remote's description, whole
+)
 _KEY_VALUE = re.compile(r"[a-z]+=\S+")
 _SWITCH_NAME = re.compile(r"[^;:]+;([^;:]+):[^;:]+")
 _HOST_NAME = re.compile(r"(\S+)\s\S+")
@@ -87,8 +89,7 @@ def _read_switches(text: str, source: str) -> dict[str, _Switch]:
             if remote.startswith("S-"):
                 switch.switches.add(remote)
             elif remote.startswith("H-"):
-                quoted = _COMMENT_TEXT.search(line)
-                host = host_name(quoted.group(1)) if quoted else None
+                host = host_name(port.group(2))
                 if host is not None:
                     switch.hosts.setdefault(host, where)
         else:
