@@ -122,8 +122,9 @@ def _names(pairs: dict[str, str], key: str, source: str, where: str) -> list[str
 
 
 def parse(text: str, source_name: str) -> list[Link]:
-    """The Links topology.conf `text` states (module docstring), in file order; TopologyError names
-    `source_name`, the line and the fault of anything refused."""
+    """The Links topology.conf `text` states (module docstring): nodes under leaves, then leaves under
+    spines, each in file order; TopologyError names `source_name`, the line and the fault of anything
+    refused."""
     text = checked_input(text, source_name)
     nodes: dict[str, tuple[str, list[str]]] = {}  # leaf -> (where, its nodes)
     switches: dict[str, tuple[str, list[str]]] = {}  # switch -> (where, its child switches)
