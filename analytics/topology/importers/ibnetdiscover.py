@@ -65,33 +65,30 @@ def host_name(description: str) -> str | None:
 def _read_switches(text: str, source: str) -> dict[str, _Switch]:
     """Every switch block of `text` by GUID, with the switches and hosts its ports are cabled to."""
     switches: dict[str, _Switch] = {}
-    device: tuple[str, _Switch | None] | None = None  # (kind, the switch) of the block being read
+    in_device = False  # inside a device block, after its header
+    switch: _Switch | None = None  # the block's switch; None in a Ca or Rt block
     for number, raw in enumerate(text.split("\n"), start=1):
         where = f"line {number}"
         line = raw.strip(" \t\r")
         if not line:
-            device = None
-        elif line.startswith("#") or (device is None and _KEY_VALUE.fullmatch(line)):
+            in_device, switch = False, None
+        elif line.startswith("#") or (not in_device and _KEY_VALUE.fullmatch(line)):
             continue
         elif header := _HEADER.fullmatch(line):
             kind, guid, description = header.groups()
-            switch = _Switch(switch_name(guid, description), where) if kind == "Switch" else None
-            if switch is not None:
-                switches[guid] = switch
-            device = (kind, switch)
+            in_device, switch = True, None
+            if kind == "Switch":
+                switch = switches[guid] = _Switch(switch_name(guid, description), where)
         elif port := _PORT.fullmatch(line):
-            if device is None:
+            if not in_device:
                 raise TopologyError(source, where, "a port line outside a device block")
-            switch = device[1]
-            remote = port.group(1)
+            remote, description = port.groups()
             if switch is None:
                 continue
             if remote.startswith("S-"):
                 switch.switches.add(remote)
-            elif remote.startswith("H-"):
-                host = host_name(port.group(2))
-                if host is not None:
-                    switch.hosts.setdefault(host, where)
+            elif remote.startswith("H-") and (host := host_name(description)) is not None:
+                switch.hosts.setdefault(host, where)
         else:
             raise TopologyError(source, where, f"{shown(line)} is no ibnetdiscover line")
     return switches
