@@ -15,12 +15,11 @@ call), so the localizer holds no state of its own.
 
 Confirmed parents explain top-down, widest first (most children; for the same children, the earlier in
 `layers`):
-- a parent whose children all lie under an already reported one is that one's: a spine explains its
-  leaves and their hosts, a host its VMs;
 - a parent whose anomalies, but for fewer than `min_anomalous`, lie under one narrower confirmed parent
   leaves them to it: a rack holding one flapping leaf and a stray anomaly elsewhere is the leaf;
-- a reported parent explains the anomalies of its anomalous children no wider one explained, and is
-  reported only where at least `min_anomalous` such children remain. No anomaly is explained twice.
+- else it explains the anomalies of its anomalous children that no wider parent explained, and is
+  reported where at least `min_anomalous` such children remain: a spine explains its leaves' and their
+  hosts' anomalies (they are not reported apart), a host its VMs'. No anomaly is explained twice.
 A lone anomalous child under a healthy parent explains nothing and stays a node fault.
 
 What it cannot tell apart, as it sees only nodes and kinds: two parents with the same active children (a
@@ -42,6 +41,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy.stats import hypergeom
@@ -177,6 +177,17 @@ class SharedFaultLocalizer:
         self.layers = layers
         self.shared_kinds = shared_kinds
 
+    def get_params(self) -> dict[str, Any]:
+        """The `__init__` parameters: `SharedFaultLocalizer(**l.get_params())` is an identical one."""
+        return {
+            "alpha": self.alpha,
+            "min_anomalous": self.min_anomalous,
+            "min_fraction": self.min_fraction,
+            "persistence": self.persistence,
+            "layers": self.layers,
+            "shared_kinds": self.shared_kinds,
+        }
+
     def localize(
         self,
         topology: Topology,
@@ -244,13 +255,10 @@ class SharedFaultLocalizer:
         order = sorted(
             confirmed, key=lambda parent: (-len(topology.children[parent]), rank[parent[0]], parent)
         )
-        reported: list[Parent] = []
         explained: set[str] = set()  # nodes whose anomalies a reported fault explains
         faults = []
         for parent in order:
             nodes, (hit, log10_p) = topology.children[parent], candidates[parent]
-            if any(nodes <= topology.children[wider] for wider in reported):
-                continue
             if any(
                 topology.children[narrower] < nodes
                 and len(hit - candidates[narrower][0]) < self.min_anomalous
@@ -260,7 +268,6 @@ class SharedFaultLocalizer:
             fresh = hit - explained
             if len(fresh) < self.min_anomalous:
                 continue
-            reported.append(parent)
             explained |= fresh
             layer, name = parent
             kinds = Counter(kind for node in hit for kind in {anomaly.kind for anomaly in by_node[node]})
