@@ -22,14 +22,9 @@ Confirmed parents explain top-down, widest first (most children; for the same ch
   hosts' anomalies (they are not reported apart), a host its VMs'. No anomaly is explained twice.
 A lone anomalous child under a healthy parent explains nothing and stays a node fault.
 
-What it cannot tell apart, as it sees only nodes and kinds: two parents with the same active children (a
-top-of-rack leaf and its rack; a spine over one leaf), where the earlier in `layers` is named; a job that
-runs only on a leaf's nodes and makes each of them anomalous by itself (the per-node detectors compare a
-node with its own job's peers, so a job's own slowness seldom reaches this far); and a fault of the whole
-fleet, or of a parent holding most of it (a rail of a rail-optimized fabric holds every node), which is
-its base rate and never unlikely. Only anomalies of `shared_kinds` count (not a GPU's own Xids or loss,
-which are the node's whatever its neighbours show); those of nodes the topology does not hold are left
-out of N and K.
+Only anomalies of `shared_kinds` count (a GPU's own Xids or loss are the node's whatever its neighbours
+show); those of nodes the topology does not hold are left out of N and K. What it cannot tell apart
+(parents with the same VMs, a job alone on a leaf, a fault of most of the fleet): docs/detectors.md.
 
 The score of a shared fault (`score`) is -log10 of its corrected p-value: higher = more anomalous, 0 at a
 corrected p-value of 1.
