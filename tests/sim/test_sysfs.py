@@ -135,6 +135,28 @@ def test_congestion_marks_packets_and_throttles_the_port(tmp_path):
     assert grown(TX_BYTES, "mlx5_1") < 0.7 * grown(TX_BYTES, "mlx5_0")
 
 
+def test_bit_errors_count_errors_and_retransmits_on_their_port_only(tmp_path):
+    sim = tree(tmp_path, nics=2)
+    before = clean_scrape(sim)
+    sim.set_errors(1, 1.0)
+    sim.advance(10.0)
+    after = clean_scrape(sim)
+
+    def grown(name: str, device: str) -> float:
+        return after[key(name, **port(device))] - before[key(name, **port(device))]
+
+    for name in (
+        "node_infiniband_port_errors_received_total",
+        "node_infiniband_symbol_error_total",
+        "node_infiniband_out_of_sequence_packets_received_total",
+        "node_infiniband_packet_sequence_errors_total",
+    ):
+        assert grown(name, "mlx5_1") > 0 == grown(name, "mlx5_0"), name
+    assert grown(ECN_MARKED, "mlx5_1") < 2 * max(grown(ECN_MARKED, "mlx5_0"), 1), (
+        "bit errors are no congestion"
+    )
+
+
 def changes(before: dict, after: dict, netdev: str, device: str) -> dict[str, float]:
     """How much the link-change counters of one port and its netdev grew."""
     names = {
@@ -247,6 +269,7 @@ def test_same_seed_same_tree_other_seed_other_tree(tmp_path):
         lambda sim: sim.advance(-1.0),
         lambda sim: sim.set_link(4, up=False),
         lambda sim: sim.set_congestion(0, -0.1),
+        lambda sim: sim.set_errors(0, -1.0),
         lambda sim: sim.set_traffic(0, -0.5),
         lambda sim: sim.set_traffic(4, 0.5),
     ],
