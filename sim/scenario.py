@@ -63,8 +63,6 @@ LAYER_FAULT_KINDS: dict[str, tuple[Kind, dict[str, Any]]] = {
 LEAF_MODES = ("flaps", "errors", "congestion")
 _LEAF_MODE_KEYS = {"flaps": {"flaps", "period_s"}, "errors": {"level"}, "congestion": {"level"}}
 SPINE_SHARE = 0.5  # of a degraded spine's level, what each node below it sees: ECMP spreads its flows
-# per-node faults only a layer fault plays (no scenario names them): a port's bit errors and retransmits
-EFFECT_KINDS = (*FAULT_KINDS, "port_errors")
 CONFOUNDER_KINDS = ("job_stall", "stage_imbalance", "exporter_restart", "scrape_gap", "job_restart")
 DMA_MODES = ("no_gdr", "pcie_downgrade")
 EXPORTER_FLAVOURS = ("fleetlens", "stock")  # what reads a node: fleetlens's exporter, or stock exporters only
@@ -182,10 +180,7 @@ class LayerFault:
     end_s: float | None
     params: Mapping[str, Any]
     nodes: tuple[str, ...]
-    effects: tuple[Fault, ...]
-
-    def active(self, t: float, duration_s: float) -> bool:
-        return self.start_s <= t < (duration_s if self.end_s is None else self.end_s)
+    effects: tuple[Fault, ...]  # besides FAULT_KINDS, "port_errors": a port's bit errors (leaf mode errors)
 
 
 @dataclass(frozen=True)
