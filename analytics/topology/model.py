@@ -59,7 +59,9 @@ class Entity:
 
 @dataclass(frozen=True, order=True)
 class Link:
-    """`child` sits under `parent`: what an importer reports, before the store dates it."""
+    """`child` sits under `parent`, which means a fault of the parent reaches the child: a VM under its
+    host, its VFs and its GPUs; a VF under its PF; a PF and a host under their leaf; a leaf under its
+    spine. What an importer reports, before the store dates it."""
 
     child: Entity
     parent: Entity

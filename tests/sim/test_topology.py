@@ -248,7 +248,7 @@ def test_a_bad_topology_section_names_the_key(tmp_path: Path, section: str, key:
 
 
 def test_the_example_scenario_faults_one_leaf_beside_a_node_fault() -> None:
-    scenario = load_scenario(REPO / "tests" / "scenarios" / "topology-leaf-flaps-16.yaml")
+    scenario = load_scenario(REPO / "tests" / "scenarios" / "topology" / "leaf-flaps-16.yaml")
     fault = only(scenario)
     assert (fault.kind, fault.parent) == ("leaf_degraded", "leaf-02")
     assert fault.nodes == ("vela-009", "vela-010", "vela-011", "vela-012")
