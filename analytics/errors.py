@@ -16,8 +16,10 @@
     ├── DetectorError          an unknown detector name, or a detector that cannot run
     ├── EvidenceError          evidence that cannot cross the store: an unknown kind or version, a field
     │                          missing, extra, of the wrong type or not finite (analytics.evidence)
-    └── PostmortemError        a report's scope that cannot be reported on (no node and no job, both, a
-                               window ending before it starts, a node or job the store does not know)
+    ├── PostmortemError        a report's scope that cannot be reported on (no node and no job, both, a
+    │                          window ending before it starts, a node or job the store does not know)
+    └── TopologyError          topology input that cannot be taken (an inventory file, an importer's text,
+                               links): the message names the file, the key path or line, and what is wrong
 
 Messages name what was refused and why, in words an operator can act on.
 """
@@ -95,3 +97,9 @@ class EvidenceError(AnalyticsError):
 class PostmortemError(AnalyticsError):
     """The report's scope cannot be reported on: neither or both of node and job, a window that ends
     before it starts, or a node or job the store knows nothing of."""
+
+
+class TopologyError(AnalyticsError):
+    """Topology input that cannot be taken, whole: an inventory file, an importer's text or a set of links
+    (an unknown key, a wrong type, a bad name, a cycle, two parents of one kind); the message names the
+    file, the key path or line, and what is wrong."""
