@@ -1,0 +1,96 @@
+"""What the topology says of each node: the edges in force at a time, and per node the layers above it.
+
+`in_force(edges, ts)` keeps the edges that held at `ts` and applies source precedence: for one child and
+one kind of parent, only the edges of the highest-precedence source that names such a parent count (so an
+inventory's `host` for a VM overrides a host agent's; a source that puts a node on several rails keeps
+them all).
+
+A node's layers are found by walking child -> parent from the node and from the devices it holds (its
+children: VFs, GPUs), breadth first:
+
+    host   node -> host
+    leaf   node -> leaf (a source says so directly), node's VF -> PF -> leaf, or node -> host -> leaf
+    spine  the spine above its leaf (leaf -> spine), or node -> spine directly
+    rail   every rail above the node or its VFs and PFs (a rail-optimized fabric: NIC j on rail j)
+    rack   node -> rack, or node -> host -> rack
+    pf     the PFs its VFs belong to (used by the localization; not in the node's view)
+
+`node_views` gives one object per node, {"node", "host", "leaf", "spine", "rail": [...], "rack"}, absent
+layers omitted; where a node reaches several parents of a single-valued layer (NICs on two leaves), it
+names the nearest one, the lowest name first. `members` gives the localization every parent per layer with
+all the nodes below it, so a leaf that any NIC of a node sits on counts that node.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from analytics.topology.model import SOURCES, Edge, Entity, Kind
+
+SINGLE_LAYERS = (Kind.HOST, Kind.LEAF, Kind.SPINE, Kind.RACK)  # one name in a node's view
+LIST_LAYERS = (Kind.RAIL,)  # every one, sorted
+# The layers a fault can be shared on, which members() groups nodes by.
+LAYERS = (Kind.HOST, Kind.PF, Kind.LEAF, Kind.SPINE, Kind.RAIL, Kind.RACK, Kind.PDU)
+NodeView = dict[str, str | list[str]]
+
+
+def in_force(edges: Iterable[Edge], ts: float) -> list[Edge]:
+    """The edges that held at `ts`, of the highest-precedence source for each child and parent kind."""
+    holding = [edge for edge in edges if edge.holds_at(ts)]
+    best: dict[tuple[Entity, Kind], int] = {}
+    for edge in holding:
+        key, rank = (edge.link.child, edge.link.parent.kind), SOURCES.index(edge.source)
+        best[key] = min(best.get(key, rank), rank)
+    return sorted(
+        edge
+        for edge in holding
+        if SOURCES.index(edge.source) == best[(edge.link.child, edge.link.parent.kind)]
+    )
+
+
+def ancestors(edges: Iterable[Edge]) -> dict[str, dict[Entity, int]]:
+    """Per node name, every entity above it or above the devices it holds, with its distance (breadth
+    first, each entity once, so a cycle that sources made between them ends the walk)."""
+    parents: dict[Entity, set[Entity]] = defaultdict(set)
+    devices: dict[Entity, set[Entity]] = defaultdict(set)
+    nodes: set[Entity] = set()
+    for edge in edges:
+        child, parent = edge.link.child, edge.link.parent
+        parents[child].add(parent)
+        if parent.kind is Kind.NODE:
+            devices[parent].add(child)
+        nodes.update(entity for entity in (child, parent) if entity.kind is Kind.NODE)
+    found = {}
+    for node in nodes:
+        distance = {node: 0, **{device: 0 for device in devices[node]}}
+        frontier = sorted(distance)
+        while frontier:
+            step = sorted({p for entity in frontier for p in parents[entity] if p not in distance})
+            distance.update((entity, distance[frontier[0]] + 1) for entity in step)
+            frontier = step
+        found[node.name] = {entity: d for entity, d in distance.items() if entity.kind in LAYERS}
+    return found
+
+
+def node_views(edges: Iterable[Edge]) -> list[NodeView]:
+    """One object per node, sorted by node: {"node", "host", "leaf", "spine", "rail": [...], "rack"},
+    the layers the edges do not give omitted (`edges` already in force: in_force)."""
+    views = []
+    for node, above in sorted(ancestors(edges).items()):
+        view: NodeView = {"node": node}
+        for kind in (*SINGLE_LAYERS, *LIST_LAYERS):
+            reached = sorted((d, entity.name) for entity, d in above.items() if entity.kind is kind)
+            if reached:
+                view[str(kind)] = [name for _, name in reached] if kind in LIST_LAYERS else reached[0][1]
+        views.append(view)
+    return views
+
+
+def members(edges: Iterable[Edge]) -> dict[Kind, dict[str, set[str]]]:
+    """Per layer (LAYERS), each parent's name -> the names of every node below it (`edges` in force)."""
+    groups: dict[Kind, dict[str, set[str]]] = {kind: defaultdict(set) for kind in LAYERS}
+    for node, above in ancestors(edges).items():
+        for entity in above:
+            groups[entity.kind][entity.name].add(node)
+    return {kind: dict(parents) for kind, parents in groups.items()}
