@@ -15,10 +15,11 @@ children: VFs, GPUs), breadth first:
     rack   node -> rack, or node -> host -> rack
     pf     the PFs its VFs belong to (used by the localization; not in the node's view)
 
-`node_views` gives one object per node, {"node", "host", "leaf", "spine", "rail": [...], "rack"}, absent
-layers omitted; where a node reaches several parents of a single-valued layer (NICs on two leaves), it
-names the nearest one, the lowest name first. `members` gives the localization every parent per layer with
-all the nodes below it, so a leaf that any NIC of a node sits on counts that node.
+Of each layer only the parents nearest to the node count: a leaf a source gives the node itself overrides
+its host's leaf, while the eight leaves its eight NICs' PFs sit on all count. `node_views` gives one object
+per node, {"node", "host", "leaf", "spine", "rail": [...], "rack"}, absent layers omitted; where a single-
+valued layer has several (NICs on two leaves) it names the lowest. `members` gives the localization every
+parent per layer with all the nodes that count under it, so a leaf any NIC of a node sits on has that node.
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ def in_force(edges: Iterable[Edge], ts: float) -> list[Edge]:
     )
 
 
-def ancestors(edges: Iterable[Edge]) -> dict[str, dict[Entity, int]]:
-    """Per node name, every entity above it or above the devices it holds, with its distance (breadth
-    first, each entity once, so a cycle that sources made between them ends the walk)."""
+def layers_above(edges: Iterable[Edge]) -> dict[str, set[Entity]]:
+    """Per node name, the parents of each layer (LAYERS) nearest to it or to the devices it holds: walked
+    breadth first, each entity once (so a loop that sources made between them ends the walk)."""
     parents: dict[Entity, set[Entity]] = defaultdict(set)
     devices: dict[Entity, set[Entity]] = defaultdict(set)
     nodes: set[Entity] = set()
@@ -69,7 +70,10 @@ def ancestors(edges: Iterable[Edge]) -> dict[str, dict[Entity, int]]:
             step = sorted({p for entity in frontier for p in parents[entity] if p not in distance})
             distance.update((entity, distance[frontier[0]] + 1) for entity in step)
             frontier = step
-        found[node.name] = {entity: d for entity, d in distance.items() if entity.kind in LAYERS}
+        nearest: dict[Kind, int] = {}
+        for entity, d in distance.items():
+            nearest[entity.kind] = min(nearest.get(entity.kind, d), d)
+        found[node.name] = {e for e, d in distance.items() if e.kind in LAYERS and d == nearest[e.kind]}
     return found
 
 
@@ -77,12 +81,11 @@ def node_views(edges: Iterable[Edge]) -> list[NodeView]:
     """One object per node, sorted by node: {"node", "host", "leaf", "spine", "rail": [...], "rack"},
     the layers the edges do not give omitted (`edges` already in force: in_force)."""
     views = []
-    for node, above in sorted(ancestors(edges).items()):
+    for node, above in sorted(layers_above(edges).items()):
         view: NodeView = {"node": node}
         for kind in (*SINGLE_LAYERS, *LIST_LAYERS):
-            reached = sorted((d, entity.name) for entity, d in above.items() if entity.kind is kind)
-            if reached:
-                view[str(kind)] = [name for _, name in reached] if kind in LIST_LAYERS else reached[0][1]
+            if names := sorted(entity.name for entity in above if entity.kind is kind):
+                view[str(kind)] = names if kind in LIST_LAYERS else names[0]
         views.append(view)
     return views
 
@@ -90,7 +93,7 @@ def node_views(edges: Iterable[Edge]) -> list[NodeView]:
 def members(edges: Iterable[Edge]) -> dict[Kind, dict[str, set[str]]]:
     """Per layer (LAYERS), each parent's name -> the names of every node below it (`edges` in force)."""
     groups: dict[Kind, dict[str, set[str]]] = {kind: defaultdict(set) for kind in LAYERS}
-    for node, above in ancestors(edges).items():
+    for node, above in layers_above(edges).items():
         for entity in above:
             groups[entity.kind][entity.name].add(node)
     return {kind: dict(parents) for kind, parents in groups.items()}
