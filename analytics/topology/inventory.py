@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
@@ -67,6 +68,23 @@ def parse(text: str, source_name: str) -> list[Link]:
         raise TopologyError(f"{source_name}: empty; an inventory of nothing is written `nodes: {{}}`")
     links = list(_links(root, source_name))
     return check_links(links, source_name)
+
+
+def read(path: Path | str) -> list[Link]:
+    """parse() of the inventory file at `path`; TopologyError naming it when it cannot be read either."""
+    return parse(read_text(path), f"inventory file {path}")
+
+
+def read_text(path: Path | str) -> str:
+    """A topology file's text (UTF-8, at most MAX_BYTES); TopologyError naming it if it cannot be read."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_BYTES + 1)
+        if len(data) > MAX_BYTES:
+            raise TopologyError(f"{path}: larger than {MAX_BYTES} bytes")
+        return data.decode()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TopologyError(f"{path}: {exc}") from None
 
 
 def _compose(text: str, source_name: str) -> yaml.Node | None:

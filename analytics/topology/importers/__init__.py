@@ -32,5 +32,7 @@ def parser_of(format_name: str) -> tuple[Parser, Source]:
     """The parser of `format_name` and the Source its links are stored under; TopologyError naming the
     formats there are if it is none of them."""
     if format_name not in PARSERS:
-        raise TopologyError(f"unknown topology format {format_name[:64]!r}; known: {', '.join(sorted(PARSERS))}")
+        raise TopologyError(
+            f"unknown topology format {format_name[:64]!r}; known: {', '.join(sorted(PARSERS))}"
+        )
     return PARSERS[format_name], SOURCE_OF_FORMAT[format_name]
