@@ -450,7 +450,7 @@ class Hub:
             if request.reporter:
                 check_name(request.reporter, "reporter")
         except TopologyError as exc:
-            raise HttpError(400, printable(str(exc))[:1000]) from None
+            raise HttpError(400, str(exc)[:1000]) from None  # outside text in it quoted by repr()
         now = self._wall_clock()
         changes = self._stored(
             lambda: self.store.replace_links(source, links, now, reporter=request.reporter)
