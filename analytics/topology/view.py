@@ -15,11 +15,12 @@ children: VFs, GPUs), breadth first:
     rack   node -> rack, or node -> host -> rack
     pf     the PFs its VFs belong to (used by the localization; not in the node's view)
 
-Of each layer only the parents nearest to the node count: a leaf a source gives the node itself overrides
-its host's leaf, while the eight leaves its eight NICs' PFs sit on all count. `node_views` gives one object
-per node, {"node", "host", "leaf", "spine", "rail": [...], "rack"}, absent layers omitted; where a single-
-valued layer has several (NICs on two leaves) it names the lowest. `members` gives the localization every
-parent per layer with all the nodes that count under it, so a leaf any NIC of a node sits on has that node.
+Of each layer only the parents nearest to the node count, and the walk goes on from them alone: a leaf
+a source gives the node itself overrides its host's leaf (and that leaf's spine), while the eight leaves
+its eight NICs' PFs sit on all count. `node_views` gives one object per node, {"node", "host", "leaf",
+"spine", "rail": [...], "rack"}, absent layers omitted; where a single-valued layer has several (NICs on
+two leaves) it names the lowest. `members` gives the localization every parent per layer with all the
+nodes that count under it, so a leaf any NIC of a node sits on has that node.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ def in_force(edges: Iterable[Edge], ts: float) -> list[Edge]:
 
 
 def layers_above(edges: Iterable[Edge]) -> dict[str, set[Entity]]:
-    """Per node name, the parents of each layer (LAYERS) nearest to it or to the devices it holds: walked
-    breadth first, each entity once (so a loop that sources made between them ends the walk)."""
+    """Per node name, its parents of each layer (LAYERS): walked breadth first from the node and the
+    devices it holds, a layer taken at the first level that reaches it and never walked into again
+    further up, each entity once (so a loop that sources made between them ends the walk)."""
     parents: dict[Entity, set[Entity]] = defaultdict(set)
     devices: dict[Entity, set[Entity]] = defaultdict(set)
     nodes: set[Entity] = set()
@@ -64,16 +66,15 @@ def layers_above(edges: Iterable[Edge]) -> dict[str, set[Entity]]:
         nodes.update(entity for entity in (child, parent) if entity.kind is Kind.NODE)
     found = {}
     for node in nodes:
-        distance = {node: 0, **{device: 0 for device in devices[node]}}
-        frontier = sorted(distance)
+        reached = {node, *devices[node]}
+        taken = {entity.kind for entity in reached}
+        frontier = reached
         while frontier:
-            step = sorted({p for entity in frontier for p in parents[entity] if p not in distance})
-            distance.update((entity, distance[frontier[0]] + 1) for entity in step)
+            step = {p for e in frontier for p in parents[e] if p not in reached and p.kind not in taken}
+            taken.update(entity.kind for entity in step)
+            reached |= step
             frontier = step
-        nearest: dict[Kind, int] = {}
-        for entity, d in distance.items():
-            nearest[entity.kind] = min(nearest.get(entity.kind, d), d)
-        found[node.name] = {e for e, d in distance.items() if e.kind in LAYERS and d == nearest[e.kind]}
+        found[node.name] = {entity for entity in reached if entity.kind in LAYERS}
     return found
 
 

@@ -92,19 +92,21 @@ INVENTORIES = st.fixed_dictionaries(
 
 
 def expected_views(written: dict) -> list[dict]:
-    """The views docs/topology.md promises, layer by layer: the nearest parent that the file names."""
+    """The views docs/topology.md promises, layer by layer: the nearest parent that the file names, the
+    lowest name of those as near."""
     nodes, hosts, leaves = (written.get(s, {}) for s in ("nodes", "hosts", "leaves"))
     found = []
     for node, entry in sorted(nodes.items()):
         host = hosts.get(entry.get("host"), {})
-        own_leaf, host_leaf = leaves.get(entry.get("leaf"), {}), leaves.get(host.get("leaf"), {})
+        # the node's own leaf overrides its host's, and the walk goes on from the leaf that counts
+        leaf_level, leaf = (1, entry["leaf"]) if "leaf" in entry else (2, host.get("leaf"))
+        above_leaf = leaves.get(leaf, {})
         paths = {
             "host": [(1, entry.get("host"))],
-            "leaf": [(1, entry.get("leaf")), (2, host.get("leaf"))],
-            "spine": [(1, entry.get("spine")), (2, own_leaf.get("spine")), (3, host_leaf.get("spine"))],
-            "rack": [(1, entry.get("rack")), (2, host.get("rack")), (2, own_leaf.get("rack")),
-                     (3, host_leaf.get("rack"))],
-        }  # fmt: skip
+            "leaf": [(leaf_level, leaf)],
+            "spine": [(1, entry.get("spine")), (leaf_level + 1, above_leaf.get("spine"))],
+            "rack": [(1, entry.get("rack")), (2, host.get("rack")), (leaf_level + 1, above_leaf.get("rack"))],
+        }
         view: dict = {"node": node}
         for layer, candidates in paths.items():
             if named := sorted((depth, name) for depth, name in candidates if name):
