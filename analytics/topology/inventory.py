@@ -33,6 +33,7 @@ from analytics.topology.checks import check_links, check_name
 from analytics.topology.model import Entity, Kind, Link
 
 MAX_BYTES = 16 << 20  # an inventory of 100,000 nodes is a few MB
+MAX_DEPTH = 8  # collections within collections: an inventory has 4 (sections, children, keys, rails)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ _STR = "tag:yaml.org,2002:str"
 def parse(text: str, source_name: str) -> list[Link]:
     """The links an inventory's `text` says, from the file `source_name` (named in errors); TopologyError
     naming the file, line and key path of the first thing wrong, and no links, if anything is."""
-    if len(text.encode()) > MAX_BYTES:
+    if len(text.encode(errors="replace")) > MAX_BYTES:
         raise TopologyError(f"{source_name}: larger than {MAX_BYTES} bytes")
     root = _compose(text, source_name)
     if root is None:  # half-written, most likely: taking it would end every link of the inventory
@@ -88,11 +89,16 @@ def read_text(path: Path | str) -> str:
 
 
 def _compose(text: str, source_name: str) -> yaml.Node | None:
-    """The YAML node tree of `text`, refused when it uses an alias; TopologyError naming the line."""
+    """The YAML node tree of `text`, refused when it uses an alias or nests deeper than an inventory does
+    (MAX_DEPTH: YAML's composer recurses once per level); TopologyError naming the line."""
+    depth = 0
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
             if isinstance(event, yaml.AliasEvent):
                 raise TopologyError(f"{_where(source_name, event)}: YAML aliases (*name) are not accepted")
+            depth += isinstance(event, yaml.CollectionStartEvent) - isinstance(event, yaml.CollectionEndEvent)
+            if depth > MAX_DEPTH:
+                raise TopologyError(f"{_where(source_name, event)}: nested deeper than an inventory is")
         return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         raise TopologyError(f"{source_name}: not YAML or JSON: {exc}") from None

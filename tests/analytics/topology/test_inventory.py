@@ -58,7 +58,9 @@ def test_each_node_gets_its_host_leaf_spine_rails_and_rack_and_its_own_leaf_over
         ("nodes: {vela-001: {rails: [r, r]}}", "nodes.vela-001.rails: a name listed twice"),
         ("hosts: &h {a: {leaf: l}}\nracks: *h", "line 2: YAML aliases (*name) are not accepted"),
         ("[]", "line 1: the file: expected a mapping of the sections"),
+        ("- " * 5000 + "x", "line 1: nested deeper than an inventory is"),
         ("", "empty"),
+        ("nodes: {a\ud800: {host: b}}", "not YAML or JSON"),
         ("nodes: {a: {host: b}", "not YAML or JSON"),
     ],
 )
