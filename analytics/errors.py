@@ -16,9 +16,9 @@
     ├── DetectorError          an unknown detector name, or a detector that cannot run
     ├── EvidenceError          evidence that cannot cross the store: an unknown kind or version, a field
     │                          missing, extra, of the wrong type or not finite (analytics.evidence)
-    ├── TopologyError          topology input that cannot be imported (a Slurm topology.conf, kubectl's
-    │                          node list, ibnetdiscover, lldpcli or virsh output): names the source, where
-    │                          in it (line, JSON path, XML element) and what is wrong; nothing is imported
+    ├── TopologyError          topology input that cannot be taken, whole (an inventory file, a Slurm
+    │                          topology.conf, kubectl's node list, ibnetdiscover, lldpcli or virsh output,
+    │                          a set of links): names the source, where in it and what is wrong
     └── PostmortemError        a report's scope that cannot be reported on (no node and no job, both, a
                                window ending before it starts, a node or job the store does not know)
 
