@@ -17,8 +17,10 @@
     ├── EvidenceError          evidence that cannot cross the store: an unknown kind or version, a field
     │                          missing, extra, of the wrong type or not finite (analytics.evidence)
     ├── TopologyError          topology input that cannot be taken, whole (an inventory file, a Slurm
-    │                          topology.conf, kubectl's node list, ibnetdiscover, lldpcli or virsh output,
-    │                          a set of links): names the source, where in it and what is wrong
+    │   │                      topology.conf, kubectl's node list, ibnetdiscover, lldpcli or virsh output,
+    │   │                      a set of links): names the source, where in it and what is wrong
+    │   └── _Refused           an XML document declares a DOCTYPE, stopped inside the parser and raised
+    │                          again as TopologyError naming the line (topology.importers._input, private)
     └── PostmortemError        a report's scope that cannot be reported on (no node and no job, both, a
                                window ending before it starts, a node or job the store does not know)
 

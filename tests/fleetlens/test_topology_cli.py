@@ -66,9 +66,9 @@ def test_a_bad_file_is_one_line_naming_file_line_and_key_and_stores_nothing(tmp_
     bad.write_text(RACK_A + "racks:\n  rack-00: {pdu: [pdu-0]}\n")
     done = fleetlens("topology", "import", str(bad), "--format", "inventory", *store)
     assert done.returncode == 1
-    assert done.stderr == f"fleetlens: {bad} line 10: racks.rack-00.pdu: expected a name, got a sequence\n"
+    assert done.stderr == f"fleetlens: {bad}: line 10: racks.rack-00.pdu: expected a name, got a sequence\n"
     unknown = fleetlens("topology", "import", str(bad), "--format", "lldpp", *store)
-    assert "unknown topology format 'lldpp'; known: inventory" in unknown.stderr
+    assert "format: 'lldpp': not a topology format; known: ibnetdiscover, inventory" in unknown.stderr
     assert shown(*store) == []
 
 

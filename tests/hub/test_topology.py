@@ -72,13 +72,13 @@ def test_only_a_write_token_may_send_topology(hub_url, store, token, status):
     [
         (
             {"format": "inventory", "text": "nodes: {a: {rack: [r]}}", "file": "f.yaml"},
-            "f.yaml line 1: nodes.a.rack",
+            "f.yaml: line 1: nodes.a.rack",
         ),
         (
             {"format": "inventory", "text": "nodes: {a: {host: h}}\nleafs: {}"},
-            "the request line 2: unknown section",
+            "the request: line 2: unknown section",
         ),
-        ({"format": "slurm", "text": ""}, "unknown topology format 'slurm'; known: inventory"),
+        ({"format": "gml", "text": ""}, "format: 'gml': not a topology format; known: ibnetdiscover, inventory"),
         (
             {"format": "inventory", "text": INVENTORY, "reporter": "a\nb"},
             "reporter: name 'a\\nb' holds a control",
@@ -119,5 +119,5 @@ def test_the_inventory_file_is_stored_and_replaced_when_it_changes_and_a_broken_
 def test_a_hub_does_not_start_on_a_broken_inventory(store, tmp_path):
     path = tmp_path / "topology.yaml"
     path.write_text("nodes: {vela-001: {hots: host-000}}\n")
-    with pytest.raises(TopologyError, match=r"topology.yaml line 1: nodes.vela-001: unknown key 'hots'"):
+    with pytest.raises(TopologyError, match=r"topology.yaml: line 1: nodes.vela-001: unknown key 'hots'"):
         InventoryFile(path, store)

@@ -30,12 +30,12 @@ def expect(value: Any, kind: type, source: str, path: str) -> Any:
     return value
 
 
-class _Refused(Exception):
+class _Refused(TopologyError):
     """Raised inside expat's handlers: the document declares something an importer never reads."""
 
 
 def _refuse_doctype(*_: object) -> None:
-    raise _Refused("a DOCTYPE: entity and DTD declarations are refused")
+    raise _Refused("xml", "doctype", "a DOCTYPE: entity and DTD declarations are refused")
 
 
 def load_xml(text: str, source: str) -> Element:
@@ -54,7 +54,7 @@ def load_xml(text: str, source: str) -> Element:
     try:
         parser.Parse(text, True)
     except _Refused as exc:
-        raise TopologyError(source, f"line {parser.CurrentLineNumber}", str(exc)) from None
+        raise TopologyError(source, f"line {parser.CurrentLineNumber}", exc.what) from None
     except expat.ExpatError as exc:
         raise TopologyError(
             source,

@@ -52,7 +52,7 @@ def test_each_node_gets_its_host_leaf_spine_rails_and_rack_and_its_own_leaf_over
         ("nodes: {vela-001: {rails: rail-0}}", "nodes.vela-001.rails: expected a list of names"),
         ("nodes: {vela-001: {host: 001}}", "nodes.vela-001.host: YAML reads '001' as int; quote the name"),
         ('nodes: {"vela\\x07": {host: h}}', r"nodes: a key: name 'vela\x07' holds a control"),
-        ('nodes: {vela-001: {host: " h"}}', "nodes.vela-001.host: name ' h' starts or ends with a space"),
+        ('nodes: {vela-001: {host: " h"}}', "nodes.vela-001.host: name ' h' begins or ends with whitespace"),
         ("nodes:\n  vela-001: {host: h1}\n  vela-001: {host: h2}", "line 3: nodes.vela-001: written twice"),
         ("nodes: {vela-001: {host: h1, host: h2}}", "nodes.vela-001.host: written twice"),
         ("nodes: {vela-001: {rails: [r, r]}}", "nodes.vela-001.rails: a name listed twice"),
