@@ -67,6 +67,7 @@ bench: install-test
 	$(PY) bench/ingest.py --nodes 600 --interval-s 10 --shards 2 --seconds 120 --warmup-s 190
 	$(PY) bench/rollup.py
 	$(PY) bench/detect.py --nodes 192 --minutes 3
+	$(PY) bench/localize.py
 	$(PY) bench/steptape.py
 	$(PY) bench/ui.py
 	$(PY) bench/query_vs_ingest.py

@@ -16,6 +16,11 @@
     ├── DetectorError          an unknown detector name, or a detector that cannot run
     ├── EvidenceError          evidence that cannot cross the store: an unknown kind or version, a field
     │                          missing, extra, of the wrong type or not finite (analytics.evidence)
+    ├── TopologyError          topology input that cannot be taken, whole (an inventory file, a Slurm
+    │   │                      topology.conf, kubectl's node list, ibnetdiscover, lldpcli or virsh output,
+    │   │                      a set of links): names the source, where in it and what is wrong
+    │   └── _Refused           an XML document declares a DOCTYPE, stopped inside the parser and raised
+    │                          again as TopologyError naming the line (topology.importers._input, private)
     └── PostmortemError        a report's scope that cannot be reported on (no node and no job, both, a
                                window ending before it starts, a node or job the store does not know)
 
@@ -90,6 +95,17 @@ class DetectorError(AnalyticsError):
 class EvidenceError(AnalyticsError):
     """Evidence that cannot cross the store: an unknown kind or version, or a field that is missing, extra,
     of the wrong type or not finite; the message names the kind and the field."""
+
+
+class TopologyError(AnalyticsError):
+    """Topology input that cannot be imported, refused whole: `source` (a file name or command), `where`
+    in it (a line, JSON path or XML element) and `what` is wrong, all three in the message."""
+
+    def __init__(self, source: str, where: str, what: str) -> None:
+        super().__init__(f"{source}: {where}: {what}")
+        self.source = source
+        self.where = where
+        self.what = what
 
 
 class PostmortemError(AnalyticsError):

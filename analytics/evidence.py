@@ -235,6 +235,31 @@ class GpuFaultEvidence(XidEvidence):
     uncorrectable_remapped_rows: float | None = None
 
 
+@_kind("shared_fault")
+@dataclass(frozen=True, kw_only=True)
+class SharedFaultEvidence(Evidence):
+    """A fault of a shared layer (a leaf, spine, rail, host, rack) found from its children's per-node
+    anomalies (analytics.topology.localize): k of its n active children anomalous in the window, against
+    the fleet's base rate (K of N nodes), with the per-node anomalies it explains and what to check."""
+
+    layer: str  # leaf, spine, rail, host, rack, pdu
+    parent: str  # "leaf-07"
+    n: int  # its active children
+    k: int  # of them with a per-node anomaly in the window
+    fleet_nodes: int  # N: the active nodes of the topology
+    fleet_anomalous: int  # K: of them with a per-node anomaly
+    p_value: float  # P(X >= k), X hypergeometric: n drawn from N of which K are anomalous
+    log10_p_value: float  # the same in log10, finite where p_value underflows to 0
+    tested: int  # parents tested in the window: the Bonferroni factor
+    p_corrected: float  # min(1, p_value x tested)
+    children: tuple[str, ...]  # the n, sorted
+    anomalous_children: tuple[str, ...]  # the k, sorted
+    explains: tuple[str, ...]  # ids of the per-node anomalies it explains (no other fault explains them)
+    kinds: Mapping[str, int]  # anomaly kind -> anomalous children with it
+    dominant_kind: str  # the kind on most anomalous children
+    check: str  # "leaf-07: link flaps on 4 of 4 nodes; check optics and switch logs"
+
+
 def as_dict(evidence: Evidence) -> dict[str, Any]:
     """The fields as plain values, None left out: lists for tuples, text for an Action."""
     return {field.name: _plain(value) for field, value in _set_fields(evidence)}

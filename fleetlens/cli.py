@@ -123,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     hub = sub.add_parser("hub", help="scrape the fleet, receive step times, store everything in ClickHouse")
     _hub_flags(hub)
     hub.add_argument("--targets", help="Prometheus file_sd JSON of the exporters to scrape")
+    hub.add_argument(
+        "--topology-file",
+        dest="topology_file",
+        help="the operator's topology inventory (YAML or JSON, docs/topology.md), re-read when it changes",
+    )
     hub.add_argument("--listen", help="HOST:PORT of the hub's API (default 127.0.0.1:9500)")
     hub.add_argument("--shard", help="i/n: scrape only the targets whose hash falls in shard i of n")
     hub.add_argument("--cluster", help="ClickHouse cluster name: Replicated and Distributed tables")
@@ -150,6 +155,34 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--max-rows", type=int, default=10_000)
     query.add_argument("--json", action="store_true", help="a JSON array of row objects")
     query.set_defaults(run="fleetlens.hub_cli:cmd_query")
+
+    topology = sub.add_parser("topology", help="where each node sits: import sources, show the topology")
+    topology_sub = topology.add_subparsers(dest="topology_command", required=True)
+    topology_import = topology_sub.add_parser(
+        "import", help="store what a file says of the topology, in place of what its source said before"
+    )
+    _hub_flags(topology_import)
+    topology_import.add_argument("file")
+    topology_import.add_argument(
+        "--format",
+        required=True,
+        help="the file's format: inventory (docs/topology.md), slurm, k8s-nodes, ibnetdiscover, lldp, "
+        "libvirt (docs/topology-importers.md)",
+    )
+    topology_import.add_argument(
+        "--reporter",
+        default="",
+        help="who within the format's source says it (e.g. the host whose lldp output this is): an import "
+        "replaces only the links the same reporter gave before",
+    )
+    topology_import.add_argument("--hub", help="send to this hub instead of opening the store")
+    topology_import.set_defaults(run="fleetlens.topology_cli:cmd_topology_import")
+    topology_show = topology_sub.add_parser("show", help="each node's host, leaf, spine, rails and rack")
+    _hub_flags(topology_show)
+    topology_show.add_argument("--at", type=time_argument, help="the topology as it was then (default: now)")
+    topology_show.add_argument("--json", action="store_true", help="a JSON array, one object per node")
+    topology_show.add_argument("--hub", help="hub URL (needed while a hub holds the embedded store)")
+    topology_show.set_defaults(run="fleetlens.topology_cli:cmd_topology_show")
 
     steps = sub.add_parser("steps", help="training step records")
     steps_sub = steps.add_subparsers(dest="steps_command", required=True)

@@ -45,6 +45,7 @@ from hub.scraper import Scraper
 from hub.spool import Spool
 from hub.targets import Shard, TargetsFile
 from hub.targetsession import ScrapeLimits
+from hub.topology import InventoryFile
 from hub.writer import Writer
 
 log = logging.getLogger("fleetlens")
@@ -83,12 +84,14 @@ def build_hub(settings: Config, tokens: Tokens) -> Hub:
             lag_s=config.lag_s,
             alerting=alerting,
         )
+    inventory = None if config.topology_file is None else InventoryFile(config.topology_file, store)
     return Hub(
         store,
         writer,
         OtlpStepReceiver(limits),
         scraper,
         detection=detection,
+        inventory=inventory,
         remote_write=RemoteWriteReceiver(
             RemoteWriteLimits(
                 config.max_body_bytes,

@@ -19,6 +19,7 @@ groupcommit    remote write requests that arrive together, written together
 writer         the one path to the store, an insert per record type, through the spool while it is away
 spool          durable on-disk batches, replayed in order
 detect         the detection loop, each window's anomalies handed to alerting
+topology       the operator's inventory file, re-read on change into the store's topology
 errors         the hub's errors, one tree
 
 Every error the hub raises derives from hub.errors.HubError (and from no other package's root); that

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import urllib.parse
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from analytics.store.retention import check_keep_days
@@ -129,3 +129,30 @@ def _fits(value: Any, kind: str) -> bool:
     if kind == "float":
         return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     return kind == "bool" and isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class TopologyRequest:
+    """POST /api/v1/topology: `text` in `format`, from `file` (named in errors), said by `reporter`."""
+
+    format: str
+    text: str
+    file: str
+    reporter: str
+
+
+def topology_request(body: bytes) -> TopologyRequest:
+    """{"format", "text", "file"?, "reporter"?}, every field a string; 400 naming a bad field."""
+    shape = '{"format": "inventory", "text": "...", "file"?: "...", "reporter"?: "..."}'
+    request = json_object(body, shape)
+    if unknown := sorted(set(request) - {"format", "text", "file", "reporter"}):
+        raise HttpError(
+            400, f"unknown field(s) {printable(', '.join(unknown))[:200]}: send format, text, file, reporter"
+        )
+    if not isinstance(request.get("format"), str) or not isinstance(request.get("text"), str):
+        raise HttpError(400, f"expected a JSON object {shape} with format and text strings")
+    for name in ("file", "reporter"):
+        if not isinstance(request.get(name, ""), str):
+            raise HttpError(400, f"{name}: expected a string, got {_json_type(request[name])}")
+    file = printable(request.get("file") or "the request")[:200]
+    return TopologyRequest(request["format"], request["text"], file, request.get("reporter", ""))

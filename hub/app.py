@@ -6,6 +6,7 @@
     POST /api/v1/steps ──────┴──(StepRecord)──▶ writer          ▼
     POST /api/v1/query ◀───────── read-only SQL ────────── store (read sessions of its own)
     POST /api/v1/silences, /api/v1/actions ─(silences, drain requests)─▶ store
+    POST /api/v1/topology, hub.topology_file (hub.topology) ─(links, parsed by the hub)─▶ store
     GET /metrics (the hub's own), GET /healthz (HEAD too, as GET without the body)
     detection (each window) ──▶ anomalies in the store ──▶ alerting (hub.detect.Alerting)
 
@@ -35,21 +36,24 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, ClassVar
+from dataclasses import asdict
+from typing import Any, ClassVar, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from alerts.commands import check_silences
 from alerts.errors import SilenceError
-from analytics.errors import QueryError, QueryLimitExceeded, StoreError, StoreRejected
+from analytics.errors import QueryError, QueryLimitExceeded, StoreError, StoreRejected, TopologyError
 from analytics.store.readonly import ReadLimits
 from analytics.store.records import REQUESTS, ActionRow, SilenceRow
 from analytics.store.retention import KEEP_DAYS_MAX, Cutoff, import_refusal, keep_until
 from analytics.store.schema import Retention
+from analytics.topology.importers import parser_of
+from analytics.topology.names import checked_name
 from collectors import textformat
 from collectors.logtext import printable
-from hub.apirequests import keep_days_parameter, query_request, record_rows
+from hub.apirequests import keep_days_parameter, query_request, record_rows, topology_request
 from hub.auth import Tokens
 from hub.detect import DetectionLoop
 from hub.errors import HttpError, PayloadError, SlotsBusy
@@ -61,9 +65,11 @@ from hub.remote_write import RemoteWriteReceiver
 from hub.rounds import JOURNAL_DIR, MAX_PENDING_ROUNDS, RoundJournal, RoundQueue
 from hub.scraper import Scraper
 from hub.steplines import parse_steps_jsonl
+from hub.topology import InventoryFile
 from hub.writer import Writer
 
 log = logging.getLogger("fleetlens.hub")
+T = TypeVar("T")
 
 JSON = "application/json"
 ROLL_UP_EVERY_S = 15.0  # how often the hub rolls finished minutes and hours into the rollups
@@ -119,6 +125,7 @@ class Hub:
         scraper: Scraper | None = None,
         *,
         detection: DetectionLoop | None = None,
+        inventory: InventoryFile | None = None,
         remote_write: RemoteWriteReceiver | None = None,
         closing: Sequence[Callable[[], None]] = (),
         tokens: Tokens | None = None,
@@ -136,6 +143,7 @@ class Hub:
         self.otlp = otlp
         self.scraper = scraper
         self.detection = detection
+        self.inventory = inventory
         self.remote_write = remote_write or RemoteWriteReceiver()
         self._remote_writes = GroupCommit(writer)
         self._closing = list(closing)  # run once the loops stopped, before the store closes
@@ -173,6 +181,8 @@ class Hub:
             self._spawn(self.scraper.run, self._stop, self.rounds.put)
         if self.detection is not None:
             self._spawn(self.detection.run, self._stop)
+        if self.inventory is not None:
+            self._spawn(self.inventory.run, self._stop, name="fleetlens-inventory")
         self._spawn(self._roll_up_until_stopped, name="fleetlens-rollup")
 
     def _spawn(self, target: Callable[..., None], *args: object, name: str | None = None) -> None:
@@ -430,14 +440,35 @@ class Hub:
                 )
         return self._insert(lambda: self.store.insert_actions(rows, token=token))
 
-    def _insert(self, insert: Callable[[], int]) -> tuple[bytes, str]:
+    def _topology(self, body: bytes, environ: dict) -> tuple[bytes, str]:
+        """A topology source's text, parsed here by its format's importer and stored whole as what its
+        reporter says now (Store.replace_links); 400 naming the file, line and key of what is wrong."""
+        request = topology_request(body)
         try:
-            count = insert()
+            parse, source = parser_of(request.format)
+            links = parse(request.text, request.file)
+            if request.reporter:
+                checked_name(request.reporter, source="request", where="reporter")
+        except TopologyError as exc:
+            raise HttpError(400, str(exc)[:1000]) from None  # outside text in it quoted by repr()
+        now = self._wall_clock()
+        changes = self._stored(
+            lambda: self.store.replace_links(source, links, now, reporter=request.reporter)
+        )
+        return json.dumps({"links": len(links), **asdict(changes)}).encode(), JSON
+
+    def _insert(self, insert: Callable[[], int]) -> tuple[bytes, str]:
+        return json.dumps({"rows": self._stored(insert)}).encode(), JSON
+
+    @staticmethod
+    def _stored(write: Callable[[], T]) -> T:
+        """What `write` returns; what the store refused is a 400, a store that cannot be reached a 503."""
+        try:
+            return write()
         except StoreRejected as exc:
             raise HttpError(400, str(exc)) from None
         except StoreError as exc:
             raise HttpError(503, str(exc)) from None
-        return json.dumps({"rows": count}).encode(), JSON
 
     def _query(self, body: bytes, environ: dict) -> tuple[bytes, str]:
         """A read token's SQL, run by the store under the hub's limits (analytics.store.readonly.ReadLimits)
@@ -485,6 +516,7 @@ class Hub:
         "/v1/metrics": ("write", _otlp),
         "/api/v1/write": ("write", _remote_write),
         "/api/v1/steps": ("write", _steps),
+        "/api/v1/topology": ("write", _topology),
         "/api/v1/query": ("read", _query),
         "/api/v1/silences": ("act", _silences),
         "/api/v1/actions": ("act", _actions),

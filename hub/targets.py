@@ -97,6 +97,15 @@ def _check_address(address: object, where: str) -> None:
         raise ScraperConfigError(f"{where}: target {address!r} is not host:port")
 
 
+def file_signature(path: Path) -> tuple[int, int, int] | None:
+    """The inode, size and mtime of `path` (None when it cannot be read): what tells a file changed."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 class TargetsFile:
     """A file_sd file (JSON, or YAML by its .yml/.yaml suffix), re-read whenever it changes.
 
@@ -106,12 +115,12 @@ class TargetsFile:
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        self._signature = self._stat()
+        self._signature = file_signature(self.path)
         self._targets = self._load()
 
     def current(self) -> list[Target]:
         """The targets, re-read if the file's inode, size or mtime changed since the last call."""
-        signature = self._stat()
+        signature = file_signature(self.path)
         if signature != self._signature:
             self._signature = signature
             try:
@@ -120,13 +129,6 @@ class TargetsFile:
             except ScraperConfigError as exc:
                 log.error("%s; keeping the last good list of %d targets", exc, len(self._targets))
         return self._targets
-
-    def _stat(self) -> tuple[int, int, int] | None:
-        try:
-            st = self.path.stat()
-        except OSError:
-            return None
-        return st.st_ino, st.st_size, st.st_mtime_ns
 
     def _load(self) -> list[Target]:
         try:

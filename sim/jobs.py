@@ -206,7 +206,7 @@ class JobModel:
         self._fleet = scenario.fleet
         self._rng = random.Random(f"{scenario.seed}/job/{job.name}")
         nodes = set(job.nodes)
-        self._faults = [f for f in scenario.faults if f.node in nodes]
+        self._faults = [f for f in scenario.played_faults if f.node in nodes]
         self._duration_s = scenario.duration_s
         mine = [c for c in scenario.confounders if c.job == job.name]
         stage_slowdown = {

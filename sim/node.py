@@ -244,7 +244,7 @@ def timeline(scenario: Scenario, node: str) -> list[Event]:
         for down in downtimes(scenario, job.name):
             events.append(Event(down.start, lambda n, name=job.name: n.stop_job(name)))
             events.append(Event(down.end, lambda n, name=job.name: n.start_job(name)))
-    for fault in scenario.faults:
+    for fault in scenario.played_faults:
         if fault.node == node:
             events += _fault_events(fault)
     for confounder in scenario.confounders:
@@ -310,6 +310,11 @@ def _fault_events(fault: Fault) -> list[Event]:
                 fault,
                 lambda n: n.sysfs.set_congestion(nic, level),
                 lambda n: n.sysfs.set_congestion(nic, 0.0),
+            )
+        case "port_errors":  # played by a leaf_degraded fault in mode errors (sim.scenario)
+            level = params["level"]
+            return _span(
+                fault, lambda n: n.sysfs.set_errors(nic, level), lambda n: n.sysfs.set_errors(nic, 0.0)
             )
     raise SimulationError(f"fault kind {fault.kind!r} on {fault.node} has no simulated effect")
 

@@ -7,6 +7,11 @@ plays a Scenario; the evaluation (sim.evaluation) scores detectors against its f
 
 Components name what a fault touches as detectors report it: "gpu:3" for a GPU, "mlx5_2:1" for port 1
 of the RoCE device of NIC 2 (the node_exporter `device:port` labels of the simulated trees).
+
+A scenario with a `topology` section (sim.topology lays it out) may also fault a shared layer: a leaf, a
+spine, a rail, a host or a rack (LAYER_FAULT_KINDS). Such a fault is kept as one LayerFault, the truth the
+evaluation scores against, and expands at load time into the per-node faults it plays as
+(LayerFault.effects), so the nodes, their exporters and the jobs' step times play it unchanged.
 """
 
 from __future__ import annotations
@@ -23,7 +28,15 @@ from typing import Any
 
 import yaml
 
+from analytics.topology.model import Kind, Link
 from sim.errors import ScenarioError
+from sim.topology import (
+    DEFAULT_HOSTS_PER_LEAF,
+    DEFAULT_HOSTS_PER_RACK,
+    DEFAULT_LEAVES_PER_SPINE,
+    DEFAULT_VMS_PER_HOST,
+    Topology,
+)
 
 FAULT_KINDS = (
     "slow_node",
@@ -38,6 +51,18 @@ FAULT_KINDS = (
     "dbe_remap",
     "congestion",
 )
+# faults of a shared layer: the layer their target names, and the keys each takes besides kind, the
+# target, start_s and end_s (defaults as _FAULT_KEYS's)
+LAYER_FAULT_KINDS: dict[str, tuple[Kind, dict[str, Any]]] = {
+    "leaf_degraded": (Kind.LEAF, {"mode": "flaps", "flaps": 3, "period_s": 30.0, "level": 1.0}),
+    "spine_degraded": (Kind.SPINE, {"level": 1.0}),
+    "rail_congestion": (Kind.RAIL, {"level": 1.0}),
+    "host_pcie_degraded": (Kind.HOST, {"mode": "no_gdr"}),
+    "rack_power": (Kind.RACK, {}),
+}
+LEAF_MODES = ("flaps", "errors", "congestion")
+_LEAF_MODE_KEYS = {"flaps": {"flaps", "period_s"}, "errors": {"level"}, "congestion": {"level"}}
+SPINE_SHARE = 0.5  # of a degraded spine's level, what each node below it sees: ECMP spreads its flows
 CONFOUNDER_KINDS = ("job_stall", "stage_imbalance", "exporter_restart", "scrape_gap", "job_restart")
 DMA_MODES = ("no_gdr", "pcie_downgrade")
 EXPORTER_FLAVOURS = ("fleetlens", "stock")  # what reads a node: fleetlens's exporter, or stock exporters only
@@ -131,7 +156,7 @@ class Fault:
         real interface (the demo's veth) names it in params["device"]."""
         if "device" in self.params:
             return self.params["device"]
-        if self.kind in ("link_flap", "link_down", "congestion") or (
+        if self.kind in ("link_flap", "link_down", "congestion", "port_errors") or (
             self.kind == "dma_degraded" and self.params.get("mode") == "no_gdr"
         ):
             return f"mlx5_{self.nic}:1"
@@ -141,6 +166,21 @@ class Fault:
 
     def active(self, t: float, duration_s: float) -> bool:
         return self.start_s <= t < (duration_s if self.end_s is None else self.end_s)
+
+
+@dataclass(frozen=True)
+class LayerFault:
+    """A fault of a shared layer, as the scenario's truth: one fault of `parent` ("leaf-02") in `layer`,
+    the VMs below it that it touches, and the per-node faults it plays as on them (`effects`)."""
+
+    kind: str
+    layer: Kind
+    parent: str
+    start_s: float
+    end_s: float | None
+    params: Mapping[str, Any]
+    nodes: tuple[str, ...]
+    effects: tuple[Fault, ...]  # besides FAULT_KINDS, "port_errors": a port's bit errors (leaf mode errors)
 
 
 @dataclass(frozen=True)
@@ -166,6 +206,19 @@ class Scenario:
     faults: tuple[Fault, ...]
     confounders: tuple[Confounder, ...] = ()
     exporters: str = "fleetlens"  # EXPORTER_FLAVOURS: fleetlens's exporter, or dcgm-exporter + node_exporter
+    topology: Topology | None = None  # None: no topology section, and no layer faults
+    layer_faults: tuple[LayerFault, ...] = ()
+
+    @property
+    def played_faults(self) -> tuple[Fault, ...]:
+        """Every per-node fault the nodes and jobs play: the node faults, then each layer fault's
+        effects."""
+        return (*self.faults, *(effect for layer in self.layer_faults for effect in layer.effects))
+
+    def topology_links(self) -> list[Link]:
+        """The fleet's shape as child -> parent links (sim.topology.Topology.links); none without a
+        topology section."""
+        return [] if self.topology is None else self.topology.links()
 
     def until(self, t: float) -> Scenario:
         """The scenario with only the faults and confounders that start before `t`: what a run cut
@@ -173,6 +226,7 @@ class Scenario:
         return dataclasses.replace(
             self,
             faults=tuple(fault for fault in self.faults if fault.start_s < t),
+            layer_faults=tuple(fault for fault in self.layer_faults if fault.start_s < t),
             confounders=tuple(item for item in self.confounders if item.start_s < t),
         )
 
@@ -195,7 +249,17 @@ def parse_scenario(
     top = reader.mapping(
         document,
         "",
-        {"seed", "duration_s", "interval_s", "exporters", "fleet", "jobs", "faults", "confounders"},
+        {
+            "seed",
+            "duration_s",
+            "interval_s",
+            "exporters",
+            "fleet",
+            "jobs",
+            "faults",
+            "confounders",
+            "topology",
+        },
     )
     seed = reader.integer(top, "seed", "", default=0)
     duration = reader.number(top, "duration_s", "", minimum=1)
@@ -213,6 +277,7 @@ def parse_scenario(
         prefix=reader.string(fleet_doc, "prefix", "fleet", default="vela-"),
     )
     names = fleet.names
+    topology = _topology(reader, top["topology"], fleet) if "topology" in top else None
     jobs = tuple(
         _job(reader, item, f"jobs[{i}]", fleet)
         for i, item in enumerate(reader.sequence(top.get("jobs"), "jobs"))
@@ -225,6 +290,7 @@ def parse_scenario(
     if twice:
         raise reader.error("jobs", f"node(s) {', '.join(twice)} in more than one job")
     faults_doc = top.get("faults") or []
+    layer_faults: tuple[LayerFault, ...] = ()
     if isinstance(faults_doc, Mapping):
         random_doc = reader.mapping(faults_doc, "faults", {"random"})
         spec = reader.mapping(random_doc.get("random"), "faults.random", {"rate_per_node_day", "seed"})
@@ -232,15 +298,24 @@ def parse_scenario(
         fault_seed = reader.integer(spec, "seed", "faults.random", default=seed)
         faults = tuple(random_faults(fleet, duration, rate, fault_seed, fixtures))
     else:
+        items = list(enumerate(reader.sequence(faults_doc, "faults")))
+        kinds = (*FAULT_KINDS, *LAYER_FAULT_KINDS)
+        on_layers = [
+            i for i, item in items if reader.choice(item, "kind", f"faults[{i}]", kinds) in LAYER_FAULT_KINDS
+        ]
         faults = tuple(
-            _fault(reader, item, f"faults[{i}]", fleet, duration)
-            for i, item in enumerate(reader.sequence(faults_doc, "faults"))
+            _fault(reader, item, f"faults[{i}]", fleet, duration) for i, item in items if i not in on_layers
+        )
+        layer_faults = tuple(
+            _layer_fault(reader, faults_doc[i], f"faults[{i}]", fleet, topology, duration) for i in on_layers
         )
     confounders = tuple(
         _confounder(reader, item, f"confounders[{i}]", names, job_names, jobs, duration)
         for i, item in enumerate(reader.sequence(top.get("confounders") or [], "confounders"))
     )
-    return Scenario(name, seed, duration, interval, fleet, jobs, faults, confounders, exporters)
+    return Scenario(
+        name, seed, duration, interval, fleet, jobs, faults, confounders, exporters, topology, layer_faults
+    )
 
 
 def with_exporters(scenario: Scenario, exporters: str | None) -> Scenario:
@@ -331,6 +406,113 @@ def _fault(reader: _Reader, item: object, where: str, fleet: FleetSpec, duration
         end = min(duration, start + XID_STORM_S)
     gpu, nic = values.pop("gpu", None), values.pop("nic", None)
     return Fault(kind, node, start, end, gpu, nic, values)
+
+
+def _topology(reader: _Reader, value: object, fleet: FleetSpec) -> Topology:
+    """The topology section: each fan-out at least 1 (defaults in sim.topology); one rail per NIC."""
+    where = "topology"
+    doc = reader.mapping(
+        value, where, {"vms_per_host", "hosts_per_leaf", "leaves_per_spine", "rails", "hosts_per_rack"}
+    )
+    rails = reader.integer(doc, "rails", where, default=fleet.nics_per_node, minimum=1)
+    if rails != fleet.nics_per_node:
+        raise reader.error(
+            f"{where}.rails",
+            f"{rails}, but NIC j of every node is on rail j and nodes have {fleet.nics_per_node}",
+        )
+    return Topology(
+        nodes=tuple(fleet.names),
+        vms_per_host=reader.integer(doc, "vms_per_host", where, default=DEFAULT_VMS_PER_HOST, minimum=1),
+        hosts_per_leaf=reader.integer(
+            doc, "hosts_per_leaf", where, default=DEFAULT_HOSTS_PER_LEAF, minimum=1
+        ),
+        leaves_per_spine=reader.integer(
+            doc, "leaves_per_spine", where, default=DEFAULT_LEAVES_PER_SPINE, minimum=1
+        ),
+        rails=rails,
+        hosts_per_rack=reader.integer(
+            doc, "hosts_per_rack", where, default=DEFAULT_HOSTS_PER_RACK, minimum=1
+        ),
+    )
+
+
+def _layer_fault(
+    reader: _Reader, item: Mapping, where: str, fleet: FleetSpec, topology: Topology | None, duration: float
+) -> LayerFault:
+    """A fault of a shared layer: its target named by the layer's key (`leaf: leaf-02`), which must be a
+    parent the topology section lays out; expanded into its per-node effects (_layer_effects)."""
+    kind = item["kind"]
+    layer, extra = LAYER_FAULT_KINDS[kind]
+    doc = reader.mapping(item, where, {"kind", str(layer), "start_s", "end_s", *extra})
+    if topology is None:
+        raise reader.error(_join(where, str(layer)), f"a {kind} fault needs a topology section")
+    parent = reader.choice(doc, str(layer), where, topology.names(layer))
+    start, end = _span(reader, doc, where, duration, end_required=False)
+    params: dict[str, Any] = {}
+    if "mode" in extra:
+        modes = LEAF_MODES if layer == Kind.LEAF else DMA_MODES
+        params["mode"] = reader.choice(doc, "mode", where, modes, default=extra["mode"])
+    keys = _LEAF_MODE_KEYS[params["mode"]] if layer == Kind.LEAF else set(extra) - {"mode"}
+    stray = sorted(set(doc) & (set(extra) - {"mode"} - keys))
+    if stray:
+        raise reader.error(_join(where, stray[0]), f"not a key of {kind} with mode {params['mode']}")
+    for key in sorted(keys):
+        if key == "flaps":
+            params[key] = reader.integer(doc, key, where, default=extra[key], minimum=1)
+        else:
+            params[key] = reader.number(doc, key, where, default=extra[key], minimum=0)
+    if params.get("mode") == "flaps" and end is None:
+        end = min(duration, start + params["flaps"] * params["period_s"])
+    nodes = topology.nodes_under(layer, parent)
+    effects = tuple(_layer_effects(kind, parent, nodes, start, end, params, fleet))
+    return LayerFault(kind, layer, parent, start, end, params, nodes, effects)
+
+
+def _layer_effects(
+    kind: str,
+    parent: str,
+    nodes: tuple[str, ...],
+    start: float,
+    end: float | None,
+    params: Mapping[str, Any],
+    fleet: FleetSpec,
+) -> list[Fault]:
+    """The per-node faults a layer fault plays as, on each of its `nodes`: a leaf's on every NIC (each is
+    behind the leaf), a spine's as milder congestion on every NIC below it, a rail's on its NIC of every
+    node, a host's PCIe root complex as GPUDirect RDMA lost on every NIC (or every GPU's link trained
+    down), a rack's power as every GPU power-braked."""
+    nics = range(fleet.nics_per_node)
+
+    def on_every_nic(node_kind: str, **node_params: Any) -> list[Fault]:
+        return [
+            Fault(node_kind, node, start, end, nic=nic, params=node_params) for node in nodes for nic in nics
+        ]
+
+    match kind, params.get("mode"):
+        case "leaf_degraded", "flaps":
+            return on_every_nic("link_flap", flaps=params["flaps"], period_s=params["period_s"])
+        case "leaf_degraded", "errors":
+            return on_every_nic("port_errors", level=params["level"])
+        case "leaf_degraded", _:
+            return on_every_nic("congestion", level=params["level"])
+        case "spine_degraded", _:
+            return on_every_nic("congestion", level=params["level"] * SPINE_SHARE)
+        case "rail_congestion", _:
+            nic = int(parent.removeprefix("rail-"))
+            return [
+                Fault("congestion", node, start, end, nic=nic, params={"level": params["level"]})
+                for node in nodes
+            ]
+        case "host_pcie_degraded", "no_gdr":
+            return on_every_nic("dma_degraded", mode="no_gdr")
+        case "host_pcie_degraded", _:
+            gpus = range(fleet.gpus_per_node)
+            return [
+                Fault("dma_degraded", node, start, end, gpu=gpu, params={"mode": "pcie_downgrade"})
+                for node in nodes
+                for gpu in gpus
+            ]
+    return [Fault("power_brake", node, start, end) for node in nodes]  # rack_power: gpu None, every GPU
 
 
 def _confounder(

@@ -102,6 +102,9 @@ ECN_BASE = 1e-6  # share of received packets ECN-marked on a healthy fabric
 ECN_PER_LEVEL = 0.02  # ... added per unit of congestion level
 CNP_PER_MARK = 0.5  # CNPs the notification point sends per marked packet (it coalesces marks per QP)
 XMIT_WAIT_PER_LEVEL = 2_000_000  # port_xmit_wait ticks per busy second per unit of congestion level
+CORRUPT_PER_LEVEL = 1e-4  # share of received packets corrupted per unit of error level (a failing optic)
+SYMBOLS_PER_CORRUPT = 4  # symbol errors the PHY counts per packet it could not deliver
+ACK_TIMEOUT_PER_CORRUPT = 0.1  # a lost ACK: the requester's retry timer fires instead of a NAK arriving
 
 UP = {"state": "4: ACTIVE", "phys_state": "5: LinkUp"}
 DOWN = {"state": "1: DOWN", "phys_state": "3: Disabled"}  # a RoCE port whose cable or peer is gone
@@ -143,6 +146,7 @@ class _Port:
     values: dict[str, float] = field(default_factory=dict)  # counter name -> value
     up: bool = True
     congestion: float = 0.0
+    errors: float = 0.0  # set_errors(): bit errors on the link, 0 none
     traffic_factor: float = 1.0  # set_traffic(): how much of its healthy traffic the port carries
     carrier_up_count: int = PROBE_CARRIER_CHANGES
     carrier_down_count: int = PROBE_CARRIER_CHANGES
@@ -255,6 +259,15 @@ class SimSysfs:
         with self._lock:
             self._port(nic).congestion = level
 
+    def set_errors(self, nic: int, level: float) -> None:
+        """Corrupt packets on port `nic`'s link from now on, as a failing optic or switch port does: 0 none,
+        1 one packet in 10,000. The port counts symbol and receive errors, and RoCE's go-back-N shows as
+        out-of-sequence packets, sequence-error NAKs and a few ACK timeouts (the peers see it alike)."""
+        if level < 0:
+            raise ValueError(f"error level must not be negative, got {level}")
+        with self._lock:
+            self._port(nic).errors = level
+
     def set_traffic(self, nic: int, factor: float) -> None:
         """Scale port `nic`'s traffic from now on: 1 healthy, below 1 a port that moves less per second,
         e.g. when NCCL stages its messages through host memory instead of GPUDirect RDMA."""
@@ -291,6 +304,7 @@ class SimSysfs:
             received = mean * seconds * self._rng.uniform(1 - JITTER, 1 + JITTER)
             sent = mean * seconds * self._rng.uniform(1 - JITTER, 1 + JITTER)
             marked = received / ROCE_PAYLOAD * (ECN_BASE + ECN_PER_LEVEL * level)
+            corrupt = received / ROCE_PAYLOAD * CORRUPT_PER_LEVEL * port.errors
             for name, amount in (
                 ("port_rcv_data", received / WORD),
                 ("port_xmit_data", sent / WORD),
@@ -303,6 +317,11 @@ class SimSysfs:
                 ("np_cnp_sent", marked * CNP_PER_MARK),
                 ("rp_cnp_handled", marked * CNP_PER_MARK),  # the peers are congested alike
                 ("port_xmit_wait", XMIT_WAIT_PER_LEVEL * level * load * seconds),
+                ("port_rcv_errors", corrupt),
+                ("symbol_error", corrupt * SYMBOLS_PER_CORRUPT),
+                ("out_of_sequence", corrupt),
+                ("packet_seq_err", corrupt),
+                ("local_ack_timeout_err", corrupt * ACK_TIMEOUT_PER_CORRUPT),
             ):
                 port.values[name] += amount
 

@@ -5,6 +5,8 @@
     store.insert_samples(batches, token="scrape-42")  # idempotent on token
     store.insert_steps(rows, token="job-42", keep_until=time.time() + 365 * 86400)  # kept a year, any age
     store.query("SELECT node, max(value) FROM metrics WHERE metric = 'DCGM_FI_DEV_GPU_TEMP' GROUP BY node")
+    store.replace_links(Source.INVENTORY, links, time.time())  # the topology as one source says it now
+    store.topology_at(ts)                             # the edges in force then, source precedence applied
 
 Opening applies the schema's migrations (analytics.store.schema) and brings the TTLs in line with `retention`.
 Every insert carries its token to ClickHouse as insert_deduplication_token, so a batch replayed after a
@@ -52,7 +54,7 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from analytics.errors import AddressError, SchemaError, StoreRejected, StoreUnavailable
-from analytics.store import schema
+from analytics.store import schema, topology
 from analytics.store.clickhouse_errors import short, store_error, unreachable
 from analytics.store.ledger import (
     Admitted,
@@ -79,6 +81,8 @@ from analytics.store.records import (
 from analytics.store.redact import redacted
 from analytics.store.retention import Cutoff, Inserted
 from analytics.store.schema import Layout, Retention
+from analytics.store.topology import Changes
+from analytics.topology.model import Edge, Link, Source
 
 __all__ = ["DEFAULT_DATABASE", "DEFAULT_DSN", "Retention", "Store", "series_id"]
 
@@ -470,6 +474,27 @@ class Store:
     def insert_notifications(self, rows: Sequence[NotificationRow], *, token: str) -> int:
         """Store delivery outcomes; returns the number of rows sent."""
         return self._insert_records("notifications", _columns(NotificationRow), rows, token)
+
+    def replace_links(
+        self, source: Source, links: Iterable[Link], now: float, *, reporter: str = ""
+    ) -> Changes:
+        """Make `reporter` of `source` (its inventory file, one host's agent, an imported file) say exactly
+        `links` from `now` on: its edges no longer said end at `now`, new links start there, the rest stay
+        (analytics.store.topology). Saying the same again writes nothing. StoreRejected when `now` is
+        before its last change; StoreUnavailable."""
+        with self._lock, self._failures("topology"):
+            held = self._client.query(
+                topology.open_edges(self._layout.name("topology")),
+                parameters={"source": str(source), "reporter": reporter},
+            ).result_rows
+            plan = topology.replacement(source, reporter, links, held, now)
+            if plan.columns:
+                self._insert("topology", topology.COLUMNS, plan.columns, plan.token, column_oriented=True)
+        return plan.changes
+
+    def topology_at(self, ts: float) -> list[Edge]:
+        """The topology's edges in force at `ts`, source precedence applied (analytics.store.topology)."""
+        return topology.topology_at(self, ts)
 
     def roll_up_minutes(self, most: int = ROLL_UP_MINUTES_AT_ONCE) -> int:
         """Roll the raw samples of the whole minutes that ended ROLL_UP_MINUTES_AFTER_S ago into the

@@ -1,5 +1,5 @@
-"""Read, import steps, and send silences and drain requests through a hub's HTTP API: how the UI and
-the CLI reach an embedded store, which only the hub process may open.
+"""Read, import steps and topology, and send silences and drain requests through a hub's HTTP API: how the
+UI and the CLI reach an embedded store, which only the hub process may open.
 
 `HubClient.query`, `insert_silences` and `insert_actions` answer like the Store's, so callers take
 either. The transport is a seam
@@ -21,6 +21,7 @@ from typing import Any
 
 from analytics.errors import AddressError, QueryError, RetentionRefused, StoreRejected, StoreUnavailable
 from analytics.store.records import ActionRow, QueryResult, SilenceRow
+from analytics.store.topology import Changes
 
 Opener = Callable[..., Any]
 
@@ -69,6 +70,16 @@ class HubClient:
         the counts and the cutoff the hub gave."""
         path = "/api/v1/steps" + ("" if keep_days is None else f"?keep_days={keep_days}")
         return self._post(path, jsonl, "application/x-ndjson", StoreRejected)["rows"]
+
+    def import_topology(
+        self, format_name: str, text: str, *, file: str, reporter: str = ""
+    ) -> tuple[int, Changes]:
+        """Send a topology source's `text` in `format_name` for the hub to parse and store as what
+        `reporter` says now (Store.replace_links); returns the links it held and what changed.
+        StoreRejected carries the hub's explanation (the file, line and key of what is wrong)."""
+        body = json.dumps({"format": format_name, "text": text, "file": file, "reporter": reporter})
+        answer = self._post("/api/v1/topology", body.encode(), "application/json", StoreRejected)
+        return answer["links"], Changes(answer["opened"], answer["closed"], answer["unchanged"])
 
     def insert_silences(self, rows: Sequence[SilenceRow], *, token: str) -> int:
         """Store silences through the hub (as Store.insert_silences); returns the rows it accepted."""

@@ -125,6 +125,7 @@ class Table:
     sharding_key: str = "rand()"
     sharded: bool = True
     tiered_merges: bool = False  # TIERED_MERGES: for a table the hub appends to every few seconds
+    version: str | None = None  # a ReplacingMergeTree's version column: the row with its highest value stays
 
     def ttl_for(self, layout: Layout) -> str | None:
         return self.expiry.ttl(layout.retention) if self.expiry else None
@@ -145,10 +146,12 @@ class Table:
         return statements
 
     def _engine(self, layout: Layout, target: str) -> str:
+        version = [self.version] if self.version else []
         if not layout.cluster:
-            return self.engine
+            return f"{self.engine}({version[0]})" if version else self.engine
         shard, replica = ("{shard}", "{replica}") if self.sharded else ("all", "{shard}-{replica}")
-        return f"Replicated{self.engine}('/clickhouse/tables/{shard}/{target}', '{replica}')"
+        arguments = ", ".join([f"'/clickhouse/tables/{shard}/{target}'", f"'{replica}'", *version])
+        return f"Replicated{self.engine}({arguments})"
 
     def _settings(self, layout: Layout) -> list[str]:
         window = "replicated" if layout.cluster else "non_replicated"
@@ -600,6 +603,27 @@ NOTIFICATIONS = Table(
     partition_by="toYYYYMM(ts)",
 )
 
+# One row per edge of the topology as one source's reporter said it (analytics.store.topology): an edge
+# still in force has valid_to NULL; when its reporter stops reporting it, the same row is written again
+# with valid_to set and closed = 1, which replaces the open row on merge (read with FINAL) whatever order
+# the two reached the table in. In a cluster, a reporter's rows are on one shard, so FINAL sees both.
+TOPOLOGY = Table(
+    name="topology",
+    columns=f"""    child_kind LowCardinality(String),
+    child String,
+    parent_kind LowCardinality(String),
+    parent String,
+    source LowCardinality(String),
+    reporter String,
+    valid_from {TS},
+    valid_to Nullable({TS}),
+    closed UInt8""",
+    engine="ReplacingMergeTree",
+    version="closed",
+    order_by="source, reporter, child_kind, child, parent_kind, parent, valid_from",
+    sharding_key="cityHash64(source, reporter)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
@@ -627,6 +651,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         "steps: a minmax index on ts, which every window's reads of steps filter on",
         (AddIndex("steps", STEPS_TS_INDEX),),
     ),
+    Migration(9, "topology: child -> parent edges by source, each with its validity", (TOPOLOGY,)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 # What queries may read: every table and view, by the name readers use (not the materialized view).

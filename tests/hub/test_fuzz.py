@@ -124,7 +124,14 @@ def encoded(body: bytes, encoding: str | None) -> bytes:
     return gzip.compress(body) if encoding == "gzip" else body
 
 
-PATHS = ["/v1/metrics", "/api/v1/steps", "/api/v1/query", "/api/v1/silences", "/api/v1/actions"]
+PATHS = [
+    "/v1/metrics",
+    "/api/v1/steps",
+    "/api/v1/query",
+    "/api/v1/silences",
+    "/api/v1/actions",
+    "/api/v1/topology",
+]
 
 
 @FUZZ
@@ -175,6 +182,53 @@ def test_query_requests_never_get_a_5xx_and_refusals_say_why(hub, sql, max_rows,
     answer = b"".join(hub.app(environ, lambda status, headers: statuses.append(int(status.split()[0]))))
     assert statuses[0] in (200, 400), answer
     if statuses[0] == 400:
+        assert json.loads(answer)["error"].strip()
+
+
+YAML_WORDS = [
+    "nodes",
+    "hosts",
+    "leaves",
+    "racks",
+    "host",
+    "rails",
+    ":",
+    "{",
+    "}",
+    "[",
+    "]",
+    "-",
+    ",",
+    "&a",
+    "*a",
+    "!!str",
+    "!x",
+    "\n",
+    "\n  ",
+    '"',
+    "'",
+    "#",
+    "?",
+    "|",
+    ">",
+    "001",
+    "~",
+    "\t",
+    "\x00",
+    "\u2028",
+]
+
+
+@FUZZ
+@given(
+    text=st.lists(st.sampled_from(YAML_WORDS), max_size=40).map(" ".join) | st.text(max_size=200),
+    fields=st.dictionaries(st.sampled_from(["file", "reporter", "format", "x"]), json_values, max_size=2),
+)
+def test_topology_requests_never_get_a_5xx_and_refusals_say_why(hub, text, fields):
+    body = json.dumps({"format": "inventory", "text": text, **fields}).encode()
+    status, answer = wsgi_post(hub, "/api/v1/topology", body, "application/json")
+    assert status in (200, 400), answer
+    if status == 400:
         assert json.loads(answer)["error"].strip()
 
 

@@ -160,6 +160,12 @@ def test_tricky_reads_are_still_answered(hub):
         ("/api/v1/query", json.dumps({"sql": "SELECT 1"}).encode(), "application/json", {READER, ADMIN}),
         ("/api/v1/steps", step_lines(3), "application/x-ndjson", {WRITER, ADMIN}),
         (
+            "/api/v1/topology",
+            json.dumps({"format": "inventory", "text": "nodes: {vela-001: {host: host-000}}"}).encode(),
+            "application/json",
+            {WRITER, ADMIN},
+        ),
+        (
             "/api/v1/actions",
             json.dumps(
                 {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -117,22 +118,43 @@ def test_counters_grow_with_load_and_never_shrink(tmp_path):
         assert 1000 < bytes_per_packet <= 9000, "packets no larger than the 9000-byte MTU"
 
 
-def test_congestion_marks_packets_and_throttles_the_port(tmp_path):
+def growth_after(tmp_path: Path, change: Callable[[SimSysfs], None]) -> Callable[[str, str], float]:
+    """How much each port's series grew over 10 busy seconds after `change` on a two-port tree:
+    grown(metric, device)."""
     sim = tree(tmp_path, nics=2)
     before = clean_scrape(sim)
-    sim.set_congestion(1, 1.0)
+    change(sim)
     sim.advance(10.0)
     after = clean_scrape(sim)
 
     def grown(name: str, device: str) -> float:
         return after[key(name, **port(device))] - before[key(name, **port(device))]
 
+    return grown
+
+
+def test_congestion_marks_packets_and_throttles_the_port(tmp_path):
+    grown = growth_after(tmp_path, lambda sim: sim.set_congestion(1, 1.0))
     assert grown(ECN_MARKED, "mlx5_1") > 1000 * max(grown(ECN_MARKED, "mlx5_0"), 1)
     assert grown("node_infiniband_np_cnp_packets_sent_total", "mlx5_1") > 0
     assert grown("node_infiniband_rp_cnp_packets_handled_total", "mlx5_1") > 0
     assert grown("node_infiniband_port_transmit_wait_total", "mlx5_1") > 0
     assert grown("node_infiniband_port_transmit_wait_total", "mlx5_0") == 0
     assert grown(TX_BYTES, "mlx5_1") < 0.7 * grown(TX_BYTES, "mlx5_0")
+
+
+def test_bit_errors_count_errors_and_retransmits_on_their_port_only(tmp_path):
+    grown = growth_after(tmp_path, lambda sim: sim.set_errors(1, 1.0))
+    for name in (
+        "node_infiniband_port_errors_received_total",
+        "node_infiniband_symbol_error_total",
+        "node_infiniband_out_of_sequence_packets_received_total",
+        "node_infiniband_packet_sequence_errors_total",
+    ):
+        assert grown(name, "mlx5_1") > 0 == grown(name, "mlx5_0"), name
+    assert grown(ECN_MARKED, "mlx5_1") < 2 * max(grown(ECN_MARKED, "mlx5_0"), 1), (
+        "bit errors are no congestion"
+    )
 
 
 def changes(before: dict, after: dict, netdev: str, device: str) -> dict[str, float]:
@@ -247,6 +269,7 @@ def test_same_seed_same_tree_other_seed_other_tree(tmp_path):
         lambda sim: sim.advance(-1.0),
         lambda sim: sim.set_link(4, up=False),
         lambda sim: sim.set_congestion(0, -0.1),
+        lambda sim: sim.set_errors(0, -1.0),
         lambda sim: sim.set_traffic(0, -0.5),
         lambda sim: sim.set_traffic(4, 0.5),
     ],

@@ -62,7 +62,7 @@ def test_the_hourly_roll_up_reads_and_writes_the_tables_readers_use_after_creati
 
 def test_cluster_tables_are_replicated_with_a_path_of_their_own() -> None:
     engines = [
-        re.search(r"ENGINE = (\w+)\('([^']+)', '([^']+)'\)", s)
+        re.search(r"ENGINE = (\w+)\('([^']+)', '([^']+)'(?:, \w+)?\)", s)  # then a version column
         for s in ddl("fleet", cluster=CLUSTER)
         if "MergeTree" in s
     ]

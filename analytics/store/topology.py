@@ -1,0 +1,145 @@
+"""The topology table's reads and writes (schema.TOPOLOGY): dated edges, replaced one reporter at a time.
+
+A source (analytics.topology.model.Source) has reporters: the inventory file, each host's agent, each
+imported file. `replacement` turns what one reporter says now into the rows to write: its edges no longer
+said are closed (the same row again with valid_to = now and closed = 1, which replaces the open one on
+merge; reads use FINAL), links new to it are opened with valid_from = now, and links it said before are
+left alone. Saying the same again writes nothing; a batch replayed after a crash carries the same insert
+token and is stored once. One writer per reporter at a time (the hub, or one import).
+
+`topology_at` reads the edges in force at a time through any reader with Store.query's signature (the
+store, or a hub's query API through HubClient), with source precedence applied (analytics.topology.view).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from analytics.errors import StoreRejected
+from analytics.store.records import QueryResult
+from analytics.topology.model import Edge, Entity, Kind, Link, Source
+from analytics.topology.view import in_force
+
+COLUMNS = (
+    "child_kind",
+    "child",
+    "parent_kind",
+    "parent",
+    "source",
+    "reporter",
+    "valid_from",
+    "valid_to",
+    "closed",
+)
+MAX_EDGES = 1_000_000  # rows one read of the topology takes; a larger one is refused, not cut
+_SECONDS = "toFloat64(toUnixTimestamp64Milli({column})) / 1000"
+# Every edge in force at {at}, of every source: what topology_at reads (through the query API too).
+EDGES_AT = f"""SELECT child_kind, child, parent_kind, parent, source,
+    {_SECONDS.format(column="valid_from")} AS valid_from, {_SECONDS.format(column="valid_to")} AS valid_to
+FROM topology FINAL
+WHERE valid_from <= {{at:DateTime64(3, 'UTC')}}
+    AND (valid_to IS NULL OR valid_to > {{at:DateTime64(3, 'UTC')}})
+ORDER BY source, child_kind, child, parent_kind, parent"""
+
+
+def open_edges(table: str) -> str:
+    """The edges of one reporter still in force, in `table` (qualified): what `replacement` takes."""
+    return f"""SELECT child_kind, child, parent_kind, parent, toUnixTimestamp64Milli(valid_from)
+FROM {table} FINAL
+WHERE source = {{source:String}} AND reporter = {{reporter:String}} AND valid_to IS NULL"""
+
+
+class Reader(Protocol):
+    def query(self, sql: str, *, parameters: Any = None, max_rows: int = ...) -> QueryResult: ...
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What one replace_links did: links `opened` (new), edges `closed` (no longer said), `unchanged`."""
+
+    opened: int
+    closed: int
+    unchanged: int
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """The rows one replace_links writes (as columns, COLUMNS order), their insert token, and its Changes."""
+
+    columns: list[list[Any]]
+    token: str
+    changes: Changes
+
+
+def replacement(
+    source: Source, reporter: str, links: Iterable[Link], open_rows: Sequence[tuple], now: float
+) -> Replacement:
+    """The rows that make `reporter` of `source` say exactly `links` from `now` on, given its edges still
+    open (OPEN_EDGES rows); StoreRejected when `now` is before one of them opened (a clock gone back)."""
+    now_ms = _millis(now)
+    said = set(links)
+    held = {Link(Entity(Kind(ck), c), Entity(Kind(pk), p)): int(since) for ck, c, pk, p, since in open_rows}
+    if (latest := max(held.values(), default=now_ms)) > now_ms:
+        raise StoreRejected(
+            f"topology: {source}/{reporter} changed at {latest / 1000:.3f}, after now ({now:.3f}): a clock"
+            " gone back?"
+        )
+    rows = [
+        _row(link, source, reporter, since, now_ms)
+        for link, since in sorted(held.items())
+        if link not in said
+    ]
+    rows += [_row(link, source, reporter, now_ms, None) for link in sorted(said - held.keys())]
+    digest = hashlib.sha256(json.dumps([source, reporter, now_ms, rows]).encode()).hexdigest()
+    changes = Changes(
+        opened=len(said - held.keys()), closed=len(held.keys() - said), unchanged=len(said & held.keys())
+    )
+    return Replacement([list(column) for column in zip(*rows, strict=True)] if rows else [], digest, changes)
+
+
+def topology_at(reader: Reader, ts: float) -> list[Edge]:
+    """The edges in force at `ts` (unix seconds), source precedence applied; rows of a kind or source this
+    code does not know (written by a newer fleetlens) are left out. StoreRejected when there are more
+    than the reader returns at once."""
+    at = datetime.fromtimestamp(ts, UTC)
+    result = reader.query(EDGES_AT, parameters={"at": at}, max_rows=MAX_EDGES)
+    if result.truncated:
+        raise StoreRejected(
+            f"topology: more edges in force than one read returns ({len(result.rows)}); raise the hub's"
+            " query_max_rows"
+        )
+    return in_force(filter(None, map(_edge, result.rows)), ts)
+
+
+def _edge(row: Sequence[Any]) -> Edge | None:
+    child_kind, child, parent_kind, parent, source, valid_from, valid_to = row
+    known = {str(kind) for kind in Kind}
+    if child_kind not in known or parent_kind not in known or source not in {str(s) for s in Source}:
+        return None
+    link = Link(Entity(Kind(child_kind), child), Entity(Kind(parent_kind), parent))
+    return Edge(link, Source(source), float(valid_from), None if valid_to is None else float(valid_to))
+
+
+def _row(link: Link, source: Source, reporter: str, since_ms: int, until_ms: int | None) -> tuple:
+    child, parent = link.child, link.parent
+    closed = int(until_ms is not None)
+    return (
+        str(child.kind),
+        child.name,
+        str(parent.kind),
+        parent.name,
+        str(source),
+        reporter,
+        since_ms,
+        until_ms,
+        closed,
+    )
+
+
+def _millis(ts: float) -> int:
+    return round(ts * 1000)
