@@ -163,7 +163,8 @@ class HostAgent:
         return report
 
     def _failed(self, part: str, exc: Exception) -> None:
-        reason = printable(str(exc))[:MAX_REASON_CHARS]
+        # ASCII, control characters escaped: the hub refuses a report whose reasons are not one plain line
+        reason = printable(str(exc).encode("ascii", "backslashreplace").decode())[:MAX_REASON_CHARS]
         joined = f"{self.errors[part]}; {reason}" if part in self.errors else reason
         self.errors[part] = joined[:MAX_JOINED_REASON_CHARS]
         log.warning("host agent: %s left out: %s", part, reason)
@@ -190,8 +191,8 @@ def post_report(
 ) -> dict:
     """POST `report` to `hub`'s /api/v1/topology as format `host-agent`, reporter = its host; the hub's
     JSON answer, or HostAgentError with what the hub said (or why it could not be reached)."""
-    body = {"format": FORMAT, "text": json.dumps(report), "file": f"host-agent {report['host']}"}
-    body["reporter"] = report["host"]
+    host = report["host"]
+    body = {"format": FORMAT, "text": json.dumps(report), "file": f"host-agent {host}", "reporter": host}
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"

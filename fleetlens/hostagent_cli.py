@@ -11,11 +11,14 @@ import threading
 from pathlib import Path
 
 from collectors.hostagent import HostAgent, run_agent
+from fleetlens.errors import ConfigError
 
 
 def cmd_host_agent(args: argparse.Namespace) -> int:
     """Post this host's report to --hub each --interval-s (once with --once) with FLEETLENS_API_TOKEN as
     the token, until SIGTERM or SIGINT; exit status 1 when --once could not store its report."""
+    if not args.interval_s > 0:
+        raise ConfigError(f"--interval-s: {args.interval_s} is not a positive number of seconds")
     agent = HostAgent(
         args.host or socket.gethostname(),
         sysfs_root=Path(args.sysfs_root),

@@ -87,6 +87,14 @@ def test_a_command_past_a_bound_is_a_reason_on_one_line(code: str, reason: str) 
     assert str(refused.value).endswith(reason)
 
 
+def test_a_reason_is_one_plain_ascii_line_whatever_the_tool_wrote(tmp_path: Path) -> None:
+    code = "import sys; sys.stderr.write('no\\u202eroute\\n\\x85'); sys.exit(1)"
+    report = HostAgent("hv-01", sysfs_root=tmp_path, virsh=ABSENT, lldpcli=_python(code)).report()
+    reason = report["errors"]["lldp"]
+    assert reason.isascii() and reason.isprintable()
+    assert "\u202e" not in reason and reason.endswith("u202eroute")  # the bidi override escaped
+
+
 @pytest.mark.integration
 def test_lldp_neighbors_come_raw_from_a_real_lldpd(tmp_path: Path) -> None:
     with hostpeers.lldp_pair() as pair:

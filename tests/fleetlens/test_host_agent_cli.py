@@ -17,7 +17,7 @@ from collectors.hostagent import HostAgent
 from tests.support import hostpeers
 from tests.support.hostpeers import GPU_PCI, LEAF, VFS
 from tests.support.hubserver import hub_process
-from tests.support.peers import require_binary
+from tests.support.peers import free_port, require_binary
 
 TOKEN = "host-agent-test-token"
 PLACED = [{"node": "vela-001", "host": "hv-01", "leaf": LEAF}, {"node": "vela-002", "host": "hv-01"}]
@@ -74,3 +74,17 @@ def test_the_agent_places_each_vm_under_its_host_and_the_leaf_behind_its_vf(tmp_
         assert imported.returncode == 1
         assert "$.domains[0].xml line 1: a DOCTYPE" in imported.stderr
         assert shown(hub.url) == PLACED
+
+
+def test_a_non_positive_interval_is_refused_before_anything_runs() -> None:
+    done = fleetlens("host-agent", "--hub", "http://127.0.0.1:9", "--interval-s", "0")
+    assert done.returncode == 2
+    assert "--interval-s: 0.0 is not a positive number of seconds" in done.stderr
+
+
+def test_once_against_a_hub_that_is_down_says_so_and_exits_1(tmp_path: Path) -> None:
+    done = fleetlens(
+        "host-agent", "--hub", f"http://127.0.0.1:{free_port()}", "--sysfs-root", str(tmp_path), "--once"
+    )
+    assert done.returncode == 1
+    assert "report not stored: the hub at" in done.stderr and "cannot be reached" in done.stderr
