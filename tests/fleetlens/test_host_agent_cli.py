@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from collectors.hostagent import HostAgent
+from tests.fleetlens.test_roles import HEAVY, LOADED, OTHER_PROGRAMS
 from tests.support import hostpeers
 from tests.support.hostpeers import GPU_PCI, LEAF, VFS
 from tests.support.hubserver import hub_process
@@ -88,3 +89,18 @@ def test_once_against_a_hub_that_is_down_says_so_and_exits_1(tmp_path: Path) -> 
     )
     assert done.returncode == 1
     assert "report not stored: the hub at" in done.stderr and "cannot be reached" in done.stderr
+
+
+def test_the_agent_process_loads_nothing_of_the_hub_or_analytics(tmp_path: Path) -> None:
+    """A base install runs it: the hub parses the report, the agent only gathers and posts."""
+    hub = f"http://127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        [sys.executable, "-c", LOADED, "host-agent", "--hub", hub, "--sysfs-root", str(tmp_path), "--once"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    loaded = json.loads(done.stdout.splitlines()[-1])
+    assert loaded["code"] == 1  # the hub is down: reported, not raised
+    roots = {name.partition(".")[0] for name in loaded["modules"]}
+    assert roots & (HEAVY | OTHER_PROGRAMS) == set()
