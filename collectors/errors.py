@@ -9,8 +9,10 @@
     ├── LogParseError       a kernel or NCCL log line, or a step JSON line, is malformed
     │   └── StepRecordError     a step record breaks its contract: a missing or unknown key, a bad value,
     │                           a duplicate step (a ValueError too, as the hub and SDK users catch it)
-    └── CollectorConfigError    an unknown collector name, or an SDK setting the environment gets wrong
-                                (a ValueError too, as callers of the SDK catch it)
+    ├── CollectorConfigError    an unknown collector name, or an SDK setting the environment gets wrong
+    │                           (a ValueError too, as callers of the SDK catch it)
+    └── HostAgentError      a command the host agent runs failed (not installed, exit status, timeout,
+                            too much output), or the hub refused its report or could not be reached
 
 Collectors catch theirs per sample or per device, report them through `ReadErrors` and go on: one bad
 file never fails a scrape (a CollectorConfigError comes at start-up, before any scrape). Each message
@@ -42,3 +44,7 @@ class StepRecordError(LogParseError, ValueError):
 
 class CollectorConfigError(CollectorError, ValueError):
     """An unknown collector name, or a step SDK setting the environment gets wrong; the message names it."""
+
+
+class HostAgentError(CollectorError):
+    """A host agent's command or post failed; the message names the command or hub and why."""

@@ -120,6 +120,24 @@ def build_parser() -> argparse.ArgumentParser:
     collectors = sub.add_parser("collectors", help="list the collectors and whether they run by default")
     collectors.set_defaults(run="fleetlens.exporter_cli:cmd_collectors")
 
+    host_agent = sub.add_parser(
+        "host-agent", help="on a hypervisor: report its PFs, VFs, VMs and LLDP neighbors to a hub"
+    )
+    host_agent.add_argument("--hub", required=True, help="the hub's URL (FLEETLENS_API_TOKEN: a write token)")
+    host_agent.add_argument("--host", help="this host's name in the topology (default: its hostname)")
+    host_agent.add_argument(
+        "--interval-s", type=float, default=60.0, dest="interval_s", help="seconds between reports (60)"
+    )
+    host_agent.add_argument("--sysfs-root", default="/sys", help="the /sys tree to read (default /sys)")
+    host_agent.add_argument("--once", action="store_true", help="one report, then exit (1 if not stored)")
+    host_agent.add_argument(
+        "--virsh-connect", metavar="URI", help="libvirt's URI for virsh -c (default: virsh's own default)"
+    )
+    host_agent.add_argument(
+        "--lldpd-socket", metavar="PATH", help="lldpd's control socket for lldpcli -u (default: lldpcli's)"
+    )
+    host_agent.set_defaults(run="fleetlens.hostagent_cli:cmd_host_agent")
+
     hub = sub.add_parser("hub", help="scrape the fleet, receive step times, store everything in ClickHouse")
     _hub_flags(hub)
     hub.add_argument("--targets", help="Prometheus file_sd JSON of the exporters to scrape")
@@ -167,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--format",
         required=True,
         help="the file's format: inventory (docs/topology.md), slurm, k8s-nodes, ibnetdiscover, lldp, "
-        "libvirt (docs/topology-importers.md)",
+        "libvirt, host-agent (docs/topology-importers.md)",
     )
     topology_import.add_argument(
         "--reporter",

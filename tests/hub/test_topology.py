@@ -78,7 +78,10 @@ def test_only_a_write_token_may_send_topology(hub_url, store, token, status):
             {"format": "inventory", "text": "nodes: {a: {host: h}}\nleafs: {}"},
             "the request: line 2: unknown section",
         ),
-        ({"format": "gml", "text": ""}, "format: 'gml': not a topology format; known: ibnetdiscover"),
+        (
+            {"format": "gml", "text": ""},
+            "format: 'gml': not a topology format; known: host-agent, ibnetdiscover",
+        ),
         (
             {"format": "inventory", "text": INVENTORY, "reporter": "a\nb"},
             "reporter: name 'a\\nb' holds a control",

@@ -1,0 +1,237 @@
+"""The host agent: what a hypervisor sees of its VMs' place, gathered into one report for the hub.
+
+Each report (REPORT_VERSION, format `host-agent` on the hub; docs/topology.md) holds three parts:
+
+- `pfs`: from sysfs, every network interface with SR-IOV VFs (`/sys/class/net/<pf>/device/virtfn*`
+  symlinks), its own PCI address and its VFs' PCI addresses, as the symlinks' targets name them;
+- `domains`: each libvirt domain's XML, raw (`virsh list --all --name`, then `virsh dumpxml NAME`);
+- `lldp`: the raw text of `lldpcli -f json0 show neighbors`.
+
+Failure policy: a part whose tool is not installed, fails, times out or answers more than
+MAX_OUTPUT_BYTES is left out, and `errors` says why under the part's name; a domain whose dumpxml fails
+is left out of `domains` alone. No failure fails the report. Commands run without a shell, with fixed
+argument lists, through a Runner (the seam tests replace). The analytics side (the hub) validates every
+field again: nothing here is trusted there.
+
+Standard library only: the agent runs from a base install.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from collectors.errors import HostAgentError
+from collectors.logtext import printable
+
+log = logging.getLogger("fleetlens.hostagent")
+
+REPORT_VERSION = 1
+FORMAT = "host-agent"
+COMMAND_TIMEOUT_S = 10.0
+MAX_OUTPUT_BYTES = 4 << 20  # a domain's XML is some kB, lldpcli's neighbors of 100 ports < 1 MiB
+MAX_REASON_CHARS = 500  # how much of a failure's stderr a reason keeps
+MAX_JOINED_REASON_CHARS = 2000  # a part's reasons together (several domains may fail)
+POST_TIMEOUT_S = 30.0
+
+Runner = Callable[[Sequence[str]], str]
+
+
+def run_command(argv: Sequence[str], timeout_s: float = COMMAND_TIMEOUT_S) -> str:
+    """`argv`'s standard output as text, read for at most `timeout_s` and MAX_OUTPUT_BYTES; a
+    HostAgentError saying why otherwise (not installed, exit status and stderr's start, timeout, too
+    much output, not UTF-8). No shell; stdin is /dev/null; a command past a limit is killed."""
+    name = argv[0]
+    try:
+        process = subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+    except FileNotFoundError:
+        raise HostAgentError(f"{name} is not installed") from None
+    except OSError as exc:
+        raise HostAgentError(f"{name} cannot be run: {exc.strerror}") from None
+    output, errors = bytearray(), bytearray()
+    try:
+        _read_bounded(process, output, errors, time.monotonic() + timeout_s, name, timeout_s)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            process.wait()
+        process.stdout.close()  # type: ignore[union-attr]
+        process.stderr.close()  # type: ignore[union-attr]
+    if process.returncode != 0:
+        said = printable(errors.decode("utf-8", "replace").strip())[:MAX_REASON_CHARS]
+        raise HostAgentError(f"{name} exited with status {process.returncode}: {said}")
+    try:
+        return output.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HostAgentError(f"{name} wrote output that is not UTF-8") from None
+
+
+def _read_bounded(
+    process: subprocess.Popen,
+    output: bytearray,
+    errors: bytearray,
+    deadline: float,
+    name: str,
+    timeout_s: float,
+) -> None:
+    """Read `process`'s stdout into `output` and the start of its stderr into `errors` until both close
+    and it exits; HostAgentError past `deadline` or MAX_OUTPUT_BYTES."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ, output)  # type: ignore[arg-type]
+        selector.register(process.stderr, selectors.EVENT_READ, errors)  # type: ignore[arg-type]
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise HostAgentError(f"{name} timed out after {timeout_s:g} s")
+            for key, _ in selector.select(left):
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                key.data.extend(chunk)
+                del errors[MAX_REASON_CHARS * 4 :]
+                if len(output) > MAX_OUTPUT_BYTES:
+                    raise HostAgentError(f"{name} wrote more than {MAX_OUTPUT_BYTES} bytes")
+    try:
+        process.wait(max(deadline - time.monotonic(), 0))
+    except subprocess.TimeoutExpired:
+        raise HostAgentError(f"{name} timed out after {timeout_s:g} s") from None
+
+
+def sriov_pfs(sysfs_root: Path) -> list[dict[str, Any]]:
+    """Every interface under `sysfs_root`/class/net with virtfn* links: {"name", "pci", "vfs"}, sorted by
+    name, each VF's PCI address (the link's target's name) in virtfn order."""
+    pfs = []
+    net = sysfs_root / "class" / "net"
+    for interface in sorted(net.iterdir()) if net.is_dir() else []:
+        device = interface / "device"
+        links = sorted(device.glob("virtfn*"), key=lambda link: _virtfn_index(link.name))
+        if not links:
+            continue
+        pfs.append(
+            {
+                "name": interface.name,
+                "pci": Path(os.readlink(device)).name,
+                "vfs": [Path(os.readlink(link)).name for link in links],
+            }
+        )
+    return pfs
+
+
+def _virtfn_index(name: str) -> int:
+    """N of "virtfnN" (virtfn10 after virtfn9); -1 for a name that is not so numbered."""
+    suffix = name.removeprefix("virtfn")
+    return int(suffix) if suffix.isdigit() else -1
+
+
+@dataclass
+class HostAgent:
+    """Gathers this host's report. `virsh` and `lldpcli` are the commands' fixed leading arguments (add
+    `-c URI` or `-u SOCKET` to reach another libvirt or lldpd); `run` runs each command."""
+
+    host: str
+    sysfs_root: Path = Path("/sys")
+    virsh: Sequence[str] = ("virsh",)
+    lldpcli: Sequence[str] = ("lldpcli",)
+    run: Runner = run_command
+    errors: dict[str, str] = field(default_factory=dict, init=False)
+
+    def report(self) -> dict[str, Any]:
+        """One report of what this host sees now (module docstring); never raises for a part's failure."""
+        self.errors = {}
+        report: dict[str, Any] = {"version": REPORT_VERSION, "host": self.host}
+        for part, gather in (("pfs", self._pfs), ("domains", self._domains), ("lldp", self._lldp)):
+            try:
+                report[part] = gather()
+            except (HostAgentError, OSError) as exc:
+                self._failed(part, exc)
+        if self.errors:
+            report["errors"] = self.errors
+        return report
+
+    def _failed(self, part: str, exc: Exception) -> None:
+        # ASCII, control characters escaped: the hub refuses a report whose reasons are not one plain line
+        reason = printable(str(exc).encode("ascii", "backslashreplace").decode())[:MAX_REASON_CHARS]
+        joined = f"{self.errors[part]}; {reason}" if part in self.errors else reason
+        self.errors[part] = joined[:MAX_JOINED_REASON_CHARS]
+        log.warning("host agent: %s left out: %s", part, reason)
+
+    def _pfs(self) -> list[dict[str, Any]]:
+        return sriov_pfs(self.sysfs_root)
+
+    def _domains(self) -> list[dict[str, str]]:
+        names = [line.strip() for line in self.run([*self.virsh, "list", "--all", "--name"]).splitlines()]
+        domains = []
+        for name in filter(None, names):
+            try:
+                domains.append({"name": name, "xml": self.run([*self.virsh, "dumpxml", "--", name])})
+            except HostAgentError as exc:
+                self._failed("domains", HostAgentError(f"domain {name}: {exc}"))
+        return domains
+
+    def _lldp(self) -> str:
+        return self.run([*self.lldpcli, "-f", "json0", "show", "neighbors"])
+
+
+def post_report(
+    hub: str, report: dict[str, Any], token: str | None, timeout_s: float = POST_TIMEOUT_S
+) -> dict:
+    """POST `report` to `hub`'s /api/v1/topology as format `host-agent`, reporter = its host; the hub's
+    JSON answer, or HostAgentError with what the hub said (or why it could not be reached)."""
+    host = report["host"]
+    body = {"format": FORMAT, "text": json.dumps(report), "file": f"host-agent {host}", "reporter": host}
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    url = f"{hub.rstrip('/')}/api/v1/topology"
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return json.loads(response.read(1 << 20))
+    except urllib.error.HTTPError as exc:
+        said = printable(exc.read(MAX_REASON_CHARS * 4).decode("utf-8", "replace"))[:MAX_REASON_CHARS]
+        raise HostAgentError(f"the hub at {url} answered {exc.code}: {said}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise HostAgentError(f"the hub at {url} cannot be reached: {printable(str(exc))}") from None
+
+
+def run_agent(
+    agent: HostAgent,
+    hub: str,
+    token: str | None,
+    *,
+    interval_s: float,
+    once: bool = False,
+    stop: threading.Event | None = None,
+) -> bool:
+    """Gather and post one report every `interval_s` until `stop` is set (or once); each answer logged. A
+    hub that is down is tried again with the next interval's fresh report: nothing is queued. Returns
+    whether the last report was stored."""
+    stop = stop or threading.Event()
+    while True:
+        try:
+            answer = post_report(hub, agent.report(), token)
+            log.info("host agent: the hub stored %s links (%s)", answer.get("links"), _changes(answer))
+            stored = True
+        except HostAgentError as exc:
+            log.warning("host agent: report not stored: %s", exc)
+            stored = False
+        if once or stop.wait(interval_s):
+            return stored
+
+
+def _changes(answer: dict) -> str:
+    return ", ".join(f"{answer.get(key)} {key}" for key in ("opened", "closed", "unchanged"))
