@@ -145,6 +145,14 @@ class DrainController:
         )
 
     def _watch_breaker(self, by_node: Mapping[str, list[Alert]], now: float) -> list[ActionRow]:
+        """Open or close the breaker on the nodes anomalous now; a node whose every alert a shared fault
+        explains counts as that fault, not as one more node (a leaf's flaps are one event, and its eight
+        nodes must not stop the drain of a lost GPU elsewhere)."""
+        by_node = {
+            node: alerts
+            for node, alerts in by_node.items()
+            if not all(alert.annotations.get(EXPLAINED_BY) for alert in alerts)
+        }
         for node in list(self._first_seen):
             if node not in by_node:
                 del self._first_seen[node]
