@@ -166,8 +166,9 @@ class Snapshot:
 
 class TopologyReads:
     """The topology in force, read through `reader` again only when the table changed (topology_version,
-    one small query a call) or every `every` calls: what a loop that asks each window keeps. A call
-    returns the same Snapshot object until a read changes it; StoreUnavailable as the reader raises it."""
+    one small query a call) or after `every` calls served from one read: what a loop that asks each
+    window keeps. A call returns the same Snapshot object until a read changes it; StoreUnavailable as
+    the reader raises it."""
 
     def __init__(self, reader: Reader, every: int = 30) -> None:
         if every < 1:
