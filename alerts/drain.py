@@ -24,7 +24,8 @@ drains at most max_drains_per_parent_per_hour of the parent's nodes an hour, nev
 once. The per-parent limit counts, for a drain on anything but a GPU's own fault, the drains of the last
 hour (and those waiting for approval) of nodes that share a host, PF, leaf or rack with it in the
 topology in force now (`parents`, a callable: the store's analytics.store.topology.TopologyReads.parents
-in the hub); spines, rails and PDUs span too many nodes to cap on.
+in the hub); spines, rails and PDUs span too many nodes to cap on. The breaker counts a node whose
+every alert a shared fault explains as part of that fault, not as one more anomalous node.
 
 No backend is called on a decision made earlier: approve() checks the drain again when it is asked, on
 the alerts firing and the silences in force then, as the step would, whoever decided it (this controller,
