@@ -4,14 +4,28 @@ Each step looks at the alerts firing now. A node with an alert the policy covers
 for a straggler what it costs its job, for a GPU fault the action it recommends: policy.DrainRule's
 min_job_slowdown and actions) is a candidate once
 corroborated (policy.DrainRule); before anything is called, the controller checks, in order: a silence
-on the node's alert, the node's cooldown, the circuit breaker, then the limits (drained at once, share
-of the fleet, per job, per hour), counting drains waiting for approval as drained. What passes is
+on the node's alert, the hold of a shared fault, the node's cooldown, the circuit breaker, then the
+limits (drained at once, share of the fleet, per job, per hour, per parent per hour), counting drains
+waiting for approval as drained. What passes is
 
     dry-run   recorded as `dry-run`: no backend is called; the controller's state moves as if drained,
               so the audit shows what `auto` would have done
     approve   recorded as `pending` until approve() or deny(); approve() calls the backends
     auto      the backends are called at once: `done`, or `failed` with their answer (retried after
               policy.retry_s)
+
+Drains follow the shared-fault diagnosis (analytics.detectors.shared_faults). A shared fault's own alert
+has no node and never drains anything. A drain whose alert a shared fault explains (its annotation
+`explained_by`), on a node with no GPU fault of its own (no gpu_fault or gpu_app_error alert: its Xids,
+DBEs, remaps, a lost GPU), is held for policy.hold_explained_s from the first cycle that found it so: the
+layer's fault, not the node, is what to mend. When the hold ends and the alert still fires, the drain is
+decided as any other, under every limit, the per-parent one included: a fault that outlasts the hold
+drains at most max_drains_per_parent_per_hour of the parent's nodes an hour, never the whole layer at
+once. The per-parent limit counts, for a drain on anything but a GPU's own fault, the drains of the last
+hour (and those waiting for approval) of nodes that share a host, PF, leaf or rack with it in the
+topology in force now (`parents`, a callable: the store's analytics.store.topology.TopologyReads.parents
+in the hub); spines, rails and PDUs span too many nodes to cap on. The breaker counts a node whose
+every alert a shared fault explains as part of that fault, not as one more anomalous node.
 
 No backend is called on a decision made earlier: approve() checks the drain again when it is asked, on
 the alerts firing and the silences in force then, as the step would, whoever decided it (this controller,
@@ -31,7 +45,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from alerts.backends import DrainBackend
@@ -39,7 +53,7 @@ from alerts.commands import standing
 from alerts.errors import BackendError, DecisionError
 from alerts.model import Alert, DrainRequest
 from alerts.policy import DrainPolicy, DrainRule
-from alerts.rules import fingerprint
+from alerts.rules import EXPLAINED_BY, fingerprint
 from analytics.reports.remedy import ACTION, recommended_action
 from analytics.reports.straggler import shown_figures, straggler_cost
 from analytics.store.records import ActionRow
@@ -49,6 +63,14 @@ log = logging.getLogger(__name__)
 DECISION_NAMESPACE = uuid.UUID("0b8f6d4e-93a1-4c2e-8f57-6a1d2c3b4e5f")
 FLEET_ALERT = "FleetlensFleetWideEvent"
 HOUR_S = 3600.0
+OWN_EVIDENCE_KINDS = ("gpu_fault", "gpu_app_error")  # a node's own fault: never held, never capped by parent
+CAPPED_LAYERS = ("host", "pf", "leaf", "rack")  # the parents whose nodes the per-parent limit counts
+Parents = Callable[[str, float], Collection[tuple[str, str]]]  # node, now -> its (layer, name) parents
+
+
+def no_parents(node: str, now: float) -> Collection[tuple[str, str]]:
+    """The parents of a fleet without a topology: none, so the per-parent limit never applies."""
+    return ()
 
 
 @dataclass
@@ -61,10 +83,17 @@ class _Drained:
 class DrainController:
     """Decides and carries out drains for one fleet of `fleet_size` nodes; see the module doc."""
 
-    def __init__(self, policy: DrainPolicy, backends: Sequence[DrainBackend], fleet_size: int) -> None:
+    def __init__(
+        self,
+        policy: DrainPolicy,
+        backends: Sequence[DrainBackend],
+        fleet_size: int,
+        parents: Parents = no_parents,
+    ) -> None:
         self.policy = policy
         self.backends = list(backends)
         self.fleet_size = fleet_size
+        self.parents = parents
         self.drained: dict[str, _Drained] = {}
         self.pending: dict[str, DrainRequest] = {}  # decision id -> drain waiting for approval
         self.breaker_open = False
@@ -73,6 +102,10 @@ class DrainController:
         self._recent_drains: deque[float] = deque()
         self._first_seen: dict[str, float] = {}  # anomalous node -> since when, for the breaker
         self._refused: dict[str, str] = {}  # node -> the last refusal recorded
+        self._explained_since: dict[str, float] = {}  # node -> since when its drain is held (shared fault)
+        self._parent_capped: deque[tuple[float, str]] = (
+            deque()
+        )  # (when, node): drains the parent limit counts
 
     # -- the step -------------------------------------------------------------------------------------
 
@@ -94,6 +127,7 @@ class DrainController:
                 actions += self._decide(request, alerts, now, muted)
         actions += self._return_healthy(by_node, now)
         self._refused = {node: reason for node, reason in self._refused.items() if node in by_node}
+        self._explained_since = {n: t for n, t in self._explained_since.items() if n in by_node}
         return actions
 
     @property
@@ -112,6 +146,14 @@ class DrainController:
         )
 
     def _watch_breaker(self, by_node: Mapping[str, list[Alert]], now: float) -> list[ActionRow]:
+        """Open or close the breaker on the nodes anomalous now; a node whose every alert a shared fault
+        explains counts as that fault, not as one more node (a leaf's flaps are one event, and its eight
+        nodes must not stop the drain of a lost GPU elsewhere)."""
+        by_node = {
+            node: alerts
+            for node, alerts in by_node.items()
+            if not all(alert.annotations.get(EXPLAINED_BY) for alert in alerts)
+        }
         for node in list(self._first_seen):
             if node not in by_node:
                 del self._first_seen[node]
@@ -196,6 +238,8 @@ class DrainController:
         silences = sorted({muted[a.fingerprint] for a in alerts if a.fingerprint in muted})
         if silences:
             return f"silenced by {', '.join(silences)}"
+        if (held := self._hold(request, alerts, now)) is not None:
+            return held
         last = self._last_drain.get(request.node)
         if last is not None and now - last < self.policy.cooldown_s:
             return f"cooldown: drained {now - last:.0f} s ago, cooldown {self.policy.cooldown_s:g} s"
@@ -219,6 +263,47 @@ class DrainController:
             return (
                 f"limit: at most {limits.max_per_hour} new drains per hour ({len(self._recent_drains)} made)"
             )
+        return self._parent_limit(request, now)
+
+    def _hold(self, request: DrainRequest, alerts: Sequence[Alert], now: float) -> str | None:
+        """Why `request` waits for the shared fault that explains its alert, or None: when nothing
+        explains it, the node has a GPU fault of its own, or the hold (from the first cycle it applied)
+        has ended."""
+        alert = next((a for a in alerts if a.fingerprint == request.alert_id), None)
+        explained_by = alert.annotations.get(EXPLAINED_BY, "") if alert else ""
+        own = any(a.labels.get("kind") in OWN_EVIDENCE_KINDS for a in alerts)
+        if not explained_by or own:
+            self._explained_since.pop(request.node, None)
+            return None
+        since = self._explained_since.setdefault(request.node, now)
+        hold = self.policy.hold_explained_s
+        if now - since >= hold:
+            return None
+        return (
+            f"held: its {request.kind} is explained by shared fault {explained_by} and it has no GPU fault"
+            f" of its own; decided again {hold:g} s after {since:.0f} (hold_explained_s)"
+        )
+
+    def _parent_limit(self, request: DrainRequest, now: float) -> str | None:
+        """Why `request` would drain too many nodes under one of its parents this hour, or None."""
+        if request.kind in OWN_EVIDENCE_KINDS:
+            return None
+        mine = {parent for parent in self.parents(request.node, now) if parent[0] in CAPPED_LAYERS}
+        if not mine:
+            return None
+        while self._parent_capped and now - self._parent_capped[0][0] >= HOUR_S:
+            self._parent_capped.popleft()
+        counted = [node for _, node in self._parent_capped] + [
+            pending.node for pending in self.pending.values() if pending.kind not in OWN_EVIDENCE_KINDS
+        ]
+        cap = self.policy.limits.max_drains_per_parent_per_hour
+        for layer, name in sorted(mine):
+            under = sorted({node for node in counted if (layer, name) in self.parents(node, now)})
+            if len(under) + 1 > cap:
+                return (
+                    f"limit: at most {cap} drains per hour under one parent; {layer} {name} had"
+                    f" {', '.join(under)}"
+                )
         return None
 
     def _drain(self, request: DrainRequest, now: float) -> list[ActionRow]:
@@ -231,6 +316,8 @@ class DrainController:
         self.drained[request.node] = _Drained(request, now)
         self._last_drain[request.node] = now
         self._recent_drains.append(now)
+        if request.kind not in OWN_EVIDENCE_KINDS:
+            self._parent_capped.append((now, request.node))
         outcome = "dry-run" if self.policy.mode == "dry-run" else "done"
         return [self._drain_row(now, request, outcome, "")]
 
@@ -340,6 +427,8 @@ class DrainController:
                 self._last_drain[row.node] = row.ts
                 if now - row.ts < HOUR_S:
                     self._recent_drains.append(row.ts)
+                    if _request(row).kind not in OWN_EVIDENCE_KINDS:
+                        self._parent_capped.append((row.ts, row.node))
             elif row.action == "drain" and row.outcome == "failed":
                 self._failed_at[row.node] = row.ts
 

@@ -6,24 +6,27 @@ limits no decision may cross. Parsed from the `drain:` section of the config fil
                                     # approve: decisions wait for a person; auto: act at once
       cooldown_s: 3600              # a node is drained at most once per cooldown
       return_after_healthy_s: null  # put a node back after this long without alerts (null: by hand)
+      hold_explained_s: 1800        # a drain on alerts a shared fault explains waits this long
       rules:
         - {kinds: [gpu_fault], min_severity: critical,                             # at once, when
            actions: [reset_gpu, reboot_node, drain_for_inspection]}                # the GPU needs it
         - {kinds: [slow_node], second_signal: true, after_s: 600,                  # either suffices,
            min_job_slowdown: 0.05}                                                 # when it costs >= 5%
       limits: {max_nodes: 4, max_fraction: 0.05, max_per_job: 1, max_per_hour: 4,
-               breaker_fraction: 0.2, breaker_window_s: 300}
+               max_drains_per_parent_per_hour: 1, breaker_fraction: 0.2, breaker_window_s: 300}
 
 A rule's `actions` match the action a gpu_fault's evidence recommends (analytics.reports.remedy: the
 most disruptive of what its Xids, per NVIDIA's catalog, and its other signals ask for), one of
 none, restart_job, reset_gpu, reboot_node, drain_for_inspection. So a critical Xid that a restart of the
-job clears leaves the node in service. gpu_app_error (Xids the application caused) is never drained: a
-rule that lists it is refused, and so is one naming a kind no detector reports (alerts.rules.check_kinds).
+job clears leaves the node in service. gpu_app_error (Xids the application caused) and shared_fault (a
+leaf's, a host's... fault: no node of its own) are never drained: a rule that lists either is refused,
+and so is one naming a kind no detector reports (alerts.rules.check_kinds).
 
 Values that cannot mean what they say are refused, naming the key: a limit of 0 (max_nodes,
-max_fraction, max_per_job, max_per_hour, breaker_fraction), which would allow no drain at all, in any
-mode (to decide without acting, use mode dry-run: its audit shows what the limits allow); a negative
-cooldown_s or return_after_healthy_s; a retry_s that is not positive.
+max_fraction, max_per_job, max_per_hour, max_drains_per_parent_per_hour, breaker_fraction), which
+would allow no drain at all, in any mode (to decide without acting, use mode dry-run: its audit shows
+what the limits allow); a negative cooldown_s, return_after_healthy_s or hold_explained_s; a retry_s
+that is not positive.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ DRAINING_ACTIONS = tuple(action.value for action in Action if action.drains)
 NEVER_DRAINED = {  # anomaly kinds no drain rule may list, and why
     "gpu_app_error": "its Xids are the application's doing: restart the job; draining the node would "
     "turn one crashing job into nodes lost to every job",
+    "shared_fault": "it is a leaf's, a host's or a rack's fault, no node's: draining its nodes one by one "
+    "would empty the layer and mend nothing",
 }
 DRAINABLE_ACTION_KINDS = tuple(kind for kind in ACTION_KINDS if kind not in NEVER_DRAINED)
 
@@ -143,18 +148,21 @@ class DrainRule:
 @dataclass(frozen=True)
 class DrainLimits:
     """Checked before any call: drained at once (count and share of the fleet), per job, new drains per
-    hour; and the circuit breaker: more than `breaker_fraction` of the fleet turning anomalous within
-    `breaker_window_s` is a switch or fabric event, not many bad nodes, so drains stop."""
+    hour, new drains per hour under one parent (a host, PF, leaf or rack, for a drain on anything but a
+    GPU's own fault: alerts.drain); and the circuit breaker: more than `breaker_fraction` of the fleet
+    turning anomalous within `breaker_window_s` is a switch or fabric event, not many bad nodes, so
+    drains stop."""
 
     max_nodes: int = 4
     max_fraction: float = 0.05
     max_per_job: int = 1
     max_per_hour: int = 4
+    max_drains_per_parent_per_hour: int = 1
     breaker_fraction: float = 0.2
     breaker_window_s: float = 300.0
 
     def __post_init__(self) -> None:
-        for name in ("max_nodes", "max_per_job", "max_per_hour"):
+        for name in ("max_nodes", "max_per_job", "max_per_hour", "max_drains_per_parent_per_hour"):
             if not getattr(self, name) >= 1:
                 raise AlertConfigError(
                     f"drain.limits.{name}: must be >= 1 (0 allows no drain: use mode dry-run), "
@@ -186,6 +194,7 @@ class DrainPolicy:
     cooldown_s: float = 3600.0
     return_after_healthy_s: float | None = None
     retry_s: float = 60.0  # how long after a failed backend call the same drain is tried again
+    hold_explained_s: float = 1800.0  # how long a drain on alerts a shared fault explains waits
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -196,6 +205,10 @@ class DrainPolicy:
             raise AlertConfigError(
                 "drain.return_after_healthy_s: must be >= 0 seconds (null: nodes are returned by hand), "
                 f"got {self.return_after_healthy_s}"
+            )
+        if not self.hold_explained_s >= 0:
+            raise AlertConfigError(
+                f"drain.hold_explained_s: must be >= 0 seconds (0: no hold), got {self.hold_explained_s}"
             )
         if not self.retry_s > 0:
             raise AlertConfigError(f"drain.retry_s: must be > 0 seconds, got {self.retry_s}")

@@ -5,20 +5,30 @@ do: `alertname` (the rule's name), `node`, `kind`, `severity`, and `component` a
 anomaly has them, plus the rule's own labels. Annotations are templates over the anomaly's fields:
 
     {kind} {node} {component} {job} {severity} {score} {evidence} {detector} {where}
-    {job_slowdown} {lost_gpu_hours} {action} {action_text}
+    {job_slowdown} {lost_gpu_hours} {action} {action_text} {layer} {parent} {check}
 
 where `where` is "vela-007 gpu:3" (node and component) and `evidence` the anomaly's evidence as the
 store holds it (analytics.evidence.to_json). `job_slowdown`
 and `lost_gpu_hours` are what a straggler costs its job (analytics.reports.straggler), as people read
 them ("31%", "2.4"); `action` and `action_text` what a GPU fault asks an operator to do
-(analytics.reports.remedy: "reset_gpu", "drain the node and reset the GPU, ..."). Only some anomalies
-carry them (slow_node, gpu_fault), so an annotation that uses one falls back, for an anomaly without
-it, to the default annotation of the same name (left out when there is none). A rule's annotations
-override the defaults for its kinds (`default_annotations`): a slow_node rule states the cost, "vela-012
-slows job run-42 by 31% (2.4 GPU-hours lost so far)", a gpu_fault rule the action in the summary and
-the description Alertmanager receives, and both today's text for anomalies written before the detector
-reported them. The fingerprint is Alertmanager's (FNV-1a over the sorted labels), so an
-alert has the same id here, in Alertmanager's API and in its UI.
+(analytics.reports.remedy: "reset_gpu", "drain the node and reset the GPU, ..."); `layer`, `parent` and
+`check` where a shared fault is and what to look at there (analytics.evidence.SharedFaultEvidence:
+"leaf", "leaf-07", "leaf-07: link flaps on 8 of 8 nodes; check optics and switch logs"). Only some
+anomalies carry them (slow_node, gpu_fault, shared_fault), so an annotation that uses one falls back,
+for an anomaly without it, to the default annotation of the same name (left out when there is none).
+A rule's annotations override the defaults for its kinds (`default_annotations`): a slow_node rule
+states the cost, "vela-012 slows job run-42 by 31% (2.4 GPU-hours lost so far)", a gpu_fault rule the
+action in the summary and the description Alertmanager receives, and both today's text for anomalies
+written before the detector reported them.
+
+A shared_fault anomaly (a leaf, a host, a rack... whose nodes' anomalies it explains:
+analytics.detectors.shared_faults) is about no node: its alert is labelled `layer` and `parent` in
+place of `node` and `component`, so Alertmanager can route it to the team that owns the network or the
+racks, and no drain reads it as a node's. A per-node anomaly a shared fault explains still alerts, with
+the annotation `explained_by` (the shared fault's anomaly id): an annotation, not a label, since labels
+make the fingerprint and an alert explained halfway through its life must stay the same alert. The
+fingerprint is Alertmanager's (FNV-1a over the sorted labels), so an alert has the same id here, in
+Alertmanager's API and in its UI.
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alerts.errors import AlertConfigError
-from analytics.evidence import to_json
+from analytics.evidence import SharedFaultEvidence, to_json
 from analytics.reports.remedy import ACTION, ACTION_KINDS, ACTION_TEXT_KEY, shown_action
 from analytics.reports.straggler import (
     COSTED_KINDS,
@@ -42,12 +52,15 @@ from analytics.reports.straggler import (
 from analytics.store.records import Anomaly
 
 SEVERITIES = ("info", "warning", "critical")
+SHARED_FAULT = SharedFaultEvidence.KIND  # the kind of a shared fault's anomaly (no detector's own kind)
 COST_FIELDS = (JOB_SLOWDOWN, LOST_GPU_HOURS)  # only in the evidence of some anomalies: see the module doc
 ACTION_FIELDS = (ACTION, ACTION_TEXT_KEY)  # likewise
+SHARED_FAULT_FIELDS = ("layer", "parent", "check")  # likewise: a shared fault's evidence
 TEMPLATE_FIELDS = (
     "kind", "node", "component", "job", "severity", "score", "evidence", "detector", "where", *COST_FIELDS,
-    *ACTION_FIELDS,
+    *ACTION_FIELDS, *SHARED_FAULT_FIELDS,
 )  # fmt: skip
+EXPLAINED_BY = "explained_by"  # the annotation naming the shared fault that explains a per-node alert
 DEFAULT_ANNOTATIONS = {
     "summary": "{kind} on {where}",
     "description": "detector {detector} reports {kind} on {where}, severity {severity}, score {score}",
@@ -62,6 +75,11 @@ ACTION_ANNOTATIONS = {  # the defaults of a rule that covers a kind whose anomal
     "summary": "{kind} on {where}: {action_text}",
     "description": DEFAULT_ANNOTATIONS["description"] + "; recommended action: {action} ({action_text})",
 }
+SHARED_FAULT_ANNOTATIONS = {  # the defaults of a rule over shared faults
+    "summary": "shared fault of {layer} {parent}: {check}",
+    "description": "{check} (detector {detector}, severity {severity}, score {score}: -log10 of the"
+    " corrected p-value)",
+}
 
 _FNV_OFFSET = 14695981039346656037
 _FNV_PRIME = 1099511628211
@@ -75,7 +93,8 @@ def detector_kinds() -> tuple[str, ...]:
     does not need."""
     from analytics.detectors import registered
 
-    return tuple(sorted({kind for detector in registered().values() for kind in detector.kinds}))
+    kinds = {kind for detector in registered().values() for kind in detector.kinds}
+    return tuple(sorted(kinds | {SHARED_FAULT}))
 
 
 def check_kinds(kinds: Sequence[str], where: str) -> None:
@@ -90,7 +109,9 @@ def check_kinds(kinds: Sequence[str], where: str) -> None:
 def default_annotations(kinds: Sequence[str]) -> dict[str, str]:
     """The annotations of a rule over `kinds` that sets none: the cost sentence when a kind may carry its
     cost, else the recommended action when a kind may carry one (the fallback covers the kinds that do
-    not), the generic text otherwise."""
+    not), the shared fault's sentence for shared faults, the generic text otherwise."""
+    if SHARED_FAULT in kinds:
+        return {**DEFAULT_ANNOTATIONS, **SHARED_FAULT_ANNOTATIONS}
     if any(kind in COSTED_KINDS for kind in kinds):
         return {**DEFAULT_ANNOTATIONS, **COST_ANNOTATIONS}
     if any(kind in ACTION_KINDS for kind in kinds):
@@ -148,13 +169,15 @@ class AlertRule:
         )
 
     def alert_labels(self, anomaly: Anomaly) -> dict[str, str]:
-        labels = {
-            "alertname": self.name,
-            "node": anomaly.node,
-            "kind": anomaly.kind,
-            "severity": anomaly.severity,
-        }
-        labels.update({name: value for name in ("component", "job") if (value := getattr(anomaly, name))})
+        """alertname, kind, severity, job when known, and where: `node` and `component` (when known) for
+        a node's anomaly, `layer` and `parent` for a shared fault's; then the rule's own labels."""
+        labels = {"alertname": self.name, "kind": anomaly.kind, "severity": anomaly.severity}
+        if isinstance(anomaly.evidence, SharedFaultEvidence):
+            labels.update(layer=anomaly.evidence.layer, parent=anomaly.evidence.parent)
+        else:
+            labels["node"] = anomaly.node
+            labels.update({name: value for name in ("component",) if (value := anomaly.component)})
+        labels.update({name: value for name in ("job",) if (value := anomaly.job)})
         return {**labels, **self.labels}
 
     def alert_annotations(self, anomaly: Anomaly) -> dict[str, str]:
@@ -167,6 +190,8 @@ class AlertRule:
                 rendered[key] = template.format_map(values)
             elif key in DEFAULT_ANNOTATIONS:
                 rendered[key] = DEFAULT_ANNOTATIONS[key].format_map(values)
+        if anomaly.explained_by:
+            rendered[EXPLAINED_BY] = anomaly.explained_by
         return rendered
 
 
@@ -179,7 +204,14 @@ def _template_values(anomaly: Anomaly) -> dict[str, str]:
         score=f"{anomaly.score:.3g}",
         where=" ".join(part for part in (anomaly.node, anomaly.component) if part),
     )
-    return {**values, **shown_figures(straggler_cost(anomaly.evidence)), **shown_action(anomaly.evidence)}
+    shared = anomaly.evidence if isinstance(anomaly.evidence, SharedFaultEvidence) else None
+    located = {name: getattr(shared, name) for name in SHARED_FAULT_FIELDS} if shared else {}
+    return {
+        **values,
+        **shown_figures(straggler_cost(anomaly.evidence)),
+        **shown_action(anomaly.evidence),
+        **located,
+    }
 
 
 DEFAULT_RULES = (
@@ -190,6 +222,7 @@ DEFAULT_RULES = (
     AlertRule("FleetlensDmaDegraded", ("dma_degraded",), min_severity="warning", for_s=60),
     AlertRule("FleetlensGpuThrottle", ("gpu_throttle",), min_severity="warning", for_s=120),
     AlertRule("FleetlensCongestion", ("congestion",), min_severity="warning", for_s=300),
+    AlertRule("FleetlensSharedFault", (SHARED_FAULT,), min_severity="warning"),
 )
 
 

@@ -13,6 +13,7 @@ from alerts.drain import DrainController
 from alerts.engine import AlertEngine
 from alerts.notifiers import AlertmanagerNotifier, LogNotifier, Notifier, WebhookNotifier
 from alerts.service import AlertService
+from analytics.store.topology import TopologyReads
 from fleetlens.config import AlertsConfig, DrainConfig
 
 
@@ -36,7 +37,8 @@ def build_alert_service(store: Any, alerts: AlertsConfig, drain: DrainConfig) ->
     notifiers: list[Notifier] = [AlertmanagerNotifier(url) for url in alerts.alertmanager_urls]
     notifiers += [WebhookNotifier(url) for url in alerts.webhook_urls]
     notifiers = notifiers or [LogNotifier()]  # with no receiver, alerts go to the hub's log
-    controller = DrainController(drain.policy(), drain_backends(drain), fleet_size=0)
+    parents = TopologyReads(store).parents  # the per-parent drain limit's topology, read when it changes
+    controller = DrainController(drain.policy(), drain_backends(drain), fleet_size=0, parents=parents)
     service = AlertService(store, engine, notifiers, controller)
     service.restore(time.time())
     return service

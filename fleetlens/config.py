@@ -294,6 +294,7 @@ class DrainConfig:
     backend: DrainBackendName = "none"
     cooldown_s: float = 3600.0
     return_after_healthy_s: float | None = None
+    hold_explained_s: float = 1800.0
     rules: list | None = None
     limits: dict | None = None
     exec_command: tuple[str, ...] = ()
@@ -315,6 +316,7 @@ class DrainConfig:
             "mode": self.mode,
             "cooldown_s": self.cooldown_s,
             "return_after_healthy_s": self.return_after_healthy_s,
+            "hold_explained_s": self.hold_explained_s,
             "limits": self.limits or {},
         }
         if self.rules is not None:

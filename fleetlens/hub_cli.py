@@ -18,6 +18,7 @@ from typing import Any
 
 from analytics.detectors import build as build_detectors
 from analytics.detectors.runner import DetectionRunner, detect, store_anomalies
+from analytics.detectors.shared_faults import SharedFaults
 from analytics.errors import RetentionRefused, SettingError
 from analytics.evidence import as_dict
 from analytics.store import Store
@@ -78,7 +79,9 @@ def build_hub(settings: Config, tokens: Tokens) -> Hub:
         alerting = build_alert_service(detection_store, settings.alerts, settings.drain)
         closing.append(alerting.close)
         detection = DetectionLoop(
-            DetectionRunner(build_detectors(config.detector_names), config.detect_window_s),
+            DetectionRunner(
+                build_detectors(config.detector_names), config.detect_window_s, shared_faults=SharedFaults()
+            ),
             detection_store,
             window_s=config.detect_window_s,
             lag_s=config.lag_s,

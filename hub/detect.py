@@ -3,8 +3,10 @@
 A window [t - window_s, t) is run `lag_s` after t, once the scrape round that ended it has been
 inserted (the lag is the scrape interval plus its timeout). The runner carries each detector's
 persistence from window to window, so an anomaly opens, is updated and closes as a batch run over the
-same range would. Each window's anomalies (those that opened, changed or closed) then go to the
-`alerting` step (an Alerting: alerts.service.AlertService), named so that a reader can follow them there.
+same range would; a runner given a SharedFaults (the hub's is) then localizes the window's open per-node
+anomalies on the topology in force (analytics.detectors.shared_faults). Each window's anomalies (those
+that opened, changed or closed) then go to the `alerting` step (an Alerting:
+alerts.service.AlertService), named so that a reader can follow them there.
 A failing cycle (store down, a detector that raises) is logged and counted, as is a failing alerting
 step; neither stops the loop, and the next window runs as usual.
 

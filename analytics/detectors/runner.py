@@ -28,12 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 from analytics.detectors import build
 from analytics.detectors.base import SEVERITIES, Computed, Detector, Finding, Judgement, Window
+from analytics.detectors.shared_faults import SharedFaults
 from analytics.detectors.steptape import StepTape
 from analytics.detectors.tape import Tape, TapeView
 from analytics.errors import DetectorError, StoreUnavailable
 from analytics.evidence import to_json
 from analytics.store.protocols import Reader
 from analytics.store.records import Anomaly, QueryResult
+from analytics.topology.localize import Topology
 
 if TYPE_CHECKING:
     from analytics.store import Store
@@ -134,11 +136,20 @@ class _Track:
 
 
 class DetectionRunner:
-    """Steps detectors through consecutive windows and keeps the state of every anomaly between them."""
+    """Steps detectors through consecutive windows and keeps the state of every anomaly between them.
+    With `shared_faults`, each window then localizes the open per-node anomalies on the topology in force
+    at its end (analytics.detectors.shared_faults): shared_fault anomalies, and `explained_by` on the
+    per-node anomalies they explain."""
 
-    def __init__(self, detectors: Sequence[Detector], window_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        detectors: Sequence[Detector],
+        window_s: float = 10.0,
+        shared_faults: SharedFaults | None = None,
+    ) -> None:
         self.detectors = list(detectors)
         self.window_s = window_s
+        self.shared_faults = shared_faults
         self.failures: Counter[str] = Counter()  # windows each detector failed, by detector name
         self._tracks: dict[str, dict[TrackKey, _Track]] = {detector.name: {} for detector in self.detectors}
         self._causes_logged: set[tuple[str, str, str]] = set()
@@ -151,7 +162,8 @@ class DetectionRunner:
         """Run every detector on `window`; returns the anomalies that opened, grew stronger (severity up,
         or score up by SCORE_STEP) or closed in it. A detector that raises is logged and skipped for this
         window: its anomalies stay as they were. StoreUnavailable fails the whole window before any state
-        moves, so that no anomaly closes for want of data."""
+        moves, so that no anomaly closes for want of data (the topology is read first, for that reason)."""
+        topology = self.shared_faults.topology(source, window.end) if self.shared_faults else None
         found: dict[str, Judgement] = {}
         shared = _SharedQueries(source, self._tape, self._steps)
         for detector in self.detectors:
@@ -165,7 +177,25 @@ class DetectionRunner:
         for detector in self.detectors:
             if detector.name in found:
                 changed.extend(self._advance(detector, window, found[detector.name]))
+        if self.shared_faults is not None and topology is not None:
+            changed.extend(self._localize(topology, window, changed))
         return changed
+
+    def _localize(self, topology: Topology, window: Window, changed: list[Anomaly]) -> list[Anomaly]:
+        """The window's shared faults, and the open per-node anomalies whose `explained_by` they change
+        (a per-node anomaly already in `changed` is replaced there, not written twice)."""
+        assert self.shared_faults is not None
+        tracks = self._open_tracks()
+        step = self.shared_faults.step(topology, window, [track.anomaly for track in tracks if track.anomaly])
+        rewritten: dict[str, Anomaly] = {}
+        for track in tracks:
+            assert track.anomaly is not None
+            explained_by = step.explained_by.get(track.anomaly.id, "")
+            if track.anomaly.explained_by != explained_by:
+                track.anomaly = replace(track.anomaly, explained_by=explained_by)
+                rewritten[track.anomaly.id] = track.anomaly
+        changed[:] = [rewritten.pop(anomaly.id, anomaly) for anomaly in changed]
+        return [*step.changed, *rewritten.values()]
 
     def _failed(self, detector: Detector, window: Window, error: Exception) -> None:
         """Count a detector's failed window; log it with its traceback once per distinct cause (the
@@ -249,7 +279,9 @@ def _update(detector: Detector, track: _Track, window: Window, finding: Finding 
         return track.close() if track.quiet_windows >= persistence.clear_windows else None
     reported = track.anomaly
     track.absorb(window, finding)
-    track.anomaly = _anomaly(detector, track, start=reported.start)
+    track.anomaly = replace(
+        _anomaly(detector, track, start=reported.start), explained_by=reported.explained_by
+    )
     stronger = SEVERITIES.index(track.severity) > SEVERITIES.index(reported.severity) or (
         track.anomaly.score > reported.score + SCORE_STEP * abs(reported.score)
     )

@@ -72,6 +72,9 @@ class Anomaly:
     evidence: Evidence  # the numbers that triggered it
     detector: str
     detector_version: str
+    # the id of the shared_fault anomaly that explains this one while it does (a leaf's fault behind its
+    # nodes' link flaps: analytics.detectors.shared_faults), "" otherwise; written with the anomaly's next row
+    explained_by: str = ""
 
 
 @dataclass(frozen=True, slots=True)

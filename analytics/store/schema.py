@@ -528,6 +528,9 @@ TARGETS = Table(
     tiered_merges=True,
 )
 
+# the shared_fault anomaly that explains a per-node one while it does (analytics.detectors.shared_faults)
+ANOMALIES_EXPLAINED_BY = "explained_by String DEFAULT ''"
+
 ANOMALIES = Table(
     name="anomalies",
     columns=f"""    start {TS},
@@ -541,7 +544,8 @@ ANOMALIES = Table(
     evidence String CODEC(ZSTD(3)),
     detector LowCardinality(String),
     detector_version LowCardinality(String),
-    id String""",
+    id String,
+    {ANOMALIES_EXPLAINED_BY}""",
     engine="ReplacingMergeTree",
     order_by="node, kind, start, id",
     partition_by="toYYYYMM(start)",
@@ -652,6 +656,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         (AddIndex("steps", STEPS_TS_INDEX),),
     ),
     Migration(9, "topology: child -> parent edges by source, each with its validity", (TOPOLOGY,)),
+    Migration(
+        10,
+        "anomalies.explained_by: the shared fault (a leaf, a host...) that explains a per-node anomaly",
+        (AddColumn("anomalies", ANOMALIES_EXPLAINED_BY),),
+    ),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 # What queries may read: every table and view, by the name readers use (not the materialized view).

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from analytics.errors import StoreRejected
+from analytics.errors import SettingError, StoreRejected
 from analytics.store.records import QueryResult
 from analytics.topology.model import Edge, Entity, Kind, Link, Source
-from analytics.topology.view import in_force
+from analytics.topology.view import in_force, layers_above, members
 
 COLUMNS = (
     "child_kind",
@@ -45,6 +45,9 @@ FROM topology FINAL
 WHERE valid_from <= {{at:DateTime64(3, 'UTC')}}
     AND (valid_to IS NULL OR valid_to > {{at:DateTime64(3, 'UTC')}})
 ORDER BY source, child_kind, child, parent_kind, parent"""
+
+# What changes whenever any edge is written (opened or closed): a reader re-reads EDGES_AT when it does.
+VERSION_SQL = "SELECT count(), max(valid_from), max(valid_to) FROM topology"
 
 
 def open_edges(table: str) -> str:
@@ -116,6 +119,12 @@ def topology_at(reader: Reader, ts: float) -> list[Edge]:
     return in_force(filter(None, map(_edge, result.rows)), ts)
 
 
+def topology_version(reader: Reader) -> tuple[Any, ...]:
+    """A cheap token of the topology table's contents: it changes whenever a link is opened or closed
+    (and may change when the store merges rows), so a reader that keeps the edges re-reads them then."""
+    return tuple(reader.query(VERSION_SQL).rows[0])
+
+
 def _edge(row: Sequence[Any]) -> Edge | None:
     child_kind, child, parent_kind, parent, source, valid_from, valid_to = row
     known = {str(kind) for kind in Kind}
@@ -143,3 +152,48 @@ def _row(link: Link, source: Source, reporter: str, since_ms: int, until_ms: int
 
 def _millis(ts: float) -> int:
     return round(ts * 1000)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The topology in force, as readers use it: the edges, each node's parents of every layer
+    (analytics.topology.view.layers_above) and each layer's parents with their nodes (view.members)."""
+
+    edges: tuple[Edge, ...]
+    parents: Mapping[str, frozenset[Entity]]
+    members: Mapping[Kind, Mapping[str, set[str]]]
+
+
+class TopologyReads:
+    """The topology in force, read through `reader` again only when the table changed (topology_version,
+    one small query a call) or after `every` calls served from one read: what a loop that asks each
+    window keeps. A call returns the same Snapshot object until a read changes it; StoreUnavailable as
+    the reader raises it."""
+
+    def __init__(self, reader: Reader, every: int = 30) -> None:
+        if every < 1:
+            raise SettingError(f"topology reads: every must be >= 1 call, got {every}")
+        self.reader = reader
+        self.every = every
+        self.snapshot_: Snapshot = Snapshot((), {}, {})
+        self.version_: tuple[Any, ...] | None = None
+        self.calls_ = 0
+
+    def at(self, ts: float) -> Snapshot:
+        """The topology in force at `ts` (the latest read's, when nothing changed since)."""
+        version = topology_version(self.reader)
+        if version != self.version_ or self.calls_ >= self.every:
+            edges = topology_at(self.reader, ts)
+            above = layers_above(edges)
+            parents = {node: frozenset(entities) for node, entities in above.items()}
+            snapshot = Snapshot(tuple(edges), parents, members(edges))
+            if snapshot != self.snapshot_:
+                self.snapshot_ = snapshot
+            self.version_, self.calls_ = version, 0
+        self.calls_ += 1
+        return self.snapshot_
+
+    def parents(self, node: str, ts: float) -> frozenset[tuple[str, str]]:
+        """`node`'s parents of every layer in force at `ts`, as (layer, name): ("leaf", "leaf-07"); none
+        for a node the topology does not hold. What the drain controller caps drains per parent by."""
+        return frozenset((str(entity.kind), entity.name) for entity in self.at(ts).parents.get(node, ()))
