@@ -1,9 +1,8 @@
 """The drain controller: firing alerts in, drain decisions out, within the policy's safety limits.
 
-Each step looks at the alerts firing now. A node with an alert the policy covers (its kind and severity,
-for a straggler what it costs its job, for a GPU fault the action it recommends: policy.DrainRule's
-min_job_slowdown and actions) is a candidate once
-corroborated (policy.DrainRule); before anything is called, the controller checks, in order: a silence
+Each step looks at the alerts firing now. A node with an alert the policy covers (policy.DrainRule: kind,
+severity, a straggler's cost, a GPU fault's action) is a candidate once corroborated; before anything
+is called, the controller checks, in order: a silence
 on the node's alert, the hold of a shared fault, the node's cooldown, the circuit breaker, then the
 limits (drained at once, share of the fleet, per job, per hour, per parent per hour), counting drains
 waiting for approval as drained. What passes is
@@ -11,21 +10,12 @@ waiting for approval as drained. What passes is
     dry-run   recorded as `dry-run`: no backend is called; the controller's state moves as if drained,
               so the audit shows what `auto` would have done
     approve   recorded as `pending` until approve() or deny(); approve() calls the backends
-    auto      the backends are called at once: `done`, or `failed` with their answer (retried after
-              policy.retry_s)
+    auto      the backends are called at once: `done`, or `failed` with their answer (retried later)
 
-Drains follow the shared-fault diagnosis (analytics.detectors.shared_faults). A shared fault's own alert
-has no node and never drains anything. A drain whose alert a shared fault explains (its annotation
-`explained_by`), on a node with no GPU fault of its own (no gpu_fault or gpu_app_error alert: its Xids,
-DBEs, remaps, a lost GPU), is held for policy.hold_explained_s from the first cycle that found it so: the
-layer's fault, not the node, is what to mend. When the hold ends and the alert still fires, the drain is
-decided as any other, under every limit, the per-parent one included: a fault that outlasts the hold
-drains at most max_drains_per_parent_per_hour of the parent's nodes an hour, never the whole layer at
-once. The per-parent limit counts, for a drain on anything but a GPU's own fault, the drains of the last
-hour (and those waiting for approval) of nodes that share a host, PF, leaf or rack with it in the
-topology in force now (`parents`, a callable: the store's analytics.store.topology.TopologyReads.parents
-in the hub); spines, rails and PDUs span too many nodes to cap on. The breaker counts a node whose
-every alert a shared fault explains as part of that fault, not as one more anomalous node.
+Drains follow the shared-fault diagnosis (analytics.detectors.shared_faults; docs/alerts.md "Shared
+faults"): a shared fault's own alert has no node and drains nothing; a drain its fault explains, on a node
+with no GPU fault of its own, is held for policy.hold_explained_s, then decided under every limit, the
+per-parent one (nodes sharing a host, PF, leaf or rack in the topology: `parents`) included.
 
 No backend is called on a decision made earlier: approve() checks the drain again when it is asked, on
 the alerts firing and the silences in force then, as the step would, whoever decided it (this controller,
@@ -34,10 +24,9 @@ or the one it restored from the audit after a restart). An approval refused is r
 scheduling (after return_after_healthy_s without an alert, or when a person asks) only while this
 controller holds it drained; its cooldown then keeps a still-firing alert from draining it again at once.
 
-Every decision goes to the `actions` table, refusals included (a refusal is recorded again only when
-its reason changes, so a flapping alert does not flood the audit). When more than breaker_fraction of
-the fleet turns anomalous within breaker_window_s, the breaker opens: no drains, and one fleet-level
-critical alert (`fleet_alert`) instead, until fewer than that share of nodes are anomalous.
+Every decision goes to the `actions` table, refusals included (again only when its reason changes).
+When more than breaker_fraction of the fleet turns anomalous within breaker_window_s (nodes a shared
+fault explains count as that fault), the breaker opens: no drains, one fleet-level critical alert.
 """
 
 from __future__ import annotations

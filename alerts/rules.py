@@ -7,26 +7,24 @@ anomaly has them, plus the rule's own labels. Annotations are templates over the
     {kind} {node} {component} {job} {severity} {score} {evidence} {detector} {where}
     {job_slowdown} {lost_gpu_hours} {action} {action_text} {layer} {parent} {check}
 
-where `where` is "vela-007 gpu:3" (node and component) and `evidence` the anomaly's evidence as the
-store holds it (analytics.evidence.to_json). `job_slowdown`
-and `lost_gpu_hours` are what a straggler costs its job (analytics.reports.straggler), as people read
-them ("31%", "2.4"); `action` and `action_text` what a GPU fault asks an operator to do
-(analytics.reports.remedy: "reset_gpu", "drain the node and reset the GPU, ..."); `layer`, `parent` and
-`check` where a shared fault is and what to look at there (analytics.evidence.SharedFaultEvidence:
-"leaf", "leaf-07", "leaf-07: link flaps on 8 of 8 nodes; check optics and switch logs"). Only some
-anomalies carry them (slow_node, gpu_fault, shared_fault), so an annotation that uses one falls back,
-for an anomaly without it, to the default annotation of the same name (left out when there is none).
+where `where` is "vela-007 gpu:3" (node and component) and `evidence` the anomaly's evidence as the store
+holds it (analytics.evidence.to_json). `job_slowdown` and `lost_gpu_hours` are what a straggler costs its
+job (analytics.reports.straggler), as people read them ("31%", "2.4"); `action` and `action_text` what a
+GPU fault asks an operator to do (analytics.reports.remedy: "reset_gpu", "drain the node and reset the
+GPU, ..."); `layer`, `parent` and `check` where a shared fault is and what to look at there
+(analytics.evidence.SharedFaultEvidence: "leaf", "leaf-07", "leaf-07: link flaps on 8 of 8 nodes; check
+optics and switch logs"). Only some anomalies carry them (slow_node, gpu_fault, shared_fault), so an
+annotation that uses one falls back, for an anomaly without it, to the default annotation of the same name
+(left out when there is none).
 A rule's annotations override the defaults for its kinds (`default_annotations`): a slow_node rule
 states the cost, "vela-012 slows job run-42 by 31% (2.4 GPU-hours lost so far)", a gpu_fault rule the
 action in the summary and the description Alertmanager receives, and both today's text for anomalies
 written before the detector reported them.
 
-A shared_fault anomaly (a leaf, a host, a rack... whose nodes' anomalies it explains:
-analytics.detectors.shared_faults) is about no node: its alert is labelled `layer` and `parent` in
-place of `node` and `component`, so Alertmanager can route it to the team that owns the network or the
-racks, and no drain reads it as a node's. A per-node anomaly a shared fault explains still alerts, with
-the annotation `explained_by` (the shared fault's anomaly id): an annotation, not a label, since labels
-make the fingerprint and an alert explained halfway through its life must stay the same alert. The
+A shared_fault's alert (analytics.detectors.shared_faults) is labelled `layer` and `parent` in place of
+`node` and `component`, so Alertmanager routes it to the network or rack team and no drain reads it as
+a node's; a per-node alert it explains carries the annotation `explained_by` (not a label: labels make
+the fingerprint, and an alert explained halfway through its life stays the same alert). The
 fingerprint is Alertmanager's (FNV-1a over the sorted labels), so an alert has the same id here, in
 Alertmanager's API and in its UI.
 """
