@@ -314,10 +314,12 @@ def topology_inventory(vms: int, leaves: int) -> str:
     hosts = -(-vms // VMS_PER_HOST)
     rails = ", ".join(f"rail-{rail}" for rail in range(RAILS))
     lines = ["nodes:"]
-    lines += [f"  {node_name(vm)}: {{host: host-{vm // VMS_PER_HOST:03d}, rails: [{rails}]}}" for vm in range(vms)]
+    lines += [
+        f"  {node_name(vm)}: {{host: host-{vm // VMS_PER_HOST:03d}, rails: [{rails}]}}" for vm in range(vms)
+    ]
     lines += ["hosts:"]
-    lines += [f"  host-{h:03d}: {{leaf: leaf-{h * leaves // hosts:02d}, rack: rack-{h * leaves // hosts:02d}}}"
-              for h in range(hosts)]  # fmt: skip
+    under = [h * leaves // hosts for h in range(hosts)]  # each host's leaf and rack
+    lines += [f"  host-{h:03d}: {{leaf: leaf-{at:02d}, rack: rack-{at:02d}}}" for h, at in enumerate(under)]
     lines += ["leaves:", *(f"  leaf-{leaf:02d}: {{spine: spine-{leaf % 2}}}" for leaf in range(leaves))]
     return "\n".join(lines) + "\n"
 
@@ -361,7 +363,9 @@ def main() -> None:
         )
         report(store, float(last), args.repeat)
         seed_topology(store, first, last)
-        figures = [page_seconds(store, PAGES["Fleet"], length, last, "vela-007", args.repeat) for length in RANGES]
+        figures = [
+            page_seconds(store, PAGES["Fleet"], length, last, "vela-007", args.repeat) for length in RANGES
+        ]
         title = f"Fleet, {TOPOLOGY_VMS:,}-VM topology ({TOPOLOGY_LEAVES} leaves)"
         print(f"  {title:<38}" + "".join(f"{figure:8.2f}" for figure in figures))
         store.close()

@@ -83,7 +83,9 @@ def topology_map(nodes: pd.DataFrame) -> alt.Chart:
             x=alt.X("slot:O", title="node under the leaf", axis=None),
             y=alt.Y("row:N", title="leaf", sort=None),
             color=alt.Color("state:N", scale=_palette(NODE_STATE_COLOURS), title="node"),
-            tooltip=_tips("node", "host", "leaf", "spine", "rack", "rail", "state", "kinds", "open_anomalies"),
+            tooltip=_tips(
+                "node", "host", "leaf", "spine", "rack", "rail", "state", "kinds", "open_anomalies"
+            ),
         )
         .properties(height=max(TILES_MIN_HEIGHT, 14 * rows))
     )

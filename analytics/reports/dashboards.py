@@ -424,7 +424,7 @@ def _any_of(column: str, parameter: str) -> str:
     return f"(empty({{{parameter}:Array(String)}}) OR {column} IN {{{parameter}:Array(String)}})"
 
 
-# explained_by_parent: the layer and parent of the shared fault an anomaly's explained_by names ("leaf leaf-07")
+# explained_by_parent: the layer and parent of the shared fault its explained_by names ("leaf leaf-07")
 ANOMALIES_SQL = f"""
 SELECT id, {_unix("start")} AS start, {_unix("end")} AS end, CAST(kind, 'String') AS kind,
     CAST(node, 'String') AS node, component, job, CAST(severity, 'String') AS severity, score, evidence,
@@ -457,9 +457,9 @@ def anomalies(
 ) -> pd.DataFrame:
     """Anomalies that overlap [start, end), newest first, each with its evidence (analytics.evidence's
     object, read from the stored text here; Unreadable where it cannot be read), the shared fault that
-    explains it (explained_by, its id, and explained_by_parent, "leaf leaf-07"; "" for none) and, before its
-    evidence, what a straggler costs its job (`with_straggler_cost`); an empty filter lets everything through. `end` is NaT
-    while an anomaly lasts."""
+    explains it (explained_by, its id, and explained_by_parent, "leaf leaf-07"; "" for none) and, before
+    its evidence, what a straggler costs its job (`with_straggler_cost`); an empty filter lets everything
+    through. `end` is NaT while an anomaly lasts."""
     parameters = _window(
         start, end, kinds=list(kinds), severities=list(severities), nodes=list(nodes), jobs=list(jobs)
     )

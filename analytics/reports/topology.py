@@ -26,7 +26,8 @@ SHARED_FAULT = SharedFaultEvidence.KIND
 NO_LEAF = "(no leaf)"  # the heat map's row of nodes no source puts under a leaf
 NODE_STATES = ("explained", "anomalous", "healthy")  # a node shows the first that applies
 VIEW_COLUMNS = ("node", *map(str, SINGLE_LAYERS), *map(str, LIST_LAYERS))
-OPEN_AT = "start <= toDateTime64({now:Float64}, 3, 'UTC') AND (end IS NULL OR end > toDateTime64({now:Float64}, 3, 'UTC'))"
+NOW = "toDateTime64({now:Float64}, 3, 'UTC')"
+OPEN_AT = f"start <= {NOW} AND (end IS NULL OR end > {NOW})"
 OPEN_PER_NODE_SQL = f"""
 SELECT CAST(node, 'String') AS node, count() AS open_anomalies, countIf(explained_by != '') AS explained,
     arrayStringConcat(arraySort(groupUniqArray(CAST(kind, 'String'))), ', ') AS kinds
@@ -104,7 +105,9 @@ def _node_rows(views: list[NodeView], open_counts: dict[str, tuple[int, int, str
             for value in [view.get(column, "")]
         }
         state = "explained" if explained else "anomalous" if count else "healthy"
-        rows.append({**layers, "open_anomalies": count, "explained": explained, "kinds": kinds, "state": state})
+        rows.append(
+            {**layers, "open_anomalies": count, "explained": explained, "kinds": kinds, "state": state}
+        )
     columns = [*VIEW_COLUMNS, "open_anomalies", "explained", "kinds", "state"]
     return pd.DataFrame(rows, columns=columns)
 

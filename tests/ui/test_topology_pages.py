@@ -81,7 +81,9 @@ def faulted(store: Store, tmp_path: Path) -> float:
     return end
 
 
-def test_the_fleet_page_marks_the_leaf_with_a_shared_fault_and_colours_its_nodes(store: Store, faulted: float):
+def test_the_fleet_page_marks_the_leaf_with_a_shared_fault_and_colours_its_nodes(
+    store: Store, faulted: float
+):
     fleet = app(store, until=faulted)
 
     parents = fleet.dataframe[-1].value

@@ -117,7 +117,9 @@ def show_layers(report: postmortem.Report) -> None:
     if report.shared_faults:
         st.subheader("Shared faults above these nodes")
         faults = as_utc(pd.DataFrame(map(postmortem.as_dict, report.shared_faults)), "start", "end")
-        faults = faults.assign(**{name: faults[name].map("; ".join) for name in ("anomalous_children", "explained")})
+        faults = faults.assign(
+            **{name: faults[name].map("; ".join) for name in ("anomalous_children", "explained")}
+        )
         st.dataframe(
             faults, hide_index=True, column_config=window.utc_columns("start", "end"), key="postmortem.faults"
         )

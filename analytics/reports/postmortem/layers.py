@@ -26,7 +26,8 @@ SHARED_FAULTS_SQL = f"""
 SELECT id, {SECONDS.format(column="start")} AS start_s, {SECONDS.format(column="end")} AS end_s,
     kind, node, component, job, severity, score, evidence
 FROM anomalies FINAL
-WHERE kind = '{SHARED_FAULT}' AND start < {{end:DateTime64(3)}} AND (end IS NULL OR end >= {{start:DateTime64(3)}})
+WHERE kind = '{SHARED_FAULT}' AND start < {{end:DateTime64(3)}}
+    AND (end IS NULL OR end >= {{start:DateTime64(3)}})
 ORDER BY start_s, node
 """
 EXPLAINED_SQL = """
@@ -75,7 +76,9 @@ def _described(source: Reader, ids: list[str]) -> dict[str, str]:
     }
 
 
-def _fault(row: Mapping[str, Any], evidence: SharedFaultEvidence, described: Mapping[str, str]) -> SharedFault:
+def _fault(
+    row: Mapping[str, Any], evidence: SharedFaultEvidence, described: Mapping[str, str]
+) -> SharedFault:
     return SharedFault(
         id=row["id"],
         start=row["start_s"],

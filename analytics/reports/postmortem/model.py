@@ -83,8 +83,9 @@ class Report:
 
 
 def as_dict(item: Event | Excursion | SharedFault) -> dict[str, Any]:
-    """An event's, excursion's or shared fault's fields by name, its evidence not copied: dataclasses.asdict copies every
-    nested value, which cost a week-long job's timeline (thousands of events) a fifth of the page."""
+    """An event's, excursion's or shared fault's fields by name, its evidence not copied: dataclasses.asdict
+    copies every nested value, which cost a week-long job's timeline (thousands of events) a fifth of the
+    page."""
     return {field.name: getattr(item, field.name) for field in fields(item)}
 
 

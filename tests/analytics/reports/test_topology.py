@@ -44,11 +44,17 @@ def test_every_node_is_one_cell_in_its_leafs_row_and_the_counts_agree(store: Sto
     lines += ["hosts:", *(f"  {prefix}{host}: {{leaf: {prefix}{leaf}}}" if leaf else f"  {prefix}{host}: {{}}"
                           for host, leaf in host_leaf.items())]  # fmt: skip
     store.replace_links(Source.INVENTORY, inventory.parse("\n".join(lines), "topology.yaml"), now - 100)
-    flaps = [Anomaly(f"{prefix}{node}", now - 10, None, "link_flap", f"{prefix}{node}", "mlx5_0:1", "",
-                     "warning", 1.0, example("link_flap"), "link_flap", "1") for node in anomalous]  # fmt: skip
-    faults = [Anomaly(f"{prefix}{leaf}", now - 10, None, "shared_fault", f"{prefix}{leaf}", "leaf", "",
-                      "warning", 1.0, example("shared_fault", kinds={}, check=f"check {leaf}"), "shared_fault",
-                      "1") for leaf in faulted]  # fmt: skip
+    flaps = [
+        Anomaly(f"{prefix}{node}", now - 10, None, "link_flap", f"{prefix}{node}", "mlx5_0:1", "", "warning",
+                1.0, example("link_flap"), "link_flap", "1")
+        for node in anomalous
+    ]  # fmt: skip
+    fault_evidence = {leaf: example("shared_fault", kinds={}, check=f"check {leaf}") for leaf in faulted}
+    faults = [
+        Anomaly(f"{prefix}{leaf}", now - 10, None, "shared_fault", f"{prefix}{leaf}", "leaf", "", "warning",
+                1.0, evidence, "shared_fault", "1")
+        for leaf, evidence in fault_evidence.items()
+    ]  # fmt: skip
     store_anomalies(store, [*flaps, *faults])
 
     fleet_now = fleet_topology(store, now)
