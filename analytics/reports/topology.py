@@ -71,7 +71,7 @@ class FleetTopology:
 
 def node_layers(source: Reader, node: str, at: float) -> NodeView | None:
     """`node`'s view at `at` (analytics.topology.view.node_views); None when the topology does not hold it."""
-    return next((view for view in node_views(topology_at(source, at)) if view["node"] == node), None)
+    return next(iter(views_of(topology_at(source, at), [node])), None)
 
 
 def views_of(edges: Iterable[Edge], nodes: Iterable[str]) -> list[NodeView]:
