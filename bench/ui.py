@@ -17,7 +17,9 @@ the Postmortem page once about node vela-007, once about the job on every node):
 its queries, frames and charts, but not the browser's drawing. Reported: the median of `--repeat` reruns
 per page and range, next to a peer measured in the same run on the same ranges: `SELECT count() FROM
 metrics` (one scan of the range's samples) and, up to a day, the raw samples of one metric on every
-node into pandas (what a page that aggregated in Python would start with).
+node into pandas (what a page that aggregated in Python would start with). Last, the Fleet page again
+with a topology of TOPOLOGY_VMS VMs imported as an inventory (8 per host, TOPOLOGY_LEAVES leaves, 8
+rails; the fleet's nodes among them) and a shared fault open on one leaf: what its heat map adds.
 
     .venv/bin/python bench/ui.py [--nodes 64] [--days 7] [--repeat 3]
 """
@@ -46,12 +48,15 @@ from analytics.evidence import (
     GpuThrottleEvidence,
     LinkDownEvidence,
     LinkFlapEvidence,
+    SharedFaultEvidence,
     SlowNodeEvidence,
     to_json,
 )
 from analytics.store import Store, schema
 from analytics.store.records import ActionRow, AlertChange, Anomaly
 from analytics.store.schema import Layout
+from analytics.topology import inventory
+from analytics.topology.model import Source
 from sim.pipeline import scratch_dir
 from ui import source, window
 from ui.environment import APP
@@ -91,6 +96,7 @@ PEER_METRIC = "DCGM_FI_DEV_GPU_TEMP"
 PEER_ROWS_MAX_S = 86400  # a week of one metric's raw rows in pandas would take tens of GB
 IN_RANGE = "ts >= toDateTime64({start:Float64}, 3, 'UTC') AND ts < toDateTime64({end:Float64}, 3, 'UTC')"
 JOB = "llm-64"
+TOPOLOGY_VMS, TOPOLOGY_LEAVES, VMS_PER_HOST, RAILS = 2000, 64, 8, 8
 FLAPPING = 3  # nodes whose scrapes fail every 10 minutes, 1 to 3 in a row: thousands of target gaps a week
 PAGES = {  # title -> the page, and the session state its widgets start with
     "Fleet": ("", {}),
@@ -302,6 +308,36 @@ def report(store: Store, until: float, repeat: int) -> None:
     print(f"  {'peer: one metric raw into pandas':<38}" + "".join(rows))
 
 
+def topology_inventory(vms: int, leaves: int) -> str:
+    """An inventory as an operator writes it: VMS_PER_HOST VMs a host, hosts spread over `leaves` leaves
+    (two spines), each VM on RAILS rails, a rack per leaf."""
+    hosts = -(-vms // VMS_PER_HOST)
+    rails = ", ".join(f"rail-{rail}" for rail in range(RAILS))
+    lines = ["nodes:"]
+    lines += [
+        f"  {node_name(vm)}: {{host: host-{vm // VMS_PER_HOST:03d}, rails: [{rails}]}}" for vm in range(vms)
+    ]
+    lines += ["hosts:"]
+    under = [h * leaves // hosts for h in range(hosts)]  # each host's leaf and rack
+    lines += [f"  host-{h:03d}: {{leaf: leaf-{at:02d}, rack: rack-{at:02d}}}" for h, at in enumerate(under)]
+    lines += ["leaves:", *(f"  leaf-{leaf:02d}: {{spine: spine-{leaf % 2}}}" for leaf in range(leaves))]
+    return "\n".join(lines) + "\n"
+
+
+def seed_topology(store: Store, first: float, last: float) -> None:
+    """The TOPOLOGY_VMS-VM inventory from the data's start, and leaf-00's shared fault open at its end."""
+    text = topology_inventory(TOPOLOGY_VMS, TOPOLOGY_LEAVES)
+    store.replace_links(Source.INVENTORY, inventory.parse(text, "bench-topology.yaml"), first)
+    evidence = SharedFaultEvidence(
+        layer="leaf", parent="leaf-00", n=32, k=8, fleet_nodes=TOPOLOGY_VMS, fleet_anomalous=9, p_value=1e-9,
+        log10_p_value=-9.0, tested=TOPOLOGY_LEAVES, p_corrected=6.4e-8, children=(), anomalous_children=(),
+        explains=(), kinds={"link_flap": 8}, dominant_kind="link_flap",
+        check="leaf-00: link flaps on 8 of 32 nodes; check optics and switch logs")  # fmt: skip
+    fault = Anomaly("bench-fault", last - 600, None, "shared_fault", "leaf-00", "leaf", "", "warning", 9.0,
+                    to_json(evidence), "shared_fault", "1")  # fmt: skip
+    store.insert_anomalies([fault], token="bench-topology")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=64)
@@ -326,6 +362,12 @@ def main() -> None:
             f" in {time.perf_counter() - started:.0f} s; {failed} failed scrapes in {gaps} target gaps"
         )
         report(store, float(last), args.repeat)
+        seed_topology(store, first, last)
+        figures = [
+            page_seconds(store, PAGES["Fleet"], length, last, "vela-007", args.repeat) for length in RANGES
+        ]
+        title = f"Fleet, {TOPOLOGY_VMS:,}-VM topology ({TOPOLOGY_LEAVES} leaves)"
+        print(f"  {title:<38}" + "".join(f"{figure:8.2f}" for figure in figures))
         store.close()
         client.close()
 

@@ -14,6 +14,7 @@ STATUS_COLOURS = {
     "drained": "#6d6d6d",
     "down": "#d62728",
 }
+NODE_STATE_COLOURS = {"explained": "#d62728", "anomalous": "#e8a317", "healthy": "#4c9a2a"}
 SEVERITY_COLOURS = {"info": "#6baed6", "warning": "#e8a317", "critical": "#d62728"}
 TILES_PER_ROW = 16
 TILES_MIN_HEIGHT = 120  # pixels: room for the legend of the five statuses beside one row of tiles
@@ -68,6 +69,25 @@ def heatmap(data: pd.DataFrame, *, x: str, y: str, value: str, title: str, toolt
             color=alt.Color(f"{value}:Q", title=title, scale=alt.Scale(scheme="viridis")),
             tooltip=_tips(*tooltip),
         )
+    )
+
+
+def topology_map(nodes: pd.DataFrame) -> alt.Chart:
+    """One cell per node, a row per leaf (its label marks a shared fault and counts the anomalous), coloured
+    by the node's state: thousands of VMs in one chart (analytics.reports.topology.FleetTopology.nodes)."""
+    rows = nodes["row"].nunique() if len(nodes) else 1
+    return (
+        alt.Chart(nodes)
+        .mark_rect(cornerRadius=2)
+        .encode(
+            x=alt.X("slot:O", title="node under the leaf", axis=None),
+            y=alt.Y("row:N", title="leaf", sort=None),
+            color=alt.Color("state:N", scale=_palette(NODE_STATE_COLOURS), title="node"),
+            tooltip=_tips(
+                "node", "host", "leaf", "spine", "rack", "rail", "state", "kinds", "open_anomalies"
+            ),
+        )
+        .properties(height=max(TILES_MIN_HEIGHT, 14 * rows))
     )
 
 

@@ -424,15 +424,21 @@ def _any_of(column: str, parameter: str) -> str:
     return f"(empty({{{parameter}:Array(String)}}) OR {column} IN {{{parameter}:Array(String)}})"
 
 
+# explained_by_parent: the layer and parent of the shared fault its explained_by names ("leaf leaf-07")
 ANOMALIES_SQL = f"""
 SELECT id, {_unix("start")} AS start, {_unix("end")} AS end, CAST(kind, 'String') AS kind,
     CAST(node, 'String') AS node, component, job, CAST(severity, 'String') AS severity, score, evidence,
-    CAST(detector, 'String') AS detector
+    CAST(detector, 'String') AS detector, explained_by,
+    if(ifNull(faults.parent, '') = '', '', concat(faults.layer, ' ', faults.parent)) AS explained_by_parent
 FROM (
     SELECT * FROM anomalies FINAL
     WHERE {OVERLAPS} AND {_any_of("kind", "kinds")} AND {_any_of("severity", "severities")}
         AND {_any_of("node", "nodes")} AND {_any_of("job", "jobs")}
-)
+) AS found
+LEFT JOIN (
+    SELECT id AS fault_id, component AS layer, CAST(node, 'String') AS parent
+    FROM anomalies FINAL WHERE kind = 'shared_fault' AND start < {END}
+) AS faults ON faults.fault_id = found.explained_by
 ORDER BY start DESC, node, kind, component
 LIMIT {{limit:UInt32}}
 """
@@ -450,9 +456,10 @@ def anomalies(
     limit: int = 5000,
 ) -> pd.DataFrame:
     """Anomalies that overlap [start, end), newest first, each with its evidence (analytics.evidence's
-    object, read from the stored text here; Unreadable where it cannot be read) and, before it, what a
-    straggler costs its job (`with_straggler_cost`); an empty filter lets everything through. `end` is NaT
-    while an anomaly lasts."""
+    object, read from the stored text here; Unreadable where it cannot be read), the shared fault that
+    explains it (explained_by, its id, and explained_by_parent, "leaf leaf-07"; "" for none) and, before
+    its evidence, what a straggler costs its job (`with_straggler_cost`); an empty filter lets everything
+    through. `end` is NaT while an anomaly lasts."""
     parameters = _window(
         start, end, kinds=list(kinds), severities=list(severities), nodes=list(nodes), jobs=list(jobs)
     )

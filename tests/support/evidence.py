@@ -19,11 +19,14 @@ ZEROS: Mapping[Any, Any] = {str: "", int: 0, float: 0.0, Action: Action.NONE}
 
 
 def example(kind: str, **fields: Any) -> Evidence:
-    """Evidence of `kind` with `fields`; every other required field a zero ("", 0, 0.0, (), Action.NONE)."""
+    """Evidence of `kind` with `fields`; every other required field a zero ("", 0, 0.0, (), {},
+    Action.NONE)."""
     cls = EVIDENCE[kind]
     hints = typing.get_type_hints(cls)
     required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
-    zeros = {name: () if typing.get_origin(hints[name]) is tuple else ZEROS[hints[name]] for name in required}
+    empty = {tuple: (), Mapping: {}}  # a collection field: empty
+    origin = {name: typing.get_origin(hints[name]) for name in required}
+    zeros = {name: empty[origin[name]] if origin[name] in empty else ZEROS[hints[name]] for name in required}
     return cls(**{**zeros, **fields})
 
 

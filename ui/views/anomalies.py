@@ -8,7 +8,7 @@ import streamlit as st
 
 from analytics.evidence import as_dict
 from analytics.reports import dashboards
-from ui import costs, plots, source, window
+from ui import costs, explained, plots, source, window
 
 SEVERITIES = ["critical", "warning", "info"]
 
@@ -58,11 +58,13 @@ def show_anomalies(span: window.TimeRange) -> list[str]:
         column_config={
             **window.utc_columns("start", "end"),
             **costs.cost_columns(),
+            **explained.COLUMNS,
             "evidence": st.column_config.JsonColumn("evidence"),
         },
         key="anomalies.table",
     )
     costs.show_costs(found)
+    explained.show_explained(found)
     show_evidence(found)
     return chosen["nodes"]
 

@@ -1,12 +1,13 @@
-"""Fleet: every node's status at a glance, its GPUs and RoCE ports as matrices, anomalies by kind; it
-refreshes itself, and a node picked in the table (or the drill-down box) opens the Node page."""
+"""Fleet: every node's status at a glance, its GPUs and RoCE ports as matrices, anomalies by kind, and
+where the nodes sit (leaf x its VMs, the parents in trouble marked); it refreshes itself, and a node
+picked in the table (or the drill-down box) opens the Node page."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from analytics.reports import dashboards
+from analytics.reports import dashboards, topology
 from ui import plots, source, window
 
 REFRESH_S = {"off": None, "10 s": 10, "30 s": 30, "1 min": 60}
@@ -105,6 +106,33 @@ def show_counts(span: window.TimeRange) -> None:
     st.altair_chart(plots.counts_by_kind(counts), width="stretch")
 
 
+def show_topology(span: window.TimeRange) -> None:
+    """Leaf x its nodes as one heat map, and the parents with a shared fault or anomalous children."""
+    st.subheader("Topology")
+    fleet = topology.fleet_topology(source.current(), span.end)
+    if fleet.empty:
+        st.info(topology.HOW_TO_ADD)
+        return
+    parents = fleet.parents
+    faulted = parents[parents["shared_fault"] != ""]
+    troubled = parents[(parents["shared_fault"] != "") | (parents["anomalous"] > 0)]
+    st.caption(
+        f"{len(fleet.nodes)} nodes under {(parents['layer'] == 'leaf').sum()} leaves as of the range's end;"
+        f" {len(faulted)} parents with a shared fault, {len(troubled)} with anomalous nodes or a fault"
+    )
+    st.altair_chart(plots.topology_map(fleet.nodes), width="stretch")
+    st.dataframe(
+        troubled,
+        hide_index=True,
+        key="fleet.parents",
+        column_config={
+            "nodes": st.column_config.NumberColumn("nodes below"),
+            "anomalous": st.column_config.NumberColumn("with open anomalies"),
+            "shared_fault": st.column_config.TextColumn("open shared fault"),
+        },
+    )
+
+
 @st.fragment(run_every=REFRESH_S[refresh])
 def overview() -> None:
     span = window.current()
@@ -125,6 +153,7 @@ def overview() -> None:
         with right:
             show_counts(span)
         show_ports(span)
+        show_topology(span)
 
 
 overview()

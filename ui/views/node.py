@@ -7,8 +7,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from analytics.reports import dashboards
-from ui import costs, plots, source, window
+from analytics.reports import dashboards, topology
+from ui import costs, explained, plots, source, window
 
 
 def pick_node(span: window.TimeRange) -> str:
@@ -42,6 +42,20 @@ def show_peers(node: str, span: window.TimeRange) -> None:
         st.altair_chart(plots.peer_band(part, node), width="stretch")
 
 
+def show_layers(node: str, span: window.TimeRange) -> None:
+    """Where the node sits at the range's end: its host, leaf, spine, rack and rails."""
+    view = topology.node_layers(source.current(), node, span.end)
+    if view is None:
+        st.caption(f"{node} is not in the topology at the range's end (docs/topology.md: how to add it)")
+        return
+    layers = [
+        f"{layer} **{', '.join(value) if isinstance(value, list) else value}**"
+        for layer in topology.VIEW_COLUMNS[1:]
+        if (value := view.get(layer))
+    ]
+    st.markdown(f"Sits under: {' · '.join(layers) or 'no layer the sources name'}")
+
+
 def show_series(node: str, span: window.TimeRange, anomalies: pd.DataFrame) -> None:
     data = dashboards.node_series(source.current(), node, span.start, span.end)
     if data.empty:
@@ -62,6 +76,7 @@ def show_node(span: window.TimeRange) -> None:
     reader = source.current()
     found = dashboards.anomalies(reader, span.start, span.end, nodes=[node])
     st.caption(f"{node}, {span.label}; shaded: its anomalies")
+    show_layers(node, span)
     show_series(node, span, found.drop(columns=["evidence"]))  # a chart's data: numbers and names
     show_peers(node, span)
     st.subheader(f"Anomalies ({len(found)})")
@@ -71,11 +86,13 @@ def show_node(span: window.TimeRange) -> None:
         column_config={
             **window.utc_columns("start", "end"),
             **costs.cost_columns(),
+            **explained.COLUMNS,
             "evidence": st.column_config.JsonColumn("evidence"),
         },
         key="node.anomalies",
     )
     costs.show_costs(found)
+    explained.show_explained(found)
     alerts = dashboards.alerts(reader, span.start, span.end, nodes=[node])
     st.subheader(f"Alerts ({len(alerts)})")
     st.dataframe(

@@ -1,6 +1,7 @@
 """Postmortem: a node's or a job's incident in the chosen range (analytics.reports): its timeline of
 anomalies, alerts, drain decisions, target gaps and the metric excursions that mattered, with plots and
-exports to Markdown and CSV; and a read-only SQL box with saved queries for the usual questions."""
+exports to Markdown and CSV, the topology of its nodes as it was and the shared faults above them; and a
+read-only SQL box with saved queries for the usual questions."""
 
 from __future__ import annotations
 
@@ -78,6 +79,11 @@ def show_report(report: postmortem.Report, kind: str, name: str) -> None:
     exports[1].download_button(
         "Download CSV", lambda: postmortem.to_csv(report), file_name=f"postmortem-{name}.csv", mime="text/csv"
     )
+    show_timeline(report)
+    show_layers(report)
+
+
+def show_timeline(report: postmortem.Report) -> None:
     if not report.events:
         st.info("nothing happened to the scope in this range")
         return
@@ -98,6 +104,25 @@ def show_report(report: postmortem.Report, kind: str, name: str) -> None:
         st.subheader("Metric excursions that mattered")
         excursions = as_utc(pd.DataFrame(map(postmortem.as_dict, report.excursions)), "start", "end")
         st.dataframe(excursions, hide_index=True, column_config=window.utc_columns("start", "end"))
+
+
+def show_layers(report: postmortem.Report) -> None:
+    """The scope's nodes in the topology as it was, and the shared faults above them in the range."""
+    st.subheader(f"Topology as it was at {window.shown(report.topology_at)} UTC")
+    if report.topology:
+        views = [{**view, "rail": ", ".join(view.get("rail", []))} for view in report.topology]
+        st.dataframe(pd.DataFrame(views), hide_index=True, key="postmortem.topology")
+    else:
+        st.info("the store held no topology of these nodes then (docs/topology.md says how to add one)")
+    if report.shared_faults:
+        st.subheader("Shared faults above these nodes")
+        faults = as_utc(pd.DataFrame(map(postmortem.as_dict, report.shared_faults)), "start", "end")
+        faults = faults.assign(
+            **{name: faults[name].map("; ".join) for name in ("anomalous_children", "explained")}
+        )
+        st.dataframe(
+            faults, hide_index=True, column_config=window.utc_columns("start", "end"), key="postmortem.faults"
+        )
 
 
 def fill_saved_query() -> None:

@@ -3,11 +3,12 @@
     report = build_report(source, node="vela-002", start=t0, end=t1)    # or job="run-42"
     print(to_markdown(report))                                            # or to_json / to_csv
 
-report.py builds the timeline, excursions.py finds the metric excursions that mattered, render.py writes
+report.py builds the timeline, excursions.py finds the metric excursions that mattered, layers.py what sat
+above the nodes (the topology as it was, the shared faults), render.py writes
 it out; model.py holds what they share.
 """
 
-from analytics.reports.postmortem.model import Event, Excursion, Report, as_dict
+from analytics.reports.postmortem.model import Event, Excursion, Report, SharedFault, as_dict
 from analytics.reports.postmortem.render import summarize, to_csv, to_json, to_markdown
 from analytics.reports.postmortem.report import build_report
 
@@ -15,6 +16,7 @@ __all__ = [
     "Event",
     "Excursion",
     "Report",
+    "SharedFault",
     "as_dict",
     "build_report",
     "summarize",

@@ -45,8 +45,29 @@ class Excursion:
 
 
 @dataclass(frozen=True)
+class SharedFault:
+    """A fault of a shared layer open in the window above a node of the scope: `k` of the parent's `n`
+    nodes anomalous, the per-node anomalies it explained ("link_flap mlx5_0:1 on vela-001") and what
+    to check."""
+
+    id: str
+    start: float
+    end: float | None
+    layer: str
+    parent: str
+    n: int
+    k: int
+    p_corrected: float
+    anomalous_children: tuple[str, ...]
+    explained: tuple[str, ...]
+    check: str
+
+
+@dataclass(frozen=True)
 class Report:
-    """A node's or a job's incident in [start, end): its nodes and its timeline."""
+    """A node's or a job's incident in [start, end): its nodes and its timeline; the topology of its
+    nodes as it was at `topology_at` (analytics.topology.view.node_views objects; none where the store
+    held none), and the shared faults above them in the window."""
 
     node: str | None
     job: str | None
@@ -56,11 +77,15 @@ class Report:
     events: tuple[Event, ...]
     excursions: tuple[Excursion, ...]
     gaps: tuple[Event, ...]
+    topology_at: float = 0.0
+    topology: tuple[Mapping[str, Any], ...] = ()
+    shared_faults: tuple[SharedFault, ...] = ()
 
 
-def as_dict(item: Event | Excursion) -> dict[str, Any]:
-    """An event's or excursion's fields by name, its evidence not copied: dataclasses.asdict copies every
-    nested value, which cost a week-long job's timeline (thousands of events) a fifth of the page."""
+def as_dict(item: Event | Excursion | SharedFault) -> dict[str, Any]:
+    """An event's, excursion's or shared fault's fields by name, its evidence not copied: dataclasses.asdict
+    copies every nested value, which cost a week-long job's timeline (thousands of events) a fifth of the
+    page."""
     return {field.name: getattr(item, field.name) for field in fields(item)}
 
 

@@ -20,6 +20,7 @@ from analytics.reports.postmortem.model import (
     utc,
 )
 from analytics.reports.straggler import gpu_hours, percent
+from analytics.reports.topology import VIEW_COLUMNS
 
 # -- rendering ----------------------------------------------------------------------------------------------
 
@@ -116,6 +117,8 @@ def to_markdown(report: Report) -> str:
             f"No series left its baseline by {REL_CHANGE:.0%} or more.",
         ),
         "",
+        *_layers_markdown(report),
+        "",
         "## Target gaps",
         "",
         *_table(
@@ -148,6 +151,11 @@ def to_json(report: Report) -> dict[str, Any]:
         "events": [_event_json(event) for event in report.events],
         "excursions": [{**as_dict(x), "start": _iso(x.start), "end": _iso(x.end)} for x in report.excursions],
         "gaps": [_event_json(event) for event in report.gaps],
+        "topology": {"at": _iso(report.topology_at), "nodes": [dict(view) for view in report.topology]},
+        "shared_faults": [
+            {**as_dict(fault), "start": _iso(fault.start), "end": _iso(fault.end)}
+            for fault in report.shared_faults
+        ],
     }
 
 
@@ -165,6 +173,44 @@ def to_csv(report: Report) -> str:
     for event in map(_event_json, report.events):
         writer.writerow({**event, "evidence": json.dumps(event["evidence"], default=str)})
     return out.getvalue()
+
+
+def _layers_markdown(report: Report) -> list[str]:
+    """The topology of the scope's nodes as it was, and the shared faults above them."""
+    return [
+        f"## Topology as it was at {utc(report.topology_at)}",
+        "",
+        *_table(
+            VIEW_COLUMNS,
+            (
+                [
+                    ", ".join(cell) if isinstance(cell, list) else cell
+                    for cell in (view.get(column, "") for column in VIEW_COLUMNS)
+                ]
+                for view in report.topology
+            ),
+            "The store held no topology of these nodes then (docs/topology.md says how to add one).",
+        ),
+        "",
+        "## Shared faults",
+        "",
+        *_table(
+            ("from (UTC)", "until (UTC)", "layer", "parent", "anomalous nodes", "explained", "check"),
+            (
+                (
+                    utc(f.start),
+                    utc(f.end),
+                    f.layer,
+                    f.parent,
+                    f"{f.k} of {f.n} ({', '.join(f.anomalous_children)}; p {f.p_corrected:.2g})",
+                    "; ".join(f.explained) or "nothing yet",
+                    f.check,
+                )
+                for f in report.shared_faults
+            ),
+            "No shared fault above these nodes in the window.",
+        ),
+    ]
 
 
 def _event_json(event: Event) -> dict[str, Any]:

@@ -12,6 +12,8 @@ and lays out one timeline, oldest first:
 - alert state changes (`alerts` rows labelled with one of the nodes) and the drain controller's decisions
   and people's requests about them (`actions`; the circuit breaker's too, since it holds every drain);
 - target gaps: consecutive failed scrapes of one target merged into one event, with their errors;
+- the shared faults above the scope's nodes open in the window (on the timeline as anomalies of their
+  parent, and listed with what each explained), and the nodes' topology as it was (layers.py);
 - metric excursions that mattered: for each anomaly, the series that show its kind (KIND_SERIES, on the
   anomaly's GPU or port, or the node's step times in its job) compared with their own baseline, the
   median of the window before the anomaly (at least BASELINE_MIN_S and at most BASELINE_MAX_S of it, so
@@ -37,6 +39,7 @@ from analytics import evidence as typed_evidence
 from analytics.detectors.base import Window
 from analytics.errors import PostmortemError
 from analytics.reports.postmortem.excursions import find_excursions
+from analytics.reports.postmortem.layers import read_layers
 from analytics.reports.postmortem.model import (
     IN_WINDOW,
     SECONDS,
@@ -133,15 +136,28 @@ def build_report(
     ]
     gaps = [_gap_event(row) for row in rows(GAPS_SQL)]
     excursions = find_excursions(source, anomalies, window)
+    layers = read_layers(source, nodes, window, rows)
     events = [
-        *(event for row in anomalies for event in _anomaly_events(row, window)),
+        *(event for row in [*anomalies, *layers.rows] for event in _anomaly_events(row, window)),
         *map(_alert_event, rows(ALERTS_SQL)),
         *map(_action_event, rows(ACTIONS_SQL)),
         *gaps,
         *map(_excursion_event, excursions),
     ]
     events.sort(key=lambda event: (event.ts, SOURCES.index(event.source), event.node, event.what))
-    return Report(node, job, start, end, nodes, tuple(events), tuple(excursions), tuple(gaps))
+    return Report(
+        node,
+        job,
+        start,
+        end,
+        nodes,
+        tuple(events),
+        tuple(excursions),
+        tuple(gaps),
+        layers.at,
+        layers.topology,
+        layers.faults,
+    )
 
 
 def _window(start: float, end: float) -> Window:
