@@ -264,7 +264,9 @@ def evaluate(
     for fault, layer, cost in zip(truths, layers, costs, strict=True):
         outcome = _fault_outcome(fault, cost, reports, scenario, window_s, led_to)
         if layer is not None:
-            outcome = dataclasses.replace(outcome, drained_children=_drained_children(layer, scenario, drained_at))
+            outcome = dataclasses.replace(
+                outcome, drained_children=_drained_children(layer, scenario, drained_at)
+            )
         hidden = unobservable(fault, scenario) if scenario.exporters == "stock" else None
         if hidden is None:
             faults.append(outcome)
@@ -430,7 +432,11 @@ def layer_truth(fault: LayerFault) -> Fault:
     """A layer fault as the truth a shared_fault report is matched to: about its parent (the report's
     node), its layer where a report names it (its component: Fault.component's params["device"])."""
     return Fault(
-        fault.kind, fault.parent, fault.start_s, fault.end_s, params={**fault.params, "device": str(fault.layer)}
+        fault.kind,
+        fault.parent,
+        fault.start_s,
+        fault.end_s,
+        params={**fault.params, "device": str(fault.layer)},
     )
 
 
@@ -751,8 +757,8 @@ def _goals(results: Sequence[ScenarioResult], kinds: Mapping[str, KindStats]) ->
             lambda outcome: outcome.latency_s <= outcome.interval_s,
         ),
         _confounder_goal(results),
-        _consequence_goal(results),
         _child_drain_goal(results),
+        _consequence_goal(results),
     )
 
 

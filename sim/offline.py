@@ -94,7 +94,7 @@ def store_topology(scenario: Scenario, store: Store, at: float) -> None:
     store.replace_links(source, parse(scenario.topology.inventory(), f"{scenario.name} inventory"), at)
 
 
-INVENTORY_FORMAT = "inventory"  # the importer a scenario's topology goes through (analytics.topology.importers)
+INVENTORY_FORMAT = "inventory"  # the importer a scenario's topology goes through (topology.importers)
 
 
 Round = tuple[list[ScrapeBatch], list[TargetStatus]]  # one tick: the batches of the nodes that answered

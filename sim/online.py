@@ -72,7 +72,9 @@ def simulate_online(
         hub = Hub(store, writer, OtlpStepReceiver(), wall_clock=lambda: fleet_clock.now)
         poster = stack.enter_context(StepPoster(f"{LOOPBACK}:{server.serve(hub.app, LOOPBACK)}"))
         if scenario.topology is not None:
-            poster.post_topology(INVENTORY_FORMAT, scenario.topology.inventory(), f"{scenario.name} inventory")
+            poster.post_topology(
+                INVENTORY_FORMAT, scenario.topology.inventory(), f"{scenario.name} inventory"
+            )
         scraper = stack.enter_context(
             Scraper(lambda: targets, interval_s=min(scenario.interval_s, 60.0), clock=fleet_clock)
         )

@@ -15,8 +15,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from analytics.detectors import build
-from analytics.detectors.shared_faults import SharedFaults
 from analytics.detectors.runner import DetectionRunner, store_anomalies
+from analytics.detectors.shared_faults import SharedFaults
 from analytics.store import Store
 from analytics.store.records import Anomaly
 from analytics.store.schema import Retention

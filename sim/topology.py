@@ -79,7 +79,6 @@ class Topology:
                 found[Link(Entity(Kind.NODE, node), Entity(Kind.RAIL, rail_name(nic)))] = None
         return list(found)
 
-
     def inventory(self) -> str:
         """The layout as the operator's inventory file (analytics.topology.inventory, JSON): each node's
         host and rails, each host's leaf and rack, each leaf's spine; it says exactly what `links` does."""

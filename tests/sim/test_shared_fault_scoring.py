@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from analytics.evidence import SharedFaultEvidence
 from analytics.store.records import Anomaly
 from sim.evaluation import EXPLAINED, FALSE, TRUE, ScenarioResult, combine, evaluate, to_json, to_markdown
 from sim.pipeline import evaluate_files
@@ -33,7 +34,24 @@ def leaf_scenario(faults: list[dict] = ()) -> Scenario:
 
 
 def shared(layer: str, parent: str, start_s: float = 320, end_s: float = 610) -> Anomaly:
-    return anomaly("shared_fault", parent, start_s, end_s, layer)
+    """The runner's shared_fault anomaly of `parent` in `layer`: the parent its node, the layer its
+    component."""
+    fields = {"n": 4, "k": 4, "fleet_nodes": 8, "fleet_anomalous": 4, "tested": 4, "kinds": {"link_flap": 4}}
+    evidence = SharedFaultEvidence(
+        layer=layer,
+        parent=parent,
+        p_value=0.014,
+        log10_p_value=-1.85,
+        p_corrected=0.057,
+        children=(),
+        anomalous_children=(),
+        explains=(),
+        dominant_kind="link_flap",
+        check="check the leaf",
+        **fields,
+    )
+    report = anomaly("link_flap", parent, start_s, end_s, layer)
+    return replace(report, kind="shared_fault", evidence=evidence, detector="shared_fault")
 
 
 def explained(report: Anomaly) -> Anomaly:
@@ -68,9 +86,9 @@ def test_a_shared_fault_naming_the_wrong_layer_is_false_in_that_layers_row() -> 
 
 
 def test_a_childs_report_is_explained_only_when_the_runner_said_so() -> None:
-    flap = anomaly("port_errors", "vela-006", 330, 500, "mlx5_0:1")
     congestion = anomaly("congestion", "vela-007", 330, 500, "mlx5_1:1")
-    reports = [shared("leaf", "leaf-01"), explained(congestion), replace(flap, kind="congestion")]
+    unexplained = anomaly("congestion", "vela-006", 330, 500, "mlx5_0:1")
+    reports = [shared("leaf", "leaf-01"), explained(congestion), unexplained]
     result = evaluate(leaf_scenario(), reports, EPOCH)
     assert verdicts(result) == [TRUE, EXPLAINED, FALSE]
     row = result.kinds["congestion"]  # the explained report is in no row; the unexplained one is false
@@ -106,5 +124,7 @@ def test_the_leaf_scenario_end_to_end_names_the_leaf_and_drains_only_the_lost_gp
     assert (leaf.recall, leaf.precision, leaf.drained_children) == (1.0, 1.0, 0)
     lost = next(outcome for outcome in result.faults if outcome.fault.kind == "gpu_lost")
     assert lost.detected and lost.drained
-    unexplained = [o for o in result.reports if o.verdict == FALSE and o.report.anomaly.node.startswith("vela-")]
+    unexplained = [
+        o for o in result.reports if o.verdict == FALSE and o.report.anomaly.node.startswith("vela-")
+    ]
     assert unexplained == []
