@@ -14,6 +14,13 @@ limits lifted, in dry-run. Reports that detect nothing are classed `other_fault`
 `false`, in that order; latency runs from a fault's onset; a scenario played by stock exporters keeps
 the faults they cannot show (sim.stock.UNOBSERVABLE) out of the recall; a slow node's truth includes what
 it costs its job (true_job_slowdown). docs/detectors.md defines each.
+
+A fault of a shared layer (Scenario.layer_faults) is one truth, about its parent, which only a
+`shared_fault` report naming the same layer (its component) and parent (its node) detects; its per-node
+effects are not truths. During it, a child's per-node report is `explained` (out of every row) when
+the runner ever set its `explained_by`, and false when it did not, unless it detects a fault of its own
+node. A child the replayed drain policy drains during its parent's fault, with no fault of its own
+that must drain, is a wrong action (FaultOutcome.drained_children).
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from analytics.evidence import SlowNodeEvidence, as_dict
 from analytics.store.records import Anomaly
 from analytics.xid_catalog import lookup
 from sim.jobs import JobModel
-from sim.scenario import Confounder, Fault, JobSpec, Scenario
+from sim.scenario import LAYER_FAULT_KINDS, Confounder, Fault, JobSpec, LayerFault, Scenario
 from sim.stock import Unobservable, unobservable
 
 DETECTED_BY: Mapping[str, tuple[str, ...]] = MappingProxyType(  # the anomaly kinds that may detect each
@@ -51,6 +58,16 @@ DETECTED_BY: Mapping[str, tuple[str, ...]] = MappingProxyType(  # the anomaly ki
         "xid_storm": ("gpu_app_error",),
         "dbe_remap": ("gpu_fault",),
         "congestion": ("congestion",),
+        **{kind: ("shared_fault",) for kind in LAYER_FAULT_KINDS},
+    }
+)
+# the layer each layer fault kind's row takes shared_fault reports of (a PF is its host's PCIe, a PDU its
+# rack's power); sim.scenario.LAYER_FAULT_KINDS gives each kind's own layer
+ROW_OF_LAYER: Mapping[str, str] = MappingProxyType(
+    {
+        **{str(layer): kind for kind, (layer, _) in LAYER_FAULT_KINDS.items()},
+        "pf": "host_pcie_degraded",
+        "pdu": "rack_power",
     }
 )
 DETECTING_KINDS = frozenset(kind for kinds in DETECTED_BY.values() for kind in kinds)
@@ -67,6 +84,7 @@ SLOWDOWN_TOLERANCE = 0.2  # the issue's check of the detector's job_slowdown: wi
 SLOWDOWN_FLOOR = 0.01  # or within 1% of the step where the truth is next to nothing (hidden by a slower rank)
 
 TRUE, CONFOUNDER, OTHER_FAULT, FALSE = "true", "confounder", "other_fault", "false"
+EXPLAINED = "explained"  # a child's report its parent's shared fault explains: in no row
 
 
 @dataclass(frozen=True)
@@ -91,6 +109,7 @@ class FaultOutcome:
     estimated_job_slowdown: float | None = None  # the detector's, from its first report's evidence
     alerted: bool = False  # its reports raised an alert under the default rules (module doc)
     drained: bool = False  # ... and its node was drained while one fired
+    drained_children: tuple[str, ...] = ()  # a layer fault: children drained during it (module doc)
 
     @property
     def detected(self) -> bool:
@@ -160,6 +179,7 @@ class KindStats:
     false_reports: int = 0
     latencies_s: tuple[float, ...] = ()
     latencies_windows: tuple[float, ...] = ()
+    drained_children: int = 0  # wrong actions: children of its layer faults drained during them
 
     def __add__(self, other: KindStats) -> KindStats:
         """The same row summed over two runs; latencies are pooled."""
@@ -231,19 +251,28 @@ class SuiteResult:
 def evaluate(
     scenario: Scenario, anomalies: Sequence[Anomaly], epoch: float, window_s: float = 10.0
 ) -> ScenarioResult:
-    """Match the detectors' anomalies (unix times; `epoch` is the scenario's time 0) to its faults."""
+    """Match the detectors' anomalies (unix times; `epoch` is the scenario's time 0) to its faults.
+    `anomalies` may hold several rows of one anomaly (its updates): its latest is judged, and it counts
+    as explained when any row had `explained_by`."""
     reports = [_on_scenario_clock(anomaly, epoch, scenario.duration_s) for anomaly in _latest(anomalies)]
-    costs = job_costs(scenario, scenario.faults)
-    led_to = _alerts_and_drains(scenario, reports, epoch, window_s)
+    explained = frozenset(anomaly.id for anomaly in anomalies if anomaly.explained_by)
+    layers: list[LayerFault | None] = [*(None for _ in scenario.faults), *scenario.layer_faults]
+    truths = (*scenario.faults, *map(layer_truth, scenario.layer_faults))
+    costs = job_costs(scenario, truths)
+    led_to, drained_at = _alerts_and_drains(scenario, reports, epoch, window_s)
     faults, excluded = [], []
-    for fault, cost in zip(scenario.faults, costs, strict=True):
+    for fault, layer, cost in zip(truths, layers, costs, strict=True):
         outcome = _fault_outcome(fault, cost, reports, scenario, window_s, led_to)
+        if layer is not None:
+            outcome = dataclasses.replace(
+                outcome, drained_children=_drained_children(layer, scenario, drained_at)
+            )
         hidden = unobservable(fault, scenario) if scenario.exporters == "stock" else None
         if hidden is None:
             faults.append(outcome)
         else:
             excluded.append(Excluded(outcome, hidden))
-    judged = tuple(_judge(report, scenario) for report in reports)
+    judged = tuple(_judge(report, scenario, truths, report.anomaly.id in explained) for report in reports)
     return ScenarioResult(
         name=scenario.name,
         nodes=scenario.fleet.nodes,
@@ -399,6 +428,50 @@ def _detects(report: Report, fault: Fault, scenario: Scenario) -> bool:
     )
 
 
+def layer_truth(fault: LayerFault) -> Fault:
+    """A layer fault as the truth a shared_fault report is matched to: about its parent (the report's
+    node), its layer where a report names it (its component: Fault.component's params["device"])."""
+    return Fault(
+        fault.kind,
+        fault.parent,
+        fault.start_s,
+        fault.end_s,
+        params={**fault.params, "device": str(fault.layer)},
+    )
+
+
+def _layer_fault_over(report: Report, scenario: Scenario) -> list[LayerFault]:
+    """The layer faults active during `report` (plus the grace) whose children include its node."""
+    return [
+        fault
+        for fault in scenario.layer_faults
+        if report.anomaly.node in fault.nodes
+        and _meets(report, fault.start_s, _end_s(fault.end_s, scenario) + _grace_s(scenario))
+    ]
+
+
+def _end_s(end_s: float | None, scenario: Scenario) -> float:
+    return scenario.duration_s if end_s is None else end_s
+
+
+def _drained_children(
+    layer: LayerFault, scenario: Scenario, drained_at: Mapping[str, float]
+) -> tuple[str, ...]:
+    """The children of `layer` drained while it lasted (plus the grace) with no fault of their own that
+    must drain (expected_consequences) begun by then."""
+    end = _end_s(layer.end_s, scenario) + _grace_s(scenario)
+    return tuple(
+        node
+        for node in layer.nodes
+        if node in drained_at
+        and layer.start_s <= drained_at[node] <= end
+        and not any(
+            own.node == node and expected_consequences(own)[1] and own.start_s <= drained_at[node]
+            for own in scenario.faults
+        )
+    )
+
+
 def expected_kind(fault: Fault) -> str:
     """The anomaly kind that detects `fault`: for an Xid, gpu_app_error where NVIDIA's catalog says the
     application causes its code, gpu_fault otherwise."""
@@ -427,19 +500,23 @@ def expected_consequences(fault: Fault) -> tuple[bool | None, bool | None]:
 
 def _alerts_and_drains(
     scenario: Scenario, reports: Sequence[Report], epoch: float, window_s: float
-) -> dict[str, tuple[bool, bool]]:
+) -> tuple[dict[str, tuple[bool, bool]], dict[str, float]]:
     """Per anomaly id: whether it raised an alert, and whether its node was drained while that alert fired,
-    replaying every window's open reports through the default alert rules and drain policy (module doc)."""
+    replaying every window's open reports through the default alert rules and drain policy (module doc);
+    and per node drained, when it first was (scenario seconds)."""
     nodes = scenario.fleet.nodes
     unlimited = DrainLimits(nodes, 1.0, nodes, max_per_hour=sys.maxsize, breaker_fraction=1.0)
     policy = DrainPolicy(limits=unlimited, cooldown_s=0.0, return_after_healthy_s=0.0)  # dry-run
     engine, drains = AlertEngine(), DrainController(policy, [], fleet_size=nodes)
     led_to: dict[str, tuple[bool, bool]] = {}
+    drained_at: dict[str, float] = {}
     for step in range(1, math.ceil(scenario.duration_s / window_s) + 2):
         now_s = step * window_s
         current = [report for report in reports if report.start_s <= now_s <= report.end_s]
         engine.evaluate([report.anomaly for report in current], epoch + now_s)
         drains.step(engine.firing, epoch + now_s)
+        for node in drains.drained:
+            drained_at.setdefault(node, now_s)
         firing = {
             tuple(alert.labels.get(label, "") for label in ("node", "kind", "component", "job"))
             for alert in engine.firing
@@ -449,7 +526,7 @@ def _alerts_and_drains(
             if (anomaly.node, anomaly.kind, anomaly.component, anomaly.job) in firing:
                 drained = led_to.get(anomaly.id, (False, False))[1] or anomaly.node in drains.drained
                 led_to[anomaly.id] = (True, drained)
-    return led_to
+    return led_to, drained_at
 
 
 def _onset(fault: Fault) -> float:
@@ -556,15 +633,19 @@ def _job_slowdown(anomaly: Anomaly) -> float | None:
     return evidence.job_slowdown if math.isfinite(evidence.job_slowdown) else None
 
 
-def _judge(report: Report, scenario: Scenario) -> ReportOutcome:
+def _judge(report: Report, scenario: Scenario, truths: Sequence[Fault], explained: bool) -> ReportOutcome:
+    """The report's verdict (module doc); `explained`: the runner set its explained_by at some point."""
     if report.anomaly.kind in DETECTING_KINDS:
-        detected = [fault for fault in scenario.faults if _detects(report, fault, scenario)]
+        detected = [fault for fault in truths if _detects(report, fault, scenario)]
     else:  # a catch-all is right about any fault of its node
-        detected = [fault for fault in scenario.faults if _overlaps_fault(report, fault, scenario)]
+        detected = [fault for fault in truths if _overlaps_fault(report, fault, scenario)]
     if detected:
         kinds = frozenset(fault.kind for fault in detected)
         return ReportOutcome(report, TRUE, kinds, tuple(map(_describe_fault, detected)))
-    during = [fault for fault in scenario.faults if _overlaps_fault(report, fault, scenario)]
+    if parents := _layer_fault_over(report, scenario):
+        described = tuple(_describe_fault(layer_truth(fault)) for fault in parents)
+        return ReportOutcome(report, EXPLAINED if explained else FALSE, explained_by=described)
+    during = [fault for fault in truths if _overlaps_fault(report, fault, scenario)]
     if during:
         return ReportOutcome(report, OTHER_FAULT, explained_by=tuple(map(_describe_fault, during)))
     confounders = [c for c in scenario.confounders if _during_confounder(report, c, scenario)]
@@ -602,8 +683,11 @@ def _kind_rows(faults: Sequence[FaultOutcome], reports: Sequence[ReportOutcome])
     """A row per fault kind that had faults or reports, then one per catch-all kind that had reports.
 
     A fault kind's row holds the reports of its anomaly kinds, except those that detected only faults of
-    another kind sharing that anomaly kind (gpu_fault detects xid, gpu_lost and dbe_remap)."""
+    another kind sharing that anomaly kind (gpu_fault detects xid, gpu_lost and dbe_remap); a layer
+    fault kind's row the shared_fault reports of its layers (ROW_OF_LAYER). Explained reports are in none.
+    """
     rows: dict[str, KindStats] = {}
+    reports = [o for o in reports if o.verdict != EXPLAINED]
     for fault_kind, anomaly_kinds in DETECTED_BY.items():
         outcomes = [o for o in faults if o.fault.kind == fault_kind]
         mine = [
@@ -611,6 +695,7 @@ def _kind_rows(faults: Sequence[FaultOutcome], reports: Sequence[ReportOutcome])
             for o in reports
             if o.report.anomaly.kind in anomaly_kinds
             and (not o.detected_kinds or fault_kind in o.detected_kinds)
+            and (fault_kind not in LAYER_FAULT_KINDS or _layer_row(o) == fault_kind)
         ]
         if outcomes or mine:
             rows[fault_kind] = _stats(fault_kind, False, outcomes, mine)
@@ -618,6 +703,11 @@ def _kind_rows(faults: Sequence[FaultOutcome], reports: Sequence[ReportOutcome])
     for kind in catch_all:
         rows[kind] = _stats(kind, True, [], [o for o in reports if o.report.anomaly.kind == kind])
     return rows
+
+
+def _layer_row(outcome: ReportOutcome) -> str | None:
+    """The layer fault kind whose row a shared_fault report is in: that of the layer it names."""
+    return ROW_OF_LAYER.get(outcome.report.anomaly.component)
 
 
 def _stats(
@@ -637,6 +727,7 @@ def _stats(
         false_reports=verdicts.count(FALSE),
         latencies_s=tuple(outcome.latency_s for outcome in detected),
         latencies_windows=tuple(outcome.latency_windows for outcome in detected),
+        drained_children=sum(len(outcome.drained_children) for outcome in faults),
     )
 
 
@@ -666,6 +757,7 @@ def _goals(results: Sequence[ScenarioResult], kinds: Mapping[str, KindStats]) ->
             lambda outcome: outcome.latency_s <= outcome.interval_s,
         ),
         _confounder_goal(results),
+        _child_drain_goal(results),
         _consequence_goal(results),
     )
 
@@ -748,6 +840,25 @@ def _consequence_goal(results: Sequence[ScenarioResult]) -> Goal:
     return Goal(name, not wrong, "; ".join(wrong) or f"{len(judged)} faults as they ask")
 
 
+def _child_drain_goal(results: Sequence[ScenarioResult]) -> Goal:
+    """Met when no layer fault had a child drained during it (FaultOutcome.drained_children)."""
+    name = "no child of a shared fault drained"
+    judged = [
+        (result.name, outcome)
+        for result in results
+        for outcome in result.faults
+        if outcome.fault.kind in LAYER_FAULT_KINDS
+    ]
+    if not judged:
+        return Goal(name, None, "no such fault in this run")
+    wrong = [
+        f"{scenario}: {', '.join(outcome.drained_children)} drained during {_describe_fault(outcome.fault)}"
+        for scenario, outcome in judged
+        if outcome.drained_children
+    ]
+    return Goal(name, not wrong, "; ".join(wrong) or f"none of {len(judged)} faults' children")
+
+
 # -- words and numbers -------------------------------------------------------------------------------------
 
 
@@ -803,6 +914,7 @@ def _stats_json(stats: KindStats, node_days: float) -> dict[str, Any]:
         "other_fault_reports": stats.other_fault_reports,
         "false_reports": stats.false_reports,
         "false_per_node_day": _per_node_day(stats.false_reports, node_days),
+        "drained_children": stats.drained_children,
         "latency_s": {"p50": stats.latency_s(50), "p90": stats.latency_s(90)},
         "latency_windows": {"p50": stats.latency_windows(50), "p90": stats.latency_windows(90)},
     }
@@ -843,6 +955,7 @@ def _fault_json(outcome: FaultOutcome) -> dict[str, Any]:
         "reports": list(outcome.report_ids),
         "alerted": outcome.alerted,
         "drained": outcome.drained,
+        "drained_children": list(outcome.drained_children),
         "must_alert": expected_consequences(fault)[0],
         "must_drain": expected_consequences(fault)[1],
     }

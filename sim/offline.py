@@ -25,6 +25,7 @@ from queue import Empty
 
 from analytics.store import Store
 from analytics.store.records import ScrapeBatch, TargetStatus
+from analytics.topology.importers import parser_of
 from collectors.steprecord import StepRecord
 from hub.expfmt import ExpositionParser
 from sim.errors import SimulationError
@@ -49,7 +50,8 @@ def simulate_offline(
     per_round: bool = False,
 ) -> SimSummary:
     """Play the scenario as fast as it goes: each node's exposition rendered, parsed and stored as the hub
-    would store its scrape, many ticks per insert.
+    would store its scrape, many ticks per insert; its topology first, in force from `epoch` on
+    (store_topology).
 
     The nodes are simulated in `workers` processes (default: one per CPU for scenarios of at least
     PARALLEL_NODE_TICKS node-ticks, else none: this process does it all); the rows do not depend on it.
@@ -66,6 +68,7 @@ def simulate_offline(
     if workers < 1:
         raise SimulationError(f"workers must be at least 1, got {workers}")
     jobs = [JobModel(job, scenario, epoch) for job in scenario.jobs]
+    store_topology(scenario, store, epoch)
     inserts = _Inserts(store, per_round)
     with ExitStack() as stack:
         if workers == 1:
@@ -78,6 +81,20 @@ def simulate_offline(
             inserts.add(batches, statuses, [row for job in jobs for row in job.steps_until(t)])
     inserts.flush()
     return inserts.summary(len(ticks), time.perf_counter() - started)
+
+
+def store_topology(scenario: Scenario, store: Store, at: float) -> None:
+    """The scenario's topology, if it has one, stored from `at` on as a hub stores the operator's
+    inventory file (hub.topology): the file's text through the inventory importer, then Store.replace_links.
+    An inventory, not host agents' reports: those see a host's VMs, VFs and leaf, never its spine, rack
+    or rails (docs/simulator.md)."""
+    if scenario.topology is None:
+        return
+    parse, source = parser_of(INVENTORY_FORMAT)
+    store.replace_links(source, parse(scenario.topology.inventory(), f"{scenario.name} inventory"), at)
+
+
+INVENTORY_FORMAT = "inventory"  # the importer a scenario's topology goes through (topology.importers)
 
 
 Round = tuple[list[ScrapeBatch], list[TargetStatus]]  # one tick: the batches of the nodes that answered

@@ -1,6 +1,8 @@
 """A scenario played online, through the hub's own parts: the nodes served on loopback and scraped by the
 hub's Scraper in lockstep with simulated time, the rows written by the hub's Writer (with its spool), the
-step records POSTed as JSON lines to a Hub's /api/v1/steps. Same rows as sim.offline but for the
+step records POSTed as JSON lines to a Hub's /api/v1/steps, the scenario's topology (if any) POSTed
+once to its /api/v1/topology as the operator's inventory, before the first tick, on the hub's clock,
+which is the fleet's. Same rows as sim.offline but for the
 targets' duration_s (the real one)."""
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from sim.fleet import LOOPBACK
 from sim.jobs import JobModel
 from sim.loopserver import LoopServer
 from sim.node import SCENARIO_EPOCH, SimNode, SimSummary, tick_times
+from sim.offline import INVENTORY_FORMAT
 from sim.scenario import Scenario
 
 STEPS_PER_POST = 2_000  # online: step records per POST, well under the loopback server's body limit
@@ -66,8 +69,12 @@ def simulate_online(
         spool = Spool(tempfile.mkdtemp(prefix="spool-", dir=workdir), SPOOL_BYTES)
         writer = Writer(store, spool)  # a Store is thread-safe: the hub's request threads share it
         stack.callback(writer.close)
-        hub = Hub(store, writer, OtlpStepReceiver())
+        hub = Hub(store, writer, OtlpStepReceiver(), wall_clock=lambda: fleet_clock.now)
         poster = stack.enter_context(StepPoster(f"{LOOPBACK}:{server.serve(hub.app, LOOPBACK)}"))
+        if scenario.topology is not None:
+            poster.post_topology(
+                INVENTORY_FORMAT, scenario.topology.inventory(), f"{scenario.name} inventory"
+            )
         scraper = stack.enter_context(
             Scraper(lambda: targets, interval_s=min(scenario.interval_s, 60.0), clock=fleet_clock)
         )
@@ -126,14 +133,24 @@ class StepPoster:
     def post(self, rows: Sequence[StepRecord]) -> None:
         for first in range(0, len(rows), STEPS_PER_POST):
             body = step_lines(rows[first : first + STEPS_PER_POST])
-            self._conn.request("POST", "/api/v1/steps", body, self._headers)
-            with self._conn.getresponse() as response:
-                answer = response.read()
-                if response.status != 200:
-                    raise SimulationError(
-                        f"hub at {self.address} refused step records: HTTP {response.status}: "
-                        f"{answer.decode(errors='replace')[:300]}"
-                    )
+            self._send("/api/v1/steps", body, self._headers, "step records")
+
+    def post_topology(self, format_name: str, text: str, file: str) -> None:
+        """A topology source's text to the hub's /api/v1/topology, as `fleetlens topology import --hub`
+        sends it; the hub parses and stores it, stamped with its clock."""
+        body = json.dumps({"format": format_name, "text": text, "file": file}).encode()
+        headers = {**self._headers, "Content-Type": "application/json"}
+        self._send("/api/v1/topology", body, headers, f"topology {file}")
+
+    def _send(self, path: str, body: bytes, headers: dict[str, str], what: str) -> None:
+        self._conn.request("POST", path, body, headers)
+        with self._conn.getresponse() as response:
+            answer = response.read()
+            if response.status != 200:
+                raise SimulationError(
+                    f"hub at {self.address} refused {what}: HTTP {response.status}: "
+                    f"{answer.decode(errors='replace')[:300]}"
+                )
 
     def __enter__(self) -> StepPoster:
         return self

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from analytics.detectors import build
 from analytics.detectors.runner import DetectionRunner, store_anomalies
+from analytics.detectors.shared_faults import SharedFaults
 from analytics.store import Store
 from analytics.store.records import Anomaly
 from analytics.store.schema import Retention
@@ -43,13 +44,14 @@ def simulate(scenario: Scenario, store: Store, workdir: Path, *, offline: bool, 
 
 
 def detect_scenario(store: Store, scenario: Scenario, window_s: float = DEFAULT_WINDOW_S) -> list[Anomaly]:
-    """Every detector over the whole simulated span, anomalies closed at its end, written to the store."""
-    runner = DetectionRunner(build(), window_s)
+    """Every detector over the whole simulated span, shared faults localized on the topology the store
+    holds (none without one), anomalies closed at its end, written to the store: every row, updates
+    included (sim.evaluation reads whether an anomaly was ever explained from them)."""
+    runner = DetectionRunner(build(), window_s, shared_faults=SharedFaults())
     anomalies = runner.run(store, SCENARIO_EPOCH, SCENARIO_EPOCH + scenario.duration_s)
-    closed = {anomaly.id: anomaly for anomaly in [*anomalies, *runner.flush()]}
-    result = sorted(closed.values(), key=lambda a: (a.start, a.node, a.kind))
-    store_anomalies(store, result)
-    return result
+    rows = sorted([*anomalies, *runner.flush()], key=lambda a: (a.start, a.node, a.kind))  # stable: in order
+    store_anomalies(store, rows)
+    return rows
 
 
 def evaluate_file(

@@ -10,6 +10,7 @@ one's importers would (`links`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -77,6 +78,18 @@ class Topology:
             for nic in range(self.rails):
                 found[Link(Entity(Kind.NODE, node), Entity(Kind.RAIL, rail_name(nic)))] = None
         return list(found)
+
+    def inventory(self) -> str:
+        """The layout as the operator's inventory file (analytics.topology.inventory, JSON): each node's
+        host and rails, each host's leaf and rack, each leaf's spine; it says exactly what `links` does."""
+        nodes, hosts, leaves = {}, {}, {}
+        rails = [rail_name(nic) for nic in range(self.rails)]
+        for node in self.nodes:
+            host, leaf = self.parent(node, Kind.HOST), self.parent(node, Kind.LEAF)
+            nodes[node] = {"host": host, "rails": rails}
+            hosts[host] = {"leaf": leaf, "rack": self.parent(node, Kind.RACK)}
+            leaves[leaf] = {"spine": self.parent(node, Kind.SPINE)}
+        return json.dumps({"nodes": nodes, "hosts": hosts, "leaves": leaves}, indent=1)
 
 
 def rail_name(nic: int) -> str:
