@@ -63,7 +63,9 @@ def test_ci_scenarios_meet_the_detection_goals(tmp_path: Path) -> None:
         assert stats["recall"] >= 0.95, (kind, stats)
         assert stats["precision"] is None or stats["precision"] >= 0.95, (kind, stats)
         assert stats["confounder_reports"] == 0, (kind, stats)
-    assert [goal["met"] for goal in suite["goals"]] == [True, True, True, True, True]
+    met = {goal["name"]: goal["met"] for goal in suite["goals"]}
+    assert met.pop("no child of a shared fault drained") is None  # the CI scenarios have no layer fault
+    assert list(met.values()) == [True, True, True, True, True]
 
 
 @pytest.mark.parametrize("flag", ["--from", "--to"])
