@@ -14,7 +14,8 @@ import json
 from dataclasses import dataclass
 from functools import cached_property
 
-from analytics.topology.model import Entity, Kind, Link
+from analytics.topology import inventory
+from analytics.topology.model import Kind, Link
 
 DEFAULT_VMS_PER_HOST = 1  # one VM holding all of a host's GPUs, as on Vela
 DEFAULT_HOSTS_PER_LEAF = 8
@@ -65,23 +66,13 @@ class Topology:
         return tuple(node for node in self.nodes if self.parent(node, layer) == name)
 
     def links(self) -> list[Link]:
-        """The layout as child -> parent links: node -> host, host -> leaf, leaf -> spine, host -> rack,
-        and node -> rail for each NIC; each link once, in node order."""
-        found: dict[Link, None] = {}
-        for node in self.nodes:
-            host = Entity(Kind.HOST, self.parent(node, Kind.HOST))
-            leaf = Entity(Kind.LEAF, self.parent(node, Kind.LEAF))
-            found[Link(Entity(Kind.NODE, node), host)] = None
-            found[Link(host, leaf)] = None
-            found[Link(leaf, Entity(Kind.SPINE, self.parent(node, Kind.SPINE)))] = None
-            found[Link(host, Entity(Kind.RACK, self.parent(node, Kind.RACK)))] = None
-            for nic in range(self.rails):
-                found[Link(Entity(Kind.NODE, node), Entity(Kind.RAIL, rail_name(nic)))] = None
-        return list(found)
+        """The layout as child -> parent links (node -> host and rails, host -> leaf and rack, leaf ->
+        spine): the inventory() as the operator's importer reads it, so the two cannot disagree."""
+        return inventory.parse(self.inventory(), "the scenario's topology")
 
     def inventory(self) -> str:
         """The layout as the operator's inventory file (analytics.topology.inventory, JSON): each node's
-        host and rails, each host's leaf and rack, each leaf's spine; it says exactly what `links` does."""
+        host and rails, each host's leaf and rack, each leaf's spine; what `links` returns."""
         nodes, hosts, leaves = {}, {}, {}
         rails = [rail_name(nic) for nic in range(self.rails)]
         for node in self.nodes:
