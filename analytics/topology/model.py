@@ -30,6 +30,9 @@ class Kind(StrEnum):
     RAIL = "rail"
     RACK = "rack"
     PDU = "pdu"
+    # A libvirt domain by its UUID: the one name both its host (the domain XML) and the guest itself (DMI
+    # product_uuid) give it, where the domain's name and the guest's node name may differ.
+    DOMAIN = "domain"
 
 
 class Source(StrEnum):
