@@ -12,6 +12,10 @@ address as sysfs writes it. It is a VF when it is an <interface type='hostdev'> 
 `vfs` (the host agent knows them from /sys/class/net/<pf>/device/virtfn*); any other PCI hostdev is
 taken for a GPU, as the XML does not say what a device is. Links: node (the domain's name) -> host, and
 node -> each device it holds (the VM sits below the VF and GPU it uses, as the VF sits below its PF).
+A domain with a <uuid> gets the same links once more from its `domain` entity (Kind.DOMAIN, the UUID):
+the guest's own report puts that entity under the guest's node (importers.guest), so a guest whose node
+name is not the domain's name still reaches its host, VFs, PFs and leaf (view.layers_above walks a kind
+once, and a node's own kind is taken, so the join cannot go through the domain's node).
 
 Refused whole, naming the element: not XML, any DOCTYPE (entities are never declared, expanded or
 fetched), a root other than <domain>, no <name>, a <uuid> that is not a UUID, an address field missing
@@ -100,13 +104,16 @@ def parse(text: str, source_name: str, *, host: str | None = None, vfs: Collecti
     host's VF addresses ("0000:06:12.5") that a plain <hostdev> may hold."""
     host = caller_host(source_name, host)
     domain = read_domain(text, source_name)
-    node = (Kind.NODE, domain.name)
-    links = [checked_link(node, (Kind.HOST, host), source=source_name, where="/domain/name")]
+    children = [(Kind.NODE, domain.name)]
+    if domain.uuid is not None:
+        children.append((Kind.DOMAIN, domain.uuid))
+    parents = [(Kind.HOST, host)]
     for address in (*domain.network, *domain.other):
         kind = Kind.VF if address in domain.network or address in vfs else Kind.GPU
-        links.append(
-            checked_link(
-                node, (kind, host_scoped(host, address)), source=source_name, where="/domain/devices"
-            )
-        )
+        parents.append((kind, host_scoped(host, address)))
+    links = [
+        checked_link(child, parent, source=source_name, where="/domain")
+        for child in children
+        for parent in parents
+    ]
     return list(dict.fromkeys(links))

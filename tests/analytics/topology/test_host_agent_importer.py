@@ -32,6 +32,7 @@ NODE = Entity(Kind.NODE, "QEMUGuest2")
 HOST = Entity(Kind.HOST, "hv-01")
 PF = Entity(Kind.PF, "hv-01/eth0")
 VF = Entity(Kind.VF, "hv-01/0000:06:12.5")
+DOMAIN = Entity(Kind.DOMAIN, "c7a5fdbd-edaf-9466-926a-d65c16db1809")  # QEMUGuest2's <uuid>
 
 
 def _parse(report: dict[str, Any]) -> list[Link]:
@@ -45,6 +46,8 @@ def test_a_report_places_the_vm_under_its_vf_its_pf_under_the_leaf_and_all_under
         Link(PF, HOST),
         Link(NODE, HOST),
         Link(NODE, VF),  # a plain <hostdev>: a VF because sysfs lists it under a PF
+        Link(DOMAIN, HOST),
+        Link(DOMAIN, VF),
         Link(PF, Entity(Kind.LEAF, "ns-2.example.com")),
     }
 
@@ -56,7 +59,8 @@ def test_parts_left_out_give_what_the_rest_says() -> None:
         "domains": REPORT["domains"],
         "errors": {"lldp": "not installed"},
     }
-    assert _parse(report) == [Link(NODE, HOST), Link(NODE, Entity(Kind.GPU, "hv-01/0000:06:12.5"))]
+    gpu = Entity(Kind.GPU, "hv-01/0000:06:12.5")
+    assert _parse(report) == [Link(NODE, HOST), Link(NODE, gpu), Link(DOMAIN, HOST), Link(DOMAIN, gpu)]
     assert _parse({"version": 1, "host": "hv-01"}) == []
 
 

@@ -27,10 +27,15 @@ def test_the_domain_sits_on_its_host_and_under_the_device_it_holds() -> None:
     assert libvirt.read_domain(DOMAIN, "x.xml") == libvirt.Domain(
         "QEMUGuest2", "c7a5fdbd-edaf-9466-926a-d65c16db1809", network=(), other=("0000:06:12.5",)
     )
+    by_uuid = Entity(Kind.DOMAIN, "c7a5fdbd-edaf-9466-926a-d65c16db1809")
     assert libvirt.parse(DOMAIN, "hv-01.xml") == [
         Link(VM, Entity(Kind.HOST, "hv-01")),
         Link(VM, Entity(Kind.GPU, "hv-01/0000:06:12.5")),
+        Link(by_uuid, Entity(Kind.HOST, "hv-01")),  # the same again by UUID, what a guest's report joins
+        Link(by_uuid, Entity(Kind.GPU, "hv-01/0000:06:12.5")),
     ]
+    without_uuid = re.sub(r"<uuid>.*</uuid>", "", DOMAIN)
+    assert {link.child for link in libvirt.parse(without_uuid, "hv-01.xml")} == {VM}
 
 
 def test_a_hostdev_the_host_knows_as_a_vf_and_a_hostdev_interface_are_vfs() -> None:
