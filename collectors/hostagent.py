@@ -189,10 +189,27 @@ class HostAgent:
 def post_report(
     hub: str, report: dict[str, Any], token: str | None, timeout_s: float = POST_TIMEOUT_S
 ) -> dict:
-    """POST `report` to `hub`'s /api/v1/topology as format `host-agent`, reporter = its host; the hub's
-    JSON answer, or HostAgentError with what the hub said (or why it could not be reached)."""
-    host = report["host"]
-    body = {"format": FORMAT, "text": json.dumps(report), "file": f"host-agent {host}", "reporter": host}
+    """POST a host agent's `report` to `hub` as format `host-agent`, reporter = its host (post_topology)."""
+    return post_topology(hub, FORMAT, report["host"], report, token, timeout_s)
+
+
+def post_topology(
+    hub: str,
+    format_name: str,
+    reporter: str,
+    report: dict[str, Any],
+    token: str | None,
+    timeout_s: float = POST_TIMEOUT_S,
+) -> dict:
+    """POST `report` (a host agent's, or a guest's: collectors.guestreport) to `hub`'s /api/v1/topology as
+    `format_name`, stored as what `reporter` says now; the hub's JSON answer, or HostAgentError with what
+    the hub said (or why it could not be reached)."""
+    body = {
+        "format": format_name,
+        "text": json.dumps(report),
+        "file": f"{format_name} {reporter}",
+        "reporter": reporter,
+    }
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"

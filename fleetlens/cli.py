@@ -138,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     host_agent.set_defaults(run="fleetlens.hostagent_cli:cmd_host_agent")
 
+    guest = sub.add_parser(
+        "guest-report", help="in a VM: its NICs, GPUs and DMI UUID, as JSON or to a hub (format guest)"
+    )
+    guest.add_argument("--root", default="/", help="the filesystem root whose sys/ is read (default /)")
+    guest.add_argument("--node", help="this VM's node name (default: its hostname)")
+    guest.add_argument("--hub", help="post to this hub (FLEETLENS_API_TOKEN: a write token); else print")
+    guest.set_defaults(run="fleetlens.guestreport_cli:cmd_guest_report")
+
     hub = sub.add_parser("hub", help="scrape the fleet, receive step times, store everything in ClickHouse")
     _hub_flags(hub)
     hub.add_argument("--targets", help="Prometheus file_sd JSON of the exporters to scrape")
