@@ -1,15 +1,23 @@
 """Reading another tool's JSON or XML as hostile input: parse failures, wrong shapes and (for XML)
-any DOCTYPE become a TopologyError naming the source and where; nothing is fetched or expanded."""
+any DOCTYPE become a TopologyError naming the source and where; nothing is fetched or expanded. The
+checks the reports of fleetlens' own agents share (the host agent's, a guest's) are here too."""
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable, Collection
 from typing import Any
 from xml.etree.ElementTree import Element, TreeBuilder
 from xml.parsers import expat
 
 from analytics.errors import TopologyError
-from analytics.topology.names import checked_input
+from analytics.topology.names import checked_input, checked_name, shown
+
+# A PCI function as sysfs names it: domain (4 hex digits, more under VMD), bus, device (< 0x20), function.
+_PCI_ADDRESS = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[01][0-9a-f]\.[0-7]")
+_IFNAMSIZ = 16  # Linux's interface name buffer, NUL included
+MAX_REASON_CHARS = 4096  # an agent's reason for a part left out (the host agent keeps 2,000)
 
 
 def load_json(text: str, source: str) -> Any:
@@ -28,6 +36,47 @@ def expect(value: Any, kind: type, source: str, path: str) -> Any:
     if not isinstance(value, kind):
         raise TopologyError(source, path, f"is {type(value).__name__}, not {kind.__name__}")
     return value
+
+
+def object_keys(
+    value: Any, allowed: frozenset[str], required: frozenset[str], source: str, path: str
+) -> dict:
+    """`value` as an object whose keys are all `allowed` and include `required`."""
+    found = expect(value, dict, source, path)
+    if unknown := sorted(set(found) - allowed):
+        raise TopologyError(
+            source, path, f"unknown key {shown(unknown[0])}; known: {', '.join(sorted(allowed))}"
+        )
+    if missing := sorted(required - set(found)):
+        raise TopologyError(source, path, f"no {missing[0]!r}")
+    return found
+
+
+def pci_address(value: Any, source: str, path: str) -> str:
+    """`value` if it is a PCI address as sysfs writes one ("0000:3b:02.0")."""
+    if not isinstance(value, str) or not _PCI_ADDRESS.fullmatch(value):
+        raise TopologyError(source, path, f"{shown(value)} is not a PCI address like '0000:3b:02.0'")
+    return value
+
+
+def interface_name(value: Any, source: str, path: str) -> str:
+    """An interface name Linux accepts (dev_valid_name): under 16 bytes, no '/', ':' or whitespace."""
+    name = checked_name(value, source=source, where=path)
+    if len(name.encode()) >= _IFNAMSIZ or name in (".", "..") or any(c in "/:" or c.isspace() for c in name):
+        raise TopologyError(source, path, f"{shown(name)} is not a network interface name")
+    return name
+
+
+def reasons(errors: Any, source: str, parts: Collection[str] | Callable[[str], bool]) -> dict[str, str]:
+    """An agent's `errors` object: each key one of `parts` (or one `parts` accepts), each value a one-line
+    reason of at most MAX_REASON_CHARS printable characters."""
+    accepts = parts if callable(parts) else parts.__contains__
+    for part, reason in expect(errors, dict, source, "$.errors").items():
+        if not accepts(part):
+            raise TopologyError(source, "$.errors", f"{shown(part)} is not a part of the report")
+        if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS or not reason.isprintable():
+            raise TopologyError(source, f"$.errors.{part}", f"{shown(reason)} is not a one-line reason")
+    return errors
 
 
 class _Refused(TopologyError):
