@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from analytics.errors import TopologyError
 from analytics.topology import inventory
-from analytics.topology.importers import host_agent, ibnetdiscover, k8s_nodes, libvirt, lldp, slurm
+from analytics.topology.importers import guest, host_agent, ibnetdiscover, k8s_nodes, libvirt, lldp, slurm
 from analytics.topology.model import Link, Source
 
 Parser = Callable[[str, str], list[Link]]
@@ -26,6 +26,7 @@ PARSERS: dict[str, Parser] = {
     "lldp": lldp.parse,
     "libvirt": libvirt.parse,
     "host-agent": host_agent.parse,
+    "guest": guest.parse,
 }
 SOURCE_OF_FORMAT: dict[str, Source] = {
     "inventory": Source.INVENTORY,
@@ -35,6 +36,7 @@ SOURCE_OF_FORMAT: dict[str, Source] = {
     "lldp": Source.HOST_AGENT,
     "libvirt": Source.HOST_AGENT,
     "host-agent": Source.HOST_AGENT,
+    "guest": Source.GUEST,
 }
 
 

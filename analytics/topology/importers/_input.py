@@ -52,6 +52,17 @@ def object_keys(
     return found
 
 
+def agent_report(text: str, source: str, allowed: frozenset[str], name_key: str, version: int) -> dict:
+    """An agent's report `text` as an object of `allowed` keys, its "version" `version` and its
+    `name_key` (whose report it is) present; TopologyError naming the JSON path otherwise."""
+    report = object_keys(load_json(text, source), allowed, frozenset({"version", name_key}), source, "$")
+    if type(report["version"]) is not int or report["version"] != version:
+        raise TopologyError(
+            source, "$.version", f"{shown(report['version'])}: this hub reads version {version}"
+        )
+    return report
+
+
 def pci_address(value: Any, source: str, path: str) -> str:
     """`value` if it is a PCI address as sysfs writes one ("0000:3b:02.0")."""
     if not isinstance(value, str) or not _PCI_ADDRESS.fullmatch(value):

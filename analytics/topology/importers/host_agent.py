@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 from analytics.errors import TopologyError
 from analytics.topology.importers import libvirt, lldp
 from analytics.topology.importers._input import (
+    agent_report,
     expect,
     interface_name,
-    load_json,
     object_keys,
     pci_address,
     reasons,
@@ -94,11 +94,7 @@ def _domain_links(domains: Any, host: str, vfs: set[str], source: str) -> list[L
 
 def parse(text: str, source_name: str) -> list[Link]:
     """Every Link a host agent's report `text` gives (module docstring), without repeats."""
-    report = object_keys(
-        load_json(text, source_name), _REPORT_KEYS, frozenset({"version", "host"}), source_name, "$"
-    )
-    if type(report["version"]) is not int or report["version"] != REPORT_VERSION:
-        raise TopologyError(source_name, "$.version", f"{shown(report['version'])}: this hub reads version 1")
+    report = agent_report(text, source_name, _REPORT_KEYS, "host", REPORT_VERSION)
     host = checked_name(report["host"], source=source_name, where="$.host")
     reasons(report.get("errors", {}), source_name, PARTS)
     links, vfs = _pf_links(report.get("pfs", []), host, source_name)
