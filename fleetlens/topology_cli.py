@@ -9,7 +9,7 @@ import time
 
 from analytics.store.hubclient import HubClient
 from analytics.store.topology import Changes, topology_at
-from analytics.topology.importers import parser_of
+from analytics.topology.importers import imported
 from analytics.topology.inventory import read_text
 from analytics.topology.view import LIST_LAYERS, SINGLE_LAYERS, node_views
 from fleetlens.access import hub_config, open_store, reader
@@ -26,14 +26,15 @@ def cmd_topology_import(args: argparse.Namespace) -> int:
             args.format, text, file=args.file, reporter=args.reporter
         )
     else:
-        parse, source = parser_of(args.format)
-        links = parse(text, args.file)
+        said = imported(args.format, text, args.file)
         store = open_store(hub_config(args))
         try:
-            changes = store.replace_links(source, links, time.time(), reporter=args.reporter)
+            changes = store.replace_links(
+                said.source, said.links, time.time(), reporter=args.reporter, unsaid=said.unsaid
+            )
         finally:
             store.close()
-        count = len(links)
+        count = len(said.links)
     print(f"imported {count} links from {args.file} ({args.format}): {_describe(changes)}")
     return 0
 

@@ -49,7 +49,7 @@ from analytics.store.readonly import ReadLimits
 from analytics.store.records import REQUESTS, ActionRow, SilenceRow
 from analytics.store.retention import KEEP_DAYS_MAX, Cutoff, import_refusal, keep_until
 from analytics.store.schema import Retention
-from analytics.topology.importers import parser_of
+from analytics.topology.importers import imported
 from analytics.topology.names import checked_name
 from collectors import textformat
 from collectors.logtext import printable
@@ -445,17 +445,18 @@ class Hub:
         reporter says now (Store.replace_links); 400 naming the file, line and key of what is wrong."""
         request = topology_request(body)
         try:
-            parse, source = parser_of(request.format)
-            links = parse(request.text, request.file)
+            said = imported(request.format, request.text, request.file)
             if request.reporter:
                 checked_name(request.reporter, source="request", where="reporter")
         except TopologyError as exc:
             raise HttpError(400, str(exc)[:1000]) from None  # outside text in it quoted by repr()
         now = self._wall_clock()
         changes = self._stored(
-            lambda: self.store.replace_links(source, links, now, reporter=request.reporter)
+            lambda: self.store.replace_links(
+                said.source, said.links, now, reporter=request.reporter, unsaid=said.unsaid
+            )
         )
-        return json.dumps({"links": len(links), **asdict(changes)}).encode(), JSON
+        return json.dumps({"links": len(said.links), **asdict(changes)}).encode(), JSON
 
     def _insert(self, insert: Callable[[], int]) -> tuple[bytes, str]:
         return json.dumps({"rows": self._stored(insert)}).encode(), JSON

@@ -476,10 +476,17 @@ class Store:
         return self._insert_records("notifications", _columns(NotificationRow), rows, token)
 
     def replace_links(
-        self, source: Source, links: Iterable[Link], now: float, *, reporter: str = ""
+        self,
+        source: Source,
+        links: Iterable[Link],
+        now: float,
+        *,
+        reporter: str = "",
+        unsaid: Callable[[Link], bool] | None = None,
     ) -> Changes:
         """Make `reporter` of `source` (its inventory file, one host's agent, an imported file) say exactly
-        `links` from `now` on: its edges no longer said end at `now`, new links start there, the rest stay
+        `links` from `now` on: its edges no longer said end at `now` unless `unsaid` accepts them (what
+        this report does not speak for: importers.imported), new links start there, the rest stay
         (analytics.store.topology). Saying the same again writes nothing. StoreRejected when `now` is
         before its last change; StoreUnavailable."""
         with self._lock, self._failures("topology"):
@@ -487,7 +494,7 @@ class Store:
                 topology.open_edges(self._layout.name("topology")),
                 parameters={"source": str(source), "reporter": reporter},
             ).result_rows
-            plan = topology.replacement(source, reporter, links, held, now)
+            plan = topology.replacement(source, reporter, links, held, now, unsaid)
             if plan.columns:
                 self._insert("topology", topology.COLUMNS, plan.columns, plan.token, column_oriented=True)
         return plan.changes

@@ -3,9 +3,10 @@
 A source (analytics.topology.model.Source) has reporters: the inventory file, each host's agent, each
 imported file. `replacement` turns what one reporter says now into the rows to write: its edges no longer
 said are closed (the same row again with valid_to = now and closed = 1, which replaces the open one on
-merge; reads use FINAL), links new to it are opened with valid_from = now, and links it said before are
-left alone. Saying the same again writes nothing; a batch replayed after a crash carries the same insert
-token and is stored once. One writer per reporter at a time (the hub, or one import).
+merge; reads use FINAL), unless they are of a part it could not read this time (`unsaid`), links new to
+it are opened with valid_from = now, and links it said before are left alone. Saying the same again
+writes nothing; a batch replayed after a crash carries the same insert token and is stored once. One
+writer per reporter at a time (the hub, or one import).
 
 `topology_at` reads the edges in force at a time through any reader with Store.query's signature (the
 store, or a hub's query API through HubClient), with source precedence applied (analytics.topology.view).
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -80,13 +81,22 @@ class Replacement:
 
 
 def replacement(
-    source: Source, reporter: str, links: Iterable[Link], open_rows: Sequence[tuple], now: float
+    source: Source,
+    reporter: str,
+    links: Iterable[Link],
+    open_rows: Sequence[tuple],
+    now: float,
+    unsaid: Callable[[Link], bool] | None = None,
 ) -> Replacement:
     """The rows that make `reporter` of `source` say exactly `links` from `now` on, given its edges still
-    open (OPEN_EDGES rows); StoreRejected when `now` is before one of them opened (a clock gone back)."""
+    open (OPEN_EDGES rows), except that an open edge `unsaid` accepts (a part the reporter could not read
+    this time) stays open, counted unchanged; StoreRejected when `now` is before one of them opened (a
+    clock gone back)."""
     now_ms = _millis(now)
     said = set(links)
     held = {Link(Entity(Kind(ck), c), Entity(Kind(pk), p)): int(since) for ck, c, pk, p, since in open_rows}
+    if unsaid is not None:
+        said |= {link for link in held if link not in said and unsaid(link)}
     if (latest := max(held.values(), default=now_ms)) > now_ms:
         raise StoreRejected(
             f"topology: {source}/{reporter} changed at {latest / 1000:.3f}, after now ({now:.3f}): a clock"

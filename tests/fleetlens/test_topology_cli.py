@@ -68,7 +68,7 @@ def test_a_bad_file_is_one_line_naming_file_line_and_key_and_stores_nothing(tmp_
     assert done.returncode == 1
     assert done.stderr == f"fleetlens: {bad}: line 10: racks.rack-00.pdu: expected a name, got a sequence\n"
     unknown = fleetlens("topology", "import", str(bad), "--format", "lldpp", *store)
-    assert "format: 'lldpp': not a topology format; known: host-agent, ibnetdiscover" in unknown.stderr
+    assert "format: 'lldpp': not a topology format; known: guest, host-agent, ibnetdiscover" in unknown.stderr
     assert shown(*store) == []
 
 

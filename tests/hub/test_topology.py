@@ -80,7 +80,7 @@ def test_only_a_write_token_may_send_topology(hub_url, store, token, status):
         ),
         (
             {"format": "gml", "text": ""},
-            "format: 'gml': not a topology format; known: host-agent, ibnetdiscover",
+            "format: 'gml': not a topology format; known: guest, host-agent, ibnetdiscover",
         ),
         (
             {"format": "inventory", "text": INVENTORY, "reporter": "a\nb"},

@@ -11,6 +11,11 @@ a VF "<host>/<pci address>" as the libvirt importer does); from each domain's XM
 importer with `host=` and `vfs=` every VF of `pfs`, node -> host and node -> each VF and GPU it holds;
 from `lldp`, by the lldp importer with `host=`, PF -> leaf and PF -> host.
 
+A part the agent reports as failed (a key of `errors`) leaves that part's links as the store held them
+(read): when lldpcli or virsh fails once, the host's PF -> leaf or VM -> host links stay in force until
+a report that has the part says otherwise. A part with some domains read and others failed keeps every
+domain link it no longer gives, until a report without that error.
+
 Hostile input, refused whole with a TopologyError naming the JSON path: unknown keys, wrong types, a
 version other than 1, names the allowlist refuses (names.checked_name), an interface name Linux would
 refuse, a PCI address not written as sysfs writes one, a PF or VF given twice, a domain whose XML names
@@ -94,6 +99,13 @@ def _domain_links(domains: Any, host: str, vfs: set[str], source: str) -> list[L
 
 def parse(text: str, source_name: str) -> list[Link]:
     """Every Link a host agent's report `text` gives (module docstring), without repeats."""
+    return read(text, source_name)[0]
+
+
+def read(text: str, source_name: str) -> tuple[list[Link], Callable[[Link], bool]]:
+    """The Links of report `text` (parse), and which links it does not speak for: those a part the agent
+    reported as failed (`errors`) would give, which the store keeps in force as they were (a transient
+    lldpcli or virsh failure must not end the host's PF -> leaf or VM -> host links)."""
     report = agent_report(text, source_name, _REPORT_KEYS, "host", REPORT_VERSION)
     host = checked_name(report["host"], source=source_name, where="$.host")
     reasons(report.get("errors", {}), source_name, PARTS)
@@ -102,4 +114,15 @@ def parse(text: str, source_name: str) -> list[Link]:
     if "lldp" in report:
         lldp_text = expect(report["lldp"], str, source_name, "$.lldp")
         links += _nested(lambda: lldp.parse(lldp_text, source_name, host=host), source_name, "$.lldp")
-    return list(dict.fromkeys(links))
+    failed = frozenset(report.get("errors", {}))
+    return list(dict.fromkeys(links)), lambda link: not failed.isdisjoint(_parts_saying(link))
+
+
+def _parts_saying(link: Link) -> frozenset[str]:
+    """The parts of a report that give a link of `link`'s shape: a VM's (or its domain UUID's) links
+    come from `domains`, a PF's leaf from `lldp`, a VF's PF from `pfs`, a PF's host from both."""
+    if link.child.kind in (Kind.NODE, Kind.DOMAIN):
+        return frozenset({"domains"})
+    if link.parent.kind is Kind.LEAF:
+        return frozenset({"lldp"})
+    return frozenset({"pfs", "lldp"}) if link.child.kind is Kind.PF else frozenset({"pfs"})
