@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--format",
         required=True,
         help="the file's format: inventory (docs/topology.md), slurm, k8s-nodes, ibnetdiscover, lldp, "
-        "libvirt, host-agent (docs/topology-importers.md)",
+        "libvirt, host-agent, guest (docs/topology-importers.md)",
     )
     topology_import.add_argument(
         "--reporter",
