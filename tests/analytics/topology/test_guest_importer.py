@@ -20,6 +20,7 @@ from analytics.topology.model import Entity, Kind, Link, Source
 from analytics.topology.view import node_views
 from collectors.guestreport import guest_report
 from tests.analytics.topology.test_host_agent_importer import REPORT as HOST_REPORT
+from tests.analytics.topology.test_host_agent_importer import _set as set_at
 from tests.collectors.test_guestreport import DOMAIN_UUID, captured_guest, with_vf, write
 
 NODE = Entity(Kind.NODE, "vela-001")
@@ -67,10 +68,7 @@ def test_the_guest_finds_its_host_and_leaf_through_its_domain_uuid(store: Store)
 
 def _changed(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
     report = copy.deepcopy(REPORT)
-    holder = report
-    for key in path[:-1]:
-        holder = holder[key]
-    holder[path[-1]] = value
+    set_at(path, value)(report)
     return report
 
 
