@@ -5,6 +5,7 @@ without the PF ends them; a guest's report joins it to the host agent's domain t
 from __future__ import annotations
 
 import copy
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from analytics.store import Store
 from analytics.topology.view import node_views
 from collectors.guestreport import FORMAT as GUEST_FORMAT
 from collectors.hostagent import post_report, post_topology
+from fleetlens.cli import main
 from hub.app import Hub
 from hub.auth import Tokens
 from hub.otlp import OtlpStepReceiver
@@ -22,6 +24,7 @@ from hub.spool import Spool
 from hub.writer import Writer
 from tests.analytics.topology.test_guest_importer import REPORT as GUEST_REPORT
 from tests.analytics.topology.test_host_agent_importer import REPORT as GOOD
+from tests.collectors.test_guestreport import DOMAIN_UUID, captured_guest, with_vf, write
 from tests.support.hubserver import on_loopback
 
 WRITER = "write-token"
@@ -68,3 +71,17 @@ def test_a_guest_named_apart_from_its_domain_gets_the_hosts_host_and_leaf(hub_ur
     post_report(hub_url, GOOD, WRITER)
     post_topology(hub_url, GUEST_FORMAT, "vela-001", GUEST_REPORT, WRITER)
     assert views(store)["vela-001"] == {"node": "vela-001", "host": "hv-01", "leaf": LEAF}
+
+
+def test_the_guest_report_command_posts_what_the_guest_sees(
+    hub_url: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    root = with_vf(captured_guest(tmp_path))
+    write(root / "sys" / "class" / "dmi" / "id" / "product_uuid", DOMAIN_UUID + "\n")
+    post_report(hub_url, GOOD, WRITER)
+    monkeypatch.setenv("FLEETLENS_API_TOKEN", WRITER)
+    assert main(["guest-report", "--root", str(root), "--node", "vela-002", "--hub", hub_url]) == 0
+    assert json.loads(capsys.readouterr().out)["opened"] == 3  # its VF, its GPU, its domain
+    assert views(store)["vela-002"] == {"node": "vela-002", "host": "hv-01", "leaf": LEAF}
+    monkeypatch.setenv("FLEETLENS_API_TOKEN", "not-a-token")
+    assert main(["guest-report", "--root", str(root), "--node", "vela-002", "--hub", hub_url]) == 1
