@@ -12,6 +12,7 @@ import os
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,9 @@ def sriov_tree(root: Path, pf: str = PF, pf_pci: str = PF_PCI, vfs: Sequence[str
 
 def libvirt_node(path: Path, domains: dict[str, Sequence[str]]) -> str:
     """A node XML for libvirt's test driver at `path`, one running domain per name holding PCI hostdevs
-    at the given addresses; its connect URI (`virsh -c URI`)."""
+    at the given addresses, each with a UUID of its name (the test driver makes up a new one at each
+    connection for a domain without, where a real libvirt keeps the one a domain was defined with); its
+    connect URI (`virsh -c URI`)."""
     blocks = []
     for name, addresses in domains.items():
         hostdevs = "".join(
@@ -59,7 +62,8 @@ def libvirt_node(path: Path, domains: dict[str, Sequence[str]]) -> str:
             for a in addresses
         )
         blocks.append(
-            f"<domain type='test'><name>{name}</name><memory>1048576</memory>"
+            f"<domain type='test'><name>{name}</name><uuid>{uuid.uuid5(uuid.NAMESPACE_DNS, name)}</uuid>"
+            "<memory>1048576</memory>"
             f"<os><type arch='x86_64'>hvm</type></os><devices>{hostdevs}</devices></domain>"
         )
     path.write_text(f"<node>{''.join(blocks)}</node>\n")
