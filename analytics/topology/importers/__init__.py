@@ -45,7 +45,7 @@ SOURCE_OF_FORMAT: dict[str, Source] = {
     "guest": Source.GUEST,
 }
 # Formats whose input may say that part of it failed: their links and what they do not speak for.
-READERS: dict[str, Reader] = {"host-agent": host_agent.read}
+READERS: dict[str, Reader] = {"host-agent": host_agent.read, "guest": guest.read}
 
 
 def _speaks_for_all(_: Link) -> bool:

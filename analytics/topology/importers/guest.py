@@ -13,6 +13,9 @@ UUID) -> node. A libvirt guest's DMI product_uuid is its domain's UUID, and the 
 the same domain entity under the host and the devices the domain holds, so the node reaches its host,
 its host-side VFs, their PFs and leaf (view.layers_above) even where the domain is named otherwise.
 
+A device or UUID the guest refused this time (`errors` under the sysfs path it read it from) keeps the
+links it gave before in force (read), as a host agent's failed part does.
+
 Hostile input, refused whole with a TopologyError naming the JSON path: unknown keys, wrong types, a
 version other than 1, names the allowlist refuses, an RDMA device name the kernel would not give, a
 PCI address, MAC, device ID or UUID not written as the kernel writes one, a NIC or GPU given twice.
@@ -21,6 +24,7 @@ PCI address, MAC, device ID or UUID not written as the kernel writes one, a NIC 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from analytics.errors import TopologyError
@@ -98,12 +102,27 @@ def _a_sysfs_path(part: object) -> bool:
 
 def parse(text: str, source_name: str) -> list[Link]:
     """Every Link a guest's report `text` gives (module docstring), without repeats."""
+    return read(text, source_name)[0]
+
+
+def read(text: str, source_name: str) -> tuple[list[Link], Callable[[Link], bool]]:
+    """The Links of report `text` (parse), and which links it does not speak for: those of a device or
+    DMI UUID the guest refused this time (`errors` under its sysfs path), which the store keeps in force
+    as they were."""
     report = agent_report(text, source_name, _REPORT_KEYS, "node", REPORT_VERSION)
     node = checked_name(report["node"], source=source_name, where="$.node")
-    reasons(report.get("errors", {}), source_name, _a_sysfs_path)
+    refused = frozenset(reasons(report.get("errors", {}), source_name, _a_sysfs_path))
     links = _nic_links(report.get("nics", []), node, source_name)
     links += _gpu_links(report.get("gpus", []), node, source_name)
     if "product_uuid" in report:
         domain = _matching(report["product_uuid"], _UUID, "a lowercase UUID", source_name, "$.product_uuid")
         links.append(checked_link((Kind.DOMAIN, domain), (Kind.NODE, node), source=source_name, where="$"))
-    return list(dict.fromkeys(links))
+    return list(dict.fromkeys(links)), lambda link: _sysfs_path(link, node) in refused
+
+
+def _sysfs_path(link: Link, node: str) -> str | None:
+    """Where in sysfs the guest read what `link` says (the key its `errors` would name it by)."""
+    if link.child.kind is Kind.DOMAIN:
+        return "class/dmi/id/product_uuid"
+    local = link.parent.name.removeprefix(f"{node}/")
+    return {Kind.VF: f"class/infiniband/{local}", Kind.GPU: f"bus/pci/devices/{local}"}.get(link.parent.kind)

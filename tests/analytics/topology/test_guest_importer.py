@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from analytics.errors import TopologyError
 from analytics.store import Store
-from analytics.topology.importers import guest, parser_of
+from analytics.topology.importers import guest, imported, parser_of
 from analytics.topology.model import Entity, Kind, Link, Source
 from analytics.topology.view import node_views
 from collectors.guestreport import guest_report
@@ -64,6 +64,24 @@ def test_the_guest_finds_its_host_and_leaf_through_its_domain_uuid(store: Store)
     views = {view["node"]: view for view in node_views(store.topology_at(1_767_000_002.0))}
     assert views["vela-001"] == {"node": "vela-001", "host": "hv-01", "leaf": "ns-2.example.com"}
     assert views["QEMUGuest2"] == {"node": "QEMUGuest2", "host": "hv-01", "leaf": "ns-2.example.com"}
+
+
+def test_a_uuid_the_guest_could_not_read_this_time_keeps_its_host(store: Store) -> None:
+    """product_uuid is readable by root only: a report run without it must not unplace the node."""
+    host_links = parser_of("host-agent")[0](json.dumps(HOST_REPORT), "hv-01")
+    store.replace_links(Source.HOST_AGENT, host_links, 1_767_000_000.0, reporter="hv-01")
+
+    def report_at(ts: float, report: dict[str, Any]) -> dict:
+        said = imported("guest", json.dumps(report), "guest vela-001")
+        store.replace_links(said.source, said.links, ts, reporter="vela-001", unsaid=said.unsaid)
+        return {view["node"]: view for view in node_views(store.topology_at(ts + 1))}["vela-001"]
+
+    placed = {"node": "vela-001", "host": "hv-01", "leaf": "ns-2.example.com"}
+    assert report_at(1_767_000_001.0, REPORT) == placed
+    unread = {key: value for key, value in REPORT.items() if key != "product_uuid"}
+    denied = {**unread, "errors": {"class/dmi/id/product_uuid": "not readable: Permission denied"}}
+    assert report_at(1_767_000_010.0, denied) == placed
+    assert report_at(1_767_000_020.0, {**unread, "errors": {}}) == {"node": "vela-001"}
 
 
 def _changed(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
