@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from analytics.errors import TopologyError
 from analytics.topology import inventory
-from analytics.topology.model import Edge, Source
-from analytics.topology.view import node_views
+from analytics.topology.model import Edge, Kind, Source
+from analytics.topology.view import members, node_views
 
 FILE = "/etc/fleetlens/topology.yaml"
 EXAMPLE = """\
@@ -43,6 +43,25 @@ def test_each_node_gets_its_host_leaf_spine_rails_and_rack_and_its_own_leaf_over
     ]  # fmt: skip
 
 
+def test_a_nodes_nics_put_each_nic_on_its_own_rail_leaf_and_pf() -> None:
+    text = """
+nodes:
+  vela-001:
+    host: host-000
+    nics:
+      mlx5_0: {rail: rail-0}
+      mlx5_1: {rail: rail-1, leaf: leaf-02, pf: host-000/eth1}
+      mlx5_2:
+  vela-002: {host: host-000, rails: [rail-0]}
+"""
+    edges = [Edge(link, Source.INVENTORY, 0.0) for link in inventory.parse(text, FILE)]
+    assert [view.get("rail") for view in node_views(edges)] == [["rail-0", "rail-1"], ["rail-0"]]
+    groups = members(edges)
+    assert groups[Kind.RAIL] == {"rail-0": {"vela-001/mlx5_0", "vela-002/"}, "rail-1": {"vela-001/mlx5_1"}}
+    assert groups[Kind.PF] == {"host-000/eth1": {"vela-001/mlx5_1"}}
+    assert groups[Kind.LEAF] == {"leaf-02": {"vela-001"}}
+
+
 @pytest.mark.parametrize(
     ("text", "error"),
     [
@@ -62,6 +81,14 @@ def test_each_node_gets_its_host_leaf_spine_rails_and_rack_and_its_own_leaf_over
         ("", "empty"),
         ("nodes: {a\ud800: {host: b}}", "not YAML or JSON"),
         ("nodes: {a: {host: b}", "not YAML or JSON"),
+        (
+            "nodes: {a: {nics: {mlx5_0: {rial: r}}}}",
+            "nodes.a.nics.mlx5_0: unknown key 'rial'; known: rail, leaf, pf",
+        ),
+        ("nodes: {a: {nics: [mlx5_0]}}", "nodes.a.nics: expected a mapping of RDMA device names"),
+        ("nodes: {a: {nics: {mlx5/0: {rail: r}}}}", "nodes.a.nics: a device name 'mlx5/0' holds '/'"),
+        ("nodes: {a: {nics: {mlx5_0: {rail: 0}}}}", "nodes.a.nics.mlx5_0.rail: YAML reads '0' as int"),
+        ("hosts: {h: {nics: {mlx5_0: {rail: r}}}}", "hosts.h: unknown key 'nics'; known: leaf, rack, rails"),
     ],
 )
 def test_a_bad_file_is_refused_naming_the_file_line_and_key(text: str, error: str) -> None:
