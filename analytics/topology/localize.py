@@ -7,8 +7,8 @@ and a parent's n children drawn at random would hold X of them, X hypergeometric
 the layer's granularity (analytics.topology.view.members): nodes, but NICs ("<node>/<device>") in the NIC
 layers (a rail, a PF), where a fault shows on one NIC of each node; N and K are of that granularity. A
 per-node anomaly counts for its node, and in a NIC layer for the NIC its component names ("mlx5_2:1" ->
-"<node>/mlx5_2"; one with no NIC, "" or "gpu:3", for no NIC), or for a node there with no NIC named
-("<node>/"). Active: the caller builds the Topology of the nodes that reported in the window alone, so
+"<node>/mlx5_2"; one naming no NIC, "" or "gpu:3", for none) and for its node where the node is there
+with no NIC named ("<node>/"). Active: the caller builds the Topology of the nodes that reported in the window alone, so
 a dead or removed VM counts in no n nor N. A parent is a candidate when
 
     k >= min_anomalous,  k / n >= min_fraction,  and  min(1, P(X >= k) x m) <= alpha
@@ -27,11 +27,11 @@ Confirmed parents explain top-down, widest first (most nodes below; for the same
   reported where at least `min_anomalous` such children remain: a spine explains its leaves' and their
   hosts' anomalies (they are not reported apart), a host its VMs', a rail its NICs' (and not the node's
   other anomalies). No anomaly is explained twice.
+A lone anomalous child under a healthy parent explains nothing and stays a node fault.
 
 The evidence's `children` are the nodes below the parent (what a postmortem of a node is scoped by);
 `n`, `k` and `anomalous_children` count its children at its granularity, so a rail fault names the NICs
-("vela-003/mlx5_2"), the port an SRE checks.
-A lone anomalous child under a healthy parent explains nothing and stays a node fault.
+("vela-003/mlx5_2"), the ports an SRE checks.
 
 Only anomalies of `shared_kinds` count (a GPU's own Xids or loss are the node's whatever its neighbours
 show); those of nodes the topology does not hold are left out of N and K. What it cannot tell apart
