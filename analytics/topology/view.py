@@ -30,7 +30,7 @@ VFs is (a node, or its host, put on a rail with no NIC named). `unit_node` gives
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from analytics.topology.model import SOURCES, Edge, Entity, Kind
 
@@ -80,8 +80,8 @@ def _walked(edges: Iterable[Edge]) -> dict[Entity, tuple[set[Entity], dict[Entit
     found = {}
     for node in nodes:
         above = {entity for entity in _walk({node, *devices[node]}, parents) if entity.kind in LAYERS}
-        nics = {
-            vf: {entity for entity in _walk({vf}, parents) if entity.kind in NIC_LAYERS} & above
+        nics = {  # not through the node: what is above the node is not above each of its NICs
+            vf: {entity for entity in _walk({vf}, parents, {Kind.NODE}) if entity.kind in NIC_LAYERS} & above
             for vf in devices[node]
             if vf.kind is Kind.VF
         }
@@ -89,10 +89,13 @@ def _walked(edges: Iterable[Edge]) -> dict[Entity, tuple[set[Entity], dict[Entit
     return found
 
 
-def _walk(start: set[Entity], parents: Mapping[Entity, set[Entity]]) -> set[Entity]:
-    """`start` and what is above it: breadth first, a kind taken at the first level that reaches it."""
+def _walk(
+    start: set[Entity], parents: Mapping[Entity, set[Entity]], skipped: Collection[Kind] = ()
+) -> set[Entity]:
+    """`start` and what is above it: breadth first, a kind taken at the first level that reaches it,
+    the `skipped` kinds never walked into."""
     reached = set(start)
-    taken = {entity.kind for entity in reached}
+    taken = {*skipped, *(entity.kind for entity in reached)}
     frontier = reached
     while frontier:
         step = {p for e in frontier for p in parents.get(e, ()) if p not in reached and p.kind not in taken}
