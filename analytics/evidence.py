@@ -252,8 +252,8 @@ class SharedFaultEvidence(Evidence):
     log10_p_value: float  # the same in log10, finite where p_value underflows to 0
     tested: int  # parents tested in the window: the Bonferroni factor
     p_corrected: float  # min(1, p_value x tested)
-    children: tuple[str, ...]  # the n, sorted
-    anomalous_children: tuple[str, ...]  # the k, sorted
+    children: tuple[str, ...]  # the nodes below it, sorted (the n, but in a NIC layer: the NICs' nodes)
+    anomalous_children: tuple[str, ...]  # the k, sorted ("<node>/<device>" NICs in a NIC layer)
     explains: tuple[str, ...]  # ids of the per-node anomalies it explains (no other fault explains them)
     kinds: Mapping[str, int]  # anomaly kind -> anomalous children with it
     dominant_kind: str  # the kind on most anomalous children

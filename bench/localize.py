@@ -1,11 +1,13 @@
 """Shared-fault localization per detection cycle for a large virtualized fleet (2,000 VMs on 250 hosts, 64
-leaves under 4 spines, 8 rails, 8 racks), beside a per-node detection step over the same nodes.
+leaves under 4 spines, 8 rails of one NIC per VM each, counted per NIC: 16,000 NICs, 8 racks), beside a
+per-node detection step over the same nodes.
 
 The topology is built once (Topology.of, as after a change of it); then each cycle localizes one window's
 per-node anomalies with the previous window's streaks, as the hub's loop will: the steady state, where
-a fault persists and the parents' streaks carry over. Three windows are timed: a quiet one (scattered
-node faults, about 1.5% of the fleet), a busy one (those, plus every VM of one leaf flapping on two ports
-and one host's VMs with degraded DMA) and a storm (a whole spine's 500 VMs flapping). The peer, in the
+a fault persists and the parents' streaks carry over. Four windows are timed: a quiet one (scattered
+node faults, about 1.5% of the fleet, on the node, a GPU or a NIC), a busy one (those, plus every VM of
+one leaf flapping on two ports and one host's VMs with degraded DMA), a rail one (NIC 3 of every VM
+congested) and a storm (a whole spine's 500 VMs flapping). The peer, in the
 same run: the congestion detector's score and findings (analytics.detectors.congestion) over a features
 frame of the same VMs' 8 ports each, the part of a per-node detector after its read. The whole per-node
 cycle of the hub is bench/detect.py's (per 192 nodes; docs/performance.md).
@@ -39,7 +41,7 @@ GOAL_MS = 50.0
 
 def fleet(vms: int) -> dict[str, dict[str, list[str]]]:
     """Layer -> parent -> VMs: VMs in host order, hosts spread evenly over the leaves and racks (a host
-    never straddles two), leaves over the spines, every VM on every rail (NIC j of each on rail j)."""
+    never straddles two), leaves over the spines; a rail's children are NICs, NIC j of each VM on rail j."""
     nodes = [f"vm-{at:04d}" for at in range(vms)]
     hosts = -(-vms // VMS_PER_HOST)
     layers: dict[str, dict[str, list[str]]] = {layer: {} for layer in ("host", "leaf", "spine", "rack")}
@@ -54,7 +56,7 @@ def fleet(vms: int) -> dict[str, dict[str, list[str]]]:
         }
         for layer, parent in parents.items():
             layers[layer].setdefault(parent, []).append(node)
-    layers["rail"] = {f"rail-{rail}": nodes for rail in range(RAILS)}
+    layers["rail"] = {f"rail-{rail}": [f"{node}/mlx5_{rail}" for node in nodes] for rail in range(RAILS)}
     return layers
 
 
@@ -62,6 +64,7 @@ def fleet(vms: int) -> dict[str, dict[str, list[str]]]:
 WINDOWS = {
     "quiet": (),
     "busy": (("leaf", "leaf-07", "link_flap"), ("host", "host-201", "dma_degraded")),
+    "rail": (("rail", "rail-3", "congestion"),),
     "storm": (("spine", "spine-1", "link_flap"),),
 }
 
@@ -69,21 +72,23 @@ WINDOWS = {
 def window_anomalies(
     layers: dict[str, dict[str, list[str]]], faults: tuple[tuple[str, str, str], ...]
 ) -> list[NodeAnomaly]:
-    """Scattered node faults on 1.5% of the VMs, and each VM under each of `faults` (layer, parent, kind)
-    anomalous on two ports."""
+    """Scattered node faults on 1.5% of the VMs (on the node, a GPU or a NIC), and each child of each of
+    `faults` (layer, parent, kind) anomalous: a NIC on itself, a VM on two ports."""
     chooser = random.Random(7)
-    nodes = sorted(layers["rail"]["rail-0"])
+    nodes = sorted(node for members in layers["host"].values() for node in members)
     anomalies = [
-        NodeAnomaly(node, kind, f"{kind}@{node}")
+        NodeAnomaly(node, kind, f"{kind}@{node}", chooser.choice(("", "gpu:1", "mlx5_5:1")))
         for node in chooser.sample(nodes, len(nodes) * 15 // 1000)
         for kind in chooser.sample(STRAY_KINDS, chooser.choice((1, 1, 2)))
     ]
-    return anomalies + [
-        NodeAnomaly(node, kind, f"{kind}@{node}:mlx5_{port}")
-        for layer, parent, kind in faults
-        for node in layers[layer][parent]
-        for port in (0, 3)
-    ]
+    for layer, parent, kind in faults:
+        for child in layers[layer][parent]:
+            node, _, nic = child.partition("/")
+            anomalies += [
+                NodeAnomaly(node, kind, f"{kind}@{node}:{device}", f"{device}:1")
+                for device in ((nic,) if nic else ("mlx5_0", "mlx5_3"))
+            ]
+    return anomalies
 
 
 def congestion_features(vms: int) -> pd.DataFrame:
@@ -156,6 +161,7 @@ def main() -> int:
     worst = max(cpu for cpu, _ in figures.values())
     print(
         f"localization CPU / peer CPU: busy {figures['busy'][0] / peer[0]:.2f}x, "
+        f"rail {figures['rail'][0] / peer[0]:.2f}x, "
         f"storm {figures['storm'][0] / peer[0]:.2f}x; "
         f"worst window {worst:.2f} ms CPU (goal < {GOAL_MS:.0f} ms)"
     )

@@ -66,18 +66,20 @@ class Topology:
         return tuple(node for node in self.nodes if self.parent(node, layer) == name)
 
     def links(self) -> list[Link]:
-        """The layout as child -> parent links (node -> host and rails, host -> leaf and rack, leaf ->
-        spine): the inventory() as the operator's importer reads it, so the two cannot disagree."""
+        """The layout as child -> parent links (node -> host, each NIC -> its node and its rail, host ->
+        leaf and rack, leaf -> spine): the inventory() as the operator's importer reads it, so the two
+        cannot disagree."""
         return inventory.parse(self.inventory(), "the scenario's topology")
 
     def inventory(self) -> str:
         """The layout as the operator's inventory file (analytics.topology.inventory, JSON): each node's
-        host and rails, each host's leaf and rack, each leaf's spine; what `links` returns."""
+        host and NICs, NIC mlx5_j on rail j (sim.sysfs names them), each host's leaf and rack, each
+        leaf's spine; what `links` returns."""
         nodes, hosts, leaves = {}, {}, {}
-        rails = [rail_name(nic) for nic in range(self.rails)]
+        nics = {f"mlx5_{nic}": {"rail": rail_name(nic)} for nic in range(self.rails)}
         for node in self.nodes:
             host, leaf = self.parent(node, Kind.HOST), self.parent(node, Kind.LEAF)
-            nodes[node] = {"host": host, "rails": rails}
+            nodes[node] = {"host": host, "nics": nics}
             hosts[host] = {"leaf": leaf, "rack": self.parent(node, Kind.RACK)}
             leaves[leaf] = {"spine": self.parent(node, Kind.SPINE)}
         return json.dumps({"nodes": nodes, "hosts": hosts, "leaves": leaves}, indent=1)

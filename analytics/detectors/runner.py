@@ -163,7 +163,7 @@ class DetectionRunner:
         or score up by SCORE_STEP) or closed in it. A detector that raises is logged and skipped for this
         window: its anomalies stay as they were. StoreUnavailable fails the whole window before any state
         moves, so that no anomaly closes for want of data (the topology is read first, for that reason)."""
-        topology = self.shared_faults.topology(source, window.end) if self.shared_faults else None
+        topology = self.shared_faults.topology(source, window) if self.shared_faults else None
         found: dict[str, Judgement] = {}
         shared = _SharedQueries(source, self._tape, self._steps)
         for detector in self.detectors:

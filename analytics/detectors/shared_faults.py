@@ -3,8 +3,9 @@ detectors each window, its findings opened, updated and closed like any anomaly.
 
 Each window the runner (analytics.detectors.runner.DetectionRunner, given a SharedFaults) reads the
 topology in force at the window's end (TopologyReads: one small query, the edges again only when they
-changed), advances its per-node anomalies, then hands the ones open to `step`, which localizes them
-with the streaks of the previous window and returns:
+changed) and the nodes active in the window (ACTIVE_SQL: any sample or step in it; a dead or removed VM
+counts in no parent's n nor the fleet's N), advances its per-node anomalies, then hands the ones open to
+`step`, which localizes them with the streaks of the previous window and returns:
 
 - the `shared_fault` anomalies that opened (the localizer reported the parent: it was a candidate in
   `persistence` windows in a row), changed (what it explains, or its score up by SCORE_STEP) or closed
@@ -36,6 +37,13 @@ DETECTOR = "shared_fault"  # the detector name its anomalies carry
 VERSION = "1"
 SEVERITY = "warning"
 NAMESPACE = uuid.UUID("a3e1c0d2-7b5f-4e38-9c61-2f8d4b7a9e15")
+IN_WINDOW = "ts >= {start:DateTime64(3)} AND ts < {end:DateTime64(3)}"
+# the nodes that reported in the window: a sample from their exporters or a step from their ranks
+ACTIVE_SQL = (
+    f"SELECT DISTINCT node FROM samples WHERE {IN_WINDOW} "
+    f"UNION DISTINCT SELECT DISTINCT node FROM steps WHERE {IN_WINDOW}"
+)
+MAX_ACTIVE_NODES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -64,27 +72,35 @@ class SharedFaults:
         self.open_: dict[Parent, Anomaly] = {}  # the open shared faults, as last written
         self.last_seen_: dict[Parent, float] = {}  # the end of the last window that reported each
         self._snapshot: Snapshot | None = None
+        self._active: frozenset[str] | None = None
         self._topology = Topology.of({})
 
-    def topology(self, source: Reader, at: float) -> Topology:
-        """The topology in force at `at`, per layer the localizer knows; rebuilt only when the edges read
-        changed. Raises what the store raises (StoreUnavailable), before any state moved."""
+    def topology(self, source: Reader, window: Window) -> Topology:
+        """The topology in force at the window's end, of the nodes active in it (ACTIVE_SQL); every node
+        of it where the store holds nothing for the window, or more nodes than MAX_ACTIVE_NODES (what
+        is dead cannot be told then). Rebuilt only when the edges or the active nodes changed. Raises
+        what the store raises (StoreUnavailable), before any state moved."""
         if self.reads is None:
             self.reads = TopologyReads(source)
-        snapshot = self.reads.at(at)
-        if snapshot is not self._snapshot:
-            layers = set(self.localizer.layers)
+        snapshot = self.reads.at(window.end)
+        result = source.query(ACTIVE_SQL, parameters=window.parameters, max_rows=MAX_ACTIVE_NODES)
+        active = None if result.truncated or not result.rows else frozenset(row[0] for row in result.rows)
+        if snapshot is not self._snapshot or active != self._active:
             self._topology = Topology.of(
-                {str(kind): parents for kind, parents in snapshot.members.items() if str(kind) in layers}
+                {str(kind): parents for kind, parents in snapshot.members.items()}, active
             )
-            self._snapshot = snapshot
+            self._snapshot, self._active = snapshot, active
         return self._topology
 
     def step(self, topology: Topology, window: Window, open_anomalies: Iterable[Anomaly]) -> Step:
         """Localize `open_anomalies` (the per-node anomalies open at the window's end) on `topology`."""
         found = self.localizer.localize(
             topology,
-            [NodeAnomaly(a.node, a.kind, a.id) for a in open_anomalies if a.kind != SHARED_FAULT],
+            [
+                NodeAnomaly(a.node, a.kind, a.id, a.component)
+                for a in open_anomalies
+                if a.kind != SHARED_FAULT
+            ],
             self.streaks_,
         )
         self.streaks_ = found.streaks

@@ -20,7 +20,15 @@ from analytics.evidence import SharedFaultEvidence, stored
 from analytics.store.protocols import Reader
 from analytics.store.topology import topology_at
 from analytics.topology.model import Edge
-from analytics.topology.view import LIST_LAYERS, SINGLE_LAYERS, NodeView, members, node_views
+from analytics.topology.view import (
+    LIST_LAYERS,
+    NIC_LAYERS,
+    SINGLE_LAYERS,
+    NodeView,
+    members,
+    node_views,
+    unit_node,
+)
 
 SHARED_FAULT = SharedFaultEvidence.KIND
 NO_LEAF = "(no leaf)"  # the heat map's row of nodes no source puts under a leaf
@@ -124,7 +132,8 @@ def _parent_rows(
     anomalous = set(nodes.loc[nodes["open_anomalies"] > 0, "node"])
     rows = []
     for kind, parents in members(edges).items():
-        for parent, below in parents.items():
+        for parent, units in parents.items():
+            below = {unit_node(u) for u in units} if kind in NIC_LAYERS else units  # a rail's NICs: nodes
             fault_id, check = faults.get((str(kind), parent), ("", ""))
             rows.append(
                 {

@@ -2,8 +2,13 @@
 (docs/topology.md).
 
     nodes:
-      vela-001: {host: host-000, rails: [rail-0, rail-1]}
+      vela-001: {host: host-000, rails: [rail-0, rail-1]}         # on two rails, by no NIC named
       vela-002: {host: host-000, leaf: leaf-01, rack: rack-00}    # a node's own leaf or rack, when known
+      vela-003:
+        host: host-001
+        nics:                                                     # per RDMA device, what it is cabled to
+          mlx5_0: {rail: rail-0}
+          mlx5_1: {rail: rail-1, leaf: leaf-02, pf: host-001/eth1}
     hosts:
       host-000: {leaf: leaf-00, rack: rack-00}
     leaves:
@@ -12,7 +17,11 @@
       rack-00: {pdu: pdu-0}
 
 YAML or JSON (JSON is YAML). Each section names children, each child its parents by layer (SECTIONS):
-one parent per layer, and only layers above the child's, so an inventory cannot hold a loop. Everything
+one parent per layer, and only layers above the child's, so an inventory cannot hold a loop. A node's
+`nics` name its NICs by RDMA device (as its anomalies' components do: "mlx5_1:1" is port 1 of mlx5_1),
+each with its rail, leaf and PF (NIC_PARENTS): NIC mlx5_1 of vela-003 becomes the VF entity
+"vela-003/mlx5_1" under the node and those parents, so a rail fault is localized to the NICs it shows
+on (analytics.topology.view.members). `rails: [...]` puts the whole node on rails, no NIC named. Everything
 is optional but a parent's name; an empty file is refused (a file caught half-written). The whole file is
 checked before any of it is used: an unknown section or key, a value of the wrong type, a name that is
 not one (analytics.topology.checks), a child or key written twice, a YAML alias (which could expand
@@ -32,9 +41,10 @@ from analytics.errors import TopologyError
 from analytics.topology.checks import check_links
 from analytics.topology.model import Entity, Kind, Link
 from analytics.topology.names import checked_name
+from analytics.topology.view import UNIT_SEPARATOR, unit
 
 MAX_BYTES = 16 << 20  # an inventory of 100,000 nodes is a few MB
-MAX_DEPTH = 8  # collections within collections: an inventory has 4 (sections, children, keys, rails)
+MAX_DEPTH = 8  # collections within collections: an inventory has 5 (sections, children, keys, nics, keys)
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,8 @@ SECTIONS = {
     "leaves": Section(Kind.LEAF, {"spine": Kind.SPINE, "rack": Kind.RACK}, {}),
     "racks": Section(Kind.RACK, {"pdu": Kind.PDU}, {}),
 }
+NIC_PARENTS = {"rail": Kind.RAIL, "leaf": Kind.LEAF, "pf": Kind.PF}  # the keys of one of a node's `nics`
+NICS = "nics"
 _STR = "tag:yaml.org,2002:str"
 
 
@@ -112,11 +124,11 @@ def _links(root: yaml.Node, file: str) -> Iterator[Link]:
             raise TopologyError(
                 file, _line(body), f"unknown section {section_name!r}; known: {', '.join(SECTIONS)}"
             )
-        keys = ", ".join([*section.parents, *section.lists])
+        keys = ", ".join([*section.parents, *section.lists, *([NICS] if section.kind is Kind.NODE else [])])
         for child_name, parents in _mapping(body, file, section_name, f"{section.kind} names"):
             path = f"{section_name}.{child_name}"
             child = Entity(section.kind, child_name)
-            if isinstance(parents, yaml.ScalarNode) and parents.tag == "tag:yaml.org,2002:null":
+            if _is_null(parents):
                 continue  # a child named with nothing above it yet
             for key, value in _mapping(parents, file, path, f"keys among {keys}"):
                 if key in section.parents:
@@ -126,8 +138,30 @@ def _links(root: yaml.Node, file: str) -> Iterator[Link]:
                         Link(child, Entity(section.lists[key], name))
                         for name in _names(value, file, f"{path}.{key}")
                     )
+                elif key == NICS and section.kind is Kind.NODE:
+                    yield from _nic_links(child, value, file, f"{path}.{key}")
                 else:
                     raise TopologyError(file, _line(value), f"{path}: unknown key {key!r}; known: {keys}")
+
+
+def _nic_links(node: Entity, nics: yaml.Node, file: str, path: str) -> Iterator[Link]:
+    """The links of a node's `nics`: each NIC a VF "<node>/<device>" under the node and its parents."""
+    keys = ", ".join(NIC_PARENTS)
+    for device, parents in _mapping(nics, file, path, "RDMA device names"):
+        if UNIT_SEPARATOR in device:
+            raise TopologyError(
+                file, _line(parents), f"{path}: a device name {device!r} holds {UNIT_SEPARATOR!r}"
+            )
+        nic = Entity(Kind.VF, unit(node.name, device))
+        yield Link(nic, node)
+        if _is_null(parents):
+            continue  # a NIC named with nothing above it yet
+        for key, value in _mapping(parents, file, f"{path}.{device}", f"keys among {keys}"):
+            if key not in NIC_PARENTS:
+                raise TopologyError(
+                    file, _line(value), f"{path}.{device}: unknown key {key!r}; known: {keys}"
+                )
+            yield Link(nic, Entity(NIC_PARENTS[key], _name(value, file, f"{path}.{device}.{key}")))
 
 
 def _mapping(node: yaml.Node, file: str, path: str, wanted: str) -> Iterator[tuple[str, yaml.Node]]:
@@ -161,6 +195,10 @@ def _name(node: yaml.Node, file: str, path: str) -> str:
         kind = node.tag.rsplit(":", 1)[-1]
         raise TopologyError(file, _line(node), f"{path}: YAML reads {node.value!r} as {kind}; quote the name")
     return checked_name(node.value, source=file, where=f"{_line(node)}: {path}")
+
+
+def _is_null(node: yaml.Node) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"
 
 
 def _line(node: yaml.Node | yaml.Event) -> str:

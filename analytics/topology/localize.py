@@ -2,8 +2,14 @@
 anomalies better than chance, so that one fault above many nodes is reported once, as itself.
 
 Each window, for every parent with n active children of which k have a per-node anomaly, the question is
-whether k is unlikely under the fleet's base rate: of the topology's N active nodes K are anomalous, and a
-parent's n children drawn at random would hold X of them, X hypergeometric. A parent is a candidate when
+whether k is unlikely under the fleet's base rate: of the topology's N active children K are anomalous,
+and a parent's n children drawn at random would hold X of them, X hypergeometric. Children are counted at
+the layer's granularity (analytics.topology.view.members): nodes, but NICs ("<node>/<device>") in the NIC
+layers (a rail, a PF), where a fault shows on one NIC of each node; N and K are of that granularity. A
+per-node anomaly counts for its node, and in a NIC layer for the NIC its component names ("mlx5_2:1" ->
+"<node>/mlx5_2"; one naming no NIC, "" or "gpu:3", for none) and for its node where the node is there
+with no NIC named ("<node>/"). Active: the caller builds the Topology of the nodes that reported in the window alone, so
+a dead or removed VM counts in no n nor N. A parent is a candidate when
 
     k >= min_anomalous,  k / n >= min_fraction,  and  min(1, P(X >= k) x m) <= alpha
 
@@ -13,14 +19,19 @@ window's anomalies. A candidate is confirmed once it has been one in `persistenc
 the caller keeps the candidates' streaks between windows (Localization.streaks, passed back to the next
 call), so the localizer holds no state of its own.
 
-Confirmed parents explain top-down, widest first (most children; for the same children, the earlier in
-`layers`):
-- a parent whose anomalies, but for fewer than `min_anomalous`, lie under one narrower confirmed parent
-  leaves them to it: a rack holding one flapping leaf and a stray anomaly elsewhere is the leaf;
+Confirmed parents explain top-down, widest first (most nodes below; for the same nodes, the earlier in
+`layers`, the more specific), comparing parents of both granularities by the nodes below them:
+- a parent whose anomalous nodes, but for fewer than `min_anomalous`, lie under one narrower confirmed
+  parent leaves them to it: a rack holding one flapping leaf and a stray anomaly elsewhere is the leaf;
 - else it explains the anomalies of its anomalous children that no wider parent explained, and is
   reported where at least `min_anomalous` such children remain: a spine explains its leaves' and their
-  hosts' anomalies (they are not reported apart), a host its VMs'. No anomaly is explained twice.
+  hosts' anomalies (they are not reported apart), a host its VMs', a rail its NICs' (and not the node's
+  other anomalies). No anomaly is explained twice.
 A lone anomalous child under a healthy parent explains nothing and stays a node fault.
+
+The evidence's `children` are the nodes below the parent (what a postmortem of a node is scoped by);
+`n`, `k` and `anomalous_children` count its children at its granularity, so a rail fault names the NICs
+("vela-003/mlx5_2"), the ports an SRE checks.
 
 Only anomalies of `shared_kinds` count (a GPU's own Xids or loss are the node's whatever its neighbours
 show); those of nodes the topology does not hold are left out of N and K. What it cannot tell apart
@@ -33,8 +44,8 @@ corrected p-value of 1.
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections import Counter, defaultdict
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,9 +55,7 @@ from scipy.stats import hypergeom
 from analytics.errors import DetectorError, SettingError
 from analytics.evidence import SharedFaultEvidence
 from analytics.topology.model import Kind
-
-# for two parents with the same active children, the one named: the more specific device first
-LAYERS: tuple[str, ...] = (Kind.HOST, Kind.LEAF, Kind.RACK, Kind.PDU, Kind.SPINE, Kind.RAIL)
+from analytics.topology.view import LAYERS, NIC_LAYERS, unit, unit_node
 
 Parent = tuple[str, str]  # (layer, name)
 
@@ -92,32 +101,68 @@ CHECK_BY_KIND = {  # what to check where the dominant kind says more than the la
 
 @dataclass(frozen=True)
 class NodeAnomaly:
-    """A per-node anomaly of the window: the node (a VM), its kind and its id in the anomalies table."""
+    """A per-node anomaly of the window: the node (a VM), its kind, its id in the anomalies table and
+    the component it names ("mlx5_2:1" a NIC's port, "gpu:3" a GPU, "" the whole node)."""
 
     node: str
     kind: str
     id: str
+    component: str = ""
+
+    def units(self) -> tuple[str, ...]:
+        """The units it counts for: its node in the node layers, the node with no NIC named in the NIC
+        layers ("<node>/"), and its NIC ("<node>/<device>") where it names one."""
+        device, colon, _ = self.component.partition(":")
+        whole = (self.node, unit(self.node, ""))
+        return (*whole, unit(self.node, device)) if colon and device and device != "gpu" else whole
 
 
 @dataclass(frozen=True)
 class Topology:
-    """The active nodes under each parent, per layer: built once per change of the topology, read every
-    window. `of` builds it from layer -> parent -> child nodes."""
+    """The active units under each parent, per layer: nodes, and in NIC_LAYERS NICs "<node>/<device>"
+    (analytics.topology.view.members). Built once per change of the topology or of the active nodes,
+    read every window. `of` builds it from layer -> parent -> child units."""
 
     children: Mapping[Parent, frozenset[str]]
+    nodes: Mapping[Parent, frozenset[str]]  # the nodes each parent's children are or belong to
     fleet: frozenset[str]  # every active node under some parent
+    units: Mapping[bool, frozenset[str]]  # per granularity (True: NIC) every active unit: its N
 
     @classmethod
-    def of(cls, layers: Mapping[str, Mapping[str, Iterable[str]]]) -> Topology:
-        """The topology of `layers` (layer -> parent -> active child nodes); a parent without an active
-        child is left out, as it can hold no anomaly."""
-        children = {
-            (layer, parent): frozenset(nodes)
-            for layer, parents in layers.items()
-            for parent, nodes in parents.items()
+    def of(
+        cls, layers: Mapping[str, Mapping[str, Iterable[str]]], active: Collection[str] | None = None
+    ) -> Topology:
+        """The topology of `layers` (layer -> parent -> child units), of the nodes in `active` alone
+        where given (a dead or removed VM counts nowhere); a parent with no active child is left out,
+        as it can hold no anomaly."""
+        children, nodes = {}, {}
+        for layer, parents in layers.items():
+            node_of = unit_node if layer in NIC_LAYERS else str
+            for parent, units in parents.items():
+                kept = {unit_name: node_of(unit_name) for unit_name in units}
+                if active is not None:
+                    kept = {unit_name: node for unit_name, node in kept.items() if node in active}
+                if kept:
+                    children[(layer, parent)] = frozenset(kept)
+                    nodes[(layer, parent)] = frozenset(kept.values())
+        units = {
+            nic: frozenset().union(*(c for (layer, _), c in children.items() if (layer in NIC_LAYERS) is nic))
+            for nic in (False, True)
         }
-        children = {key: nodes for key, nodes in children.items() if nodes}
-        return cls(children, frozenset().union(*children.values()))
+        return cls(children, nodes, frozenset().union(*nodes.values()), units)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A parent whose anomalous children are too many for chance in this window: them (`hit`, units),
+    their nodes, log10 of its raw p-value, the N and K it was tested against and its granularity."""
+
+    hit: frozenset[str]
+    hit_nodes: frozenset[str]
+    log10_p: float
+    fleet: int  # N: the active units of its granularity
+    anomalous: int  # K: of them anomalous
+    nic: bool
 
 
 @dataclass(frozen=True)
@@ -195,104 +240,104 @@ class SharedFaultLocalizer:
         if unknown:
             raise DetectorError(f"topology layer(s) {', '.join(unknown)} unknown; known: {self.layers}")
         shared = set(self.shared_kinds)
-        by_node: dict[str, list[NodeAnomaly]] = {}
+        by_unit: dict[str, list[NodeAnomaly]] = defaultdict(list)
         for anomaly in anomalies:
             if anomaly.kind in shared and anomaly.node in topology.fleet:
-                by_node.setdefault(anomaly.node, []).append(anomaly)
-        tested = max(1, sum(len(nodes) >= self.min_anomalous for nodes in topology.children.values()))
-        candidates = self._candidates(topology, set(by_node), tested)
+                for unit_name in anomaly.units():
+                    by_unit[unit_name].append(anomaly)
+        tested = max(1, sum(len(units) >= self.min_anomalous for units in topology.children.values()))
+        candidates = self._candidates(topology, set(by_unit), tested)
         previous = streaks or {}
         counted = {parent: previous.get(parent, 0) + 1 for parent in candidates}
         confirmed = {parent: counted[parent] for parent in candidates if counted[parent] >= self.persistence}
-        faults = self._explain(topology, by_node, candidates, confirmed, tested)
+        faults = self._explain(topology, by_unit, candidates, confirmed, tested)
         return Localization(tuple(faults), counted)
 
-    def _candidates(
-        self, topology: Topology, anomalous: set[str], tested: int
-    ) -> dict[Parent, tuple[frozenset[str], float]]:
-        """Each candidate parent -> its anomalous children and log10 of its raw p-value."""
-        if len(anomalous) < self.min_anomalous:
-            return {}
-        counted = {
-            parent: (nodes, frozenset(anomalous.intersection(nodes)))
-            for parent, nodes in topology.children.items()
-        }
-        passing = [
-            (parent, nodes, hit)
-            for parent, (nodes, hit) in counted.items()
-            if len(hit) >= self.min_anomalous and len(hit) >= self.min_fraction * len(nodes)
-        ]
-        if not passing:
-            return {}
-        log10_p = log10_upper_tail(
-            len(topology.fleet),
-            len(anomalous),
-            np.array([len(nodes) for _, nodes, _ in passing]),
-            np.array([len(hit) for _, _, hit in passing]),
-        )
+    def _candidates(self, topology: Topology, anomalous: set[str], tested: int) -> dict[Parent, Candidate]:
+        """Each candidate parent, tested against the N and K of its granularity (nodes, or NICs)."""
+        passing: dict[bool, list[tuple[Parent, frozenset[str], frozenset[str]]]] = defaultdict(list)
+        for parent, units in topology.children.items():
+            hit = frozenset(anomalous.intersection(units))
+            if len(hit) >= self.min_anomalous and len(hit) >= self.min_fraction * len(units):
+                passing[parent[0] in NIC_LAYERS].append((parent, units, hit))
         bar = math.log10(self.alpha / tested)
-        return {
-            parent: (hit, float(value))
-            for (parent, _, hit), value in zip(passing, log10_p.tolist(), strict=True)
-            if value <= bar
-        }
+        found = {}
+        for nic, tests in passing.items():
+            fleet = topology.units[nic]
+            fleet_anomalous = len(anomalous & fleet)
+            log10_p = log10_upper_tail(
+                len(fleet),
+                fleet_anomalous,
+                np.array([len(units) for _, units, _ in tests]),
+                np.array([len(hit) for _, _, hit in tests]),
+            )
+            for (parent, _, hit), value in zip(tests, log10_p.tolist(), strict=True):
+                if value <= bar:
+                    node_of = unit_node if nic else str
+                    found[parent] = Candidate(
+                        hit, frozenset(map(node_of, hit)), float(value), len(fleet), fleet_anomalous, nic
+                    )
+        return found
 
     def _explain(
         self,
         topology: Topology,
-        by_node: Mapping[str, list[NodeAnomaly]],
-        candidates: Mapping[Parent, tuple[frozenset[str], float]],
+        by_unit: Mapping[str, list[NodeAnomaly]],
+        candidates: Mapping[Parent, Candidate],
         confirmed: Mapping[Parent, int],
         tested: int,
     ) -> list[SharedFaultEvidence]:
         """The confirmed parents that explain, top-down (see the module's docstring)."""
         rank = {layer: at for at, layer in enumerate(self.layers)}
-        order = sorted(
-            confirmed, key=lambda parent: (-len(topology.children[parent]), rank[parent[0]], parent)
-        )
-        explained: set[str] = set()  # nodes whose anomalies a reported fault explains
+        order = sorted(confirmed, key=lambda parent: (-len(topology.nodes[parent]), rank[parent[0]], parent))
+        explained: set[str] = set()  # ids of the anomalies a reported fault explains
         faults = []
         for parent in order:
-            nodes, (hit, log10_p) = topology.children[parent], candidates[parent]
+            nodes, found = topology.nodes[parent], candidates[parent]
             if any(
-                topology.children[narrower] < nodes
-                and len(hit - candidates[narrower][0]) < self.min_anomalous
+                topology.nodes[narrower] < nodes
+                and len(found.hit_nodes - candidates[narrower].hit_nodes) < self.min_anomalous
                 for narrower in confirmed
             ):
                 continue
-            fresh = hit - explained
+            fresh = {u: ids for u in found.hit if (ids := {a.id for a in by_unit[u]} - explained)}
             if len(fresh) < self.min_anomalous:
                 continue
-            explained |= fresh
+            explains = set().union(*fresh.values())
+            explained |= explains
             layer, name = parent
-            kinds = Counter(kind for node in hit for kind in {anomaly.kind for anomaly in by_node[node]})
+            kinds = Counter(kind for u in found.hit for kind in {anomaly.kind for anomaly in by_unit[u]})
             dominant, on = min(kinds.items(), key=lambda item: (-item[1], item[0]))
+            n = len(topology.children[parent])
             faults.append(
                 SharedFaultEvidence(
                     windows=confirmed[parent],
                     layer=layer,
                     parent=name,
-                    n=len(nodes),
-                    k=len(hit),
-                    fleet_nodes=len(topology.fleet),
-                    fleet_anomalous=len(by_node),
-                    p_value=10.0**log10_p,
-                    log10_p_value=log10_p,
+                    n=n,
+                    k=len(found.hit),
+                    fleet_nodes=found.fleet,
+                    fleet_anomalous=found.anomalous,
+                    p_value=10.0**found.log10_p,
+                    log10_p_value=found.log10_p,
                     tested=tested,
-                    p_corrected=min(1.0, 10.0**log10_p * tested),
+                    p_corrected=min(1.0, 10.0**found.log10_p * tested),
                     children=tuple(sorted(nodes)),
-                    anomalous_children=tuple(sorted(hit)),
-                    explains=tuple(sorted(anomaly.id for node in fresh for anomaly in by_node[node])),
+                    anomalous_children=tuple(sorted(found.hit)),
+                    explains=tuple(sorted(explains)),
                     kinds=dict(sorted(kinds.items())),
                     dominant_kind=dominant,
-                    check=what_to_check(layer, name, dominant, on, len(nodes)),
+                    check=what_to_check(layer, name, dominant, on, n, "NICs" if found.nic else "nodes"),
                 )
             )
         return faults
 
 
-def what_to_check(layer: str, parent: str, kind: str, anomalous: int, children: int) -> str:
-    """One sentence: the parent, its dominant anomaly on how many of its nodes, and what to check there."""
+def what_to_check(
+    layer: str, parent: str, kind: str, anomalous: int, children: int, units: str = "nodes"
+) -> str:
+    """One sentence: the parent, its dominant anomaly on how many of its children (`units`: "nodes", or
+    "NICs" in a NIC layer), and what to check there."""
     words = KIND_WORDS.get(kind, kind.replace("_", " "))
     check = CHECK_BY_KIND.get((layer, kind)) or CHECK.get(layer, "check what its nodes share")
-    return f"{parent}: {words} on {anomalous} of {children} nodes; {check}"
+    return f"{parent}: {words} on {anomalous} of {children} {units}; {check}"

@@ -68,15 +68,18 @@ def test_topology_links_are_every_child_parent_pair_once(tmp_path: Path) -> None
         return Link(Entity(*child), Entity(*parent))
 
     assert {link.parent for link in links if link.child == Entity(Kind.NODE, "vela-003")} == {
-        Entity(Kind.HOST, "host-001"),
-        Entity(Kind.RAIL, "rail-0"),
+        Entity(Kind.HOST, "host-001")
+    }
+    # NIC j of each node, named as sim.sysfs names its RDMA device, is on rail j
+    assert {link.parent for link in links if link.child == Entity(Kind.VF, "vela-003/mlx5_1")} == {
+        Entity(Kind.NODE, "vela-003"),
         Entity(Kind.RAIL, "rail-1"),
     }
     assert link((Kind.HOST, "host-003"), (Kind.LEAF, "leaf-01")) in links
     assert link((Kind.HOST, "host-003"), (Kind.RACK, "rack-01")) in links
     assert link((Kind.LEAF, "leaf-01"), (Kind.SPINE, "spine-1")) in links
-    # 8 node->host, 16 node->rail, 4 host->leaf, 4 host->rack, 2 leaf->spine
-    assert len(links) == len(load_scenario(write(tmp_path, SMALL)).topology_links()) == 34
+    # 8 node->host, 16 NIC->node, 16 NIC->rail, 4 host->leaf, 4 host->rack, 2 leaf->spine
+    assert len(links) == len(load_scenario(write(tmp_path, SMALL)).topology_links()) == 50
 
 
 def test_a_scenario_without_topology_has_no_links(tmp_path: Path) -> None:

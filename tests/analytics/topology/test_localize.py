@@ -161,6 +161,95 @@ def test_a_job_alone_on_one_leaf_slowing_by_itself_reads_as_the_leaf():
     assert windows(FLEET, flaps(leaf_2[::3], "slow_node")).faults == ()
 
 
+# 16 VMs: 4 leaves of 4, 4 NICs each, NIC j of every VM on rail j (a rail-optimized fabric)
+RAILED_NODES = vms(16)
+RAILED = Topology.of(
+    {
+        "leaf": split(RAILED_NODES, 4, "leaf"),
+        "rail": {f"rail-{nic}": [f"{node}/mlx5_{nic}" for node in RAILED_NODES] for nic in range(4)},
+    }
+)
+
+
+def on_nic(nodes: Iterable[str], nic: int, kind: str = "congestion") -> list[NodeAnomaly]:
+    return [NodeAnomaly(node, kind, f"{kind}@{node}:mlx5_{nic}", f"mlx5_{nic}:1") for node in nodes]
+
+
+def test_congestion_on_nic_2_of_12_of_16_nodes_is_rail_2_counted_in_nics():
+    """P(X >= 12) for 16 NICs drawn from 64 of which 12 are anomalous is 1 / C(64, 12); the leaves (4 of
+    4 nodes against 12 of 16) are chance. A second NIC of one node on another rail adds nothing to
+    rail-2's k and is left to its node."""
+    elsewhere = on_nic(RAILED_NODES[:1], 3)
+    result = windows(RAILED, [*on_nic(RAILED_NODES[:12], 2), *elsewhere])
+    (fault,) = result.faults
+    assert (fault.layer, fault.parent, fault.n, fault.k) == ("rail", "rail-2", 16, 12)
+    assert (fault.fleet_nodes, fault.fleet_anomalous) == (64, 13)
+    assert fault.anomalous_children == tuple(f"{node}/mlx5_2" for node in RAILED_NODES[:12])
+    assert fault.children == tuple(RAILED_NODES)  # the nodes, which a postmortem of one is scoped by
+    assert fault.explains == tuple(sorted(anomaly.id for anomaly in on_nic(RAILED_NODES[:12], 2)))
+    assert fault.check.startswith("rail-2: congestion on 12 of 16 NICs; check the rail's switches")
+
+
+def test_two_nics_of_one_node_are_one_anomalous_child_of_each_rail_not_two():
+    result = windows(RAILED, [*on_nic(RAILED_NODES[:1], 2), *on_nic(RAILED_NODES[:1], 3)])
+    assert result == Localization((), {})
+
+
+def test_a_leaf_faults_nic_anomalies_still_go_to_the_leaf():
+    """Every NIC of leaf-1's 4 nodes flaps: 4 of 16 NICs on each rail is under half, the leaf's 4 of 4
+    nodes (1 / C(16, 4) x 8 parents tested) is the fault, and it explains all 16 anomalies."""
+    flapping = [anomaly for nic in range(4) for anomaly in on_nic(RAILED_NODES[4:8], nic, "link_flap")]
+    (fault,) = windows(RAILED, flapping).faults
+    assert (fault.layer, fault.parent, fault.n, fault.k) == ("leaf", "leaf-1", 4, 4)
+    assert fault.explains == tuple(sorted(anomaly.id for anomaly in flapping))
+
+
+def test_an_anomaly_of_no_nic_counts_for_the_node_layers_alone():
+    gpus = [NodeAnomaly(node, "gpu_throttle", f"gpu_throttle@{node}", "gpu:2") for node in RAILED_NODES[:12]]
+    assert windows(RAILED, gpus).faults == ()  # no rail: no NIC named; no leaf: 12 of 16 everywhere
+
+
+# the same 16 VMs, 4 per host, each host's two PFs giving VF mlx5_j of each of its VMs
+HOSTED = Topology.of(
+    {
+        "host": split(RAILED_NODES, 4, "host"),
+        "pf": {
+            f"{host}/eth{nic}": [f"{node}/mlx5_{nic}" for node in nodes]
+            for host, nodes in split(RAILED_NODES, 4, "host").items()
+            for nic in range(2)
+        },
+    }
+)
+
+
+def test_a_pf_and_its_host_over_the_same_vms_name_the_pf_for_its_nics_and_the_host_for_the_rest():
+    """host-1's 4 VMs are 4 of 4 in both; the PF, more specific, explains the VF anomalies, and the
+    host the anomalies that name no NIC (its PCIe, its DMA)."""
+    (fault,) = windows(HOSTED, on_nic(RAILED_NODES[4:8], 1, "link_flap")).faults
+    assert (fault.layer, fault.parent, fault.n, fault.k) == ("pf", "host-1/eth1", 4, 4)
+    dma = [NodeAnomaly(node, "dma_degraded", f"dma@{node}") for node in RAILED_NODES[4:8]]
+    (fault,) = windows(HOSTED, dma).faults
+    assert (fault.layer, fault.parent) == ("host", "host-1")
+
+
+def test_only_active_nodes_count_a_leaf_of_8_with_4_dead_and_3_flapping_has_n_4():
+    """Counting its 4 dead VMs, leaf-0 would hold 3 anomalous of 8, under half; of its 4 active VMs it
+    holds 3 of 4, against 3 of the fleet's 28 active: 4 / C(28, 3) x 4 leaves tested."""
+    layers = {"leaf": split(NODES, 8, "leaf")}
+    assert windows(Topology.of(layers), flaps(NODES[:3])).faults == ()
+    active = set(NODES) - set(NODES[4:8])
+    (fault,) = windows(Topology.of(layers, active), flaps(NODES[:3])).faults
+    assert (fault.parent, fault.n, fault.k, fault.fleet_nodes) == ("leaf-0", 4, 3, 28)
+    assert fault.children == tuple(NODES[:4])
+
+
+def test_a_dead_nodes_nics_leave_the_rails_and_the_nic_count():
+    active = set(RAILED_NODES) - {RAILED_NODES[15]}
+    topology = Topology.of({"rail": {"rail-0": [f"{node}/mlx5_0" for node in RAILED_NODES]}}, active)
+    assert topology.children[("rail", "rail-0")] == frozenset(f"{node}/mlx5_0" for node in RAILED_NODES[:15])
+    assert topology.fleet == frozenset(RAILED_NODES[:15])
+
+
 def test_one_window_is_not_enough_and_a_gap_starts_over():
     localizer = SharedFaultLocalizer()
     anomalies = flaps(NODES[:8])
@@ -239,16 +328,30 @@ def fleets(draw: st.DrawFn) -> tuple[Topology, list[NodeAnomaly]]:
         bounds = [0, *cuts, len(nodes)]
         layers[layer] = {f"{layer}-{at}": nodes[a:b] for at, (a, b) in enumerate(itertools.pairwise(bounds))}
     layers["spine"] = {"spine-0": nodes[: draw(st.integers(1, len(nodes)))]}
+    layers["rail"] = {
+        f"rail-{nic}": [f"{node}/mlx5_{nic}" for node in nodes] for nic in range(draw(st.integers(0, 4)))
+    }
     parents = [(layer, parent) for layer, named in layers.items() for parent in named]
     faulty = draw(st.lists(st.sampled_from(parents), max_size=3))
     strays = draw(st.lists(st.sampled_from(nodes), max_size=6))
-    anomalous = sorted({*strays, *(node for layer, parent in faulty for node in layers[layer][parent])})
+    # (node, component) of each anomalous node or NIC: a stray on the node or on one of its NICs
+    anomalous = {
+        (unit.partition("/")[0], nic_component(unit))
+        for layer, parent in faulty
+        for unit in layers[layer][parent]
+    }
+    anomalous |= {(node, draw(st.sampled_from(("", "gpu:0", "mlx5_0:1", "mlx5_1:1")))) for node in strays}
     anomalies = [
-        NodeAnomaly(node, kind, f"{kind}@{node}")
-        for node in anomalous
+        NodeAnomaly(node, kind, f"{kind}@{node}@{component}", component)
+        for node, component in sorted(anomalous)
         for kind in draw(st.sets(st.sampled_from(KINDS), min_size=1, max_size=3))
     ]
     return Topology.of(layers), anomalies
+
+
+def nic_component(unit: str) -> str:
+    """The component an anomaly of `unit` names: its NIC's port 1, none for a node."""
+    return f"{unit.partition('/')[2]}:1" if "/" in unit else ""
 
 
 def check(fault: SharedFaultEvidence) -> None:
@@ -268,6 +371,10 @@ def test_no_anomaly_is_explained_twice_and_p_values_are_probabilities(fleet, per
     for fault in result.faults:
         check(fault)
         assert len({id_.split("@")[1] for id_ in fault.explains}) >= 2  # a fault explains 2 nodes or more
+        # a NIC layer explains only the anomalies of its NICs, never a node's others
+        assert fault.layer != "rail" or all(
+            id_.endswith(f"mlx5_{fault.parent[5:]}:1") for id_ in fault.explains
+        )
 
 
 @settings(max_examples=100)
@@ -286,14 +393,15 @@ def test_one_more_anomalous_child_never_unmakes_a_candidate(fleet, data):
     localizer = SharedFaultLocalizer()
     before = localizer.localize(topology, anomalies).streaks
     healthy = {
-        (parent, node)
+        (parent, unit)
         for parent in before
-        for node in topology.children[parent] - {anomaly.node for anomaly in anomalies}
+        for unit in topology.children[parent] - {u for anomaly in anomalies for u in anomaly.units()}
     }
     if not healthy:
         return
-    parent, node = data.draw(st.sampled_from(sorted(healthy)))
-    assert parent in localizer.localize(topology, [*anomalies, *flaps([node])]).streaks
+    parent, unit = data.draw(st.sampled_from(sorted(healthy)))
+    one_more = NodeAnomaly(unit.partition("/")[0], "link_flap", "one-more", nic_component(unit))
+    assert parent in localizer.localize(topology, [*anomalies, one_more]).streaks
 
 
 @given(

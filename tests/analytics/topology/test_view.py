@@ -10,7 +10,7 @@ import pytest
 from analytics.errors import TopologyError
 from analytics.topology.checks import check_links
 from analytics.topology.model import Edge, Entity, Kind, Link, Source
-from analytics.topology.view import in_force, members, node_views
+from analytics.topology.view import in_force, members, node_views, unit_node
 
 
 def link(child: str, parent: str) -> Link:
@@ -50,8 +50,31 @@ def test_a_vm_reaches_its_leaves_rails_and_spine_through_the_vfs_it_holds() -> N
     ]  # fmt: skip
     groups = members(AGENT)
     assert groups[Kind.LEAF] == {"leaf-00": {"vela-001"}, "leaf-01": {"vela-001"}}
-    assert groups[Kind.PF] == {"0000:3b:00.0": {"vela-001"}, "0000:5e:00.0": {"vela-001"}}
+    # a PF's and a rail's children are the node's NICs below them, not the node
+    assert groups[Kind.PF] == {
+        "0000:3b:00.0": {"vela-001/0000:3b:00.2"},
+        "0000:5e:00.0": {"vela-001/0000:5e:00.2"},
+    }
+    assert groups[Kind.RAIL] == {"rail-0": {"vela-001/0000:3b:00.2"}, "rail-1": {"vela-001/0000:5e:00.2"}}
     assert groups[Kind.HOST] == {"host-000": {"vela-001"}}
+
+
+def test_a_node_on_a_rail_with_no_nic_named_is_the_whole_node_there() -> None:
+    said = edges(
+        Source.INVENTORY,
+        ("node:vela-001", "rail:rail-0"),
+        ("node:vela-002", "host:host-000"),
+        ("host:host-000", "rail:rail-0"),
+        ("vf:vela-003/mlx5_0", "node:vela-003"),
+        ("vf:vela-003/mlx5_0", "rail:rail-0"),
+        ("vf:vela-003/mlx5_1", "node:vela-003"),
+    )
+    assert members(said)[Kind.RAIL] == {"rail-0": {"vela-001/", "vela-002/", "vela-003/mlx5_0"}}
+    assert {unit_node(unit) for unit in members(said)[Kind.RAIL]["rail-0"]} == {
+        "vela-001",
+        "vela-002",
+        "vela-003",
+    }
 
 
 def test_the_higher_source_wins_for_a_child_and_layer_and_only_while_its_edge_holds() -> None:
