@@ -228,7 +228,7 @@ def main(argv: list[str]) -> int:
         rate = len(false) / len(results) / years
         print(f"  null: {len(false)} shared faults reported ({rate:.2f} per fleet-year)")
         coincidences = sum(null.coincidences for null, _ in results)
-        print(f"  parents passing k >= 2 and k/n >= 0.5 but not the p-value: {coincidences}")
+        print(f"  parents passing k >= 2 and k/n >= 0.5 (before the p-value): {coincidences}")
         for (layer, parent), at in false[:10]:
             print(f"    {layer} {parent} at day {at * WINDOW_S / DAY_S:.2f}")
         latency = f", after {statistics.median(found) * WINDOW_S:.0f} s (median)" if found else ""
