@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from sim.jobs import JobModel
-from sim.scenario import DEFAULT_FIXTURES, parse_scenario
+from sim.scenario import parse_scenario
+from sim.trace import DEFAULT_FIXTURES
 
 SAMPLE_EVERY = 10  # the trace keeps every 10th iteration
 PAI_DIR = Path("steps") / "alibaba-pai"

@@ -17,9 +17,7 @@ evaluation scores against, and expands at load time into the per-node faults it 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,6 +35,7 @@ from sim.topology import (
     DEFAULT_VMS_PER_HOST,
     Topology,
 )
+from sim.trace import trace_spans
 
 FAULT_KINDS = (
     "slow_node",
@@ -68,7 +67,6 @@ DMA_MODES = ("no_gdr", "pcie_downgrade")
 EXPORTER_FLAVOURS = ("fleetlens", "stock")  # what reads a node: fleetlens's exporter, or stock exporters only
 NOISE_MODELS = ("tidy", "pai")  # step-time noise (sim.jobs): the original +-1%, or calibrated on Alibaba PAI
 _STEP_MODEL_KEYS = ("noise", "imbalance", "rank_offset", "warmup_steps", "warmup_slowdown")  # job keys
-DEFAULT_FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures"
 
 EVERY_GPU = "every GPU"  # a fault's `gpu` default where leaving it out means every GPU of the node
 # keys each fault kind takes besides kind, node, start_s, end_s; `required` ones have no default
@@ -678,32 +676,17 @@ class TraceFault:
 
 
 def trace_faults(fixtures: Path | None = None) -> list[TraceFault]:
-    """The faults of the InfiniteHBD trace that the simulator can show, with their real durations.
-
-    Reads FLEETLENS_FIXTURES (default ../shared/fixtures)/infinitehbd/fault_trace.json: pairs each
-    fault_start with the next fault_end of the same node and description."""
-    root = fixtures or Path(os.environ.get("FLEETLENS_FIXTURES") or DEFAULT_FIXTURES)
-    path = root / "infinitehbd" / "fault_trace.json"
-    try:
-        events = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ScenarioError(
-            f"random faults need the InfiniteHBD trace at {path} (set FLEETLENS_FIXTURES): {exc}"
-        ) from None
-    open_faults: dict[tuple[str, str], list[float]] = {}
-    found: list[TraceFault] = []
-    for event in sorted(events, key=lambda e: e["event_time"]):
-        desc = event["fault_type"]["Desc"]
-        if desc not in _TRACE_KINDS:
-            continue
-        key = (event["node_id"], desc)
-        if event["event_type"] == "fault_start":
-            open_faults.setdefault(key, []).append(event["event_time"])
-        elif open_faults.get(key):
-            started = open_faults[key].pop(0)
-            found.append(TraceFault(_TRACE_KINDS[desc], desc, (event["event_time"] - started) * 86_400))
-    found += [TraceFault(_TRACE_KINDS[d], d, None) for (_, d), starts in open_faults.items() for _ in starts]
-    return found
+    """The faults of the InfiniteHBD trace that the simulator can show, with their real durations
+    (sim.trace reads the trace: FLEETLENS_FIXTURES, default ../shared/fixtures)."""
+    return [
+        TraceFault(
+            _TRACE_KINDS[span.desc],
+            span.desc,
+            None if span.end_day is None else (span.end_day - span.start_day) * 86_400,
+        )
+        for span in trace_spans(fixtures)
+        if span.desc in _TRACE_KINDS
+    ]
 
 
 def random_faults(
