@@ -8,8 +8,8 @@ the layer's granularity (analytics.topology.view.members): nodes, but NICs ("<no
 layers (a rail, a PF), where a fault shows on one NIC of each node; N and K are of that granularity. A
 per-node anomaly counts for its node, and in a NIC layer for the NIC its component names ("mlx5_2:1" ->
 "<node>/mlx5_2"; one naming no NIC, "" or "gpu:3", for none) and for its node where the node is there
-with no NIC named ("<node>/"). Active: the caller builds the Topology of the nodes that reported in the window alone, so
-a dead or removed VM counts in no n nor N. A parent is a candidate when
+with no NIC named ("<node>/"). Active: the caller builds the Topology of the nodes that reported in the
+window alone, so a dead or removed VM counts in no n nor N. A parent is a candidate when
 
     k >= min_anomalous,  k / n >= min_fraction,  and  min(1, P(X >= k) x m) <= alpha
 
