@@ -3,42 +3,28 @@ anomalies better than chance, so that one fault above many nodes is reported onc
 
 Each window, for every parent with n active children of which k have a per-node anomaly, the question is
 whether k is unlikely under the fleet's base rate: of the topology's N active children K are anomalous,
-and a parent's n children drawn at random would hold X of them, X hypergeometric. Children are counted at
-the layer's granularity (analytics.topology.view.members): nodes, but NICs ("<node>/<device>") in the NIC
-layers (a rail, a PF), where a fault shows on one NIC of each node; N and K are of that granularity. A
-per-node anomaly counts for its node, and in a NIC layer for the NIC its component names ("mlx5_2:1" ->
-"<node>/mlx5_2"; one naming no NIC, "" or "gpu:3", for none) and for its node where the node is there
-with no NIC named ("<node>/"). Active: the caller builds the Topology of the nodes that reported in the
-window alone, so a dead or removed VM counts in no n nor N. A parent is a candidate when
+and a parent's n children drawn at random would hold X of them, X hypergeometric. Children are nodes, but
+NICs ("<node>/<device>", the component "mlx5_2:1" names) in the NIC layers (rail, PF), where a fault shows
+on one NIC of each node; N and K are of the layer's granularity (docs/detectors.md, "Shared faults"). The
+caller builds the Topology of the window's active nodes alone. A parent is a candidate when
 
     k >= min_anomalous,  k / n >= min_fraction,  and  min(1, P(X >= k) x m) <= alpha
 
-where m, the Bonferroni factor, is the number of parents tested: every parent, of every layer, with at
-least `min_anomalous` children (the ones that could qualify), fixed by the topology and not by the
-window's anomalies. A candidate is confirmed once it has been one in `persistence` consecutive windows;
-the caller keeps the candidates' streaks between windows (Localization.streaks, passed back to the next
-call), so the localizer holds no state of its own.
+where m, the Bonferroni factor, is the number of parents of every layer with at least `min_anomalous`
+children, fixed by the topology. A candidate is confirmed after `persistence` consecutive windows; the
+caller passes the streaks (Localization.streaks) back to the next call, so the localizer keeps no state.
 
 Confirmed parents explain top-down, widest first (most nodes below; for the same nodes, the earlier in
-`layers`, the more specific), comparing parents of both granularities by the nodes below them:
-- a parent whose anomalous nodes, but for fewer than `min_anomalous`, lie under one narrower confirmed
-  parent leaves them to it: a rack holding one flapping leaf and a stray anomaly elsewhere is the leaf;
-- else it explains the anomalies of its anomalous children that no wider parent explained, and is
-  reported where at least `min_anomalous` such children remain: a spine explains its leaves' and their
-  hosts' anomalies (they are not reported apart), a host its VMs', a rail its NICs' (and not the node's
-  other anomalies). No anomaly is explained twice.
-A lone anomalous child under a healthy parent explains nothing and stays a node fault.
-
-The evidence's `children` are the nodes below the parent (what a postmortem of a node is scoped by);
-`n`, `k` and `anomalous_children` count its children at its granularity, so a rail fault names the NICs
-("vela-003/mlx5_2"), the ports an SRE checks.
+`layers`), compared across granularities by the nodes below them: a parent whose anomalous nodes, but for
+fewer than `min_anomalous`, lie under one narrower confirmed parent leaves them to it (a rack holding one
+flapping leaf is the leaf); else it explains its children's anomalies no wider parent explained, and is
+reported where at least `min_anomalous` such children remain. No anomaly is explained twice; a lone
+anomalous child under a healthy parent stays a node fault. The evidence's `children` are the nodes below
+the parent; `n`, `k` and `anomalous_children` are at its granularity (a rail names its NICs).
 
 Only anomalies of `shared_kinds` count (a GPU's own Xids or loss are the node's whatever its neighbours
-show); those of nodes the topology does not hold are left out of N and K. What it cannot tell apart
-(parents with the same VMs, a job alone on a leaf, a fault of most of the fleet): docs/detectors.md.
-
-The score of a shared fault (`score`) is -log10 of its corrected p-value: higher = more anomalous, 0 at a
-corrected p-value of 1.
+show); nodes the topology does not hold are out of N and K. What it cannot tell apart: docs/detectors.md.
+The score (`score`) is -log10 of the corrected p-value: higher = more anomalous, 0 at a p-value of 1.
 """
 
 from __future__ import annotations
