@@ -4,6 +4,7 @@ inventory, read by the hub's own importers, place every node exactly where the s
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -17,9 +18,10 @@ from analytics.topology.view import NodeView, in_force, node_views
 from sim.errors import SimulationError
 from sim.hostagents import MAX_VFS_PER_PF, operator_inventory, topology_reports
 from sim.offline import store_topology
+from sim.online import simulate_online
 from sim.scenario import Scenario, parse_scenario
 from sim.topology import Topology
-from tests.sim.test_offline_online import EPOCH
+from tests.sim.test_offline_online import EPOCH, open_store
 
 
 def fleet(nodes: int, nics: int = 2, gpus: int = 2, **fan_out: int) -> Scenario:
@@ -143,3 +145,16 @@ def test_an_offline_run_stores_each_host_agents_report_under_its_host(store: Sto
         ("host_agent", ["host-000", "host-001", "host-002"]),
         ("inventory", [""]),
     ]
+
+
+def test_an_online_run_posts_the_same_topology_an_offline_run_stores(
+    store: Store, chdb_dir: Path, tmp_path: Path
+) -> None:
+    scenario = fleet(3, vms_per_host=2, hosts_per_leaf=1, leaves_per_spine=2)
+    simulate_online(scenario, store, tmp_path, speed=0, epoch=EPOCH)
+    rows = "SELECT * EXCEPT (valid_from, valid_to) FROM topology ORDER BY ALL"
+    with open_store(chdb_dir) as offline:
+        store_topology(scenario, offline, EPOCH)
+        assert store.query(rows).rows == offline.query(rows).rows != []
+    assert scenario.topology is not None
+    assert node_views(store.topology_at(EPOCH + 1)) == layout_views(scenario.topology)
