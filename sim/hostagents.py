@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from xml.sax.saxutils import escape
 
 from analytics.topology.model import Kind
 from collectors.hostagent import FORMAT as HOST_AGENT_FORMAT
@@ -30,9 +31,8 @@ from sim.topology import Topology
 
 INVENTORY_FORMAT = "inventory"  # the operator's part goes through the inventory importer
 AGENT_KEYS = {"nodes": "host", "hosts": "leaf"}  # what host agents say, left out of the operator's part
-FIRST_BUS = (
-    0x10  # devices take buses from here, PFs first, then GPUs; a new PCI domain every BUSES_PER_DOMAIN
-)
+# A host's devices take buses from FIRST_BUS on, PFs first, then GPUs; a new PCI domain every BUSES_PER_DOMAIN
+FIRST_BUS = 0x10
 BUSES_PER_DOMAIN = 0xF0
 MAX_VFS_PER_PF = 255  # functions 1..255 of the PF's bus (ARI), as slot < 0x20 allows
 QEMU_OUI = (0x52, 0x54, 0x00)  # the prefix libvirt gives the MACs it makes
@@ -81,7 +81,9 @@ def host_reports(topology: Topology, gpus_per_node: int) -> dict[str, dict]:
         domains = [
             {
                 "name": node,
-                "xml": _domain_xml(node, [pf["vfs"][i] for pf in pfs], _gpus(topology, i, gpus_per_node)),
+                "xml": _domain_xml(
+                    node, i + 1, [pf["vfs"][i] for pf in pfs], _gpus(topology, i, gpus_per_node)
+                ),
             }
             for i, node in enumerate(nodes)
         ]
@@ -142,8 +144,9 @@ def _source_address(address: str) -> str:
     return f"<address type='pci' domain='0x{domain}' bus='0x{bus}' slot='0x{slot}' function='0x{function}'/>"
 
 
-def _domain_xml(node: str, vfs: list[str], gpus: list[str]) -> str:
-    """`virsh dumpxml` of `node`'s domain: its VFs as hostdev interfaces, its GPUs as PCI hostdevs."""
+def _domain_xml(node: str, domain_id: int, vfs: list[str], gpus: list[str]) -> str:
+    """`virsh dumpxml` of `node`'s running domain `domain_id`: its VFs as hostdev interfaces, its GPUs as
+    PCI hostdevs."""
     interfaces = "".join(
         f"    <interface type='hostdev' managed='yes'>\n"
         f"      <mac address='{_mac(f'{node}/{vf}', QEMU_OUI)}'/>\n"
@@ -162,7 +165,8 @@ def _domain_xml(node: str, vfs: list[str], gpus: list[str]) -> str:
         for index, gpu in enumerate(gpus)
     )
     return (
-        f"<domain type='kvm' id='1'>\n  <name>{node}</name>\n  <uuid>{uuid.uuid5(_UUIDS, node)}</uuid>\n"
+        f"<domain type='kvm' id='{domain_id}'>\n  <name>{escape(node)}</name>\n"
+        f"  <uuid>{uuid.uuid5(_UUIDS, node)}</uuid>\n"
         f"  <devices>\n    <emulator>/usr/libexec/qemu-kvm</emulator>\n{interfaces}{hostdevs}  </devices>\n"
         f"</domain>\n"
     )

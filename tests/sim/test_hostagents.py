@@ -158,3 +158,10 @@ def test_an_online_run_posts_the_same_topology_an_offline_run_stores(
         assert store.query(rows).rows == offline.query(rows).rows != []
     assert scenario.topology is not None
     assert node_views(store.topology_at(EPOCH + 1)) == layout_views(scenario.topology)
+
+
+def test_a_node_name_with_xml_markup_reaches_the_hub_as_written() -> None:
+    scenario = parse_scenario(
+        {"duration_s": 60, "fleet": {"nodes": 1, "prefix": "r&d<"}, "topology": {}, "jobs": []}, "markup"
+    )
+    assert node_views(in_force(imported_edges(scenario), EPOCH + 1))[0]["node"] == "r&d<001"
