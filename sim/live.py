@@ -3,9 +3,10 @@
 Each node of the scenario (sim.node.SimNode: its /sys tree, GPUs and NCCL logs read by a
 real exporter) answers on its own loopback port, and every scrape first plays its node to the moment
 of the scrape: a hub scraping at any interval sees the scenario unfold in real time, from `epoch`
-(unix seconds of the scenario's time 0) on. The scenario's jobs post their step records to a hub's
-/api/v1/steps once per interval; records the hub could not take yet (it starts after the fleet, or
-restarts) are kept and sent with the next ones, up to MAX_PENDING_STEPS.
+(unix seconds of the scenario's time 0) on. The scenario's topology goes to a hub's /api/v1/topology
+first, as its hosts' agents and its operator send it (sim.hostagents); then its jobs post their step
+records to the hub's /api/v1/steps once per interval; what the hub could not take yet (it starts after
+the fleet, or restarts) is kept and sent next time, step records up to MAX_PENDING_STEPS.
 
     fleet = LiveFleet(scenario, workdir, epoch=time.time())
     fleet.start()
@@ -30,10 +31,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from collectors.steprecord import StepRecord
 from sim.errors import SimulationError
 from sim.fleet import LOOPBACK
+from sim.hostagents import topology_reports
 from sim.jobs import JobModel
 from sim.loopserver import LoopServer
 from sim.node import SimNode
@@ -43,6 +46,7 @@ from sim.stock import DCGM_EXPORTER, NODE_EXPORTER
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 MAX_PENDING_STEPS = 200_000  # step records kept for a hub that does not answer; the oldest go first
 
 
@@ -84,6 +88,7 @@ class LiveFleet:
         self.node_exporter_addresses: dict[str, str] = {}  # stock flavour: node name -> its node_exporter
         self._jobs = [JobModel(job, scenario, epoch) for job in scenario.jobs]
         self._pending: list[StepRecord] = []
+        self._topology = topology_reports(scenario)  # not yet taken by the hub
 
     def start(self) -> LiveFleet:
         """Build every node and serve each of its exporters on a free loopback port."""
@@ -140,19 +145,13 @@ class LiveFleet:
             self.post_steps(poster)
 
     def post_steps(self, poster: StepPoster) -> None:
-        """Send what the jobs did up to now; what the hub does not take waits for the next call."""
+        """Send the topology reports the hub has not taken yet, then what the jobs did up to now; what the
+        hub does not take waits for the next call."""
         t = self._clock() - self.epoch
         self._pending += [row for job in self._jobs for row in job.steps_until(t)]
         del self._pending[:-MAX_PENDING_STEPS]
-        while self._pending:
-            chunk = self._pending[:STEPS_PER_POST]
-            try:
-                poster.post(chunk)
-            except (OSError, SimulationError) as error:
-                log.warning("hub at %s did not take step records yet: %s", poster.address, error)
-                poster.reconnect()
-                return
-            del self._pending[: len(chunk)]
+        if _delivered(poster, self._topology, 1, lambda reports: poster.post_topology(reports[0])):
+            _delivered(poster, self._pending, STEPS_PER_POST, poster.post)
 
     def close(self) -> None:
         """Stop serving and close every node (its node_exporter process included)."""
@@ -160,6 +159,21 @@ class LiveFleet:
         for live in self._nodes:
             live.node.close()
         self._nodes = []
+
+
+def _delivered(poster: StepPoster, pending: list[T], chunk: int, send: Callable[[list[T]], None]) -> bool:
+    """Send `pending` `chunk` items at a time, each chunk the hub took removed from it; False, the rest
+    kept, at the first the hub did not take (its connection started over)."""
+    while pending:
+        part = pending[:chunk]
+        try:
+            send(part)
+        except (OSError, SimulationError) as error:
+            log.warning("hub at %s did not take what the fleet sent yet: %s", poster.address, error)
+            poster.reconnect()
+            return False
+        del pending[: len(part)]
+    return True
 
 
 def _job_file(path: Path, job: str) -> Path:

@@ -29,6 +29,7 @@ from analytics.topology.importers import parser_of
 from collectors.steprecord import StepRecord
 from hub.expfmt import ExpositionParser
 from sim.errors import SimulationError
+from sim.hostagents import topology_reports
 from sim.jobs import JobModel
 from sim.node import SCENARIO_EPOCH, SCRAPE_GAP_ERROR, SimNode, SimSummary, tick_times
 from sim.scenario import Scenario
@@ -84,17 +85,13 @@ def simulate_offline(
 
 
 def store_topology(scenario: Scenario, store: Store, at: float) -> None:
-    """The scenario's topology, if it has one, stored from `at` on as a hub stores the operator's
-    inventory file (hub.topology): the file's text through the inventory importer, then Store.replace_links.
-    An inventory, not host agents' reports: those see a host's VMs, VFs and leaf, never its spine, rack
-    or rails (docs/simulator.md)."""
-    if scenario.topology is None:
-        return
-    parse, source = parser_of(INVENTORY_FORMAT)
-    store.replace_links(source, parse(scenario.topology.inventory(), f"{scenario.name} inventory"), at)
-
-
-INVENTORY_FORMAT = "inventory"  # the importer a scenario's topology goes through (topology.importers)
+    """The scenario's topology, if it has one, stored from `at` on as a hub stores what its fleet POSTs
+    (hub.app's /api/v1/topology): each host agent's report and the operator's inventory
+    (sim.hostagents.topology_reports) through its format's importer, then Store.replace_links under the
+    report's reporter."""
+    for report in topology_reports(scenario):
+        parse, source = parser_of(report.format)
+        store.replace_links(source, parse(report.text, report.file), at, reporter=report.reporter)
 
 
 Round = tuple[list[ScrapeBatch], list[TargetStatus]]  # one tick: the batches of the nodes that answered

@@ -28,10 +28,10 @@ from hub.targets import Target
 from hub.writer import Writer
 from sim.errors import SimulationError
 from sim.fleet import LOOPBACK
+from sim.hostagents import TopologyReport, topology_reports
 from sim.jobs import JobModel
 from sim.loopserver import LoopServer
 from sim.node import SCENARIO_EPOCH, SimNode, SimSummary, tick_times
-from sim.offline import INVENTORY_FORMAT
 from sim.scenario import Scenario
 
 STEPS_PER_POST = 2_000  # online: step records per POST, well under the loopback server's body limit
@@ -71,10 +71,8 @@ def simulate_online(
         stack.callback(writer.close)
         hub = Hub(store, writer, OtlpStepReceiver(), wall_clock=lambda: fleet_clock.now)
         poster = stack.enter_context(StepPoster(f"{LOOPBACK}:{server.serve(hub.app, LOOPBACK)}"))
-        if scenario.topology is not None:
-            poster.post_topology(
-                INVENTORY_FORMAT, scenario.topology.inventory(), f"{scenario.name} inventory"
-            )
+        for report in topology_reports(scenario):
+            poster.post_topology(report)
         scraper = stack.enter_context(
             Scraper(lambda: targets, interval_s=min(scenario.interval_s, 60.0), clock=fleet_clock)
         )
@@ -135,12 +133,15 @@ class StepPoster:
             body = step_lines(rows[first : first + STEPS_PER_POST])
             self._send("/api/v1/steps", body, self._headers, "step records")
 
-    def post_topology(self, format_name: str, text: str, file: str) -> None:
-        """A topology source's text to the hub's /api/v1/topology, as `fleetlens topology import --hub`
-        sends it; the hub parses and stores it, stamped with its clock."""
-        body = json.dumps({"format": format_name, "text": text, "file": file}).encode()
+    def post_topology(self, report: TopologyReport) -> None:
+        """One topology report to the hub's /api/v1/topology, in the body `fleetlens host-agent` and
+        `fleetlens topology import --hub` send; the hub parses it and stores it as what its reporter says
+        now, stamped with its clock."""
+        body = json.dumps(
+            {"format": report.format, "text": report.text, "file": report.file, "reporter": report.reporter}
+        ).encode()
         headers = {**self._headers, "Content-Type": "application/json"}
-        self._send("/api/v1/topology", body, headers, f"topology {file}")
+        self._send("/api/v1/topology", body, headers, f"topology {report.file}")
 
     def _send(self, path: str, body: bytes, headers: dict[str, str], what: str) -> None:
         self._conn.request("POST", path, body, headers)

@@ -48,7 +48,10 @@ WHERE valid_from <= {{at:DateTime64(3, 'UTC')}}
 ORDER BY source, child_kind, child, parent_kind, parent"""
 
 # What changes whenever any edge is written (opened or closed): a reader re-reads EDGES_AT when it does.
-VERSION_SQL = "SELECT count(), max(valid_from), max(valid_to) FROM topology"
+VERSION_SQL = (  # the newest change's times in unix milliseconds, for TopologyReads to compare
+    "SELECT count(), max(toUnixTimestamp64Milli(valid_from)), max(toUnixTimestamp64Milli(valid_to))"
+    " FROM topology"
+)
 
 
 def open_edges(table: str) -> str:
@@ -176,7 +179,9 @@ class Snapshot:
 
 class TopologyReads:
     """The topology in force, read through `reader` again only when the table changed (topology_version,
-    one small query a call) or after `every` calls served from one read: what a loop that asks each
+    one small query a call), when the last read was for a time before a change the table holds (an edge
+    stored from a moment after the window last asked about, as a hub stamps a report with its clock while
+    its detection lags behind), or after `every` calls served from one read: what a loop that asks each
     window keeps. A call returns the same Snapshot object until a read changes it; StoreUnavailable as
     the reader raises it."""
 
@@ -188,18 +193,20 @@ class TopologyReads:
         self.snapshot_: Snapshot = Snapshot((), {}, {})
         self.version_: tuple[Any, ...] | None = None
         self.calls_ = 0
+        self.read_at_ = -float("inf")  # the time the latest read was for
 
     def at(self, ts: float) -> Snapshot:
         """The topology in force at `ts` (the latest read's, when nothing changed since)."""
         version = topology_version(self.reader)
-        if version != self.version_ or self.calls_ >= self.every:
+        ahead = any(ms is not None and ms / 1000 > self.read_at_ for ms in version[1:])  # read too early
+        if version != self.version_ or ahead or self.calls_ >= self.every:
             edges = topology_at(self.reader, ts)
             above = layers_above(edges)
             parents = {node: frozenset(entities) for node, entities in above.items()}
             snapshot = Snapshot(tuple(edges), parents, members(edges))
             if snapshot != self.snapshot_:
                 self.snapshot_ = snapshot
-            self.version_, self.calls_ = version, 0
+            self.version_, self.calls_, self.read_at_ = version, 0, ts
         self.calls_ += 1
         return self.snapshot_
 

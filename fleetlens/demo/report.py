@@ -17,7 +17,7 @@ from sim.evaluation import CONFOUNDER, TRUE, ScenarioResult
 ANOMALIES_SQL = """
 SELECT id, toUnixTimestamp64Milli(start) / 1000 AS start,
     if(end IS NULL, NULL, toUnixTimestamp64Milli(assumeNotNull(end)) / 1000) AS end,
-    kind, node, component, job, severity, score, evidence, detector, detector_version
+    kind, node, component, job, severity, score, evidence, detector, detector_version, explained_by
 FROM anomalies FINAL
 WHERE start >= fromUnixTimestamp64Milli(toInt64({since:Float64} * 1000))
 ORDER BY start, node, kind
@@ -25,25 +25,30 @@ ORDER BY start, node, kind
 
 
 class Narrator:
-    """One line per anomaly as it opens and as it closes, and per drain decision, from the hub's store."""
+    """One line per anomaly as it opens, as a shared fault explains it and as it closes, and per drain
+    decision, from the hub's store."""
 
     def __init__(self, client: HubClient, since: float) -> None:
         self._client = client
         self._since = since
-        self._ended: dict[str, bool] = {}
+        self._told: dict[str, tuple[bool, str]] = {}  # id -> (ended, explained_by) as last told
         self._actions_since = since
         self._actions_told: set[ActionRow] = set()
 
     def poll(self) -> Iterator[str]:
-        for anomaly in read_anomalies(self._client, self._since):
+        anomalies = read_anomalies(self._client, self._since)
+        places = {anomaly.id: _where(anomaly) for anomaly in anomalies}
+        for anomaly in anomalies:
             ended = anomaly.end is not None
-            if self._ended.get(anomaly.id) == ended:
+            told = self._told.get(anomaly.id)
+            if told == (ended, anomaly.explained_by):
                 continue
-            self._ended[anomaly.id] = ended
-            verb = "closed" if ended else "opened"
-            where = f"{anomaly.node} {anomaly.component}".strip()
+            self._told[anomaly.id] = (ended, anomaly.explained_by)
+            verb = "closed" if ended else "explained" if told is not None else "opened"
             at = anomaly.end if anomaly.end is not None else anomaly.start
-            what = f"{verb} {anomaly.kind} ({anomaly.severity}) on {where} at {clock(at)}"
+            what = f"{verb} {anomaly.kind} ({anomaly.severity}) on {_where(anomaly)} at {clock(at)}"
+            if explainer := anomaly.explained_by:
+                what += f", explained by shared_fault on {places.get(explainer, explainer)}"
             yield f"{clock(time.time())}  anomaly   {what}: {_brief(anomaly.evidence)}"
         for row in commands.actions(self._client, since=self._actions_since):
             if row in self._actions_told:  # rows at the last poll's time come again
@@ -59,6 +64,11 @@ def read_anomalies(client: HubClient, since: float) -> list[Anomaly]:
     """The anomalies the hub's store holds from `since` on, each's evidence read from its stored text."""
     rows = [dict(zip(result.columns, row, strict=True)) for row in result.rows]
     return [Anomaly(**{**row, "evidence": stored(row["kind"], row["evidence"])}) for row in rows]
+
+
+def _where(anomaly: Anomaly) -> str:
+    """Where an anomaly is: its node and component ("demo-026 gpu:2"; a shared fault's "leaf-03 leaf")."""
+    return f"{anomaly.node} {anomaly.component}".strip()
 
 
 def _brief(evidence: Evidence, width: int = 100) -> str:
@@ -80,7 +90,8 @@ def clock(unix_s: float) -> str:
 
 
 def passed(result: ScenarioResult) -> bool:
-    return all(outcome.detected for outcome in result.faults) and not any(
+    """Every fault detected, no confounder reported, no child of a shared fault drained."""
+    return all(outcome.detected and not outcome.drained_children for outcome in result.faults) and not any(
         report.verdict == CONFOUNDER for report in result.reports
     )
 
@@ -91,6 +102,8 @@ def verdict_lines(result: ScenarioResult) -> list[str]:
         fault = outcome.fault
         where = f"{fault.node} {fault.component}".strip()
         found = f"after {outcome.latency_s:g} s" if outcome.detected else "MISSED"
+        if outcome.drained_children:
+            found += f", CHILDREN DRAINED: {', '.join(outcome.drained_children)}"
         lines.append(f"  {fault.kind:17} {where:30} {found}")
     confounders = [report for report in result.reports if report.verdict == CONFOUNDER]
     for report in confounders:

@@ -111,10 +111,15 @@ class Plan:
         )
 
     def timeline(self) -> list[tuple[float, str]]:
-        """(seconds from epoch, what starts) for every fault and confounder of the scenario."""
+        """(seconds from epoch, what starts) for every fault (of a node or a shared layer) and confounder
+        of the scenario."""
         events = [
             (fault.start_s, f"{fault.kind} on {fault.node} {fault.component}".strip())
             for fault in self.scenario.faults
+        ]
+        events += [
+            (fault.start_s, f"{fault.kind} on {fault.layer} {fault.parent} ({len(fault.nodes)} VMs below)")
+            for fault in self.scenario.layer_faults
         ]
         events += [
             (item.start_s, f"confounder {item.kind} on {item.node or item.job}")
@@ -331,7 +336,8 @@ def _banner(
         flaps = ", ".join(f"{t:g} s" for t in plan.flaps_at_s)
         say(f"  real links:   {links.flap_port} in {links.namespaces[0]} flaps at {flaps} ({LINKS_NODE})")
     until = "Ctrl-C stops it" if options.duration_s is None else f"runs {options.duration_s:g} s"
-    injected = f"{len(plan.scenario.faults)} faults, {len(plan.scenario.confounders)} confounders"
+    faults = len(plan.scenario.faults) + len(plan.scenario.layer_faults)
+    injected = f"{faults} faults, {len(plan.scenario.confounders)} confounders"
     say(f"  {until}; the scenario injects {injected}")
 
 

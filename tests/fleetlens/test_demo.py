@@ -99,7 +99,8 @@ def test_a_run_that_detected_nothing_fails_naming_every_fault_it_missed():
 
     assert not passed(result)
     lines = verdict_lines(result)
-    assert sum("MISSED" in line for line in lines) == len(plan.scenario.faults) + 2  # + slowed rank, flap
+    injected = len(plan.scenario.faults) + len(plan.scenario.layer_faults)
+    assert sum("MISSED" in line for line in lines) == injected + 2  # + slowed rank, flap
     assert any("slow_node" in line and plan.slow_node in line for line in lines)
     assert lines[-1].endswith("FAIL")
 
@@ -118,6 +119,14 @@ def test_a_headless_timed_demo_detects_every_injected_fault_and_reports_no_confo
     assert re.search(r"anomaly +opened gpu_fault \(critical\) on demo-026 gpu:2", out), out
     assert re.search(r"anomaly +opened slow_node \(\w+\) on demo-031", out), out  # the DDP job's slow rank
     assert re.search(r"drain +drain demo-026: dry-run \(dry-run mode\)", out), out
+    # leaf-00 reloads: one shared fault of the leaf explains its VMs' flaps, and none of them is drained
+    # (demo-005 has an Xid 79 of its own)
+    assert re.search(r"injected +leaf_degraded on leaf leaf-00", out), out
+    assert re.search(r"anomaly +opened shared_fault \(\w+\) on leaf-00 leaf", out), out
+    assert re.search(r"^ +leaf_degraded +leaf-00 leaf +after \d+", out, re.M), out
+    child = r"anomaly +(opened|explained) link_flap \(\w+\) on demo-00[1-8] .*, explained by shared_fault"
+    assert re.search(child + " on leaf-00 leaf", out), out
+    assert not re.search(r"drain +drain demo-00[1-46-8]: dry-run", out), out
     if real_links:
         assert re.search(r"injected +ip link set fla0-\d+ down", out), out
         assert re.search(r"anomaly +opened link_flap \(warning\) on demo-links fla0-\d+", out), out

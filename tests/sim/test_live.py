@@ -144,9 +144,10 @@ def scrape_names(address: str) -> set[str]:
         return set(ExpositionParser().parse(response.read().decode()).names)
 
 
-def test_sim_serve_posts_its_step_records_with_the_api_token(store, tmp_path: Path):
+def test_sim_serve_posts_its_hosts_agent_reports_and_step_records_with_the_api_token(store, tmp_path: Path):
     """`fleetlens sim serve --hub` sends FLEETLENS_API_TOKEN, as every client of a hub does: a hub with
-    tokens stores its jobs' step records."""
+    tokens stores its jobs' step records, and the topology its hosts' agents and its operator report
+    places each node where the scenario lays it out (`fleetlens topology show --hub`)."""
     hub = Hub(
         store,
         Writer(store, Spool(tmp_path / "spool", 1 << 20)),
@@ -154,7 +155,8 @@ def test_sim_serve_posts_its_step_records_with_the_api_token(store, tmp_path: Pa
         tokens=Tokens({"sim-token": frozenset(SCOPES)}),
     )
     scenario = tmp_path / "live.yaml"
-    scenario.write_text(yaml.safe_dump({**SCENARIO, "interval_s": 1}))
+    scenario.write_text(yaml.safe_dump({**SCENARIO, "interval_s": 1, "topology": {"vms_per_host": 2}}))
+    token = {**os.environ, "FLEETLENS_API_TOKEN": "sim-token"}
     with on_loopback(hub) as url:
         process = subprocess.Popen(
             [
@@ -162,7 +164,7 @@ def test_sim_serve_posts_its_step_records_with_the_api_token(store, tmp_path: Pa
                 *("--file-sd", str(tmp_path / "targets.json"), "--hub", url),
                 *("--epoch", str(time.time() - 30)),
             ],
-            env={**os.environ, "FLEETLENS_API_TOKEN": "sim-token"},
+            env=token,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -174,7 +176,19 @@ def test_sim_serve_posts_its_step_records_with_the_api_token(store, tmp_path: Pa
         finally:
             stop(process)
         assert stored_steps(store) > 0, process.stderr.read()[-2000:]
+        shown = subprocess.run(
+            [sys.executable, "-m", "fleetlens.cli", "topology", "show", "--hub", url, "--json"],
+            env=token,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert hub.refused == {}
+    assert shown.returncode == 0, shown.stderr
+    place = {"host": "host-000", "leaf": "leaf-00", "spine": "spine-0", "rack": "rack-00"}
+    assert json.loads(shown.stdout) == [
+        {"node": node, **place, "rail": ["rail-0", "rail-1"]} for node in ("live-001", "live-002")
+    ]
 
 
 def stored_steps(store) -> int:

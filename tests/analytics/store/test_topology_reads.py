@@ -43,3 +43,13 @@ def test_the_edges_are_read_again_only_when_they_changed_or_every_nth_call(store
     store.replace_links(Source.INVENTORY, [vm("vela-001", "host-001")], NOW + 65)
     assert reads.parents("vela-001", NOW + 75) == {("host", "host-001")}
     assert reads.parents("vela-404", NOW + 75) == frozenset()
+
+
+def test_an_edge_stored_from_after_the_last_window_asked_reaches_the_window_it_holds_in(store: Store) -> None:
+    """A hub stamps a report with its clock while its detection asks about a window that ended earlier:
+    the edge is not in force then, but must be in the first window that reaches its time."""
+    reads = TopologyReads(store, every=30)
+    store.replace_links(Source.HOST_AGENT, [vm("vela-001", "host-000")], NOW + 20, reporter="host-000")
+
+    assert reads.parents("vela-001", NOW + 10) == frozenset()
+    assert reads.parents("vela-001", NOW + 30) == {("host", "host-000")}
