@@ -92,14 +92,15 @@ def _walked(edges: Iterable[Edge]) -> dict[Entity, tuple[set[Entity], dict[Entit
 def _walk(
     start: set[Entity], parents: Mapping[Entity, set[Entity]], skipped: Collection[Kind] = ()
 ) -> set[Entity]:
-    """`start` and what is above it: breadth first, a kind taken at the first level that reaches it,
-    the `skipped` kinds never walked into."""
+    """`start` and what is above it: breadth first, a layer (LAYERS) taken at the first level that
+    reaches it, the `skipped` kinds never walked into. Devices (VFs, GPUs, domains) are walked through
+    wherever they are: a VF the inventory names on the node does not hide the one its host reports."""
     reached = set(start)
-    taken = {*skipped, *(entity.kind for entity in reached)}
+    taken = {*skipped, *(entity.kind for entity in reached if entity.kind in LAYERS)}
     frontier = reached
     while frontier:
         step = {p for e in frontier for p in parents.get(e, ()) if p not in reached and p.kind not in taken}
-        taken.update(entity.kind for entity in step)
+        taken.update(entity.kind for entity in step if entity.kind in LAYERS)
         reached |= step
         frontier = step
     return reached

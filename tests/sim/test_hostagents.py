@@ -124,7 +124,8 @@ def test_the_operator_part_keeps_what_the_layout_gains() -> None:
     layout = json.loads(topology.inventory())
     layout["nodes"]["vela-001"]["rack"] = "rack-09"  # a key inventory() might write some day
     kept = json.loads(operator_inventory(json.dumps(layout)))
-    assert kept["nodes"]["vela-001"] == {"rails": ["rail-0", "rail-1"], "rack": "rack-09"}
+    nics = {"mlx5_0": {"rail": "rail-0"}, "mlx5_1": {"rail": "rail-1"}}
+    assert kept["nodes"]["vela-001"] == {"nics": nics, "rack": "rack-09"}
     assert kept["hosts"]["host-000"] == {"rack": "rack-00"}
 
 
