@@ -190,7 +190,9 @@ class DetectionRunner:
         rewritten: dict[str, Anomaly] = {}
         for track in tracks:
             assert track.anomaly is not None
-            explained_by = step.explained_by.get(track.anomaly.id, "")
+            # kept once set: a symptom that outlasts its parent's fault (a leaf's last flaps as it
+            # recovers) is still that fault's, not a node fault to drain on
+            explained_by = step.explained_by.get(track.anomaly.id, track.anomaly.explained_by)
             if track.anomaly.explained_by != explained_by:
                 track.anomaly = replace(track.anomaly, explained_by=explained_by)
                 rewritten[track.anomaly.id] = track.anomaly

@@ -11,7 +11,9 @@ counts in no parent's n nor the fleet's N), advances its per-node anomalies, the
   `persistence` windows in a row), changed (what it explains, or its score up by SCORE_STEP) or closed
   (the parent no longer qualifies; it ends with the last window that reported it);
 - per explained per-node anomaly id, the id of the shared fault explaining it: the runner writes it into
-  the anomaly's `explained_by` (an update row), and clears it ("") once no open fault explains it.
+  the anomaly's `explained_by` (an update row), and keeps it until the anomaly closes, though the
+  shared fault closed first: a symptom outlasting its parent's fault (a leaf's last flaps as it
+  recovers) is still that fault's, not a node's own fault to drain on.
 
 A shared_fault anomaly is about a parent, never a node a drain could act on: `node` holds the parent's
 name ("leaf-07") and `component` its layer ("leaf"), so the anomaly list and pages show where it is, and

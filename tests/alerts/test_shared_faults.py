@@ -169,3 +169,20 @@ def test_when_the_hold_ends_and_the_shared_fault_lasts_one_node_of_the_leaf_drai
     assert all(
         hub.refusals(n)[-1].startswith("limit: at most 1 drains per hour under one parent") for n in others
     )
+
+
+def test_the_last_flaps_of_a_recovering_leaf_stay_its_own_and_drain_nothing(store, fleet):
+    hub = Hub(store, fleet)
+    hub.tick(2)
+    hub.flap(LEAF_00)
+    hub.flap(LEAF_00)
+    for _ in range(10):  # the leaf recovers but for two ports: 2 of 8 is no shared fault any more
+        hub.flap(LEAF_00[:2])
+
+    [(fault_id, end)] = store.query("SELECT id, end FROM anomalies FINAL WHERE kind = 'shared_fault'").rows
+    assert end is not None
+    still = store.query(
+        "SELECT node, explained_by FROM anomalies FINAL WHERE kind = 'link_flap' AND end IS NULL ORDER BY node"
+    ).rows
+    assert still == [(node, fault_id) for node in LEAF_00[:2]]
+    assert hub.drained() == []
