@@ -29,7 +29,7 @@ from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, passing_findings
 from analytics.detectors.counters import LOOKBACK_S, evidence_number
 from analytics.detectors.groups import columns_frame, group_sum, groups
-from analytics.detectors.tape import label, tape_view
+from analytics.detectors.tape import port_identity, tape_view
 from analytics.evidence import PortErrorsEvidence
 from analytics.store.protocols import Reader
 
@@ -84,13 +84,8 @@ def ports(source: Reader, window: Window) -> pd.DataFrame:
 def _port_identity(catalog: pd.DataFrame) -> pd.DataFrame:
     """Per series, its port's node and `component` ("mlx5_2:1"), `port` (a code ordering ports by node
     and component), which counter of RATES it is (a column each) and whether it is an `error_counter`."""
-    device, port = label(catalog, "device"), label(catalog, "port")
-    metric = catalog["metric"]
-    identity = pd.DataFrame({"node": catalog["node"], "component": device + ":" + port})
-    for name, of in RATES.items():
-        identity[name] = (metric == of).to_numpy(bool)
-    identity["error_counter"] = metric.isin(list(ERROR_RATES.values())).to_numpy(bool)
-    identity["port"] = identity.groupby(["node", "component"], sort=True).ngroup()
+    identity = port_identity(catalog, RATES)
+    identity["error_counter"] = catalog["metric"].isin(list(ERROR_RATES.values())).to_numpy(bool)
     return identity
 
 
