@@ -178,6 +178,10 @@ class DrainLimits:
             raise AlertConfigError(f"drain.limits.breaker_window_s: must be > 0, got {self.breaker_window_s}")
 
 
+# No default rule drains on port_errors (nor congestion): a port's errors are its link's, and the bad end
+# is as often the leaf's optic or port as the VM's NIC, so draining the VM mends nothing and empties the
+# leaf one VM at a time; FleetlensPortErrors sends them to whoever mends the fabric. An operator who knows
+# a NIC at fault may still add a rule.
 DEFAULT_DRAIN_RULES = (
     DrainRule(("gpu_fault",), min_severity="critical", actions=DRAINING_ACTIONS),
     DrainRule(("link_down",), second_signal=True, after_s=300),

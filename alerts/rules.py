@@ -220,6 +220,7 @@ DEFAULT_RULES = (
     AlertRule("FleetlensDmaDegraded", ("dma_degraded",), min_severity="warning", for_s=60),
     AlertRule("FleetlensGpuThrottle", ("gpu_throttle",), min_severity="warning", for_s=120),
     AlertRule("FleetlensCongestion", ("congestion",), min_severity="warning", for_s=300),
+    AlertRule("FleetlensPortErrors", ("port_errors",), min_severity="warning", for_s=60),
     AlertRule("FleetlensSharedFault", (SHARED_FAULT,), min_severity="warning"),
 )
 

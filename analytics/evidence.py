@@ -162,6 +162,21 @@ class CongestionEvidence(Evidence):
     robust_z: float | None = None
 
 
+@_kind("port_errors")
+@dataclass(frozen=True, kw_only=True)
+class PortErrorsEvidence(Evidence):
+    """A port whose link corrupts what it carries (analytics.detectors.port_errors): the error counters
+    that rose (`counters`, their rate names), each one's rate, the packets received and their ratio."""
+
+    counters: tuple[str, ...]
+    symbol_errors_per_s: float | None = None
+    receive_errors_per_s: float | None = None
+    link_recoveries_per_s: float | None = None
+    received_packets_per_s: float | None = None
+    errors_per_s: float | None = None
+    errors_per_million: float | None = None  # errors per million packets received
+
+
 @_kind("dma_degraded")
 @dataclass(frozen=True, kw_only=True)
 class DmaDegradedEvidence(Evidence):

@@ -58,6 +58,7 @@ DETECTED_BY: Mapping[str, tuple[str, ...]] = MappingProxyType(  # the anomaly ki
         "xid_storm": ("gpu_app_error",),
         "dbe_remap": ("gpu_fault",),
         "congestion": ("congestion",),
+        "port_errors": ("port_errors",),
         **{kind: ("shared_fault",) for kind in LAYER_FAULT_KINDS},
     }
 )

@@ -311,7 +311,7 @@ def _fault_events(fault: Fault) -> list[Event]:
                 lambda n: n.sysfs.set_congestion(nic, level),
                 lambda n: n.sysfs.set_congestion(nic, 0.0),
             )
-        case "port_errors":  # played by a leaf_degraded fault in mode errors (sim.scenario)
+        case "port_errors":  # a bad optic or cable; a leaf_degraded fault in mode errors plays one per NIC
             level = params["level"]
             return _span(
                 fault, lambda n: n.sysfs.set_errors(nic, level), lambda n: n.sysfs.set_errors(nic, 0.0)

@@ -49,6 +49,7 @@ FAULT_KINDS = (
     "xid_storm",
     "dbe_remap",
     "congestion",
+    "port_errors",
 )
 # faults of a shared layer: the layer their target names, and the keys each takes besides kind, the
 # target, start_s and end_s (defaults as _FAULT_KEYS's)
@@ -82,6 +83,7 @@ _FAULT_KEYS: dict[str, dict[str, Any]] = {
     "xid_storm": {"events": 200},  # application Xids of a crashing job, spread over the node's GPUs
     "dbe_remap": {"gpu": None, "contained": 9},  # Xid 48, 63, then `contained` Xid 94s, as a real GPU did
     "congestion": {"nic": None, "level": 1.0},
+    "port_errors": {"nic": None, "level": 1.0},  # bit errors on the port's link: a bad optic or cable
 }
 XID_STORM_S = 90.0  # how long an xid_storm lasts when its end is not given
 _CONFOUNDER_KEYS: dict[str, dict[str, Any]] = {
@@ -178,7 +180,7 @@ class LayerFault:
     end_s: float | None
     params: Mapping[str, Any]
     nodes: tuple[str, ...]
-    effects: tuple[Fault, ...]  # besides FAULT_KINDS, "port_errors": a port's bit errors (leaf mode errors)
+    effects: tuple[Fault, ...]  # per-node faults (FAULT_KINDS)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from analytics.detectors import register
 from analytics.detectors.base import Detector, Finding, Window, passing_findings
 from analytics.detectors.counters import LOOKBACK_S, evidence_number
 from analytics.detectors.groups import columns_frame, group_sum, groups, median_exact
-from analytics.detectors.tape import label, tape_view
+from analytics.detectors.tape import port_identity, tape_view
 from analytics.evidence import CongestionEvidence
 from analytics.store.protocols import Reader
 
@@ -81,13 +81,8 @@ def ports(source: Reader, window: Window) -> pd.DataFrame:
 def _port_identity(catalog: pd.DataFrame) -> pd.DataFrame:
     """Per series, its port's node and `component` ("mlx5_2:1"), `port` (a code ordering ports by node
     and component), which rate of RATES it is (a column each) and whether it is a `notifying` one."""
-    device, port = label(catalog, "device"), label(catalog, "port")
-    metric = catalog["metric"]
-    identity = pd.DataFrame({"node": catalog["node"], "component": device + ":" + port})
-    for name, of in RATES.items():
-        identity[name] = (metric == of).to_numpy(bool)
-    identity["notifying"] = metric.isin([ECN_MARKED, CNP_HANDLED]).to_numpy(bool)
-    identity["port"] = identity.groupby(["node", "component"], sort=True).ngroup()
+    identity = port_identity(catalog, RATES)
+    identity["notifying"] = catalog["metric"].isin([ECN_MARKED, CNP_HANDLED]).to_numpy(bool)
     return identity
 
 

@@ -547,6 +547,19 @@ def label(catalog: pd.DataFrame, name: str) -> pd.Series:
     return catalog["labels"].map(lambda labels: labels.get(name, ""))
 
 
+def port_identity(catalog: pd.DataFrame, metrics: Mapping[str, str]) -> pd.DataFrame:
+    """Per series of an InfiniBand/RoCE port's metric: the port's node and `component` ("mlx5_2:1", from
+    node_exporter's device and port labels), `port` (a code ordering ports by node and component), and
+    for each name of `metrics` whether the series is that metric (a boolean column each)."""
+    device, port = label(catalog, "device"), label(catalog, "port")
+    metric = catalog["metric"]
+    identity = pd.DataFrame({"node": catalog["node"], "component": device + ":" + port})
+    for name, of in metrics.items():
+        identity[name] = (metric == of).to_numpy(bool)
+    identity["port"] = identity.groupby(["node", "component"], sort=True).ngroup()
+    return identity
+
+
 @runtime_checkable
 class TapeReader(Reader, Protocol):
     """A Reader with a tape behind it (the runner's source for its detectors)."""

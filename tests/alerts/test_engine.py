@@ -7,6 +7,7 @@ import pytest
 
 from alerts.engine import AlertEngine, change_rows
 from alerts.errors import AlertConfigError
+from alerts.policy import DrainPolicy
 from alerts.rules import AlertRule, fingerprint, parse_rules
 from alerts.silences import new_silence
 from analytics.evidence import Evidence, stored, to_json
@@ -155,6 +156,16 @@ def test_application_xids_make_no_alert_under_the_default_rules():
         restart = example("gpu_app_error", action=Action.RESTART_JOB)
         app_error = anomaly("gpu_app_error", severity=severity, evidence=restart)
         assert AlertEngine().evaluate([app_error], now=1010).changes == []
+
+
+def test_port_errors_alert_after_a_minute_and_drain_nothing_under_the_defaults():
+    engine = AlertEngine()
+    errors = anomaly("port_errors", severity="warning", component="mlx5_1:1")
+    assert states(engine.evaluate([errors], now=1010).changes) == [("FleetlensPortErrors", "pending")]
+    [alert] = engine.evaluate([errors], now=1060).to_send
+    assert (alert.alertname, alert.labels["component"]) == ("FleetlensPortErrors", "mlx5_1:1")
+    assert DrainPolicy().rule_for("port_errors", "warning") is None
+    assert DrainPolicy().rule_for("port_errors", "critical") is None
 
 
 def test_the_fingerprint_is_alertmanagers():

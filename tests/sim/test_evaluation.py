@@ -90,6 +90,7 @@ EVERY_FAULT = [
     {"kind": "xid_storm", "node": "vela-001", "start_s": 700, "events": 300},
     {"kind": "dbe_remap", "node": "vela-004", "gpu": 1, "start_s": 700, "end_s": 1000},
     {"kind": "congestion", "node": "vela-008", "nic": 3, "start_s": 300, "end_s": 600},
+    {"kind": "port_errors", "node": "vela-002", "nic": 1, "start_s": 700, "end_s": 900, "level": 0.5},
 ]
 # what a perfect gpu_fault detector says of a GPU that must leave service, and of an application's Xids
 GPU_REPORTS = {

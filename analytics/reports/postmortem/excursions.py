@@ -75,6 +75,10 @@ KIND_SERIES: Mapping[str, tuple[SeriesSpec, ...]] = {
         SeriesSpec("node_infiniband_port_data_transmitted_bytes_total", "B/s", "port", 1e6, rate=True),
     ),
     "congestion": (SeriesSpec("node_infiniband_np_cnp_packets_sent_total", "CNP/s", "port", 10, rate=True),),
+    "port_errors": (
+        SeriesSpec("node_infiniband_symbol_error_total", "symbol errors/s", "port", 0.1, rate=True),
+        SeriesSpec("node_infiniband_port_errors_received_total", "receive errors/s", "port", 0.1, rate=True),
+    ),
     "slow_node": tuple(SeriesSpec(f"steps.{column}", "s", "job", 0.01) for column in STEP_COLUMNS),
 }
 COMPONENTS = {  # the anomaly components each part applies to, and their labels in the store

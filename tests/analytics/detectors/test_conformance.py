@@ -48,6 +48,7 @@ def inject_faults(fleet: SimulatedFleet, tick: int) -> None:
         fleet["vela-001"].sysfs.set_link(0, up=False)
         for gpu in range(2):
             fleet["vela-003"].gpus.set_fault(gpu, "slow", clock_factor=0.8)
+        fleet["vela-004"].sysfs.set_errors(1, 1.0)
         fleet["vela-005"].gpus.set_fault(0, "thermal_throttle")
         fleet["vela-006"].sysfs.set_link(1, up=False)
         fleet["vela-007"].sysfs.set_congestion(0, 1.0)
@@ -60,6 +61,7 @@ def inject_faults(fleet: SimulatedFleet, tick: int) -> None:
     if tick == 9:
         fleet["vela-005"].gpus.clear_fault(0, "thermal_throttle")
         fleet["vela-007"].sysfs.set_congestion(0, 0.0)
+        fleet["vela-004"].sysfs.set_errors(1, 0.0)
 
 
 @pytest.fixture(scope="module")

@@ -71,6 +71,10 @@ METRICS = (
     "node_infiniband_np_ecn_marked_roce_packets_received_total",
     "node_infiniband_rp_cnp_packets_handled_total",
     "node_infiniband_port_transmit_wait_total",
+    "node_infiniband_symbol_error_total",
+    "node_infiniband_port_errors_received_total",
+    "node_infiniband_link_error_recovery_total",
+    "node_infiniband_port_packets_received_total",
     "node_network_carrier",
     "node_network_carrier_down_changes_total",
 )
