@@ -32,6 +32,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from collectors.errors import SysfsError
 from collectors.logtext import printable
 
 REPORT_VERSION = 1
@@ -50,28 +51,24 @@ PCI_CLASS = re.compile(r"0x[0-9a-f]{6}")
 UUID = re.compile(r"[0-9A-Fa-f]{8}(?:-[0-9A-Fa-f]{4}){3}-[0-9A-Fa-f]{12}")
 
 
-class _Refused(Exception):
-    """A value read from the tree is not what the kernel writes there; the message says why."""
-
-
 def _value(path: Path, pattern: re.Pattern[str]) -> str:
-    """The one-line value of sysfs file `path` if it matches `pattern` whole, else _Refused saying why."""
+    """The one-line value of sysfs file `path` if it matches `pattern` whole, else SysfsError saying why."""
     try:
         with path.open("rb") as file:
             raw = file.read(MAX_VALUE_BYTES + 1)
     except OSError as exc:
-        raise _Refused(f"not readable: {exc.strerror}") from None
+        raise SysfsError(f"not readable: {exc.strerror}") from None
     if len(raw) > MAX_VALUE_BYTES:
-        raise _Refused(f"more than {MAX_VALUE_BYTES} bytes")
+        raise SysfsError(f"more than {MAX_VALUE_BYTES} bytes")
     text = raw.decode("ascii", "backslashreplace").removesuffix("\n")
     if not pattern.fullmatch(text):
-        raise _Refused(f"{printable(text)[:64]!r} is not what the kernel writes there")
+        raise SysfsError(f"{printable(text)[:64]!r} is not what the kernel writes there")
     return text
 
 
 def _name(name: str, pattern: re.Pattern[str], what: str) -> str:
     if not pattern.fullmatch(name):
-        raise _Refused(f"{printable(name)[:64]!r} is not {what}")
+        raise SysfsError(f"{printable(name)[:64]!r} is not {what}")
     return name
 
 
@@ -80,7 +77,7 @@ def _link_name(link: Path, pattern: re.Pattern[str], what: str) -> str:
     try:
         target = os.readlink(link)
     except OSError as exc:
-        raise _Refused(f"not a readable link: {exc.strerror}") from None
+        raise SysfsError(f"not a readable link: {exc.strerror}") from None
     return _name(Path(target).name, pattern, what)
 
 
@@ -116,7 +113,7 @@ class GuestReader:
             report["errors"] = self.errors
         return report
 
-    def _refused(self, path: Path, exc: _Refused) -> None:
+    def _refused(self, path: Path, exc: SysfsError) -> None:
         where = printable(str(path.relative_to(self.sys)))
         self.errors[where] = str(exc)[:MAX_REASON_CHARS]
 
@@ -126,7 +123,7 @@ class GuestReader:
             return None  # no DMI tables (a microVM) or no such field: nothing to join by
         try:
             return str(uuid.UUID(_value(path, UUID)))  # lowercase, as the host's libvirt importer writes it
-        except _Refused as exc:
+        except SysfsError as exc:
             self._refused(path, exc)
         return None
 
@@ -137,19 +134,19 @@ class GuestReader:
                 "rdma": _name(entry.name, RDMA_NAME, "an RDMA device name"),
                 "pci": _link_name(entry / "device", PCI_ADDRESS, "a PCI address"),
             }
-        except _Refused as exc:
+        except SysfsError as exc:
             self._refused(entry, exc)
             return None
         for netdev in _entries(entry / "device" / "net")[:1]:
             try:
                 nic["netdev"] = _name(netdev.name, INTERFACE_NAME, "a network interface name")
-            except _Refused as exc:
+            except SysfsError as exc:
                 self._refused(netdev, exc)
                 break
             address = self.sys / "class" / "net" / netdev.name / "address"
             try:
                 nic["mac"] = _value(address, MAC_ADDRESS)
-            except _Refused as exc:
+            except SysfsError as exc:
                 self._refused(address, exc)
         return nic
 
@@ -164,7 +161,7 @@ class GuestReader:
                 "pci": _name(entry.name, PCI_ADDRESS, "a PCI address"),
                 "device": _value(entry / "device", PCI_ID),
             }
-        except _Refused as exc:
+        except SysfsError as exc:
             self._refused(entry, exc)
             return None
 

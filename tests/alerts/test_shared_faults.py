@@ -181,8 +181,7 @@ def test_the_last_flaps_of_a_recovering_leaf_stay_its_own_and_drain_nothing(stor
 
     [(fault_id, end)] = store.query("SELECT id, end FROM anomalies FINAL WHERE kind = 'shared_fault'").rows
     assert end is not None
-    still = store.query(
-        "SELECT node, explained_by FROM anomalies FINAL WHERE kind = 'link_flap' AND end IS NULL ORDER BY node"
-    ).rows
+    open_flaps = "SELECT node, explained_by FROM anomalies FINAL WHERE kind = 'link_flap' AND end IS NULL"
+    still = store.query(f"{open_flaps} ORDER BY node").rows
     assert still == [(node, fault_id) for node in LEAF_00[:2]]
     assert hub.drained() == []
