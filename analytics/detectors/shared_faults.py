@@ -40,9 +40,11 @@ VERSION = "1"
 SEVERITY = "warning"
 NAMESPACE = uuid.UUID("a3e1c0d2-7b5f-4e38-9c61-2f8d4b7a9e15")
 IN_WINDOW = "ts >= {start:DateTime64(3)} AND ts < {end:DateTime64(3)}"
-# the nodes that reported in the window: a sample from their exporters or a step from their ranks
+# the nodes that reported in the window: a scrape of one of their exporters that succeeded, or a step
+# from their ranks (the targets table, not samples: one row per scrape instead of one per series, in
+# rows ordered by target and time, so a window's are found without reading the day's)
 ACTIVE_SQL = (
-    f"SELECT DISTINCT node FROM samples WHERE {IN_WINDOW} "
+    f"SELECT DISTINCT node FROM targets WHERE {IN_WINDOW} AND up = 1 "
     f"UNION DISTINCT SELECT DISTINCT node FROM steps WHERE {IN_WINDOW}"
 )
 MAX_ACTIVE_NODES = 1_000_000

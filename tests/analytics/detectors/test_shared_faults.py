@@ -5,19 +5,20 @@ from __future__ import annotations
 
 from analytics.detectors.shared_faults import SharedFaults
 from analytics.store import Store
-from analytics.store.records import ScrapeBatch
+from analytics.store.records import TargetStatus
 from analytics.topology.model import Entity, Kind, Link, Source
 from tests.analytics.detectors import T0, records, window
 
 LEAF = [f"vela-{at:03d}" for at in range(1, 9)]
 
 
-def scrape(node: str, ts: float) -> ScrapeBatch:
-    return ScrapeBatch(f"{node}:9100", node, ts, ["node_load1"], [{}], [0.5])
+def scrape(node: str, ts: float, up: bool = True) -> TargetStatus:
+    return TargetStatus(ts, f"{node}:9100", node, up, 0.05, 0 if not up else 900)
 
 
 def test_a_leaf_of_8_with_4_dead_vms_has_its_4_active_ones_and_each_nic_its_rail(store: Store) -> None:
-    """vela-001..003 scrape in window 3, vela-004 only reports a step there, vela-005..008 send nothing."""
+    """vela-001..003 scrape in window 3, vela-004 only reports a step there, vela-005's scrape fails and
+    vela-006..008 send nothing."""
     links = [Link(Entity(Kind.NODE, node), Entity(Kind.LEAF, "leaf-00")) for node in LEAF]
     for node in LEAF:
         nic = Entity(Kind.VF, f"{node}/mlx5_0")
@@ -27,7 +28,8 @@ def test_a_leaf_of_8_with_4_dead_vms_has_its_4_active_ones_and_each_nic_its_rail
     quiet = shared.topology(store, window(3))  # nothing stored for the window: every node counts
     assert quiet.children[("leaf", "leaf-00")] == frozenset(LEAF)
 
-    store.insert_samples([scrape(node, window(3).start + 1) for node in LEAF[:3]], token="scrapes")
+    scrapes = [scrape(node, window(3).start + 1) for node in LEAF[:3]]
+    store.insert_targets([*scrapes, scrape(LEAF[4], window(3).start + 1, up=False)], token="scrapes")
     store.insert_steps(
         records(window(3).start, [(500, (LEAF[3], "llm", 0, 0, 1, 1, 0.9, 1.0))]), token="steps"
     )
