@@ -121,8 +121,9 @@ def node_views(edges: Iterable[Edge]) -> list[NodeView]:
 
 def members(edges: Iterable[Edge]) -> dict[Kind, dict[str, set[str]]]:
     """Per layer (LAYERS), each parent's name -> the units below it (`edges` in force): node names, and
-    in NIC_LAYERS the node's NICs "<node>/<device>" below it, or "<node>/" for a node below it with no
-    NIC named (module docstring)."""
+    in NIC_LAYERS the node's NICs "<node>/<device>" below it, or "<node>/" for a node on a rail with no
+    NIC named (module docstring). A PF has only the NICs known to be its: one above a node reached whole
+    (through VFs no guest NIC is joined to) would say no more than the node's host, and be named first."""
     groups: dict[Kind, dict[str, set[str]]] = {kind: defaultdict(set) for kind in LAYERS}
     for node, (above, nics) in _walked(edges).items():
         for entity in above:
@@ -130,7 +131,8 @@ def members(edges: Iterable[Edge]) -> dict[Kind, dict[str, set[str]]]:
                 groups[entity.kind][entity.name].add(node.name)
                 continue
             units = {unit(node.name, vf.name) for vf, reached in nics.items() if entity in reached}
-            groups[entity.kind][entity.name].update(units or {unit(node.name, "")})
+            if units or entity.kind is not Kind.PF:  # a PF above the whole node is no more than its host
+                groups[entity.kind][entity.name].update(units or {unit(node.name, "")})
     return {kind: dict(parents) for kind, parents in groups.items()}
 
 

@@ -77,6 +77,22 @@ def test_a_node_on_a_rail_with_no_nic_named_is_the_whole_node_there() -> None:
     }
 
 
+def test_a_pf_above_the_whole_node_counts_nothing_and_leaves_the_fault_to_the_host() -> None:
+    """As libvirt reports it, the VM sits under the host's VF (its fault reaches the VM), and no guest NIC
+    is joined to that VF: the PF is above the node whole, so it would hold what its host holds."""
+    said = edges(
+        Source.HOST_AGENT,
+        *[(f"node:vela-00{i}", "host:host-000") for i in (1, 2)],
+        *[(f"node:vela-00{i}", f"vf:host-000/0000:10:00.{i}") for i in (1, 2)],
+        *[(f"vf:host-000/0000:10:00.{i}", "pf:host-000/enp16s0np0") for i in (1, 2)],
+        ("pf:host-000/enp16s0np0", "leaf:leaf-00"),
+    )
+    assert [view["leaf"] for view in node_views(said)] == ["leaf-00", "leaf-00"]
+    groups = members(said)
+    assert groups[Kind.PF] == {}
+    assert groups[Kind.HOST] == {"host-000": {"vela-001", "vela-002"}}
+
+
 def test_the_higher_source_wins_for_a_child_and_layer_and_only_while_its_edge_holds() -> None:
     said = [
         *edges(Source.GUEST, ("node:vela-001", "host:host-009")),
