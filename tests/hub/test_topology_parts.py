@@ -81,7 +81,7 @@ def test_the_guest_report_command_posts_what_the_guest_sees(
     post_report(hub_url, GOOD, WRITER)
     monkeypatch.setenv("FLEETLENS_API_TOKEN", WRITER)
     assert main(["guest-report", "--root", str(root), "--node", "vela-002", "--hub", hub_url]) == 0
-    assert json.loads(capsys.readouterr().out)["opened"] == 3  # its VF, its GPU, its domain
+    assert json.loads(capsys.readouterr().out)["opened"] == 4  # its VF, the VF's MAC, its GPU, its domain
     assert views(store)["vela-002"] == {"node": "vela-002", "host": "hv-01", "leaf": LEAF}
     monkeypatch.setenv("FLEETLENS_API_TOKEN", "not-a-token")
     assert main(["guest-report", "--root", str(root), "--node", "vela-002", "--hub", hub_url]) == 1

@@ -7,27 +7,35 @@ The report is one JSON object (docs/topology.md, "The guest report"):
 "device": "0x2335"}], "errors": {"<sysfs path>": "<reason>"}}`; product_uuid, nics, gpus, errors and a
 NIC's netdev and mac may be absent.
 
-Links: node -> VF "<node>/<rdma device>" for each NIC (the name per-node anomalies' component carries,
-"mlx5_0:1"), node -> GPU "<node>/<pci address>", and, given a product_uuid, domain (Kind.DOMAIN, the
-UUID) -> node. A libvirt guest's DMI product_uuid is its domain's UUID, and the libvirt importer puts
-the same domain entity under the host and the devices the domain holds, so the node reaches its host,
-its host-side VFs, their PFs and leaf (view.layers_above) even where the domain is named otherwise.
+Links: VF "<node>/<rdma device>" -> node for each NIC (the name per-node anomalies' component carries,
+"mlx5_0:1"; a device of the node, as the inventory's `nics` are), node -> GPU "<node>/<pci address>",
+and, given a product_uuid, domain (Kind.DOMAIN, the UUID) -> node. A libvirt guest's DMI product_uuid
+is its domain's UUID, and the libvirt importer puts the same domain entity under the host and the
+devices the domain holds, so the node reaches its host, its host-side VFs, their PFs and leaf
+(view.layers_above) even where the domain is named otherwise. A NIC with an Ethernet MAC also gets
+VF "<node>/<rdma>" -> VF "mac:<mac>" (libvirt.mac_vf, lowercased): the libvirt importer puts that
+entity under the host VF the domain's <interface type='hostdev'> holds with that MAC, so each NIC, not
+only its node, reaches its own PF and that PF's leaf (view.members: unit "<node>/mlx5_0"). An IPoIB
+NIC's 20-octet address names no host VF and joins nothing.
 
 A device or UUID the guest refused this time (`errors` under the sysfs path it read it from) keeps the
-links it gave before in force (read), as a host agent's failed part does.
+links it gave before in force (read), as a host agent's failed part does; a NIC whose netdev or MAC
+was refused keeps its MAC's link.
 
 Hostile input, refused whole with a TopologyError naming the JSON path: unknown keys, wrong types, a
 version other than 1, names the allowlist refuses, an RDMA device name the kernel would not give, a
-PCI address, MAC, device ID or UUID not written as the kernel writes one, a NIC or GPU given twice.
+PCI address, device ID or UUID not written as the kernel writes one, a MAC that is neither a unicast
+Ethernet MAC nor an IPoIB address (either case), a NIC or GPU given twice.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from analytics.errors import TopologyError
+from analytics.topology.importers import libvirt
 from analytics.topology.importers._input import (
     agent_report,
     expect,
@@ -45,7 +53,7 @@ _NIC_KEYS = frozenset({"rdma", "pci", "netdev", "mac"})
 _GPU_KEYS = frozenset({"pci", "device"})
 _PCI_ONLY = frozenset({"pci"})
 _RDMA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # IB_DEVICE_NAME_MAX is 64
-_MAC = re.compile(r"[0-9a-f]{2}(?::[0-9a-f]{2}){5}|[0-9a-f]{2}(?::[0-9a-f]{2}){19}")
+_IPOIB_ADDRESS = re.compile(r"[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}){19}")  # 20 octets: QPN and port GID
 _DEVICE_ID = re.compile(r"0x[0-9a-f]{4}")
 _UUID = re.compile(r"[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}")  # lowercase, as read_domain writes it
 
@@ -56,25 +64,27 @@ def _matching(value: Any, pattern: re.Pattern[str], what: str, source: str, path
     return value
 
 
-def _nic_links(nics: Any, node: str, source: str) -> list[Link]:
-    """node -> VF "<node>/<rdma>" of each NIC, its other fields checked."""
-    links, seen = [], set()
+def _nic_links(nics: Any, node: str, source: str) -> tuple[list[Link], dict[str, str]]:
+    """VF "<node>/<rdma>" -> node and -> VF "mac:<mac>" of each NIC, its other fields checked; and each
+    NIC's netdev by its RDMA device."""
+    links, seen, netdevs = [], set(), {}
     for i, item in enumerate(expect(nics, list, source, "$.nics")):
         path = f"$.nics[{i}]"
         nic = object_keys(item, _NIC_KEYS, frozenset({"rdma", "pci"}), source, path)
         rdma = _matching(nic["rdma"], _RDMA_NAME, "an RDMA device name", source, f"{path}.rdma")
         pci = pci_address(nic["pci"], source, f"{path}.pci")
         if "netdev" in nic:
-            interface_name(nic["netdev"], source, f"{path}.netdev")
-        if "mac" in nic:
-            _matching(nic["mac"], _MAC, "a MAC address like '02:fc:00:00:00:02'", source, f"{path}.mac")
+            netdevs[rdma] = interface_name(nic["netdev"], source, f"{path}.netdev")
         if rdma in seen or pci in seen:
             raise TopologyError(source, path, f"NIC {shown(rdma)} at {pci} is given twice")
         seen.update((rdma, pci))
-        links.append(
-            checked_link((Kind.NODE, node), (Kind.VF, host_scoped(node, rdma)), source=source, where=path)
-        )
-    return links
+        vf = (Kind.VF, host_scoped(node, rdma))
+        links.append(checked_link(vf, (Kind.NODE, node), source=source, where=path))
+        ipoib = isinstance(nic.get("mac"), str) and _IPOIB_ADDRESS.fullmatch(nic["mac"])
+        if "mac" in nic and not ipoib:  # an IPoIB address names no host VF
+            mac_vf = libvirt.mac_vf(nic["mac"], source, f"{path}.mac")
+            links.append(checked_link(vf, (Kind.VF, mac_vf), source=source, where=f"{path}.mac"))
+    return links, netdevs
 
 
 def _gpu_links(gpus: Any, node: str, source: str) -> list[Link]:
@@ -112,17 +122,28 @@ def read(text: str, source_name: str) -> tuple[list[Link], Callable[[Link], bool
     report = agent_report(text, source_name, _REPORT_KEYS, "node", REPORT_VERSION)
     node = checked_name(report["node"], source=source_name, where="$.node")
     refused = frozenset(reasons(report.get("errors", {}), source_name, _a_sysfs_path))
-    links = _nic_links(report.get("nics", []), node, source_name)
+    links, netdevs = _nic_links(report.get("nics", []), node, source_name)
     links += _gpu_links(report.get("gpus", []), node, source_name)
     if "product_uuid" in report:
         domain = _matching(report["product_uuid"], _UUID, "a lowercase UUID", source_name, "$.product_uuid")
         links.append(checked_link((Kind.DOMAIN, domain), (Kind.NODE, node), source=source_name, where="$"))
-    return list(dict.fromkeys(links)), lambda link: _sysfs_path(link, node) in refused
+    return list(dict.fromkeys(links)), lambda link: _unread(link, node, netdevs, refused)
 
 
-def _sysfs_path(link: Link, node: str) -> str | None:
-    """Where in sysfs the guest read what `link` says (the key its `errors` would name it by)."""
+def _unread(link: Link, node: str, netdevs: Mapping[str, str], refused: frozenset[str]) -> bool:
+    """Whether the guest could not read what `link` says this time: `errors` names the sysfs path it
+    reads it from (a NIC's MAC: its RDMA device, that device's netdev, or the netdev's address)."""
     if link.child.kind is Kind.DOMAIN:
-        return "class/dmi/id/product_uuid"
-    local = link.parent.name.removeprefix(f"{node}/")
-    return {Kind.VF: f"class/infiniband/{local}", Kind.GPU: f"bus/pci/devices/{local}"}.get(link.parent.kind)
+        return "class/dmi/id/product_uuid" in refused
+    if link.parent.kind is Kind.GPU:
+        return f"bus/pci/devices/{link.parent.name.removeprefix(f'{node}/')}" in refused
+    if link.child.kind is not Kind.VF:
+        return False
+    rdma = link.child.name.removeprefix(f"{node}/")
+    entry = f"class/infiniband/{rdma}"
+    if entry in refused:
+        return True
+    if link.parent.kind is not Kind.VF:
+        return False
+    netdev_refused = any(path.startswith(f"{entry}/device/net/") for path in refused)
+    return netdev_refused or (rdma in netdevs and f"class/net/{netdevs[rdma]}/address" in refused)

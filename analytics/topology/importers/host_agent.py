@@ -8,7 +8,8 @@ The report is one JSON object (docs/topology.md, "The host agent"):
 
 Links: VF -> PF and PF -> host from `pfs` (a PF named "<host>/<interface>" as the lldp importer names it,
 a VF "<host>/<pci address>" as the libvirt importer does); from each domain's XML, by the libvirt
-importer with `host=` and `vfs=` every VF of `pfs`, node -> host and node -> each VF and GPU it holds;
+importer with `host=` and `vfs=` every VF of `pfs`, node -> host, node -> each VF and GPU it holds and
+VF "mac:<mac>" -> the VF a hostdev interface sets that MAC on;
 from `lldp`, by the lldp importer with `host=`, PF -> leaf and PF -> host.
 
 A part the agent reports as failed (a key of `errors`) leaves that part's links as the store held them
@@ -120,8 +121,9 @@ def read(text: str, source_name: str) -> tuple[list[Link], Callable[[Link], bool
 
 def _parts_saying(link: Link) -> frozenset[str]:
     """The parts of a report that give a link of `link`'s shape: a VM's (or its domain UUID's) links
-    come from `domains`, a PF's leaf from `lldp`, a VF's PF from `pfs`, a PF's host from both."""
-    if link.child.kind in (Kind.NODE, Kind.DOMAIN):
+    and a MAC's VF come from `domains`, a PF's leaf from `lldp`, a VF's PF from `pfs`, a PF's host from
+    both."""
+    if link.child.kind in (Kind.NODE, Kind.DOMAIN) or link.parent.kind is Kind.VF:
         return frozenset({"domains"})
     if link.parent.kind is Kind.LEAF:
         return frozenset({"lldp"})

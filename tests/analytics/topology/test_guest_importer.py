@@ -41,8 +41,10 @@ def _parse(report: dict[str, Any]) -> list[Link]:
 def test_the_collectors_report_gives_the_node_its_vf_gpu_and_domain(tmp_path: Path) -> None:
     root = with_vf(captured_guest(tmp_path))
     write(root / "sys" / "class" / "dmi" / "id" / "product_uuid", DOMAIN_UUID + "\n")
+    nic = Entity(Kind.VF, "vela-001/mlx5_0")  # the name a per-node anomaly's "mlx5_0:1" points at
     assert _parse(guest_report(root, "vela-001")) == [
-        Link(NODE, Entity(Kind.VF, "vela-001/mlx5_0")),  # the name a per-node anomaly's "mlx5_0:1" points at
+        Link(nic, NODE),  # a device of the node, as the inventory's NICs are
+        Link(nic, Entity(Kind.VF, "mac:02:fc:00:00:00:02")),  # what the host's libvirt names it by
         Link(NODE, Entity(Kind.GPU, "vela-001/0000:00:06.0")),
         Link(Entity(Kind.DOMAIN, DOMAIN_UUID), NODE),
     ]
@@ -100,7 +102,7 @@ def _changed(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
         (("nics", 0, "rdma"), "../mlx5_0", "$.nics[0].rdma"),
         (("nics", 0, "pci"), "00:07.0", "$.nics[0].pci"),
         (("nics", 0, "netdev"), "eth0:1", "$.nics[0].netdev"),
-        (("nics", 0, "mac"), "02:FC:00:00:00:02", "$.nics[0].mac"),
+        (("nics", 0, "mac"), "03:fc:00:00:00:02", "$.nics[0].mac"),  # multicast: never a NIC's own
         (("nics", 0, "vlan"), 7, "$.nics[0]"),
         (("nics",), [REPORT["nics"][0], REPORT["nics"][0]], "$.nics[1]"),
         (("gpus", 0, "device"), "0x2335\x1b", "$.gpus[0].device"),

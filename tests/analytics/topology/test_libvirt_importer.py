@@ -46,6 +46,15 @@ def test_a_hostdev_the_host_knows_as_a_vf_and_a_hostdev_interface_are_vfs() -> N
     assert Link(VM, Entity(Kind.VF, "hv-01/0000:42:02.5")) in libvirt.parse(with_interface, "hv-01.xml")
 
 
+def test_a_hostdev_interface_names_its_vf_by_the_mac_libvirt_sets_on_it() -> None:
+    """libvirt's net-hostdev test domain: MAC 00:11:22:33:44:55 on VF 2424:21:1c.6 (a PCI domain above 0)."""
+    text = (FIXTURES / "libvirt-net-hostdev-multidomain.xml").read_text()
+    assert libvirt.read_domain(text, "x.xml").macs == (("mac:00:11:22:33:44:55", "2424:21:1c.6"),)
+    host_vf = Entity(Kind.VF, "hv-01/2424:21:1c.6")
+    assert Link(Entity(Kind.VF, "mac:00:11:22:33:44:55"), host_vf) in libvirt.parse(text, "hv-01.xml")
+    assert Link(Entity(Kind.NODE, "QEMUGuest1"), host_vf) in libvirt.parse(text, "hv-01.xml")
+
+
 BILLION_LAUGHS = """<?xml version="1.0"?>
 <!DOCTYPE domain [
   <!ENTITY lol "lol">
