@@ -77,6 +77,32 @@ def test_a_vf_and_a_dmi_uuid_are_reported_as_the_kernel_names_them(tmp_path: Pat
     assert "errors" not in report
 
 
+# lspci lines gpud tests its GPU detection on (leptonai/gpud pkg/nvidia-query/detect_lspci_test.go, commit
+# 40c0f93): Azure's Hyper-V guests give each passed-through device a PCI domain of its own, and an
+# NVSwitch is an NVIDIA bridge, no GPU. Device IDs are the PCI ID database's for the names lspci printed.
+AZURE_LSPCI = (
+    ("000b:00:00.0", "0x20b2", "0x030200"),  # 3D controller: NVIDIA Corporation GA100 [A100 SXM4 80GB]
+    ("0001:00:00.0", "0x2331", "0x030200"),  # 3D controller: NVIDIA Corporation GH100 [H100 PCIe]
+    ("0005:00:00.0", "0x1af1", "0x068000"),  # Bridge [0680]: NVIDIA Corporation Device [10de:1af1]
+)
+
+
+def test_gpus_in_pci_domains_of_their_own_are_reported_and_an_nvswitch_is_not(tmp_path: Path) -> None:
+    for address, device_id, pci_class in AZURE_LSPCI:
+        device = tmp_path / "sys" / "devices" / f"pci{address[:4]}:00" / address
+        for name, value in (("vendor", "0x10de"), ("device", device_id), ("class", pci_class)):
+            write(device / name, value + "\n")
+        link = tmp_path / "sys" / "bus" / "pci" / "devices" / address
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(device)
+    report = guest_report(tmp_path, "azure-nd-001")
+    assert report["gpus"] == [
+        {"pci": "0001:00:00.0", "device": "0x2331"},
+        {"pci": "000b:00:00.0", "device": "0x20b2"},
+    ]
+    assert "errors" not in report
+
+
 @pytest.mark.parametrize(
     ("file", "content", "where"),
     [
