@@ -68,6 +68,7 @@ bench: install-test
 	$(PY) bench/rollup.py
 	$(PY) bench/detect.py --nodes 192 --minutes 3
 	$(PY) bench/localize.py
+	$(PY) bench/active_nodes.py --nodes 2000 --series 100
 	$(PY) bench/steptape.py
 	$(PY) bench/ui.py
 	$(PY) bench/query_vs_ingest.py
