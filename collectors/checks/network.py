@@ -95,7 +95,7 @@ _SUMMARY = re.compile(
 # kernel ("From 10.0.0.1 icmp_seq=3 Destination Host Unreachable"), the statistics banner and the RTT
 # summary (recomputed here from the replies).
 _OTHER_LINES = re.compile(
-    r"PING \S+ \(\S+\)( from \S+ \S+)?: \d+\(\d+\) bytes of data\."
+    r"PING \S+ \(\S+\)(?: from \S+ \S+:)? \d+\(\d+\) bytes of data\."
     r"|From \S+( \(\S+\))? icmp_seq=\d+ [A-Za-z ]+"
     r"|--- \S+ ping statistics ---"
     rf"|rtt min/avg/max/mdev = {_NUMBER}/{_NUMBER}/{_NUMBER}/{_NUMBER} ms(, .*)?"
@@ -113,8 +113,10 @@ def parse_ping(stdout: str, count: int) -> PingStats:
     for number, line in enumerate(stdout.splitlines(), start=1):
         if reply := _REPLY.fullmatch(line):
             seq, rtt = int(reply[1]), float(reply[2])
-            if reply[3] is None and seq in rtts:
-                raise _OutputError(f"line {number}: a second reply to icmp_seq={seq} not marked DUP")
+            if (reply[3] is None) == (seq in rtts):
+                raise _OutputError(
+                    f"line {number}: a DUP mark on a first reply, or a second reply without one"
+                )
             rtts.setdefault(seq, rtt)
         elif summary := _SUMMARY.fullmatch(line):
             summaries.append((int(summary[1]), int(summary[2]), float(summary[3])))
