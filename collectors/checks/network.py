@@ -25,6 +25,7 @@ tests use to run them inside a network namespace). Standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import math
@@ -156,9 +157,12 @@ def _checked_address(address: str) -> str:
     )
 
 
-def _checked_netdev(device: str) -> str:
+def _checked_source(device: str) -> str:
+    """`device` if it is an interface name or a source IP address (what `ping -I` takes)."""
+    with contextlib.suppress(ValueError):
+        return str(ipaddress.ip_address(device))
     if not _NETDEV.fullmatch(device):
-        raise CollectorConfigError(f"netdev {printable(device)!r} is not an interface name")
+        raise CollectorConfigError(f"ping source {printable(device)!r} is neither a netdev nor an IP address")
     return device
 
 
@@ -213,12 +217,13 @@ def ping_peer(
     warn_p99_ms: float = 1.0,
     runner: Runner = run_local,
 ) -> CheckResult:
-    """Ping `address` (peer `name`) `count` times over `device`: FAIL on any loss (value: loss %),
-    WARN when the p99 RTT is over `warn_p99_ms` (value: p99 ms), ERROR when ping could not judge."""
+    """Ping `address` (peer `name`) `count` times over `device` (a netdev or a source address): FAIL on
+    any loss (value: loss %), WARN when the p99 RTT is over `warn_p99_ms` (value: p99 ms), ERROR when
+    ping could not judge."""
     if count < 1:
         raise CollectorConfigError(f"ping count {count} is below 1")
     argv = ["ping", "-n", "-c", str(count), "-i", str(PING_INTERVAL_S), "-W", str(PING_REPLY_WAIT_S)]
-    argv += ["-I", _checked_netdev(device), _checked_address(address)]
+    argv += ["-I", _checked_source(device), _checked_address(address)]
     verdict = _Verdict(node, "ping", f"peer:{name}", {"address": address, "device": device}, time.time())
     try:
         ran = _run(runner, argv, count * PING_INTERVAL_S + PING_REPLY_WAIT_S + 10)

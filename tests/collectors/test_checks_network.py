@@ -123,6 +123,12 @@ def test_a_p99_over_the_bound_warns_and_the_percentiles_are_nearest_rank() -> No
     assert (verdict.evidence["p50_ms"], verdict.evidence["p99_ms"]) == (0.05, 2.5)
 
 
+@pytest.mark.parametrize("source", ["fl0", "mlx5_2.100", "10.40.0.1", "fd00:40::1:2:3:4"])
+def test_ping_goes_out_of_a_netdev_or_a_source_address(source: str) -> None:
+    verdict = ping_peer("node", "a", "10.0.0.2", source, count=1, runner=answering(ping_output([0.04])))
+    assert (verdict.status, verdict.evidence["device"]) == (Status.PASS, source)
+
+
 @pytest.mark.parametrize(
     ("address", "device"),
     [("-f", "eth0"), ("10.0.0.2 -f", "eth0"), ("10.0.0.2", "-f"), ("10.0.0.2", "e" * 16)],
