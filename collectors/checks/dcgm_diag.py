@@ -143,11 +143,9 @@ def _json_document(stdout: str) -> dict[str, Any]:
         raise _Unreadable(f"no JSON object in dcgmi output: {_clip(stdout.strip()) or 'nothing'}")
     text = "".join(lines[first:])
     try:
-        document = json.loads(text)
+        document: dict[str, Any] = json.loads(text)  # text opens with "{": an object or an error
     except json.JSONDecodeError as error:
         raise _Unreadable(f"dcgmi output is not JSON at line {first + error.lineno}: {error.msg}") from None
-    if not isinstance(document, dict):
-        raise _Unreadable("dcgmi JSON is not an object")
     return document
 
 
@@ -180,6 +178,8 @@ def _document_verdicts(document: dict[str, Any], level: int) -> Iterator[_Verdic
         for test_index, test in enumerate(tests):
             test_path = f"{category_path}.tests[{test_index}]"
             context = {"level": level, "category": category_name}
+            if isinstance(test, dict) and isinstance(test.get("name"), str):
+                context["test"] = test["name"]  # named in an ERROR too, where the test's name is readable
             try:
                 yield from _test_verdicts(
                     _expect(test, dict, test_path), test_path, context, read_result, schema
@@ -196,7 +196,7 @@ def _test_verdicts(
     schema: str,
 ) -> list[_Verdict]:
     """The verdicts of one test, all or none: a result that breaks the schema fails the whole test."""
-    context = {**context, "test": _field(test, "name", str, path)}
+    _field(test, "name", str, path)
     verdicts = []
     for result_index, result in enumerate(_field(test, "results", list, path)):
         result_path = f"{path}.results[{result_index}]"
