@@ -146,6 +146,8 @@ def _json_document(stdout: str) -> dict[str, Any]:
         document: dict[str, Any] = json.loads(text)  # text opens with "{": an object or an error
     except json.JSONDecodeError as error:
         raise _Unreadable(f"dcgmi output is not JSON at line {first + error.lineno}: {error.msg}") from None
+    except ValueError as error:  # a number past Python's digit limit for int
+        raise _Unreadable(f"dcgmi output is not JSON this check reads: {_clip(str(error))}") from None
     return document
 
 
@@ -201,8 +203,8 @@ def _test_verdicts(
     for result_index, result in enumerate(_field(test, "results", list, path)):
         result_path = f"{path}.results[{result_index}]"
         verdicts.extend(read_result(_expect(result, dict, result_path), result_path, context))
-    if schema == _DOCUMENT_4X:
-        verdicts.extend(_summary_4x(test, path, context, verdicts))
+    if schema == _DOCUMENT_4X or "test_summary" in test:  # 4.x requires one; a 3.x one is read too
+        verdicts.extend(_summary(test, path, context, verdicts))
     return verdicts
 
 
@@ -234,10 +236,10 @@ def _results_4x(result: dict[str, Any], path: str, context: dict[str, Any]) -> l
     return [_Verdict(target, status, _evidence(result, path, context))]
 
 
-def _summary_4x(
+def _summary(
     test: dict[str, Any], path: str, context: dict[str, Any], verdicts: list[_Verdict]
 ) -> list[_Verdict]:
-    """A node-wide verdict where a 4.x test_summary is worse than every per-entity result (a failure
+    """A node-wide verdict where a test_summary is worse than every per-target result (a failure
     DCGM reports on no entity is not lost); nothing otherwise."""
     summary = _field(test, "test_summary", dict, path)
     status = _status(summary, f"{path}.test_summary")

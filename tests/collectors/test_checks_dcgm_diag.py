@@ -125,6 +125,7 @@ def test_banner_before_the_json_is_read_past() -> None:
         ("Error: unable to connect to host engine at localhost.\n", "unable to connect to host engine"),
         ('{"DCGM Diagnostic": {"test_categories": [', "not JSON at line 1"),
         ("[1, 2]", "no JSON object in dcgmi output: [1, 2]"),
+        ('{"DCGM Diagnostic": ' + "9" * 5000 + "}", "not JSON this check reads"),
         ('{"version": "4.2.3"}', "'version'"),
         (json.dumps({**dcgm4_document(DCGM4_TEST), **DCGM3}), "holds 2 of"),
         (json.dumps({"DCGM Diagnostic": {"runtime_error": "NVVS failed: no GPUs"}}), "NVVS failed: no GPUs"),
