@@ -1,4 +1,4 @@
-"""Slurm hostlists and index ranges expanded strictly: what Slurm writes reads back, anything else is refused."""
+"""Slurm hostlists and index ranges expanded strictly: what Slurm writes reads back, the rest is refused."""
 
 from __future__ import annotations
 
@@ -40,7 +40,13 @@ def test_every_hostlist_slurm_writes_expands_to_the_hosts_it_names(case: tuple[s
 
 
 def test_the_examples_from_a_fleet_expand_with_their_zero_padding() -> None:
-    assert expand_hostlist("vela-[001-004,007]") == ["vela-001", "vela-002", "vela-003", "vela-004", "vela-007"]
+    assert expand_hostlist("vela-[001-004,007]") == [
+        "vela-001",
+        "vela-002",
+        "vela-003",
+        "vela-004",
+        "vela-007",
+    ]
     assert expand_hostlist("gpu[8-10]-ib,login") == ["gpu8-ib", "gpu9-ib", "gpu10-ib", "login"]
     assert expand_hostlist("") == []
     assert expand_ranges("0-1,3") == ["0", "1", "3"]
