@@ -16,8 +16,8 @@ import re
 from typing import Any
 
 from analytics.errors import PlacementError
-from analytics.placements.hostlist import expand_hostlist, expand_ranges
 from analytics.store.records import Placement
+from analytics.topology.importers.slurm import expand_hostlist
 from analytics.topology.model import Source
 
 RUNNING_STATES = frozenset(
@@ -31,6 +31,7 @@ WAITING_STATES = frozenset(
     {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT", "REVOKED"}
     | {"RESIZING"}
 )
+_NODE_NAME = re.compile(r"[A-Za-z0-9._-]{1,253}\Z")  # what slurm.conf's NodeName takes (a DNS name)
 # One GPU entry of a gres detail: "gpu(IDX:0-1)", "gpu:2(IDX:0,2)", "gpu:a100:4(IDX:0-3)".
 _GPU_DETAIL = re.compile(r"gpu(?::[A-Za-z0-9_.-]+)?(?::[0-9]+)?\(IDX:([0-9,-]*|N/A)\)\Z")
 
@@ -92,9 +93,11 @@ def _job(path: JsonPath, job: Any) -> list[Placement]:
         return []
     nodes_text = path.get(job, "nodes", str)
     try:
-        nodes = expand_hostlist(nodes_text)
+        nodes = expand_hostlist(nodes_text) if nodes_text else []
     except ValueError as error:
         raise path.error("nodes", f"{nodes_text!r:.80}: {error}") from None
+    if bad := next((node for node in nodes if not _NODE_NAME.match(node)), None):
+        raise path.error("nodes", f"{bad!r:.80} is not a node name")
     start = path.get(job, "start_time", int)
     if not nodes or start <= 0:
         return []  # ended before it started (cancelled while pending)
@@ -156,7 +159,7 @@ def _gpus(path: JsonPath, details: list[Any], nodes: int) -> list[tuple[int, ...
                 raise path.error(f"gres_detail[{index}]", f"{entry!r:.80} is not gpu[:type][:count](IDX:...)")
             if match.group(1) not in ("", "N/A"):
                 try:
-                    indices += map(int, expand_ranges(match.group(1)))
+                    indices += map(int, expand_hostlist(f"[{match.group(1)}]"))  # IDX is a bracket's body
                 except ValueError as error:
                     raise path.error(f"gres_detail[{index}]", f"{entry!r:.80}: {error}") from None
         held.append(tuple(sorted(set(indices))))

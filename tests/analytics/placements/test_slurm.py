@@ -48,7 +48,8 @@ def test_the_gpus_of_each_node_come_from_its_gres_detail_in_node_order() -> None
 
 def test_a_pending_job_and_one_cancelled_before_it_started_hold_no_node() -> None:
     assert [p.job for p in parse_squeue(with_job({"job_state": "PENDING", "nodes": ""}))] == ["1", "1"]
-    assert [p.job for p in parse_squeue(with_job({"job_state": "CANCELLED", "start_time": 0}))] == ["1", "1"]
+    cancelled = {"job_state": "CANCELLED", "start_time": 0, "nodes": ""}
+    assert [p.job for p in parse_squeue(with_job(cancelled))] == ["1", "1"]
 
 
 def test_the_shapes_of_slurm_23_read_the_same() -> None:
@@ -66,6 +67,8 @@ def test_an_array_task_is_named_as_squeue_shows_it() -> None:
         ({"job_state": "DANCING"}, "$.jobs[1].job_state"),
         ({"nodes": "vela-[003"}, "$.jobs[1].nodes"),
         ({"nodes": 3}, "$.jobs[1].nodes"),
+        ({"nodes": "vela 003"}, "$.jobs[1].nodes"),
+        ({"nodes": "vela-[1-2]'"}, "$.jobs[1].nodes"),
         ({"start_time": "yesterday"}, "$.jobs[1].start_time"),
         ({"start_time": True}, "$.jobs[1].start_time"),
         ({"job_id": None}, "$.jobs[1].job_id"),
