@@ -51,7 +51,9 @@ def test_a_job_sbatch_starts_is_placed_on_its_node_and_ends_when_scancel_ends_it
     cluster: SlurmCluster, store: Store
 ) -> None:
     poller = SlurmPlacements(store, env=cluster.env)
-    job = slurm(cluster, "sbatch", "--parsable", "-N", "2", "--wrap", "sleep 30").strip()
+    job = slurm(
+        cluster, "sbatch", "--parsable", "-N", "2", "--output=/dev/null", "--wrap", "sleep 30"
+    ).strip()
 
     running = poll_until(poller, store, lambda ps: len(ps) == 2, f"job {job} never ran")
     assert {(p.job, p.user, p.until) for p in running} == {(job, "root", None)}
