@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from analytics.errors import StoreRejected
 from analytics.store import Store
@@ -11,6 +15,10 @@ from analytics.store.topology import Changes
 from analytics.topology.model import Source
 
 T0 = 1_767_000_000.0
+EXAMPLES = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+_examples = itertools.count()
 
 
 def job(
@@ -63,3 +71,34 @@ def test_a_clock_gone_back_or_a_placement_of_another_source_is_refused(store: St
     with pytest.raises(StoreRejected, match="k8s"):
         store.replace_placements(Source.KUBERNETES, [job("42", "vela-001")], T0 + 10)
     assert store.placements_between(T0, T0 + 20) == [job("42", "vela-001", since=T0 + 5)]
+
+
+# polls of a running set: each the (job, node) pairs squeue lists as running then
+polls = st.lists(
+    st.frozensets(st.tuples(st.sampled_from("abc"), st.sampled_from(("vela-001", "vela-002")))), max_size=6
+)
+
+
+@EXAMPLES
+@given(polls)
+def test_any_sequence_of_polls_reads_back_as_the_intervals_each_pair_was_listed(
+    store: Store, said: list[frozenset[tuple[str, str]]]
+) -> None:
+    start = T0 + 1000 * next(_examples)  # each example after the last, its jobs its own
+    store.replace_placements(Source.SLURM, [], start)
+    prefix = f"{start:.0f}-"
+    expected: list[Placement] = []
+    opened: dict[tuple[str, str], float] = {}
+    for index, running in enumerate([*said, frozenset()]):
+        now = start + 10 * (index + 1)
+        placements = [job(prefix + name, node, since=opened.get((name, node), now)) for name, node in running]
+        changes = store.replace_placements(Source.SLURM, placements, now)
+        assert store.replace_placements(Source.SLURM, placements, now) == Changes(0, 0, len(running))
+        ended = [pair for pair in opened if pair not in running]
+        assert (changes.opened, changes.closed) == (len(running - opened.keys()), len(ended))
+        expected += [
+            job(prefix + name, node, since=opened.pop((name, node)), until=now) for name, node in ended
+        ]
+        opened.update({pair: now for pair in running if pair not in opened})
+    stored = [p for p in store.placements_between(start, start + 1000) if p.job.startswith(prefix)]
+    assert sorted(stored, key=repr) == sorted(expected, key=repr)
