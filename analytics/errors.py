@@ -97,15 +97,24 @@ class EvidenceError(AnalyticsError):
     of the wrong type or not finite; the message names the kind and the field."""
 
 
-class TopologyError(AnalyticsError):
-    """Topology input that cannot be imported, refused whole: `source` (a file name or command), `where`
-    in it (a line, JSON path or XML element) and `what` is wrong, all three in the message."""
+class InputRefused(AnalyticsError):
+    """Outside input refused whole: `source` (a file name or command), `where` in it (a line, JSON path or
+    XML element) and `what` is wrong, all three in the message."""
 
     def __init__(self, source: str, where: str, what: str) -> None:
         super().__init__(f"{source}: {where}: {what}")
         self.source = source
         self.where = where
         self.what = what
+
+
+class TopologyError(InputRefused):
+    """Topology input that cannot be imported (an inventory, a host agent's report, an imported file)."""
+
+
+class PlacementError(InputRefused):
+    """What a scheduler says runs where (squeue --json, a hostlist, a gres detail) that cannot be read;
+    nothing of it is stored, so the placements already stored stay as they were."""
 
 
 class PostmortemError(AnalyticsError):

@@ -54,7 +54,7 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from analytics.errors import AddressError, SchemaError, StoreRejected, StoreUnavailable
-from analytics.store import schema, topology
+from analytics.store import placements, schema, topology
 from analytics.store.clickhouse_errors import short, store_error, unreachable
 from analytics.store.ledger import (
     Admitted,
@@ -73,6 +73,7 @@ from analytics.store.records import (
     AlertChange,
     Anomaly,
     NotificationRow,
+    Placement,
     QueryResult,
     ScrapeBatch,
     SilenceRow,
@@ -498,6 +499,30 @@ class Store:
             if plan.columns:
                 self._insert("topology", topology.COLUMNS, plan.columns, plan.token, column_oriented=True)
         return plan.changes
+
+    def replace_placements(self, source: Source, said: Iterable[Placement], now: float) -> Changes:
+        """Make `source` (a scheduler) say exactly `said` from `now` on: its placements no longer said end
+        at `now`, those said to have ended end at their own `until`, new ones start at their own `since`,
+        the rest stay (analytics.store.placements). Saying the same again writes nothing. StoreRejected
+        when `now` is before its last change or a placement is of another source; StoreUnavailable."""
+        said = list(said)
+        ended = sorted({placement.job for placement in said if placement.until is not None})
+        with self._lock, self._failures("placements"):
+            held = self._client.query(
+                placements.held(self._layout.name("placements")),
+                parameters={"source": str(source), "jobs": ended},
+            ).result_rows
+            plan = placements.replacement(source, said, held, now)
+            if plan.columns:
+                self._insert("placements", placements.COLUMNS, plan.columns, plan.token, column_oriented=True)
+        return plan.changes
+
+    def placements_between(
+        self, since: float, until: float, *, node: str | None = None, job: str | None = None
+    ) -> list[Placement]:
+        """The placements in force at some time in [since, until), of `node` and/or `job` where given
+        (analytics.store.placements)."""
+        return placements.placements_between(self, since, until, node=node, job=job)
 
     def topology_at(self, ts: float) -> list[Edge]:
         """The topology's edges in force at `ts`, source precedence applied (analytics.store.topology)."""

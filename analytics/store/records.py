@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from analytics.evidence import Evidence
+from analytics.topology.model import Source
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,3 +146,18 @@ class NotificationRow:
     error: str
     fingerprints: list[str]
     states: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """One job (a Slurm job id, a Kubernetes pod) on one node, as its scheduler (`source`) says it:
+    `user` where known (else ""), the GPU indices it holds there (() where the scheduler does not say),
+    from `since` until `until` (unix seconds; None while it still runs)."""
+
+    source: Source
+    job: str
+    user: str
+    node: str
+    gpus: tuple[int, ...]
+    since: float
+    until: float | None = None

@@ -628,6 +628,26 @@ TOPOLOGY = Table(
     sharding_key="cityHash64(source, reporter)",
 )
 
+# One row per job on a node as its scheduler said it (analytics.store.placements), dated like the
+# topology: a placement still in force has valid_to NULL; when it ends, the same row is written again with
+# valid_to set and closed = 1, which replaces the open one on merge (read with FINAL). A source's rows are
+# on one shard, so FINAL sees both.
+PLACEMENTS = Table(
+    name="placements",
+    columns=f"""    source LowCardinality(String),
+    job String,
+    user String,
+    node String,
+    gpus Array(UInt16),
+    valid_from {TS},
+    valid_to Nullable({TS}),
+    closed UInt8""",
+    engine="ReplacingMergeTree",
+    version="closed",
+    order_by="source, job, user, node, gpus, valid_from",
+    sharding_key="cityHash64(source)",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
@@ -660,6 +680,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         10,
         "anomalies.explained_by: the shared fault (a leaf, a host...) that explains a per-node anomaly",
         (AddColumn("anomalies", ANOMALIES_EXPLAINED_BY),),
+    ),
+    Migration(
+        11, "placements: which job ran on which node with which GPUs, from when to when", (PLACEMENTS,)
     ),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
