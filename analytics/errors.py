@@ -16,11 +16,13 @@
     ├── DetectorError          an unknown detector name, or a detector that cannot run
     ├── EvidenceError          evidence that cannot cross the store: an unknown kind or version, a field
     │                          missing, extra, of the wrong type or not finite (analytics.evidence)
-    ├── TopologyError          topology input that cannot be taken, whole (an inventory file, a Slurm
-    │   │                      topology.conf, kubectl's node list, ibnetdiscover, lldpcli or virsh output,
-    │   │                      a set of links): names the source, where in it and what is wrong
-    │   └── _Refused           an XML document declares a DOCTYPE, stopped inside the parser and raised
-    │                          again as TopologyError naming the line (topology.importers._input, private)
+    ├── InputRefused           outside input refused whole: names the source, where in it and what is wrong
+    │   ├── TopologyError      topology input (an inventory file, a Slurm topology.conf, kubectl's node
+    │   │   │                  list, ibnetdiscover, lldpcli or virsh output, a set of links)
+    │   │   └── _Refused       an XML document declares a DOCTYPE, stopped inside the parser and raised
+    │   │                      again as TopologyError naming the line (topology.importers._input, private)
+    │   └── PlacementError     what a scheduler says runs where (squeue --json, a hostlist, a gres
+    │                          detail); nothing of it is stored
     └── PostmortemError        a report's scope that cannot be reported on (no node and no job, both, a
                                window ending before it starts, a node or job the store does not know)
 

@@ -11,8 +11,10 @@
     │                           a duplicate step (a ValueError too, as the hub and SDK users catch it)
     ├── CollectorConfigError    an unknown collector name, or an SDK setting the environment gets wrong
     │                           (a ValueError too, as callers of the SDK catch it)
-    └── HostAgentError      a command the host agent runs failed (not installed, exit status, timeout,
-                            too much output), or the hub refused its report or could not be reached
+    ├── HostAgentError      a command the host agent runs failed (not installed, exit status, timeout,
+    │                       too much output), or the hub refused its report or could not be reached
+    └── CheckOutputError    a health check's tool (dcgmi, ping, iperf3) printed what its parser does not
+                            accept; the check reports it as an ERROR result naming the line or field
 
 Collectors catch theirs per sample or per device, report them through `ReadErrors` and go on: one bad
 file never fails a scrape (a CollectorConfigError comes at start-up, before any scrape). Each message
@@ -48,3 +50,7 @@ class CollectorConfigError(CollectorError, ValueError):
 
 class HostAgentError(CollectorError):
     """A host agent's command or post failed; the message names the command or hub and why."""
+
+
+class CheckOutputError(CollectorError):
+    """A health check's tool printed output its parser does not accept; the message names where."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from collectors.checks.result import SEVERITY, CheckResult, Status
-from collectors.errors import CollectorConfigError, CollectorError
+from collectors.errors import CheckOutputError, CollectorConfigError
 
 CHECK = "dcgm_diag"
 
@@ -47,10 +47,6 @@ _DOCUMENT_3X = "DCGM GPU Diagnostic"
 _DOCUMENT_4X = "DCGM Diagnostic"
 _MAX_TEXTS = 10
 _MAX_TEXT_CHARS = 500
-
-
-class _Unreadable(CollectorError):
-    """A part of the document breaks the schema; the message names where (private: it becomes an ERROR)."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +113,7 @@ def parse_diag_output(
 
     try:
         verdicts = list(_document_verdicts(_json_document(stdout), level))
-    except _Unreadable as problem:
+    except CheckOutputError as problem:
         verdicts = [_Verdict("", Status.ERROR, {"level": level, "problem": str(problem)})]
     except RecursionError:
         verdicts = [_Verdict("", Status.ERROR, {"level": level, "problem": "dcgmi output nests too deep"})]
@@ -140,30 +136,32 @@ def _json_document(stdout: str) -> dict[str, Any]:
     lines = stdout.splitlines(keepends=True)
     first = next((index for index, line in enumerate(lines) if line.lstrip().startswith("{")), None)
     if first is None:
-        raise _Unreadable(f"no JSON object in dcgmi output: {_clip(stdout.strip()) or 'nothing'}")
+        raise CheckOutputError(f"no JSON object in dcgmi output: {_clip(stdout.strip()) or 'nothing'}")
     text = "".join(lines[first:])
     try:
         document: dict[str, Any] = json.loads(text)  # text opens with "{": an object or an error
     except json.JSONDecodeError as error:
-        raise _Unreadable(f"dcgmi output is not JSON at line {first + error.lineno}: {error.msg}") from None
+        raise CheckOutputError(
+            f"dcgmi output is not JSON at line {first + error.lineno}: {error.msg}"
+        ) from None
     except ValueError as error:  # a number past Python's digit limit for int
-        raise _Unreadable(f"dcgmi output is not JSON this check reads: {_clip(str(error))}") from None
+        raise CheckOutputError(f"dcgmi output is not JSON this check reads: {_clip(str(error))}") from None
     return document
 
 
 def _document_verdicts(document: dict[str, Any], level: int) -> Iterator[_Verdict]:
-    """Each verdict of a 3.x or 4.x document, in order; raises _Unreadable on a schema break."""
+    """Each verdict of a 3.x or 4.x document, in order; raises CheckOutputError on a schema break."""
     schemas = [key for key in (_DOCUMENT_3X, _DOCUMENT_4X) if key in document]
     if len(schemas) != 1:
         found = ", ".join(sorted(map(repr, document))[:5]) or "none"
-        raise _Unreadable(
+        raise CheckOutputError(
             f"dcgmi JSON holds {len(schemas)} of {_DOCUMENT_3X!r} and {_DOCUMENT_4X!r} (keys: {found})"
         )
     schema = schemas[0]
     body = _field(document, schema, dict, schema)
     for holder, where in ((document, "top level"), (body, schema)):
         if "runtime_error" in holder:
-            raise _Unreadable(
+            raise CheckOutputError(
                 f"dcgmi reported a runtime_error ({where}): {_clip(str(holder['runtime_error']))}"
             )
     read_result = _results_3x if schema == _DOCUMENT_3X else _results_4x
@@ -174,7 +172,7 @@ def _document_verdicts(document: dict[str, Any], level: int) -> Iterator[_Verdic
             category = _expect(category, dict, category_path)
             category_name = _field(category, "category", str, category_path)
             tests = _field(category, "tests", list, category_path)
-        except _Unreadable as problem:
+        except CheckOutputError as problem:
             yield _Verdict("", Status.ERROR, {"level": level, "problem": str(problem)})
             continue
         for test_index, test in enumerate(tests):
@@ -186,7 +184,7 @@ def _document_verdicts(document: dict[str, Any], level: int) -> Iterator[_Verdic
                 yield from _test_verdicts(
                     _expect(test, dict, test_path), test_path, context, read_result, schema
                 )
-            except _Unreadable as problem:
+            except CheckOutputError as problem:
                 yield _Verdict("", Status.ERROR, {**context, "problem": str(problem)})
 
 
@@ -215,7 +213,7 @@ def _results_3x(result: dict[str, Any], path: str, context: dict[str, Any]) -> l
         return []
     gpu_ids = _field(result, "gpu_ids", str, path).split(",")
     if not all(gpu_id.strip().isdecimal() and gpu_id.strip().isascii() for gpu_id in gpu_ids):
-        raise _Unreadable(f"{path}.gpu_ids is not a list of GPU indices: {_clip(','.join(gpu_ids))!r}")
+        raise CheckOutputError(f"{path}.gpu_ids is not a list of GPU indices: {_clip(','.join(gpu_ids))!r}")
     evidence = _evidence(result, path, context)
     return [_Verdict(f"gpu:{int(gpu_id)}", status, evidence) for gpu_id in gpu_ids]
 
@@ -232,7 +230,9 @@ def _results_4x(result: dict[str, Any], path: str, context: dict[str, Any]) -> l
     elif group in _TARGET_PREFIX and entity_id >= 0:
         target = f"{_TARGET_PREFIX[group]}:{entity_id}"
     else:
-        raise _Unreadable(f"{path} names an entity this check does not know: {_clip(group)!r} {entity_id}")
+        raise CheckOutputError(
+            f"{path} names an entity this check does not know: {_clip(group)!r} {entity_id}"
+        )
     return [_Verdict(target, status, _evidence(result, path, context))]
 
 
@@ -251,13 +251,13 @@ def _summary(
 
 
 def _status(result: dict[str, Any], path: str) -> Status | None:
-    """The verdict of a result's "status" word; None for skipped and not run; _Unreadable otherwise."""
+    """The verdict of a result's "status" word; None for skipped and not run; CheckOutputError otherwise."""
     word = _field(result, "status", str, path)
     folded = word.strip().casefold()
     if folded in _NOT_JUDGED:
         return None
     if folded not in _VERDICTS:
-        raise _Unreadable(f"{path}.status is a word this check does not know: {_clip(word)!r}")
+        raise CheckOutputError(f"{path}.status is a word this check does not know: {_clip(word)!r}")
     return _VERDICTS[folded]
 
 
@@ -288,13 +288,13 @@ def _evidence(result: dict[str, Any], path: str, context: dict[str, Any]) -> dic
 def _field(holder: dict[str, Any], key: str, kind: type, path: str) -> Any:
     """`holder[key]`, which must be present and of `kind` (a bool is no int)."""
     if key not in holder:
-        raise _Unreadable(f"{path} has no {key!r}")
+        raise CheckOutputError(f"{path} has no {key!r}")
     return _expect(holder[key], kind, f"{path}.{key}")
 
 
 def _expect(value: Any, kind: type, path: str) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise _Unreadable(f"{path} is {type(value).__name__}, not {kind.__name__}")
+        raise CheckOutputError(f"{path} is {type(value).__name__}, not {kind.__name__}")
     return value
 
 

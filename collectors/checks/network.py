@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from collectors.checks.result import CheckResult, Status
-from collectors.errors import CollectorConfigError, CollectorError
+from collectors.errors import CheckOutputError, CollectorConfigError
 from collectors.logtext import printable
 
 PING_INTERVAL_S = 0.2  # the shortest interval iputils ping allows an unprivileged user
@@ -67,10 +67,6 @@ def run_local(argv: Sequence[str], timeout_s: float) -> Ran:
         list(argv), capture_output=True, text=True, errors="replace", timeout=timeout_s, check=False
     )
     return Ran(done.returncode, done.stdout, done.stderr)
-
-
-class _OutputError(CollectorError):
-    """A tool's output the parser does not accept; the message names the line or field."""
 
 
 @dataclass(frozen=True)
@@ -106,30 +102,30 @@ _OTHER_LINES = re.compile(
 
 def parse_ping(stdout: str, count: int) -> PingStats:
     """iputils ping's output for `count` echoes, every line of a known shape and the summary agreeing
-    with the replies listed; raises _OutputError naming the first line or count that does not."""
+    with the replies listed; raises CheckOutputError naming the first line or count that does not."""
     if len(stdout) > MAX_OUTPUT_CHARS:
-        raise _OutputError(f"ping printed {len(stdout)} characters, over {MAX_OUTPUT_CHARS}")
+        raise CheckOutputError(f"ping printed {len(stdout)} characters, over {MAX_OUTPUT_CHARS}")
     rtts: dict[int, float] = {}
     summaries: list[tuple[int, int, float]] = []
     for number, line in enumerate(stdout.splitlines(), start=1):
         if reply := _REPLY.fullmatch(line):
             seq, rtt = int(reply[1]), float(reply[2])
             if (reply[3] is None) == (seq in rtts):
-                raise _OutputError(
+                raise CheckOutputError(
                     f"line {number}: a DUP mark on a first reply, or a second reply without one"
                 )
             rtts.setdefault(seq, rtt)
         elif summary := _SUMMARY.fullmatch(line):
             summaries.append((int(summary[1]), int(summary[2]), float(summary[3])))
         elif not _OTHER_LINES.fullmatch(line):
-            raise _OutputError(f"line {number}: not a line ping prints: {printable(line[:200])!r}")
+            raise CheckOutputError(f"line {number}: not a line ping prints: {printable(line[:200])!r}")
     if len(summaries) != 1:
-        raise _OutputError(f"{len(summaries)} 'packets transmitted' summary lines, expected one")
+        raise CheckOutputError(f"{len(summaries)} 'packets transmitted' summary lines, expected one")
     transmitted, received, _ = summaries[0]
     if transmitted != count:
-        raise _OutputError(f"summary: {transmitted} packets transmitted, {count} asked for")
+        raise CheckOutputError(f"summary: {transmitted} packets transmitted, {count} asked for")
     if received != len(rtts) or received > transmitted:
-        raise _OutputError(
+        raise CheckOutputError(
             f"summary: {received} received of {transmitted} transmitted, {len(rtts)} replies listed"
         )
     return PingStats(transmitted, received, tuple(rtts.values()))
@@ -167,13 +163,13 @@ def _checked_source(device: str) -> str:
 
 
 def _run(runner: Runner, argv: Sequence[str], timeout_s: float) -> Ran:
-    """The command's result; raises _OutputError saying why it did not run (binary missing, timeout)."""
+    """The command's result; raises CheckOutputError saying why it did not run (binary missing, timeout)."""
     try:
         return runner(argv, timeout_s)
     except FileNotFoundError:
-        raise _OutputError(f"{argv[0]} is not installed (not found on PATH)") from None
+        raise CheckOutputError(f"{argv[0]} is not installed (not found on PATH)") from None
     except subprocess.TimeoutExpired:
-        raise _OutputError(f"{argv[0]} ran past its {timeout_s:g} s timeout") from None
+        raise CheckOutputError(f"{argv[0]} ran past its {timeout_s:g} s timeout") from None
 
 
 @dataclass(frozen=True)
@@ -203,7 +199,7 @@ class _Verdict:
             self.evidence,
         )
 
-    def error(self, error: _OutputError) -> CheckResult:
+    def error(self, error: CheckOutputError) -> CheckResult:
         self.evidence["error"] = str(error)
         return self(Status.ERROR)
 
@@ -229,9 +225,9 @@ def ping_peer(
         ran = _run(runner, argv, count * PING_INTERVAL_S + PING_REPLY_WAIT_S + 10)
         # ping exits 1 when no reply came (a verdict), 2 on its own errors (no such device, unknown host)
         if ran.returncode not in (0, 1):
-            raise _OutputError(f"ping exited {ran.returncode}: {printable(ran.stderr.strip()[:300])}")
+            raise CheckOutputError(f"ping exited {ran.returncode}: {printable(ran.stderr.strip()[:300])}")
         stats = parse_ping(ran.stdout, count)
-    except _OutputError as error:
+    except CheckOutputError as error:
         return verdict.error(error)
     verdict.evidence.update(transmitted=stats.transmitted, received=stats.received, loss_pct=stats.loss_pct)
     if stats.received < stats.transmitted:
@@ -261,22 +257,22 @@ def ping_mesh(
 
 def parse_iperf3(stdout: str) -> dict[str, float]:
     """From `iperf3 -c ... -J` output: bits_per_second and seconds of end.sum_received, and
-    end.sum_sent.retransmits where present; raises _OutputError naming the field that is missing, not a
+    end.sum_sent.retransmits where present; raises CheckOutputError naming the field that is missing, not a
     number, or iperf3's own "error"."""
     if len(stdout) > MAX_OUTPUT_CHARS:
-        raise _OutputError(f"iperf3 printed {len(stdout)} characters, over {MAX_OUTPUT_CHARS}")
+        raise CheckOutputError(f"iperf3 printed {len(stdout)} characters, over {MAX_OUTPUT_CHARS}")
     try:
         report = json.loads(stdout)
     except (json.JSONDecodeError, RecursionError) as error:
-        raise _OutputError(f"iperf3 output is not JSON: {error}") from None
+        raise CheckOutputError(f"iperf3 output is not JSON: {error}") from None
     if not isinstance(report, dict):
-        raise _OutputError(f"iperf3 output is a JSON {type(report).__name__}, not an object")
+        raise CheckOutputError(f"iperf3 output is a JSON {type(report).__name__}, not an object")
     if "error" in report:
-        raise _OutputError(f"iperf3: {printable(str(report['error'])[:300])}")
+        raise CheckOutputError(f"iperf3: {printable(str(report['error'])[:300])}")
     received = _field(report, "end", "sum_received")
     measured = {name: _number(received, "end.sum_received", name) for name in ("bits_per_second", "seconds")}
     if measured["seconds"] <= 0:
-        raise _OutputError(f"end.sum_received.seconds is {measured['seconds']}, not a duration")
+        raise CheckOutputError(f"end.sum_received.seconds is {measured['seconds']}, not a duration")
     sent = report["end"].get("sum_sent")
     if isinstance(sent, dict) and "retransmits" in sent:
         measured["retransmits"] = _number(sent, "end.sum_sent", "retransmits")
@@ -288,14 +284,16 @@ def _field(report: dict[str, Any], *path: str) -> dict[str, Any]:
     for depth, key in enumerate(path):
         node = node.get(key) if isinstance(node, dict) else None
         if not isinstance(node, dict):
-            raise _OutputError(f"iperf3 JSON has no object {'.'.join(path[: depth + 1])}")
+            raise CheckOutputError(f"iperf3 JSON has no object {'.'.join(path[: depth + 1])}")
     return node
 
 
 def _number(parent: dict[str, Any], where: str, key: str) -> float:
     value = parent.get(key)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        raise _OutputError(f"iperf3 JSON {where}.{key} is {printable(repr(value)[:80])}, not a number >= 0")
+        raise CheckOutputError(
+            f"iperf3 JSON {where}.{key} is {printable(repr(value)[:80])}, not a number >= 0"
+        )
     return float(value)
 
 
@@ -331,8 +329,8 @@ def iperf3_pair(
         ran = _run(runner, argv, seconds + 20)
         measured = parse_iperf3(ran.stdout)
         if ran.returncode != 0:
-            raise _OutputError(f"iperf3 exited {ran.returncode}: {printable(ran.stderr.strip()[:300])}")
-    except _OutputError as error:
+            raise CheckOutputError(f"iperf3 exited {ran.returncode}: {printable(ran.stderr.strip()[:300])}")
+    except CheckOutputError as error:
         return verdict.error(error)
     evidence |= measured | {"warn_below_bps": warn_below, "fail_below_bps": fail_below}
     rate = measured["bits_per_second"]
