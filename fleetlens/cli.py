@@ -164,6 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--token-file", dest="token_file", help='scoped API tokens, lines of "read,write,act <token>"'
     )
     hub.add_argument(
+        "--slurm-placements",
+        action="store_const",
+        const=True,
+        dest="slurm_placements",
+        help="poll squeue --json every 30 s for which job runs on which node (hub.slurm_placements)",
+    )
+    hub.add_argument(
         "--listen-without-token",
         action="store_const",
         const=True,

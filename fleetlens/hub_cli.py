@@ -40,6 +40,7 @@ from hub.bodies import ReceiverLimits
 from hub.detect import DetectionLoop
 from hub.errors import TokenFileError
 from hub.otlp import OtlpStepReceiver
+from hub.placements import SlurmPlacements
 from hub.queryslots import QuerySlots
 from hub.remote_write import NodeIdentity, RemoteWriteLimits, RemoteWriteReceiver
 from hub.scraper import Scraper
@@ -88,6 +89,7 @@ def build_hub(settings: Config, tokens: Tokens) -> Hub:
             alerting=alerting,
         )
     inventory = None if config.topology_file is None else InventoryFile(config.topology_file, store)
+    placements = SlurmPlacements(store) if config.slurm_placements else None
     return Hub(
         store,
         writer,
@@ -95,6 +97,7 @@ def build_hub(settings: Config, tokens: Tokens) -> Hub:
         scraper,
         detection=detection,
         inventory=inventory,
+        placements=placements,
         remote_write=RemoteWriteReceiver(
             RemoteWriteLimits(
                 config.max_body_bytes,

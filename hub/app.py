@@ -60,6 +60,7 @@ from hub.errors import HttpError, PayloadError, SlotsBusy
 from hub.groupcommit import GroupCommit
 from hub.httpread import RequestBody
 from hub.otlp import OtlpStepReceiver, otlp_error_response
+from hub.placements import SlurmPlacements
 from hub.queryslots import QuerySlots
 from hub.remote_write import RemoteWriteReceiver
 from hub.rounds import JOURNAL_DIR, MAX_PENDING_ROUNDS, RoundJournal, RoundQueue
@@ -126,6 +127,7 @@ class Hub:
         *,
         detection: DetectionLoop | None = None,
         inventory: InventoryFile | None = None,
+        placements: SlurmPlacements | None = None,
         remote_write: RemoteWriteReceiver | None = None,
         closing: Sequence[Callable[[], None]] = (),
         tokens: Tokens | None = None,
@@ -144,6 +146,7 @@ class Hub:
         self.scraper = scraper
         self.detection = detection
         self.inventory = inventory
+        self.placements = placements
         self.remote_write = remote_write or RemoteWriteReceiver()
         self._remote_writes = GroupCommit(writer)
         self._closing = list(closing)  # run once the loops stopped, before the store closes
@@ -168,8 +171,8 @@ class Hub:
     # -- ingestion ---------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the scrape loop (if there are targets), the detection loop and the roll-ups, each in a
-        thread.
+        """Start the scrape loop (if there are targets), the detection loop, the inventory and placements
+        pollers (if configured) and the roll-ups, each in a thread.
 
         The scrape loop hands each round to `rounds` (hub.rounds.RoundQueue), whose insert thread writes
         them in order, so that the next round is scraped on time while the store takes the last one (chDB
@@ -183,6 +186,8 @@ class Hub:
             self._spawn(self.detection.run, self._stop)
         if self.inventory is not None:
             self._spawn(self.inventory.run, self._stop, name="fleetlens-inventory")
+        if self.placements is not None:
+            self._spawn(self.placements.run, self._stop, name="fleetlens-placements")
         self._spawn(self._roll_up_until_stopped, name="fleetlens-rollup")
 
     def _spawn(self, target: Callable[..., None], *args: object, name: str | None = None) -> None:

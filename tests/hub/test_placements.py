@@ -3,6 +3,7 @@ placed on its node as the real squeue --json lists it, and ends when scancel end
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 from analytics.store import Store
 from analytics.store.records import Placement
 from hub.placements import SlurmPlacements
+from tests.support.hubserver import hub_process
 from tests.support.slurm import SlurmCluster, slurm_cluster
 
 
@@ -88,3 +90,34 @@ def test_a_poll_that_fails_keeps_the_placements_stored(
     assert SlurmPlacements(store, command=command).check() is None
     assert store.placements_between(0, time.time() + 60) == before
     assert [p.node for p in before if p.until is None] == ["vela-003"]
+
+
+def test_a_hub_started_with_slurm_placements_keeps_the_running_job_in_its_store(
+    cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    job = slurm(cluster, "sbatch", "--parsable", "--output=/dev/null", "--wrap", "sleep 60").strip()
+    poll_until_running = time.monotonic() + 30
+    while "RUNNING" not in slurm(cluster, "squeue", "-h", "-j", job, "-o", "%T"):
+        assert time.monotonic() < poll_until_running, f"job {job} never ran"
+        time.sleep(0.2)
+    store = f"chdb://{tmp_path / 'hub-data'}"
+    with hub_process(tmp_path, "--slurm-placements", store=store, env=cluster.env) as hub:
+        deadline = time.monotonic() + 30  # its first poll runs as it starts
+        while not (rows := placed_via_hub(hub.url)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    slurm(cluster, "scancel", job)
+    assert [(row["job"], row["until_set"]) for row in rows] == [(job, 0)]
+    assert rows[0]["node"] in cluster.nodes
+
+
+def placed_via_hub(url: str) -> list[dict[str, object]]:
+    sql = "SELECT job, node, isNotNull(valid_to) AS until_set FROM placements FINAL"
+    answer = subprocess.run(
+        [sys.executable, "-m", "fleetlens.cli", "query", sql, "--hub", url, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={key: value for key, value in os.environ.items() if not key.startswith("FLEETLENS_")},
+    )
+    assert answer.returncode == 0, answer.stderr
+    return json.loads(answer.stdout)
