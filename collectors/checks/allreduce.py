@@ -214,9 +214,10 @@ def run(
     """This rank's part of the check (torchrun's environment names the rank and the rendezvous); rank 0
     returns the results, other ranks []. A missing torch or a failed collective is an ERROR result; an
     environment that does not match `nodes` raises CollectorConfigError before anything runs."""
-    rank = _environment_integer("RANK", len(nodes))
-    if (world_size := _environment_integer("WORLD_SIZE", len(nodes) + 1)) != len(nodes):
+    if (world_size := _environment_integer("WORLD_SIZE")) != len(nodes):
         raise CollectorConfigError(f"--nodes names {len(nodes)} nodes but WORLD_SIZE is {world_size}")
+    if (rank := _environment_integer("RANK")) >= world_size:
+        raise CollectorConfigError(f"RANK {rank} is not below WORLD_SIZE {world_size}")
     started = time.time()
 
     def failure(why: str) -> list[CheckResult]:
@@ -248,11 +249,11 @@ def run(
     return judge(nodes[rank], group, pairs, started, time.time() - started, expected_busbw)
 
 
-def _environment_integer(name: str, limit: int) -> int:
-    """torchrun's variable `name` as an integer in [0, limit)."""
+def _environment_integer(name: str) -> int:
+    """torchrun's variable `name`: a whole number."""
     text = os.environ.get(name, "")
-    if not (text.isascii() and text.isdigit() and int(text) < limit):
-        raise CollectorConfigError(f"environment {name}={text!r}: not an integer below {limit}")
+    if not (text.isascii() and text.isdigit()):
+        raise CollectorConfigError(f"environment {name}={text!r}: not a whole number")
     return int(text)
 
 
