@@ -240,7 +240,7 @@ def run(
         )
         group, pairs = measure(nodes, size_bytes, iterations, delay_s)
     except RuntimeError as error:  # torch's DistError and a peer's timeout are RuntimeErrors
-        return failure(f"{backend} all-reduce failed: {error}")
+        return failure(f"{backend} rendezvous or all-reduce failed: {error}")
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

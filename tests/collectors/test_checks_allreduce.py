@@ -190,3 +190,19 @@ def test_a_bad_node_list_or_environment_is_refused_before_anything_runs(
 ) -> None:
     ((status, out, err),) = finish([run_module(["--nodes", nodes], 0, world_size, free_port())], 60)
     assert (status, out) == (2, "") and complaint in err
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_a_peer_that_never_joins_reads_error_within_the_timeout() -> None:
+    process = run_module(["--nodes", "vela-001,vela-002,vela-003", "--timeout-s", "2"], 0, 3, free_port())
+    ((status, out, err),) = finish([process], 60)
+    (result,) = [json.loads(line) for line in out.splitlines()]
+    assert status == 1, err
+    assert (result["status"], result["target"]) == ("ERROR", "")
+    assert result["evidence"]["error"].startswith("gloo rendezvous or all-reduce failed")
+
+
+def test_a_rank_beyond_the_world_is_refused() -> None:
+    ((status, out, err),) = finish([run_module(["--nodes", "vela-001,vela-002"], 2, 2, free_port())], 60)
+    assert (status, out) == (2, "") and "RANK 2 is not below WORLD_SIZE 2" in err
