@@ -23,8 +23,10 @@ median over nodes of each node's best pair. Not the median of all pairs: with 4 
 the 6 pairs and would drag that median halfway down; a node's best pair is healthy unless the node itself
 is bad, so the median of those holds while fewer than half the nodes are bad. A pair FAILs below
 FAIL_FRACTION of the reference and WARNs below WARN_FRACTION; a node whose every pair (at least two) FAILs
-is reported FAIL itself. Without `expected_busbw` two nodes cannot be judged against each other (ERROR),
-and the whole-group figure is recorded (PASS, no threshold): pairs carry the relative verdict.
+is reported FAIL itself, unless every pair in the run failed: then the fault is shared (the fabric, the
+expectation), and naming every node would point nowhere. Without `expected_busbw` two nodes cannot be
+judged against each other (ERROR), and the whole-group figure is recorded (PASS, no threshold): pairs carry
+the relative verdict.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import re
 import statistics
@@ -43,7 +46,7 @@ from datetime import timedelta
 from typing import Any
 
 from collectors.checks.result import CheckResult, Status
-from collectors.errors import CollectorConfigError
+from collectors.errors import CollectorConfigError, CollectorError
 
 CHECK = "allreduce_busbw"
 UNIT = "GB/s"
@@ -53,13 +56,22 @@ WARMUP_OPERATIONS = 3  # connection set-up and first allocations, never timed
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
+class TimingError(CollectorError):
+    """A measured operation time is not a positive number (a peer's timing is hostile input too)."""
+
+
 @dataclass(frozen=True)
 class Measurement:
-    """An all-reduce of `size_bytes` among `nodes`: the median seconds one operation took."""
+    """An all-reduce of `size_bytes` among `nodes`: the median seconds one operation took, a positive
+    finite number (TimingError otherwise: a NaN would compare as no slower than the reference)."""
 
     nodes: tuple[str, ...]
     size_bytes: int
     seconds: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.seconds) and self.seconds > 0):
+            raise TimingError(f"{self.target}: {self.seconds!r} seconds per operation is not a positive time")
 
     @property
     def busbw(self) -> float:
@@ -118,6 +130,8 @@ def judge(
     for pair, verdict in zip(pairs, judged, strict=True):
         for name in pair.nodes:
             by_node.setdefault(name, []).append((pair, verdict))
+    if all(verdict.status is Status.FAIL for verdict in judged):
+        return results + judged
     for name, verdicts in by_node.items():
         if len(verdicts) >= 2 and all(verdict.status is Status.FAIL for _, verdict in verdicts):
             failed = {pair.target: round(pair.busbw, 6) for pair, _ in verdicts}
@@ -239,7 +253,7 @@ def run(
             backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
         )
         group, pairs = measure(nodes, size_bytes, iterations, delay_s)
-    except RuntimeError as error:  # torch's DistError and a peer's timeout are RuntimeErrors
+    except (RuntimeError, TimingError) as error:  # torch's DistError and a peer's timeout are RuntimeErrors
         return failure(f"{backend} rendezvous or all-reduce failed: {error}")
     finally:
         if dist.is_initialized():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collectors.checks.allreduce import CHECK, FAIL_FRACTION, Measurement, bus_bandwidth, judge
+from collectors.checks.allreduce import CHECK, FAIL_FRACTION, Measurement, TimingError, bus_bandwidth, judge
 from collectors.checks.result import CheckResult, Status
 from tests.conftest import REPO
 from tests.support.peers import free_port
@@ -91,6 +92,18 @@ def test_thresholds_follow_a_stated_expectation_and_the_group_is_judged_by_it() 
         "peer:b+c": Status.FAIL,
     }
     assert {result.threshold for result in results} == {FAIL_FRACTION * 10.0}
+
+
+def test_when_every_pair_fails_the_expectation_no_node_is_named() -> None:
+    pairs = [pair("a", "b", 2.0), pair("a", "c", 2.5), pair("b", "c", 3.0)]
+    results = judge("a", None, pairs, 0.0, 1.0, expected_busbw=10.0)
+    assert verdicts(results) == dict.fromkeys(["peer:a+b", "peer:a+c", "peer:b+c"], Status.FAIL)
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1.0, math.nan, math.inf])
+def test_a_timing_that_is_not_a_positive_time_is_refused(seconds: float) -> None:
+    with pytest.raises(TimingError, match=r"peer:a\+b: .* seconds per operation is not a positive time"):
+        Measurement(("a", "b"), SIZE, seconds)
 
 
 def test_without_an_expectation_the_group_is_recorded_and_two_nodes_cannot_be_judged() -> None:
