@@ -3,8 +3,9 @@ alone, naming the pair or the node whose bandwidth is far below what healthy nod
 
 Run one process per node as torchrun would (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK):
 `python -m collectors.checks.allreduce --nodes vela-001,vela-002,...` (rank i is the i-th node); rank 0
-prints one JSON line per CheckResult. NCCL on a GPU, gloo on CPUs. torch is optional: without it the check
-reports ERROR, never PASS.
+prints one JSON line per CheckResult. NCCL on a GPU (the rank's LOCAL_RANK GPU, so one rank per node
+measures the path between nodes through that GPU's NIC), gloo on CPUs. torch is optional: without it the
+check reports ERROR, never PASS.
 
 Bandwidth is nccl-tests' bus bandwidth for all-reduce (NVIDIA/nccl-tests doc/PERFORMANCE.md, "AllReduce"):
 algbw = S / t and busbw = algbw * 2(n-1)/n, in GB/s of 1e9 bytes as nccl-tests prints them; it is
@@ -88,8 +89,10 @@ def bus_bandwidth(size_bytes: int, seconds: float, ranks: int) -> float:
 
 
 def node_names(text: str) -> list[str]:
-    """The comma-separated node names of `--nodes`, each a hostname-like name, none twice."""
+    """The comma-separated node names of `--nodes`: at least two, each a hostname-like name, none twice."""
     names = text.split(",")
+    if len(names) < 2:
+        raise CollectorConfigError(f"--nodes {text!r}: an all-reduce between nodes needs at least two")
     for position, name in enumerate(names, 1):
         if not _NODE_NAME.fullmatch(name):
             raise CollectorConfigError(f"--nodes: name {position} {name!r} is not a node name")

@@ -196,6 +196,7 @@ def test_without_torch_the_check_reports_error_not_pass() -> None:
         ("vela-001,vela-001", 2, "named twice"),
         ("vela-001,$(reboot)", 2, "'$(reboot)' is not a node name"),
         ("vela-001,", 2, "name 2 '' is not a node name"),
+        ("vela-001", 1, "needs at least two"),
     ],
 )
 def test_a_bad_node_list_or_environment_is_refused_before_anything_runs(
