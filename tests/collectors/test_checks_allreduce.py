@@ -155,12 +155,12 @@ def finish(processes: list[subprocess.Popen], timeout_s: float) -> list[tuple[in
 @pytest.mark.torch
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 def test_four_gloo_ranks_on_loopback_name_the_slow_node() -> None:
-    slow_rank = 2  # late to every operation by 30 ms, several times a 4 MiB loopback all-reduce
+    slow_rank = 2  # late to every operation by 50 ms, over ten times a 4 MiB loopback all-reduce
     nodes = ["vela-001", "vela-002", "vela-003", "vela-004"]
-    args = ["--nodes", ",".join(nodes), "--size-mb", "4", "--iterations", "10", "--timeout-s", "60"]
+    args = ["--nodes", ",".join(nodes), "--size-mb", "4", "--iterations", "20", "--timeout-s", "60"]
     port = free_port()
     processes = [
-        run_module(args + (["--inject-delay-s", "0.03"] if rank == slow_rank else []), rank, 4, port)
+        run_module(args + (["--inject-delay-s", "0.05"] if rank == slow_rank else []), rank, 4, port)
         for rank in range(4)
     ]
     (status, out, err), *others = finish(processes, 120)
