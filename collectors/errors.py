@@ -13,8 +13,10 @@
     │                           (a ValueError too, as callers of the SDK catch it)
     ├── HostAgentError      a command the host agent runs failed (not installed, exit status, timeout,
     │                       too much output), or the hub refused its report or could not be reached
-    └── CheckOutputError    a health check's tool (dcgmi, ping, iperf3) printed what its parser does not
-                            accept; the check reports it as an ERROR result naming the line or field
+    ├── CheckOutputError    a health check's tool (dcgmi, ping, iperf3) printed what its parser does not
+    │                       accept; the check reports it as an ERROR result naming the line or field
+    └── TimingError         an all-reduce timing that is no positive finite time, which would otherwise
+                            compare as a pass (checks.allreduce)
 
 Collectors catch theirs per sample or per device, report them through `ReadErrors` and go on: one bad
 file never fails a scrape (a CollectorConfigError comes at start-up, before any scrape). Each message

@@ -153,6 +153,7 @@ def finish(processes: list[subprocess.Popen], timeout_s: float) -> list[tuple[in
 
 
 @pytest.mark.torch
+@pytest.mark.timing  # a delayed rank against its peers' wall-clock times: run apart, on quiet cores
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 def test_four_gloo_ranks_on_loopback_name_the_slow_node() -> None:
     slow_rank = 2  # late to every operation by 50 ms, over ten times a 4 MiB loopback all-reduce
