@@ -103,15 +103,17 @@ def test_a_hub_started_with_slurm_placements_keeps_the_running_job_in_its_store(
     store = f"chdb://{tmp_path / 'hub-data'}"
     with hub_process(tmp_path, "--slurm-placements", store=store, env=cluster.env) as hub:
         deadline = time.monotonic() + 30  # its first poll runs as it starts
-        while not (rows := placed_via_hub(hub.url)) and time.monotonic() < deadline:
+        while not (rows := placed_via_hub(hub.url, job)) and time.monotonic() < deadline:
             time.sleep(0.2)
     slurm(cluster, "scancel", job)
-    assert [(row["job"], row["until_set"]) for row in rows] == [(job, 0)]
+    assert [(row["job"], row["until_set"]) for row in rows] == [(job, 0)]  # placed, and still running
     assert rows[0]["node"] in cluster.nodes
 
 
-def placed_via_hub(url: str) -> list[dict[str, object]]:
-    sql = "SELECT job, node, isNotNull(valid_to) AS until_set FROM placements FINAL"
+def placed_via_hub(url: str, job: str) -> list[dict[str, object]]:
+    """The placements of `job` in the hub's store (the cluster still lists the module's earlier jobs)."""
+    assert job.isdigit()
+    sql = f"SELECT job, node, isNotNull(valid_to) AS until_set FROM placements FINAL WHERE job = '{job}'"
     answer = subprocess.run(
         [sys.executable, "-m", "fleetlens.cli", "query", sql, "--hub", url, "--json"],
         capture_output=True,
