@@ -56,7 +56,7 @@ from collectors import textformat
 from collectors.logtext import printable
 from hub.apirequests import keep_days_parameter, query_request, record_rows, topology_request
 from hub.auth import Tokens
-from hub.checks import check_rows
+from hub.checks import LatestChecks, check_rows
 from hub.detect import DetectionLoop
 from hub.errors import HttpError, PayloadError, SlotsBusy
 from hub.groupcommit import GroupCommit
@@ -167,6 +167,7 @@ class Hub:
         self._counts_lock = threading.Lock()
         self.refused: dict[tuple[str, int], int] = {}
         self.errors = 0
+        self.latest_checks = LatestChecks()  # /metrics' autopilot_health_checks
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -286,6 +287,7 @@ class Hub:
         yield refused
         yield from self.remote_write.collect()
         yield from self.writer.collect()
+        yield from self.latest_checks.collect()
         if self.detection is not None:
             yield from self.detection.collect()
 
@@ -469,7 +471,9 @@ class Hub:
         """Active checks' verdicts (hub.checks), stored whole or refused whole with a 400 naming the
         result and field."""
         rows = check_rows(body)
-        return json.dumps({"stored": self._stored(lambda: self.store.insert_checks(rows))}).encode(), JSON
+        stored = self._stored(lambda: self.store.insert_checks(rows))
+        self.latest_checks.record(rows)
+        return json.dumps({"stored": stored}).encode(), JSON
 
     def _insert(self, insert: Callable[[], int]) -> tuple[bytes, str]:
         return json.dumps({"rows": self._stored(insert)}).encode(), JSON

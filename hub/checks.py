@@ -5,6 +5,9 @@ collectors.checks.result.CheckResult (evidence optional). Every field is judged 
 target names as topology names (analytics.topology.names), check names and units short identifiers,
 status one of PASS|WARN|FAIL|ERROR, numbers finite, evidence a small JSON object. One bad result refuses
 the request whole: HttpError(400) naming its index and field, outside text escaped and cut short.
+
+LatestChecks keeps the last result of each node, check and target stored since the hub started, for the
+hub's /metrics gauge in IBM Autopilot's shape (autopilot-daemon/pkg/utils/prometheus.go).
 """
 
 from __future__ import annotations
@@ -12,7 +15,11 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
 
 from analytics.errors import TopologyError
 from analytics.store.records import CHECK_STATUSES, CheckRow
@@ -130,3 +137,44 @@ def _evidence(value: Any, where: str) -> str:
     if len(text) > MAX_EVIDENCE_CHARS:
         raise HttpError(400, f"{where}: {len(text)} characters of JSON, over {MAX_EVIDENCE_CHARS}")
     return text
+
+
+MAX_LATEST = 100_000  # node, check and target triples the gauge keeps; later new ones are left out
+UNHEALTHY = frozenset({"FAIL", "ERROR"})
+
+
+class LatestChecks:
+    """The last stored result of each (node, check, target), as Autopilot's gauge
+    `autopilot_health_checks{health, node, deviceid}`: health is the check, deviceid the GPU index for a
+    gpu:N target, else the target itself (empty for the whole node); the value is the measured value
+    where the check has one, else 0 for PASS or WARN and 1 for FAIL or ERROR (Autopilot's 0 pass, 1 fail).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: dict[tuple[str, str, str], tuple[float, float]] = {}
+
+    def record(self, rows: Sequence[CheckRow]) -> None:
+        """Keep each row that is newer than the one kept for its node, check and target."""
+        with self._lock:
+            for row in rows:
+                key = (row.node, row.check, row.target)
+                if key not in self._latest and len(self._latest) >= MAX_LATEST:
+                    continue
+                if key not in self._latest or self._latest[key][0] <= row.started:
+                    unhealthy = float(row.status in UNHEALTHY)
+                    self._latest[key] = (row.started, unhealthy if row.value is None else row.value)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        gauge = GaugeMetricFamily(
+            "autopilot_health_checks",
+            "The last result of each health check on each node and device (fleetlens checks run): the "
+            "measured value, or 0 for PASS/WARN and 1 for FAIL/ERROR.",
+            labels=["health", "node", "deviceid"],
+        )
+        with self._lock:
+            latest = sorted(self._latest.items())
+        for (node, check, target), (_, value) in latest:
+            kind, _, name = target.partition(":")
+            gauge.add_metric([check, node, name if kind == "gpu" else target], value)
+        yield gauge

@@ -4,6 +4,7 @@ whole with a 400 naming the result and field; no body, however hostile, is a 500
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from hub.auth import Tokens
 from hub.otlp import OtlpStepReceiver
 from hub.spool import Spool
 from hub.writer import Writer
+from tests.support.hubserver import on_loopback
 from tests.support.wsgi import wsgi_post
 
 WRITER, READER = "write-token", "read-token"
@@ -69,6 +71,21 @@ def test_an_array_and_json_lines_are_stored_and_read_back(hub: Hub, store: Store
         ("vela-003", "peer:vela-002", "PASS", 0.21),
     ]
     assert json.loads(rows[1].evidence) == {"loss_pct": 0.0}
+
+
+def test_metrics_show_the_last_result_of_each_check_as_autopilot_s_gauge(hub: Hub) -> None:
+    dcgm = {"check": "dcgm_diag", "unit": "", "value": None, "threshold": None}
+    post(hub, [result(), result(**dcgm, target="gpu:3", status="FAIL"), result(**dcgm, target="gpu:1")])
+    post(hub, [result(value=0.4, started=T0 + 60), result(value=9.0, started=T0 - 60)])  # one late, older
+    with on_loopback(hub) as url, urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        exposed = sorted(
+            line for line in response.read().decode().splitlines() if line.startswith("autopilot_")
+        )
+    assert exposed == [
+        'autopilot_health_checks{health="dcgm_diag",node="vela-001",deviceid="1"} 0',
+        'autopilot_health_checks{health="dcgm_diag",node="vela-001",deviceid="3"} 1',
+        'autopilot_health_checks{health="ping",node="vela-001",deviceid="peer:vela-002"} 0.4',
+    ]
 
 
 def test_a_read_token_may_not_post_checks(hub: Hub, store: Store) -> None:
