@@ -217,6 +217,43 @@ def build_parser() -> argparse.ArgumentParser:
     topology_show.add_argument("--hub", help="hub URL (needed while a hub holds the embedded store)")
     topology_show.set_defaults(run="fleetlens.topology_cli:cmd_topology_show")
 
+    checks = sub.add_parser("checks", help="active health checks on this node, and their stored results")
+    checks_sub = checks.add_subparsers(dest="checks_command", required=True)
+    checks_run = checks_sub.add_parser(
+        "run", help="run checks here, one JSON line per result; exit 0 PASS/WARN, 1 any FAIL, 2 any ERROR"
+    )
+    checks_run.add_argument(
+        "--checks",
+        default="dcgm_diag,gpu_state",
+        help="comma-separated, of dcgm_diag, gpu_state, ping, iperf3 (default dcgm_diag,gpu_state)",
+    )
+    checks_run.add_argument("--level", type=int, default=1, choices=(1, 2, 3), help="dcgmi diag level (1)")
+    checks_run.add_argument(
+        "--peer", action="append", default=[], metavar="NAME=ADDR", help="a peer for ping and iperf3"
+    )
+    checks_run.add_argument(
+        "--dev", metavar="NETDEV", help="the interface (or source address) ping sends from"
+    )
+    checks_run.add_argument(
+        "--expected-gbps",
+        type=float,
+        default=100.0,
+        dest="expected_gbps",
+        help="iperf3's expected rate (100)",
+    )
+    checks_run.add_argument("--node", help="this node's name (default: its hostname)")
+    checks_run.add_argument(
+        "--hub", help="also post the results to this hub (FLEETLENS_API_TOKEN: a write token)"
+    )
+    checks_run.set_defaults(run="fleetlens.checks_cli:cmd_checks_run")
+    checks_list = checks_sub.add_parser("list", help="stored check results, oldest first")
+    _hub_flags(checks_list)
+    checks_list.add_argument("--node", help="only this node's")
+    checks_list.add_argument("--since", type=time_argument, help="from then on (default: a day ago)")
+    checks_list.add_argument("--hub", help="hub URL (needed while a hub holds the embedded store)")
+    checks_list.add_argument("--json", action="store_true", help="a JSON array, one object per result")
+    checks_list.set_defaults(run="fleetlens.checks_cli:cmd_checks_list")
+
     steps = sub.add_parser("steps", help="training step records")
     steps_sub = steps.add_subparsers(dest="steps_command", required=True)
     steps_import = steps_sub.add_parser("import", help="import a step JSON-lines file into the store")

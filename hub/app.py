@@ -7,6 +7,7 @@
     POST /api/v1/query ◀───────── read-only SQL ────────── store (read sessions of its own)
     POST /api/v1/silences, /api/v1/actions ─(silences, drain requests)─▶ store
     POST /api/v1/topology, hub.topology_file (hub.topology) ─(links, parsed by the hub)─▶ store
+    POST /api/v1/checks (hub.checks) ─(active checks' verdicts)─▶ store
     GET /metrics (the hub's own), GET /healthz (HEAD too, as GET without the body)
     detection (each window) ──▶ anomalies in the store ──▶ alerting (hub.detect.Alerting)
 
@@ -55,6 +56,7 @@ from collectors import textformat
 from collectors.logtext import printable
 from hub.apirequests import keep_days_parameter, query_request, record_rows, topology_request
 from hub.auth import Tokens
+from hub.checks import LatestChecks, check_rows
 from hub.detect import DetectionLoop
 from hub.errors import HttpError, PayloadError, SlotsBusy
 from hub.groupcommit import GroupCommit
@@ -165,6 +167,7 @@ class Hub:
         self._counts_lock = threading.Lock()
         self.refused: dict[tuple[str, int], int] = {}
         self.errors = 0
+        self.latest_checks = LatestChecks()  # /metrics' autopilot_health_checks
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -284,6 +287,7 @@ class Hub:
         yield refused
         yield from self.remote_write.collect()
         yield from self.writer.collect()
+        yield from self.latest_checks.collect()
         if self.detection is not None:
             yield from self.detection.collect()
 
@@ -463,6 +467,14 @@ class Hub:
         )
         return json.dumps({"links": len(said.links), **asdict(changes)}).encode(), JSON
 
+    def _checks(self, body: bytes, environ: dict) -> tuple[bytes, str]:
+        """Active checks' verdicts (hub.checks), stored whole or refused whole with a 400 naming the
+        result and field."""
+        rows = check_rows(body)
+        stored = self._stored(lambda: self.store.insert_checks(rows))
+        self.latest_checks.record(rows)
+        return json.dumps({"stored": stored}).encode(), JSON
+
     def _insert(self, insert: Callable[[], int]) -> tuple[bytes, str]:
         return json.dumps({"rows": self._stored(insert)}).encode(), JSON
 
@@ -523,6 +535,7 @@ class Hub:
         "/api/v1/write": ("write", _remote_write),
         "/api/v1/steps": ("write", _steps),
         "/api/v1/topology": ("write", _topology),
+        "/api/v1/checks": ("write", _checks),
         "/api/v1/query": ("read", _query),
         "/api/v1/silences": ("act", _silences),
         "/api/v1/actions": ("act", _actions),

@@ -54,7 +54,7 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from analytics.errors import AddressError, SchemaError, StoreRejected, StoreUnavailable
-from analytics.store import placements, schema, topology
+from analytics.store import checks, placements, schema, topology
 from analytics.store.clickhouse_errors import short, store_error, unreachable
 from analytics.store.ledger import (
     Admitted,
@@ -72,6 +72,7 @@ from analytics.store.records import (
     ActionRow,
     AlertChange,
     Anomaly,
+    CheckRow,
     NotificationRow,
     Placement,
     QueryResult,
@@ -475,6 +476,17 @@ class Store:
     def insert_notifications(self, rows: Sequence[NotificationRow], *, token: str) -> int:
         """Store delivery outcomes; returns the number of rows sent."""
         return self._insert_records("notifications", _columns(NotificationRow), rows, token)
+
+    def insert_checks(self, rows: Sequence[CheckRow]) -> int:
+        """Store active checks' verdicts (analytics.store.checks); the same rows sent again are stored once.
+        Returns the number of rows sent."""
+        return self._insert_records(
+            "checks", checks.COLUMNS, rows, checks.insert_token(rows), times=("started",)
+        )
+
+    def checks_between(self, since: float, until: float, *, node: str | None = None) -> list[CheckRow]:
+        """The checks started in [since, until), of `node` where given, earliest first."""
+        return checks.checks_between(self, since, until, node=node)
 
     def replace_links(
         self,

@@ -81,6 +81,12 @@ class HubClient:
         answer = self._post("/api/v1/topology", body.encode(), "application/json", StoreRejected)
         return answer["links"], Changes(answer["opened"], answer["closed"], answer["unchanged"])
 
+    def insert_checks(self, results: Sequence[Mapping[str, Any]]) -> int:
+        """Send active checks' results (CheckResult fields) to the hub's `checks` table; returns how many
+        it stored. StoreRejected carries the hub's explanation (the result and field it refused)."""
+        body = json.dumps(results).encode()
+        return self._post("/api/v1/checks", body, "application/json", StoreRejected)["stored"]
+
     def insert_silences(self, rows: Sequence[SilenceRow], *, token: str) -> int:
         """Store silences through the hub (as Store.insert_silences); returns the rows it accepted."""
         return self._post_rows("/api/v1/silences", rows, token)

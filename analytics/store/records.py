@@ -121,6 +121,26 @@ class ActionRow:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckRow:
+    """One active check's verdict on one target of a node, as stored in `checks`: status is one of
+    CHECK_STATUSES, evidence a JSON object's text, value and threshold None where the check has no number."""
+
+    node: str
+    check: str
+    target: str  # "gpu:3", "nic:mlx5_2", "peer:vela-007", "" for the whole node
+    status: str
+    value: float | None
+    unit: str
+    threshold: float | None
+    evidence: str
+    started: float
+    duration_s: float
+
+
+CHECK_STATUSES = ("PASS", "WARN", "FAIL", "ERROR")  # collectors.checks.result.Status, as stored
+
+
+@dataclass(frozen=True, slots=True)
 class SilenceRow:
     """A silence as stored: `matchers` is a JSON list of [name, operator, value]; a silence expired
     early is written again with the same id and the new ends_at."""

@@ -648,6 +648,25 @@ PLACEMENTS = Table(
     sharding_key="cityHash64(source)",
 )
 
+# One row per active check's verdict on one target (collectors.checks, posted by `fleetlens checks run`),
+# kept as long as the rollups: few rows, and a node's health history is read over months.
+CHECKS = Table(
+    name="checks",
+    columns=f"""    node LowCardinality(String),
+    check LowCardinality(String),
+    target String,
+    status LowCardinality(String),
+    value Nullable(Float64),
+    unit LowCardinality(String),
+    threshold Nullable(Float64),
+    evidence String CODEC(ZSTD(3)),
+    started {TS},
+    duration_s Float64""",
+    order_by="node, check, target, started",
+    partition_by="toYYYYMM(started)",
+    expiry=Expiry("toDateTime(started)", "rollup_days"),
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
@@ -684,6 +703,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         11, "placements: which job ran on which node with which GPUs, from when to when", (PLACEMENTS,)
     ),
+    Migration(12, "checks: active health checks' verdicts per node, check and target", (CHECKS,)),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 # What queries may read: every table and view, by the name readers use (not the materialized view).

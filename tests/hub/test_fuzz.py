@@ -131,6 +131,7 @@ PATHS = [
     "/api/v1/silences",
     "/api/v1/actions",
     "/api/v1/topology",
+    "/api/v1/checks",
 ]
 
 
