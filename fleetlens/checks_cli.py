@@ -20,7 +20,7 @@ from analytics.errors import StoreError
 from analytics.store import checks
 from analytics.store.hubclient import HubClient
 from collectors.checks.dcgm_diag import run_dcgm_diag
-from collectors.checks.gpu_state import run_gpu_state
+from collectors.checks.gpu_state import UnavailableBackend, run_gpu_state
 from collectors.checks.network import iperf3_pair, ping_mesh
 from collectors.checks.result import CheckResult, Status, worst
 from collectors.errors import CollectorConfigError, GpuBackendError
@@ -117,21 +117,11 @@ def _iperf3(node: str, args: argparse.Namespace) -> list[CheckResult]:
     ]
 
 
-class _NoGpuBackend:
-    """NVML that could not be opened: gpu_state reports it as ERROR for each of its checks."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-    def read(self) -> list:
-        raise GpuBackendError(self.reason)
-
-
 def _gpu_state(node: str, args: argparse.Namespace) -> list[CheckResult]:
     try:
         backend = NvmlBackend()
     except (ImportError, GpuBackendError) as exc:
-        return run_gpu_state(node, _NoGpuBackend(f"NVML cannot be opened: {exc}"))  # type: ignore[arg-type]
+        return run_gpu_state(node, UnavailableBackend(f"NVML cannot be opened: {exc}"))  # type: ignore[arg-type]
     try:
         return run_gpu_state(node, backend)
     finally:

@@ -31,6 +31,17 @@ _HW_SLOWDOWN = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 _SW_SLOWDOWN = ("sw_thermal_slowdown",)
 
 
+class UnavailableBackend:
+    """A GPU backend that could not be opened (no NVML, no driver): run_gpu_state reports `reason` as an
+    ERROR for each of its checks, never a pass."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def read(self) -> list[GpuReading]:
+        raise GpuBackendError(self.reason)
+
+
 def run_gpu_state(
     node: str, backend: GpuBackend, clock: Callable[[], float] = time.time
 ) -> list[CheckResult]:
