@@ -13,23 +13,17 @@ import json
 import socket
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 
 from analytics.errors import StoreError
 from analytics.store import checks
 from analytics.store.hubclient import HubClient
-from collectors.checks.dcgm_diag import run_dcgm_diag
-from collectors.checks.gpu_state import UnavailableBackend, run_gpu_state
-from collectors.checks.network import iperf3_pair, ping_mesh
-from collectors.checks.result import CheckResult, Status, worst
-from collectors.errors import CollectorConfigError, GpuBackendError
-from collectors.gpu.nvml import NvmlBackend
+from collectors.checks.catalog import CATALOG, CheckOptions, chosen
+from collectors.checks.result import Status, worst
+from collectors.errors import CollectorConfigError
 from fleetlens.access import reader
 from fleetlens.errors import ConfigError
 
-CHECK_NAMES = ("dcgm_diag", "gpu_state", "ping", "iperf3")
-DEFAULT_CHECKS = "dcgm_diag,gpu_state"  # light: DCGM level 1 and the GPUs' own state, seconds of GPU time
 EXIT_STATUS = {Status.PASS: 0, Status.WARN: 0, Status.FAIL: 1, Status.ERROR: 2}
 LIST_COLUMNS = ("started", "node", "check", "target", "status", "value", "unit", "threshold")
 DAY_S = 86_400.0
@@ -38,9 +32,15 @@ DAY_S = 86_400.0
 def cmd_checks_run(args: argparse.Namespace) -> int:
     """Run the chosen checks, print each result as a JSON line, post them with --hub; the exit status of
     the module doc."""
-    node = args.node or socket.gethostname()
+    options = CheckOptions(
+        node=args.node or socket.gethostname(),
+        dcgm_level=args.level,
+        peers=_peers(args.peer),
+        dev=args.dev or "",
+        expected_gbps=args.expected_gbps,
+    )
     try:
-        results = [result for name in _chosen(args.checks) for result in _RUNNERS[name](node, args)]
+        results = [result for name in chosen(args.checks) for result in CATALOG[name].run(options)]
     except CollectorConfigError as exc:
         raise ConfigError(str(exc)) from None
     for result in results:
@@ -77,13 +77,6 @@ def cmd_checks_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _chosen(text: str) -> list[str]:
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    if unknown := sorted(set(names) - set(CHECK_NAMES)):
-        raise ConfigError(f"--checks: unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECK_NAMES)}")
-    return list(dict.fromkeys(names))
-
-
 def _peers(pairs: list[str]) -> dict[str, str]:
     """--peer NAME=ADDR options as name -> address."""
     peers = {}
@@ -93,44 +86,3 @@ def _peers(pairs: list[str]) -> dict[str, str]:
             raise ConfigError(f"--peer {pair!r}: expected NAME=ADDR")
         peers[name] = address
     return peers
-
-
-def _needing_peers(args: argparse.Namespace, check: str) -> dict[str, str]:
-    peers = _peers(args.peer)
-    if not peers:
-        raise ConfigError(f"{check} needs at least one --peer NAME=ADDR")
-    return peers
-
-
-def _ping(node: str, args: argparse.Namespace) -> list[CheckResult]:
-    peers = _needing_peers(args, "ping")
-    if not args.dev:
-        raise ConfigError("ping needs --dev NETDEV (the interface, or source address, to ping from)")
-    return ping_mesh(node, peers, args.dev)
-
-
-def _iperf3(node: str, args: argparse.Namespace) -> list[CheckResult]:
-    """iperf3 to each peer, one at a time (pairs at once would share the link they measure)."""
-    expected = args.expected_gbps * 1e9
-    return [
-        iperf3_pair(node, name, address, expected) for name, address in _needing_peers(args, "iperf3").items()
-    ]
-
-
-def _gpu_state(node: str, args: argparse.Namespace) -> list[CheckResult]:
-    try:
-        backend = NvmlBackend()
-    except (ImportError, GpuBackendError) as exc:
-        return run_gpu_state(node, UnavailableBackend(f"NVML cannot be opened: {exc}"))  # type: ignore[arg-type]
-    try:
-        return run_gpu_state(node, backend)
-    finally:
-        backend.close()
-
-
-_RUNNERS: dict[str, Callable[[str, argparse.Namespace], list[CheckResult]]] = {
-    "dcgm_diag": lambda node, args: run_dcgm_diag(node, args.level),
-    "gpu_state": _gpu_state,
-    "ping": _ping,
-    "iperf3": _iperf3,
-}

@@ -224,8 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     checks_run.add_argument(
         "--checks",
-        default="dcgm_diag,gpu_state",
-        help="comma-separated, of dcgm_diag, gpu_state, ping, iperf3 (default dcgm_diag,gpu_state)",
+        default="light",
+        help="comma-separated checks or sets (light, heavy); docs/checks.md lists them (default: light)",
     )
     checks_run.add_argument("--level", type=int, default=1, choices=(1, 2, 3), help="dcgmi diag level (1)")
     checks_run.add_argument(
