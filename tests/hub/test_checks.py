@@ -28,10 +28,26 @@ EXAMPLES = settings(
 )
 
 
+def started_hub(store: Store, spool: Path) -> Hub:
+    """A hub on `store` whose clock reads an hour after T0."""
+    tokens = Tokens({WRITER: frozenset({"write"}), READER: frozenset({"read"})})
+    return Hub(
+        store,
+        Writer(store, Spool(spool, 1 << 20)),
+        OtlpStepReceiver(),
+        tokens=tokens,
+        wall_clock=lambda: T0 + 3600,
+    )
+
+
 @pytest.fixture
 def hub(store: Store, tmp_path: Path) -> Iterator[Hub]:
-    tokens = Tokens({WRITER: frozenset({"write"}), READER: frozenset({"read"})})
-    yield Hub(store, Writer(store, Spool(tmp_path / "spool", 1 << 20)), OtlpStepReceiver(), tokens=tokens)
+    yield started_hub(store, tmp_path / "spool")
+
+
+def autopilot_lines(hub: Hub) -> list[str]:
+    with on_loopback(hub) as url, urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        return sorted(line for line in response.read().decode().splitlines() if line.startswith("autopilot_"))
 
 
 def result(**changes: object) -> dict:
@@ -77,14 +93,20 @@ def test_metrics_show_the_last_result_of_each_check_as_autopilot_s_gauge(hub: Hu
     dcgm = {"check": "dcgm_diag", "unit": "", "value": None, "threshold": None}
     post(hub, [result(), result(**dcgm, target="gpu:3", status="FAIL"), result(**dcgm, target="gpu:1")])
     post(hub, [result(value=0.4, started=T0 + 60), result(value=9.0, started=T0 - 60)])  # one late, older
-    with on_loopback(hub) as url, urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-        exposed = sorted(
-            line for line in response.read().decode().splitlines() if line.startswith("autopilot_")
-        )
-    assert exposed == [
+    assert autopilot_lines(hub) == [
         'autopilot_health_checks{health="dcgm_diag",node="vela-001",deviceid="1"} 0',
         'autopilot_health_checks{health="dcgm_diag",node="vela-001",deviceid="3"} 1',
         'autopilot_health_checks{health="ping",node="vela-001",deviceid="peer:vela-002"} 0.4',
+    ]
+
+
+def test_a_restarted_hub_still_shows_the_gauge_and_forgets_results_over_a_day_old(
+    hub: Hub, store: Store, tmp_path: Path
+) -> None:
+    post(hub, [result(status="FAIL", value=None), result(node="vela-009", started=T0 - 2 * 86_400)])
+    restarted = started_hub(store, tmp_path / "spool-after-restart")
+    assert autopilot_lines(restarted) == [
+        'autopilot_health_checks{health="ping",node="vela-001",deviceid="peer:vela-002"} 1',
     ]
 
 
