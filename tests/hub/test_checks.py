@@ -13,6 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analytics.store import Store
+from analytics.store.checks import latest_checks
+from analytics.store.hubclient import HubClient
 from hub.app import Hub
 from hub.auth import Tokens
 from hub.otlp import OtlpStepReceiver
@@ -164,3 +166,14 @@ def test_hostile_bodies_are_refused_and_store_nothing(hub: Hub, store: Store, bo
     status, _ = post(hub, body)
     assert status == 400 or (status == 200 and body.strip() in (b"[]", b"")), body
     assert stored(store) == 0
+
+
+def test_the_latest_results_read_through_the_hubs_query_api_as_from_the_store(hub: Hub, store: Store) -> None:
+    post(hub, [result(status="FAIL", value=None), result(started=T0 + 5), result(node="vela-002")])
+    with on_loopback(hub) as url:
+        through_hub = latest_checks(HubClient(url, token=READER), T0, T0 + 10)
+    assert through_hub == latest_checks(store, T0, T0 + 10)
+    assert [(row.node, row.status, row.started) for row in through_hub] == [
+        ("vela-001", "PASS", T0 + 5),
+        ("vela-002", "PASS", T0),
+    ]
