@@ -1,17 +1,20 @@
-"""What the Node and Actions pages show of a node's life: the jobs the schedulers placed on it (the
-`placements` table), the latest active check results (the `checks` table), and the lifecycle audit rows
-(the `actions` rows of LIFECYCLE_ACTIONS, apart from the drain controller's)."""
+"""What the Node, Actions and Postmortem pages show of a node's life: the jobs the schedulers placed on it
+(the `placements` table), the latest active check results (the `checks` table), and the lifecycle audit
+rows (the `actions` rows of LIFECYCLE_ACTIONS, apart from the drain controller's)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import pandas as pd
 import streamlit as st
 
+from analytics.reports.postmortem import Report
 from analytics.store.checks import latest_checks
 from analytics.store.placements import placements_between
 from analytics.store.protocols import Reader
+from analytics.store.records import Placement
 from ui import window
 
 LIFECYCLE_ACTIONS = ("test", "return", "fail")  # a drained node tested, returned to service, or failed
@@ -54,18 +57,43 @@ def show_placements(reader: Reader, node: str, span: window.TimeRange) -> None:
     if not placed:
         st.caption(f"no scheduler placed a job on {node} in {span.label}")
         return
+    _placements_table(placed, PLACEMENT_COLUMNS, "node.placements")
+
+
+def show_report_placements(report: Report) -> None:
+    """A postmortem's placements (what ran on its node, where its job ran), and, for a job that sent no
+    step times, that its nodes and span came from them."""
+    if report.nodes_from == "placements":
+        st.info("the job sent no step times: its nodes and span come from its placements")
+    if report.placements:
+        st.subheader(f"Placements ({len(report.placements)})")
+        _placements_table(report.placements, ("node", *PLACEMENT_COLUMNS), "postmortem.placements")
+
+
+def jobs(reader: Reader, span: window.TimeRange, scopes: pd.DataFrame) -> list[str]:
+    """The jobs of the range: those with step records (dashboards.nodes_and_jobs' `jobs`) and those the
+    schedulers placed."""
+    placed = placements_between(reader, span.start, span.end)
+    return sorted({job for listed in scopes["jobs"] for job in listed} | {p.job for p in placed})
+
+
+def _placements_table(placed: Sequence[Placement], columns: Sequence[str], key: str) -> None:
+    """Newest first; GPUs as "0, 1"; an open placement's until empty."""
+    cells = {
+        "node": lambda p: p.node,
+        "job": lambda p: p.job,
+        "user": lambda p: p.user,
+        "gpus": lambda p: ", ".join(map(str, p.gpus)),
+        "from": lambda p: p.since,
+        "until": lambda p: p.until,
+        "source": lambda p: str(p.source),
+    }
     frame = pd.DataFrame(
-        [
-            [p.job, p.user, ", ".join(map(str, p.gpus)), p.since, p.until, str(p.source)]
-            for p in reversed(placed)
-        ],
-        columns=list(PLACEMENT_COLUMNS),
+        [[cells[column](p) for column in columns] for p in reversed(placed)], columns=columns
     )
     for column in ("from", "until"):
         frame[column] = pd.to_datetime(frame[column], unit="s", utc=True)
-    st.dataframe(
-        frame, hide_index=True, column_config=window.utc_columns("from", "until"), key="node.placements"
-    )
+    st.dataframe(frame, hide_index=True, column_config=window.utc_columns("from", "until"), key=key)
 
 
 def split_audit(audit: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -113,3 +113,19 @@ def test_pages_without_placements_or_checks_say_so(store: Store):
     captions = [caption.value for caption in page.caption]
     assert any(f"no scheduler placed a job on {NODE}" in text for text in captions)
     assert any("no active check ran in the range" in text for text in captions)
+
+
+def test_the_postmortem_page_offers_a_placed_job_without_steps_and_says_where_its_nodes_came_from(
+    seeded: Store,
+):
+    page = app(seeded, "views/postmortem.py", job="4242")
+    page.radio(key="postmortem.scope").set_value("job").run()
+
+    assert not page.exception, [error.value for error in page.exception]
+    assert "4242" in page.selectbox(key="postmortem.job").options
+    assert page.selectbox(key="postmortem.job").value == "4242"
+    assert "the job sent no step times: its nodes and span come from its placements" in [
+        info.value for info in page.info
+    ]
+    [placed] = tables(page, "node", "job", "gpus")
+    assert placed[["node", "job", "user", "gpus"]].values.tolist() == [[NODE, "4242", "ana", "0, 1"]]
