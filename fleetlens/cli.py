@@ -394,7 +394,7 @@ def _report_commands(sub: argparse._SubParsersAction) -> None:
     postmortem.add_argument("--hub", help="a hub's URL: go through its API (the way to an embedded store)")
     scope = postmortem.add_mutually_exclusive_group(required=True)
     scope.add_argument("--node", help="the node the report is about")
-    scope.add_argument("--job", help="the job the report is about (its nodes: those that ran its steps)")
+    scope.add_argument("--job", help="the job the report is about (its nodes: from its steps and placements)")
     for flag, dest in (("--from", "start"), ("--to", "end")):
         postmortem.add_argument(
             flag, dest=dest, type=time_argument, required=True, help="unix seconds or ISO 8601 (UTC)"

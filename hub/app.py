@@ -167,7 +167,7 @@ class Hub:
         self._counts_lock = threading.Lock()
         self.refused: dict[tuple[str, int], int] = {}
         self.errors = 0
-        self.latest_checks = LatestChecks()  # /metrics' autopilot_health_checks
+        self.latest_checks = LatestChecks(store, wall_clock)  # /metrics' autopilot_health_checks
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -472,7 +472,6 @@ class Hub:
         result and field."""
         rows = check_rows(body)
         stored = self._stored(lambda: self.store.insert_checks(rows))
-        self.latest_checks.record(rows)
         return json.dumps({"stored": stored}).encode(), JSON
 
     def _insert(self, insert: Callable[[], int]) -> tuple[bytes, str]:

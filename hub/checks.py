@@ -6,8 +6,9 @@ target names as topology names (analytics.topology.names), check names and units
 status one of PASS|WARN|FAIL|ERROR, numbers finite, evidence a small JSON object. One bad result refuses
 the request whole: HttpError(400) naming its index and field, outside text escaped and cut short.
 
-LatestChecks keeps the last result of each node, check and target stored since the hub started, for the
-hub's /metrics gauge in IBM Autopilot's shape (autopilot-daemon/pkg/utils/prometheus.go).
+LatestChecks reads the last stored result of each node, check and target of the past LATEST_WINDOW_S from
+the checks table at each scrape, for the hub's /metrics gauge in IBM Autopilot's shape
+(autopilot-daemon/pkg/utils/prometheus.go): a restarted hub shows what its store holds.
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ from __future__ import annotations
 import json
 import math
 import re
-import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
-from analytics.errors import TopologyError
+from analytics.errors import StoreError, TopologyError
+from analytics.store.checks import latest_checks
 from analytics.store.records import CHECK_STATUSES, CheckRow
+from analytics.store.topology import Reader
 from analytics.topology.names import checked_name
 from collectors.logtext import printable
 from hub.errors import HttpError
@@ -139,42 +142,35 @@ def _evidence(value: Any, where: str) -> str:
     return text
 
 
-MAX_LATEST = 100_000  # node, check and target triples the gauge keeps; later new ones are left out
+LATEST_WINDOW_S = 86_400.0  # a result older than a day is no longer the node's health
 UNHEALTHY = frozenset({"FAIL", "ERROR"})
 
 
 class LatestChecks:
-    """The last stored result of each (node, check, target), as Autopilot's gauge
-    `autopilot_health_checks{health, node, deviceid}`: health is the check, deviceid the GPU index for a
-    gpu:N target, else the target itself (empty for the whole node); the value is the measured value
-    where the check has one, else 0 for PASS or WARN and 1 for FAIL or ERROR (Autopilot's 0 pass, 1 fail).
-    """
+    """The last stored result of each (node, check, target) started in the past LATEST_WINDOW_S, as
+    Autopilot's gauge `autopilot_health_checks{health, node, deviceid}`: health is the check, deviceid the
+    GPU index for a gpu:N target, else the target itself (empty for the whole node); the value is the
+    measured value where the check has one, else 0 for PASS or WARN and 1 for FAIL or ERROR (Autopilot's
+    0 pass, 1 fail). A store that cannot answer leaves the gauge out of that scrape, never stale."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._latest: dict[tuple[str, str, str], tuple[float, float]] = {}
-
-    def record(self, rows: Sequence[CheckRow]) -> None:
-        """Keep each row that is newer than the one kept for its node, check and target."""
-        with self._lock:
-            for row in rows:
-                key = (row.node, row.check, row.target)
-                if key not in self._latest and len(self._latest) >= MAX_LATEST:
-                    continue
-                if key not in self._latest or self._latest[key][0] <= row.started:
-                    unhealthy = float(row.status in UNHEALTHY)
-                    self._latest[key] = (row.started, unhealthy if row.value is None else row.value)
+    def __init__(self, reader: Reader, clock: Callable[[], float] = time.time) -> None:
+        self._reader = reader
+        self._clock = clock
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        now = self._clock()
+        try:
+            rows = latest_checks(self._reader, now - LATEST_WINDOW_S, now + 1.0)
+        except StoreError:
+            return
         gauge = GaugeMetricFamily(
             "autopilot_health_checks",
-            "The last result of each health check on each node and device (fleetlens checks run): the "
-            "measured value, or 0 for PASS/WARN and 1 for FAIL/ERROR.",
+            "The last result of each health check on each node and device in the past day (fleetlens "
+            "checks run): the measured value, or 0 for PASS/WARN and 1 for FAIL/ERROR.",
             labels=["health", "node", "deviceid"],
         )
-        with self._lock:
-            latest = sorted(self._latest.items())
-        for (node, check, target), (_, value) in latest:
-            kind, _, name = target.partition(":")
-            gauge.add_metric([check, node, name if kind == "gpu" else target], value)
+        for row in rows:
+            kind, _, name = row.target.partition(":")
+            value = float(row.status in UNHEALTHY) if row.value is None else row.value
+            gauge.add_metric([row.check, row.node, name if kind == "gpu" else row.target], value)
         yield gauge

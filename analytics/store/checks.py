@@ -34,15 +34,40 @@ WHERE started >= {{since:DateTime64(3, 'UTC')}} AND started < {{until:DateTime64
 ORDER BY started, node, check, target"""
 
 
+def latest_sql(node: bool) -> str:
+    """The last check started in [{since}, {until}) of each node, check and target (of {node} where
+    asked): argMax over `started`, so a late-posted older result does not hide a newer one."""
+    where = " AND node = {node:String}" * node
+    columns = ", ".join(
+        f"argMax({column}, started)" for column in ("status", "value", "unit", "threshold", "evidence")
+    )
+    return f"""SELECT node, check, target, {columns},
+    toFloat64(toUnixTimestamp64Milli(max(started))) / 1000, argMax(duration_s, started)
+FROM checks
+WHERE started >= {{since:DateTime64(3, 'UTC')}} AND started < {{until:DateTime64(3, 'UTC')}}{where}
+GROUP BY node, check, target
+ORDER BY node, check, target"""
+
+
 def checks_between(reader: Reader, since: float, until: float, *, node: str | None = None) -> list[CheckRow]:
     """The checks started in [since, until) (unix seconds), of `node` where given, earliest first, from a
     Store or a HubClient. StoreRejected when there are more than one read returns."""
+    return _read(reader, between_sql(node is not None), since, until, node)
+
+
+def latest_checks(reader: Reader, since: float, until: float, *, node: str | None = None) -> list[CheckRow]:
+    """The last check started in [since, until) of each node, check and target (of `node` where given),
+    ordered by node, check and target: what a node's health is now. StoreRejected as checks_between."""
+    return _read(reader, latest_sql(node is not None), since, until, node)
+
+
+def _read(reader: Reader, sql: str, since: float, until: float, node: str | None) -> list[CheckRow]:
     parameters: dict[str, Any] = {
         "since": datetime.fromtimestamp(since, UTC),
         "until": datetime.fromtimestamp(until, UTC),
         "node": node or "",
     }
-    result = reader.query(between_sql(node is not None), parameters=parameters, max_rows=MAX_CHECKS)
+    result = reader.query(sql, parameters=parameters, max_rows=MAX_CHECKS)
     if result.truncated:
         raise StoreRejected(f"checks: more than one read returns ({len(result.rows)}); narrow the window")
     return [CheckRow(*row) for row in result.rows]

@@ -21,17 +21,22 @@ SEED = """
 import json, sys
 from pathlib import Path
 from analytics.store import Store
-from tests.support.incident import seed_incident
+from analytics.store.records import Placement
+from analytics.topology.model import Source
+from tests.support.incident import NODE, seed_incident
 root = Path(sys.argv[1])
 with Store.open(f"chdb://{root / 'store'}") as store:
     incident = seed_incident(store, root / "fleet")
+    placed = Placement(Source.SLURM, "slurm-9", "ana", NODE, (1,), incident.start + 1, incident.end - 1)
+    store.replace_placements(Source.SLURM, [placed], now=incident.end)
 print(json.dumps({"start": incident.start, "end": incident.end}))
 """
 
 
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    """A store holding the incident of tests.analytics.reports.test_postmortem, and its window."""
+    """A store holding the incident of tests.analytics.reports.test_postmortem, a Slurm job placed on its
+    node that sent no step times, and its window."""
     root = tmp_path_factory.mktemp("postmortem")
     done = subprocess.run(
         [sys.executable, "-c", SEED, str(root)], cwd=REPO, capture_output=True, text=True, timeout=120
@@ -95,3 +100,18 @@ def test_a_jobs_json_from_the_store_and_csv_through_a_hub_holding_it_carry_the_s
         (event["ts"], event["what"], event["evidence"]) for event in report["events"]
     ]
     assert "gpu_throttle gpu:1 opened" in [row["what"] for row in rows]
+
+
+def test_a_job_that_sent_no_step_times_is_reported_through_a_hub_from_its_placements(seeded, tmp_path):
+    with hub_process(tmp_path, store=f"chdb://{seeded[0]}", log_level="ERROR") as hub:
+        done = postmortem(seeded, "--job", "slurm-9", hub=hub.url)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("# Postmortem: job slurm-9 on 1 node(s)\n")
+    for line in (
+        "The job sent no step times: its nodes and span come from its placements (slurm).",
+        f"- Nodes in scope: {NODE} (from its placements)",
+        "- Anomalies: 1 (gpu_throttle 1)",
+        f"| slurm-9 | ana | {NODE} | 1 |",
+    ):
+        assert line in done.stdout

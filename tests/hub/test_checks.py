@@ -13,6 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analytics.store import Store
+from analytics.store.checks import latest_checks
+from analytics.store.hubclient import HubClient
 from hub.app import Hub
 from hub.auth import Tokens
 from hub.otlp import OtlpStepReceiver
@@ -28,10 +30,26 @@ EXAMPLES = settings(
 )
 
 
+def started_hub(store: Store, spool: Path) -> Hub:
+    """A hub on `store` whose clock reads an hour after T0."""
+    tokens = Tokens({WRITER: frozenset({"write"}), READER: frozenset({"read"})})
+    return Hub(
+        store,
+        Writer(store, Spool(spool, 1 << 20)),
+        OtlpStepReceiver(),
+        tokens=tokens,
+        wall_clock=lambda: T0 + 3600,
+    )
+
+
 @pytest.fixture
 def hub(store: Store, tmp_path: Path) -> Iterator[Hub]:
-    tokens = Tokens({WRITER: frozenset({"write"}), READER: frozenset({"read"})})
-    yield Hub(store, Writer(store, Spool(tmp_path / "spool", 1 << 20)), OtlpStepReceiver(), tokens=tokens)
+    yield started_hub(store, tmp_path / "spool")
+
+
+def autopilot_lines(hub: Hub) -> list[str]:
+    with on_loopback(hub) as url, urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        return sorted(line for line in response.read().decode().splitlines() if line.startswith("autopilot_"))
 
 
 def result(**changes: object) -> dict:
@@ -77,14 +95,20 @@ def test_metrics_show_the_last_result_of_each_check_as_autopilot_s_gauge(hub: Hu
     dcgm = {"check": "dcgm_diag", "unit": "", "value": None, "threshold": None}
     post(hub, [result(), result(**dcgm, target="gpu:3", status="FAIL"), result(**dcgm, target="gpu:1")])
     post(hub, [result(value=0.4, started=T0 + 60), result(value=9.0, started=T0 - 60)])  # one late, older
-    with on_loopback(hub) as url, urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
-        exposed = sorted(
-            line for line in response.read().decode().splitlines() if line.startswith("autopilot_")
-        )
-    assert exposed == [
+    assert autopilot_lines(hub) == [
         'autopilot_health_checks{health="dcgm_diag",node="vela-001",deviceid="1"} 0',
         'autopilot_health_checks{health="dcgm_diag",node="vela-001",deviceid="3"} 1',
         'autopilot_health_checks{health="ping",node="vela-001",deviceid="peer:vela-002"} 0.4',
+    ]
+
+
+def test_a_restarted_hub_still_shows_the_gauge_and_forgets_results_over_a_day_old(
+    hub: Hub, store: Store, tmp_path: Path
+) -> None:
+    post(hub, [result(status="FAIL", value=None), result(node="vela-009", started=T0 - 2 * 86_400)])
+    restarted = started_hub(store, tmp_path / "spool-after-restart")
+    assert autopilot_lines(restarted) == [
+        'autopilot_health_checks{health="ping",node="vela-001",deviceid="peer:vela-002"} 1',
     ]
 
 
@@ -142,3 +166,14 @@ def test_hostile_bodies_are_refused_and_store_nothing(hub: Hub, store: Store, bo
     status, _ = post(hub, body)
     assert status == 400 or (status == 200 and body.strip() in (b"[]", b"")), body
     assert stored(store) == 0
+
+
+def test_the_latest_results_read_through_the_hubs_query_api_as_from_the_store(hub: Hub, store: Store) -> None:
+    post(hub, [result(status="FAIL", value=None), result(started=T0 + 5), result(node="vela-002")])
+    with on_loopback(hub) as url:
+        through_hub = latest_checks(HubClient(url, token=READER), T0, T0 + 10)
+    assert through_hub == latest_checks(store, T0, T0 + 10)
+    assert [(row.node, row.status, row.started) for row in through_hub] == [
+        ("vela-001", "PASS", T0 + 5),
+        ("vela-002", "PASS", T0),
+    ]

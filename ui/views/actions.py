@@ -1,6 +1,7 @@
-"""Actions: drains waiting for approval with approve and deny buttons, the nodes drained, the audit log of
-the drain controller, and the limits it enforces. A button sends a request (alerts.commands.request) that
-the hub's controller carries out on its next cycle; the audit shows both."""
+"""Actions: drains waiting for approval with approve and deny buttons, the nodes drained, the latest
+active check results (failures first), the audit log of the drain controller, the lifecycle audit (nodes
+tested, returned, failed), and the limits the controller enforces. A button sends a request
+(alerts.commands.request) that the hub's controller carries out on its next cycle; the audit shows both."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import streamlit as st
 
 from alerts import commands
 from analytics.reports import dashboards
-from ui import source, window
+from ui import lifecycle, source, window
 
 BY_KEY = "actions.by"
 
@@ -70,9 +71,15 @@ st.title("Actions")
 span = window.current()
 with source.reported("reading the drain controller's audit"):
     show_queue(dashboards.drain_queue(source.current(), time.time()))
-    audit = dashboards.actions(source.current(), span.start, span.end)
-    st.subheader(f"Audit log ({len(audit)})")
+with source.reported("reading the check results"):
+    lifecycle.show_check_results(lifecycle.check_results(source.current(), span), key="actions.checks")
+with source.reported("reading the drain controller's audit"):
+    drains, tested = lifecycle.split_audit(dashboards.actions(source.current(), span.start, span.end))
+    st.subheader(f"Audit log ({len(drains)})")
     st.caption(span.label)
-    st.dataframe(audit, hide_index=True, column_config=window.utc_columns("ts"), key="actions.audit")
+    st.dataframe(drains, hide_index=True, column_config=window.utc_columns("ts"), key="actions.audit")
+    st.subheader(f"Lifecycle audit ({len(tested)})")
+    st.caption(f"nodes tested, returned to service or failed, {span.label}")
+    st.dataframe(tested, hide_index=True, column_config=window.utc_columns("ts"), key="actions.lifecycle")
 with source.reported("reading the drain policy"):
     show_policy()

@@ -1,6 +1,6 @@
-"""Node: one node's GPU and RoCE time series with its anomaly periods shaded, its step or compute time
-against its peers, and its anomalies (with what it costs its job as a straggler), alerts and drain
-decisions. The node comes from ?node=."""
+"""Node: one node's GPU and RoCE time series with its anomaly periods shaded, what ran on it (its
+placements), its step or compute time against its peers, its latest check results, and its anomalies
+(with what it costs its job as a straggler), alerts and drain decisions. The node comes from ?node=."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from analytics.reports import dashboards, topology
-from ui import costs, explained, plots, source, window
+from ui import costs, explained, lifecycle, plots, source, window
 
 
 def pick_node(span: window.TimeRange) -> str:
@@ -78,7 +78,9 @@ def show_node(span: window.TimeRange) -> None:
     st.caption(f"{node}, {span.label}; shaded: its anomalies")
     show_layers(node, span)
     show_series(node, span, found.drop(columns=["evidence"]))  # a chart's data: numbers and names
+    lifecycle.show_placements(reader, node, span)
     show_peers(node, span)
+    lifecycle.show_check_results(lifecycle.check_results(reader, span, node), key="node.checks")
     st.subheader(f"Anomalies ({len(found)})")
     st.dataframe(
         costs.with_evidence_text(found.drop(columns=["id", "node"])),

@@ -13,7 +13,7 @@ import streamlit as st
 from analytics.errors import QueryError
 from analytics.reports import dashboards, postmortem, sqlbox
 from analytics.reports.straggler import gpu_hours
-from ui import costs, plots, source, window
+from ui import costs, lifecycle, plots, source, window
 
 SQL_KEY, SAVED_KEY = "postmortem.sql", "postmortem.saved"
 SQL_MAX_ROWS = 10_000
@@ -23,7 +23,7 @@ def pick_scope(span: window.TimeRange) -> dict[str, str] | None:
     """A node or a job of the range, as build_report's scope; None when the range has none."""
     scopes = dashboards.nodes_and_jobs(source.current(), span.start, span.end)
     kind = st.radio("Report on", ["node", "job"], horizontal=True, key="postmortem.scope")
-    offered = list(scopes["node"]) if kind == "node" else sorted({j for jobs in scopes["jobs"] for j in jobs})
+    offered = list(scopes["node"]) if kind == "node" else lifecycle.jobs(source.current(), span, scopes)
     if not offered:
         st.info(f"no {kind} in {span.label}")
         return None
@@ -79,6 +79,7 @@ def show_report(report: postmortem.Report, kind: str, name: str) -> None:
     exports[1].download_button(
         "Download CSV", lambda: postmortem.to_csv(report), file_name=f"postmortem-{name}.csv", mime="text/csv"
     )
+    lifecycle.show_report_placements(report)
     show_timeline(report)
     show_layers(report)
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any
 
+from analytics.store.records import Placement
+
 SOURCES = ("target", "excursion", "anomaly", "alert", "action")  # the order of events at the same instant
 IN_WINDOW = "ts >= {start:DateTime64(3)} AND ts < {end:DateTime64(3)}"
 SECONDS = "toUnixTimestamp64Milli({column}) / 1000"
@@ -67,7 +69,9 @@ class SharedFault:
 class Report:
     """A node's or a job's incident in [start, end): its nodes and its timeline; the topology of its
     nodes as it was at `topology_at` (analytics.topology.view.node_views objects; none where the store
-    held none), and the shared faults above them in the window."""
+    held none), and the shared faults above them in the window. `placements` are what the schedulers
+    say ran on the scope (the node's jobs, the job's nodes and GPUs) in the window; `nodes_from` says
+    where a job's nodes came from: its step times, its placements, or both."""
 
     node: str | None
     job: str | None
@@ -80,6 +84,8 @@ class Report:
     topology_at: float = 0.0
     topology: tuple[Mapping[str, Any], ...] = ()
     shared_faults: tuple[SharedFault, ...] = ()
+    placements: tuple[Placement, ...] = ()
+    nodes_from: str = ""
 
 
 def as_dict(item: Event | Excursion | SharedFault) -> dict[str, Any]:

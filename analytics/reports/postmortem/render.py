@@ -78,16 +78,37 @@ def to_markdown(report: Report) -> str:
         f"# Postmortem: {_scope(report)}",
         "",
         f"From {utc(report.start)} to {utc(report.end)}; every time below is UTC.",
+        *_placed_only_note(report),
         "",
         "## Summary",
         "",
-        f"- Nodes in scope: {', '.join(report.nodes)}",
+        f"- Nodes in scope: {', '.join(report.nodes)}"
+        + (f" (from its {report.nodes_from})" if report.nodes_from else ""),
         f"- Nodes with events: {', '.join(summary['nodes_involved']) or 'none'}",
         f"- Anomalies: {sum(summary['anomalies_by_kind'].values())}{f' ({kinds})' if kinds else ''}",
         f"- Alerts fired: {', '.join(summary['alerts_fired']) or 'none'}",
         f"- Drains: {drains or 'none'}",
         f"- Target gaps: {summary['target_gaps']} ({summary['failed_scrapes']} failed scrapes)",
         f"- GPU-hours lost to stragglers: {lost}",
+        "",
+        "## Placements",
+        "",
+        *_table(
+            ("job", "user", "node", "GPUs", "from (UTC)", "until (UTC)", "source"),
+            (
+                (
+                    p.job,
+                    p.user,
+                    p.node,
+                    _gpus(p.gpus),
+                    utc(p.since),
+                    utc(p.until) or "still running",
+                    p.source,
+                )
+                for p in report.placements
+            ),
+            "No scheduler placed a job on the scope in the window.",
+        ),
         "",
         "## Timeline",
         "",
@@ -147,6 +168,19 @@ def to_json(report: Report) -> dict[str, Any]:
         "start": _iso(report.start),
         "end": _iso(report.end),
         "nodes": list(report.nodes),
+        "nodes_from": report.nodes_from or None,
+        "placements": [
+            {
+                "source": str(p.source),
+                "job": p.job,
+                "user": p.user,
+                "node": p.node,
+                "gpus": list(p.gpus),
+                "from": _iso(p.since),
+                "until": _iso(p.until),
+            }
+            for p in report.placements
+        ],
         "summary": summarize(report),
         "events": [_event_json(event) for event in report.events],
         "excursions": [{**as_dict(x), "start": _iso(x.start), "end": _iso(x.end)} for x in report.excursions],
@@ -211,6 +245,21 @@ def _layers_markdown(report: Report) -> list[str]:
             "No shared fault above these nodes in the window.",
         ),
     ]
+
+
+def _placed_only_note(report: Report) -> list[str]:
+    """The line that says a job's nodes and span are its schedulers' word, where it sent no step times."""
+    if report.nodes_from != "placements":
+        return []
+    sources = ", ".join(sorted({str(p.source) for p in report.placements}))
+    return [
+        "",
+        f"The job sent no step times: its nodes and span come from its placements ({sources}).",
+    ]
+
+
+def _gpus(gpus: Sequence[int]) -> str:
+    return ", ".join(map(str, gpus)) or "not said"
 
 
 def _event_json(event: Event) -> dict[str, Any]:

@@ -22,17 +22,19 @@ and lays out one timeline, oldest first:
   MAX_EXCURSIONS biggest moves relative to the baseline, from the MAX_PROBED_ANOMALIES most severe
   anomalies.
 
-A job's nodes are those with step rows of the job in the window. A series is read in at most MAX_POINTS
-buckets of its min, max and mean, from the 1-minute rollup (metrics_1m) when its span (baseline to the
-anomaly's end) is over RAW_SPAN_MAX_S; a bucket's departure is its extreme farthest from the baseline, so
-a short spike is not averaged away.
+A job's nodes are those with step rows of the job in the window and those its placements (the
+schedulers' word: analytics.store.placements) put it on; a job that sent no step times is reported over
+the part of the window its placements span, and the report says its nodes came from them. A series is
+read in at most MAX_POINTS buckets of its min, max and mean, from the 1-minute rollup (metrics_1m) when
+its span (baseline to the anomaly's end) is over RAW_SPAN_MAX_S; a bucket's departure is its extreme
+farthest from the baseline, so a short spike is not averaged away.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from analytics import evidence as typed_evidence
@@ -55,8 +57,9 @@ from analytics.reports.postmortem.model import (
     utc,
 )
 from analytics.reports.straggler import cost_text, gpu_hours, straggler_cost
+from analytics.store.placements import placements_between
 from analytics.store.protocols import Reader
-from analytics.store.records import QueryResult
+from analytics.store.records import Placement, QueryResult
 
 EVENT_ROWS = 10_000  # rows each kind of event may fill
 
@@ -124,7 +127,8 @@ def build_report(
     """The incident report of `node` or `job` over [start, end) (unix seconds); PostmortemError when the
     scope is not one node or one job the store knows, or the window is empty."""
     window = _window(start, end)
-    nodes = _scope_nodes(source, node, job, window)
+    scope = _scope(source, node, job, window)
+    window, nodes = scope.window, scope.nodes
     parameters = {**window.parameters, "nodes": list(nodes), "job": job or ""}
 
     def rows(sql: str) -> list[dict[str, Any]]:
@@ -148,8 +152,8 @@ def build_report(
     return Report(
         node,
         job,
-        start,
-        end,
+        window.start,
+        window.end,
         nodes,
         tuple(events),
         tuple(excursions),
@@ -157,6 +161,8 @@ def build_report(
         layers.at,
         layers.topology,
         layers.faults,
+        scope.placements,
+        scope.nodes_from,
     )
 
 
@@ -166,25 +172,48 @@ def _window(start: float, end: float) -> Window:
     return Window(start, end)
 
 
-def _scope_nodes(source: Reader, node: str | None, job: str | None, window: Window) -> tuple[str, ...]:
-    """The nodes the report is about: `node`, or the nodes that ran steps of `job` in the window."""
+@dataclass(frozen=True)
+class _Scope:
+    """What a report covers: its window, nodes, the placements of the scope and where a job's nodes came
+    from ("steps", "placements" or "steps and placements"; "" for a node)."""
+
+    window: Window
+    nodes: tuple[str, ...]
+    placements: tuple[Placement, ...]
+    nodes_from: str
+
+
+def _scope(source: Reader, node: str | None, job: str | None, window: Window) -> _Scope:
+    """`node` and the jobs placed on it; or the nodes that ran steps of `job` in the window together
+    with those its placements name, over the span of its placements when it sent no step times.
+    PostmortemError when the scope is not one known node or one job with steps or placements."""
     if bool(node) == bool(job):
         given = f"node {node!r} and job {job!r}" if node else "neither"
         raise PostmortemError(f"a postmortem is about one node or one job; given {given}")
     if node:
+        placed = tuple(placements_between(source, window.start, window.end, node=node))
         [(seen,)] = source.query(KNOWN_NODE_SQL, parameters={"node": node}).rows
-        if not seen:
+        if not seen and not placed:
             raise PostmortemError(
-                f"node {node!r} is unknown to the store: no scrapes, steps or anomalies of it"
+                f"node {node!r} is unknown to the store: no scrapes, steps, anomalies or placements of it"
             )
-        return (node,)
+        return _Scope(window, (node,), placed, "")
     parameters = {**window.parameters, "job": job}
-    nodes = tuple(row[0] for row in source.query(JOB_NODES_SQL, parameters=parameters).rows)
-    if not nodes:
+    stepped = {row[0] for row in source.query(JOB_NODES_SQL, parameters=parameters).rows}
+    placed = tuple(placements_between(source, window.start, window.end, job=job))
+    if not stepped and not placed:
         raise PostmortemError(
-            f"job {job!r} has no steps from {utc(window.start)} to {utc(window.end)}: no node to report on"
+            f"job {job!r} has no steps and no placements from {utc(window.start)} to {utc(window.end)}:"
+            " no node to report on"
         )
-    return nodes
+    nodes = tuple(sorted(stepped | {placement.node for placement in placed}))
+    if stepped:
+        return _Scope(window, nodes, placed, "steps and placements" if placed else "steps")
+    span = Window(
+        max(window.start, min(placement.since for placement in placed)),
+        min(window.end, max(placement.until or window.end for placement in placed)),
+    )
+    return _Scope(span if span.end > span.start else window, nodes, placed, "placements")
 
 
 def _rows(result: QueryResult) -> list[dict[str, Any]]:

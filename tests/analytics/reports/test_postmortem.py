@@ -384,7 +384,7 @@ def test_an_anomaly_whose_series_were_never_scraped_is_told_without_excursions(s
         ({"node": NODE, "job": "job-a"}, "one node or one job; given node 'vela-002' and job 'job-a'"),
         ({}, "one node or one job; given neither"),
         ({"node": "vela-999"}, "node 'vela-999' is unknown to the store"),
-        ({"job": "job-z"}, f"job 'job-z' has no steps from {utc(T0)} to {utc(T0 + 3600)}"),
+        ({"job": "job-z"}, f"job 'job-z' has no steps and no placements from {utc(T0)} to {utc(T0 + 3600)}"),
     ],
 )
 def test_a_bad_scope_is_refused_naming_it(store: Store, scope: dict, message: str):
