@@ -242,11 +242,11 @@ class Lifecycle:
     def _start(self, node: str, now: float, why: str) -> list[ActionRow]:
         testing = sum(1 for state in self.states.values() if state.state == "testing")
         if testing >= self.policy.max_testing:
-            refusal = f"{why}; limit: at most {self.policy.max_testing} nodes testing at once ({testing} are)"
-            if self._refused.get(node) == refusal:
+            limit = f"limit: at most {self.policy.max_testing} nodes testing at once ({testing} are)"
+            if self._refused.get(node) == limit:
                 return []
-            self._refused[node] = refusal
-            return [self._row(now, "test", node, refusal, "refused")]
+            self._refused[node] = limit
+            return [self._row(now, "test", node, f"{why}; {limit}", "refused")]
         checks = ", ".join(self.policy.checks)
         if self.mode != "dry-run":
             try:
@@ -255,9 +255,10 @@ class Lifecycle:
                 self.states[node] = replace(self.states[node], since=now)  # tried again after the same wait
                 return [self._row(now, "test", node, f"{why}; {self.trigger.name}: {error}", "failed")]
             self._mark(node, "TESTING")
-        self.states[node] = NodeState("testing", now, why)
+        reason = f"{why}; checks {checks} asked"
+        self.states[node] = NodeState("testing", now, reason)
         self._evidence.pop(node, None)
-        return [self._row(now, "test", node, f"{why}; checks {checks} asked", self._outcome)]
+        return [self._row(now, "test", node, reason, self._outcome)]
 
     def _judge(self, node: str, state: NodeState, alerts: Sequence[Alert], now: float) -> list[ActionRow]:
         """Fail on any FAIL or ERROR, or on results missing past the timeout; return when every check
