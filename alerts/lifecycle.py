@@ -130,14 +130,13 @@ class CommandTrigger:
     name = "command"
 
     def __init__(self, command: Sequence[str], *, timeout_s: float = 60.0) -> None:
-        if not command:
-            raise AlertConfigError(
-                "lifecycle trigger command: needs an argument list, e.g. ['ssh', '{node}', ...]"
-            )
         self.command = list(command)
         self.timeout_s = timeout_s
 
     def start(self, node: str, checks: Sequence[str], now: float) -> None:
+        """Run the command; BackendError when there is none (dry-run needs none), or it fails."""
+        if not self.command:
+            raise BackendError(f"cannot test {node}: no lifecycle.command is configured")
         argv = [arg.replace("{node}", node).replace("{checks}", ",".join(checks)) for arg in self.command]
         run_command(argv, f"test {node}", timeout_s=self.timeout_s)
 

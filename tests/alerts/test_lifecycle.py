@@ -341,6 +341,8 @@ def test_the_command_trigger_runs_its_argv_with_node_and_checks_substituted(tmp_
     failing = CommandTrigger([sys.executable, "-c", "import sys; sys.exit('no route to {node}')"])
     with pytest.raises(BackendError, match="exited with status 1: no route to vela-001"):
         failing.start("vela-001", ("dcgm_diag",), 0.0)
+    with pytest.raises(BackendError, match=r"no lifecycle\.command is configured"):
+        CommandTrigger([]).start("vela-001", ("dcgm_diag",), 0.0)
 
 
 STATUSES = st.sampled_from(["PASS", "WARN", "FAIL", "ERROR"])
