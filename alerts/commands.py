@@ -28,11 +28,10 @@ from typing import Any
 from alerts.errors import DecisionError, SilenceError
 from alerts.silences import Silence, expiry_row, silence_from_row, validate_row
 from analytics.store.protocols import Reader, ReadWriter
-from analytics.store.records import ActionRow, QueryResult, SilenceRow
+from analytics.store.records import REQUESTS, ActionRow, QueryResult, SilenceRow
 
 log = logging.getLogger(__name__)
 
-REQUESTS = ("approve", "deny", "undrain", "test")
 NODE_REQUESTS = ("undrain", "test")  # requests about a node, not a decision
 
 

@@ -16,9 +16,10 @@ from alerts.engine import AlertEngine
 from alerts.lifecycle import FAILED_ALERT, CommandTrigger, Lifecycle, LifecyclePolicy, lifecycle_states
 from alerts.policy import DrainPolicy
 from alerts.service import AlertService
+from analytics.reports.dashboards import drain_queue
 from analytics.store import Store
 from analytics.store.checks import checks_between
-from analytics.store.records import CheckRow
+from analytics.store.records import ActionRow, CheckRow
 from fleetlens.alerting import build_alert_service
 from fleetlens.config import load_config
 from fleetlens.errors import ConfigError
@@ -123,3 +124,19 @@ def test_a_lifecycle_config_that_cannot_work_is_refused(tmp_path: Path, text: st
 
     with pytest.raises(ConfigError, match=message):
         load_config(path, env={})
+
+
+def test_the_drain_queue_drops_a_node_the_lifecycle_returned_or_let_go_of(store: Store) -> None:
+    rows = [
+        ActionRow(T0, "drain", node, "", "fleetlens: gpu_fault abc", "auto", "done", node)
+        for node in ("vela-001", "vela-002", "vela-003")
+    ]
+    rows += [
+        ActionRow(T0 + 60, "return", "vela-001", "", "checks passed", "auto", "done", "vela-001"),
+        ActionRow(
+            T0 + 60, "return", "vela-002", "", "no longer drained by fleetlens", "auto", "refused", "vela-002"
+        ),
+    ]
+    store.insert_actions(rows, token="queue")
+
+    assert list(drain_queue(store, T0 + 120)["node"]) == ["vela-003"]
