@@ -21,8 +21,9 @@ No backend is called on a decision made earlier: approve() checks the drain agai
 the alerts firing and the silences in force then, as the step would, whoever decided it (this controller,
 or the one it restored from the audit after a restart). An approval refused is recorded (action
 `approve`, outcome `refused`, the reason) and the decision stays pending. A node goes back into
-scheduling (after return_after_healthy_s without an alert, or when a person asks) only while this
-controller holds it drained; its cooldown then keeps a still-firing alert from draining it again at once.
+scheduling (after return_after_healthy_s without an alert, when a person asks, or when the node
+lifecycle's checks pass: return_tested, alerts.lifecycle) only while this controller holds it drained,
+through one resume path; its cooldown then keeps a still-firing alert from draining it again at once.
 
 Every decision goes to the `actions` table, refusals included (again only when its reason changes).
 When more than breaker_fraction of the fleet turns anomalous within breaker_window_s (nodes a shared

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Protocol
 
 from alerts.backends.exec_hook import run_command
@@ -289,7 +289,7 @@ class Lifecycle:
         if self.mode != "dry-run":
             self._mark(node, "EVICT")
         self.states[node] = NodeState("failed", now, reason)
-        self._evidence[node] = [_evidence(row) for row in bad]
+        self._evidence[node] = [asdict(row) for row in bad]
         return [self._row(now, "fail", node, reason, self._outcome)]
 
     def _mark(self, node: str, health: str) -> None:
@@ -337,16 +337,3 @@ def _shown(row: CheckRow) -> str:
     value = "" if row.value is None else f" {row.value:g}{row.unit and ' ' + row.unit}"
     threshold = "" if row.threshold is None else f" (threshold {row.threshold:g})"
     return f"{row.check}{target} {row.status}{value}{threshold}"
-
-
-def _evidence(row: CheckRow) -> dict[str, Any]:
-    return {
-        "check": row.check,
-        "target": row.target,
-        "status": row.status,
-        "value": row.value,
-        "unit": row.unit,
-        "threshold": row.threshold,
-        "evidence": row.evidence,
-        "started": row.started,
-    }
