@@ -162,7 +162,7 @@ class Lifecycle:
         self.results = results
         self.states: dict[str, NodeState] = {}
         self._evidence: dict[str, list[dict[str, Any]]] = {}  # failed node -> its failing checks
-        self._refused: dict[str, str] = {}  # node -> the last refusal recorded
+        self._refused: dict[str, str] = {}  # node -> the last refusal or failed return recorded
 
     @property
     def mode(self) -> str:
@@ -283,6 +283,10 @@ class Lifecycle:
         rows = self.controller.return_tested(node, f"checks passed ({state.reason}): {passed}", now)
         if node not in self.controller.drained:
             del self.states[node]
+        elif failed := [row.reason for row in rows if row.outcome == "failed"]:  # tried again each step,
+            if self._refused.get(node) == failed[0]:  # recorded once per answer
+                return []
+            self._refused[node] = failed[0]
         return rows
 
     def _fail(self, node: str, now: float, reason: str, bad: Sequence[CheckRow]) -> list[ActionRow]:

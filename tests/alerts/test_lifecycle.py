@@ -45,11 +45,14 @@ class Backend:
     name: str = "recording"
     calls: list[tuple[str, str]] = field(default_factory=list)
     taken: set[str] = field(default_factory=set)
+    refusing: bool = False
 
     def drain(self, request: DrainRequest) -> None:
         self.calls.append(("drain", request.node))
 
     def resume(self, request: DrainRequest) -> None:
+        if self.refusing:
+            raise BackendError(f"slurm: cannot resume {request.node}: Unable to contact slurm controller")
         self.calls.append(("resume", request.node))
 
     def holds(self, request: DrainRequest) -> bool:
@@ -243,6 +246,19 @@ def test_a_node_someone_took_over_is_not_resumed_and_fleetlens_lets_go_of_it() -
     assert "no longer drained by fleetlens" in row.reason
     assert ("resume", "n1") not in f.backend.calls
     assert f.lifecycle.states == {} and f.controller.drained == {}
+
+
+def test_a_resume_the_scheduler_refuses_is_retried_each_step_and_recorded_once() -> None:
+    f = fleet("n1")
+    f.lifecycle.step([], 700)
+    f.passing("n1", 710)
+    f.backend.refusing = True
+
+    [row] = f.lifecycle.step([], 720)
+    assert (row.action, row.outcome) == ("return", "failed") and "Unable to contact" in row.reason
+    assert f.lifecycle.step([], 780) == []
+    f.backend.refusing = False
+    assert actions(f.lifecycle.step([], 840)) == [("return", "n1", "done")]
 
 
 def test_dry_run_calls_no_trigger_and_no_backend_and_says_so() -> None:
