@@ -28,11 +28,11 @@ from typing import Any
 from alerts.errors import DecisionError, SilenceError
 from alerts.silences import Silence, expiry_row, silence_from_row, validate_row
 from analytics.store.protocols import Reader, ReadWriter
-from analytics.store.records import ActionRow, QueryResult, SilenceRow
+from analytics.store.records import REQUESTS, ActionRow, QueryResult, SilenceRow
 
 log = logging.getLogger(__name__)
 
-REQUESTS = ("approve", "deny", "undrain")
+NODE_REQUESTS = ("undrain", "test")  # requests about a node, not a decision
 
 
 def rows(result: QueryResult) -> list[dict[str, Any]]:
@@ -187,13 +187,14 @@ def actions(source: Reader, since: float = 0.0, limit: int = 100_000) -> list[Ac
 
 
 def request(store: ReadWriter, action: str, target: str, by: str, now: float | None = None) -> ActionRow:
-    """Ask the hub's controller to approve or deny decision `target`, or to undrain node `target`."""
+    """Ask the hub's controller to approve or deny decision `target`, or to undrain or test (the
+    lifecycle) node `target`."""
     if action not in REQUESTS:
         raise DecisionError(f"unknown request {action!r}; one of {', '.join(REQUESTS)}")
     if not target or not by:
-        raise DecisionError(f"{action}: needs a decision id (or, to undrain, a node) and who asks")
+        raise DecisionError(f"{action}: needs a decision id (or, to undrain or test, a node) and who asks")
     now = time.time() if now is None else now
-    is_node = action == "undrain"
+    is_node = action in NODE_REQUESTS
     row = ActionRow(
         now,
         action,
@@ -219,6 +220,8 @@ def standing(history: Iterable[ActionRow]) -> tuple[dict[str, ActionRow], dict[s
             drained[row.node] = row
         elif row.action == "undrain" and row.outcome in ("done", "dry-run"):
             drained.pop(row.node, None)
+        elif row.action == "return" and row.outcome in ("done", "dry-run", "refused"):
+            drained.pop(row.node, None)  # the lifecycle returned it, or let go of a node someone took over
         elif row.action == "drain" and row.outcome == "pending":
             pending[row.decision_id] = row
         elif row.action in ("approve", "deny") and row.outcome in ("approved", "denied"):

@@ -21,8 +21,9 @@ No backend is called on a decision made earlier: approve() checks the drain agai
 the alerts firing and the silences in force then, as the step would, whoever decided it (this controller,
 or the one it restored from the audit after a restart). An approval refused is recorded (action
 `approve`, outcome `refused`, the reason) and the decision stays pending. A node goes back into
-scheduling (after return_after_healthy_s without an alert, or when a person asks) only while this
-controller holds it drained; its cooldown then keeps a still-firing alert from draining it again at once.
+scheduling (after return_after_healthy_s without an alert, when a person asks, or when the node
+lifecycle's checks pass: return_tested, alerts.lifecycle) only while this controller holds it drained,
+through one resume path; its cooldown then keeps a still-firing alert from draining it again at once.
 
 Every decision goes to the `actions` table, refusals included (again only when its reason changes).
 When more than breaker_fraction of the fleet turns anomalous within breaker_window_s (nodes a shared
@@ -361,6 +362,30 @@ class DrainController:
             )
         return self._undrain(node, now, f"requested by {by}")
 
+    def return_tested(self, node: str, why: str, now: float) -> list[ActionRow]:
+        """The lifecycle's return of a node whose checks passed (action `return`): each backend first
+        confirms fleetlens still holds the node drained; when one says it does not (a person drained it
+        again with their own reason, or resumed it), the return is `refused` and fleetlens lets go of the
+        node. Then the one resume path, as undrain's."""
+        request = self.drained[node].request
+        if self.policy.mode != "dry-run":
+            try:
+                lost = [backend.name for backend in self.backends if not backend.holds(request)]
+            except BackendError as error:
+                return [
+                    self._row(now, "return", node, request.job, str(error), "failed", request.decision_id)
+                ]
+            if lost:
+                del self.drained[node]
+                reason = f"{why}; not returned: {', '.join(lost)} shows {node} no longer drained by fleetlens"
+                return [self._row(now, "return", node, request.job, reason, "refused", request.decision_id)]
+        return self._undrain(node, now, why, action="return")
+
+    def mark(self, node: str, health: str) -> str:
+        """Show `health` (TESTING, PASS, EVICT) on a node fleetlens drained, where its backends can; the
+        errors, joined ("" when all succeeded)."""
+        return self._call(self.drained[node].request, "mark", health)
+
     def _take_pending(self, decision_id: str) -> DrainRequest:
         if decision_id not in self.pending:
             raise DecisionError(
@@ -369,24 +394,25 @@ class DrainController:
             )
         return self.pending.pop(decision_id)
 
-    def _undrain(self, node: str, now: float, why: str) -> list[ActionRow]:
+    def _undrain(self, node: str, now: float, why: str, action: str = "undrain") -> list[ActionRow]:
+        """Resume `node` through every backend; recorded as `action` (undrain, or the lifecycle's return)."""
         request = self.drained[node].request
         if self.policy.mode != "dry-run":
             error = self._call(request, "resume")
             if error:
-                return [self._row(now, "undrain", node, request.job, error, "failed", request.decision_id)]
+                return [self._row(now, action, node, request.job, error, "failed", request.decision_id)]
         del self.drained[node]
         outcome = "dry-run" if self.policy.mode == "dry-run" else "done"
-        return [self._row(now, "undrain", node, request.job, why, outcome, request.decision_id)]
+        return [self._row(now, action, node, request.job, why, outcome, request.decision_id)]
 
     # -- plumbing -------------------------------------------------------------------------------------
 
-    def _call(self, request: DrainRequest, verb: str) -> str:
+    def _call(self, request: DrainRequest, verb: str, *args: str) -> str:
         """Call `verb` on every backend; the errors, joined ("" when all succeeded)."""
         errors = []
         for backend in self.backends:
             try:
-                getattr(backend, verb)(request)
+                getattr(backend, verb)(request, *args)
             except BackendError as error:
                 log.warning("%s %s on %s failed: %s", backend.name, verb, request.node, error)
                 errors.append(f"{backend.name}: {error}")

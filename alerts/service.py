@@ -4,14 +4,16 @@
                                                    │  └─▶ DeliveryQueue per receiver ─▶ notifications table
                                                    ▼
                      requests (approve, deny, undrain) ─▶ DrainController ─▶ backends, actions table
+                     requests (test), checks table ─▶ Lifecycle ─▶ CheckTrigger, controller's resume
 
 Silences and people's requests are read from the store each cycle, so that those made through the
 CLI, the UI or another hub reach this one; a stored silence that is not valid is skipped (and logged
 once), never a failed cycle (alerts.commands.silences). The controller is told, for every alert firing,
 the silence muting it now (not only for the alerts due to be sent this cycle), and approvals are checked
-on those same alerts and silences (alerts.drain). The drain controller's fleet-level alert
-(breaker open) goes through the engine on the next cycle, like any alert. A receiver that fails never
-stops a cycle: deliveries run on their own threads and are recorded when they end.
+on those same alerts and silences (alerts.drain). The node lifecycle (alerts.lifecycle), when on, steps
+after the controller on the same alerts. The drain controller's fleet-level alert (breaker open) and the
+lifecycle's alerts on failed nodes go through the engine on the next cycle, like any alert. A receiver
+that fails never stops a cycle: deliveries run on their own threads and are recorded when they end.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from alerts import commands
 from alerts.drain import DrainController
 from alerts.engine import AlertEngine, change_rows
 from alerts.errors import DecisionError
+from alerts.lifecycle import Lifecycle
 from alerts.model import Alert
 from alerts.notifiers import Delivery, DeliveryQueue, Notifier
 from alerts.silences import Silence, muted_by
@@ -53,10 +56,12 @@ class AlertService:
         engine: AlertEngine,
         notifiers: Sequence[Notifier] = (),
         controller: DrainController | None = None,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self.store = store
         self.engine = engine
         self.controller = controller
+        self.lifecycle = lifecycle
         self.open: dict[str, Anomaly] = {}
         self._deliveries: list[Delivery] = []
         self._lock = threading.Lock()
@@ -74,6 +79,8 @@ class AlertService:
         if self.controller is not None:
             history = commands.actions(self.store)
             self.controller.restore(history, now)
+            if self.lifecycle is not None:
+                self.lifecycle.restore(history, now)
             self._requests_seen = max((row.ts for row in history if row.outcome != "requested"), default=0.0)
 
     def cycle(self, changed: Iterable[Anomaly], now: float) -> None:
@@ -85,9 +92,8 @@ class AlertService:
                 self.open.pop(anomaly.id, None)
         silences = commands.silences(self.store, now)
         fleet_alert = self.controller.fleet_alert if self.controller else None
-        evaluation = self.engine.evaluate(
-            self.open.values(), now, silences, extra=[fleet_alert] if fleet_alert else []
-        )
+        extra = ([fleet_alert] if fleet_alert else []) + (self.lifecycle.alerts if self.lifecycle else [])
+        evaluation = self.engine.evaluate(self.open.values(), now, silences, extra=extra)
         self.store.insert_alert_changes(change_rows(evaluation.changes, now), token=f"alerts/{now}")
         for group in evaluation.by_node().values():
             for queue in self.queues:
@@ -99,12 +105,14 @@ class AlertService:
             muted = _muted(firing, silences, now)
             actions = self._requests(now, firing, muted)
             actions += self.controller.step(firing, now, muted, self._node_jobs(now))
+            if self.lifecycle is not None:
+                actions += self.lifecycle.step(firing, now)
             self.store.insert_actions(actions, token=f"actions/{now}")
         self._record_deliveries(now)
 
     def _requests(self, now: float, firing: Sequence[Alert], muted: Mapping[str, str]) -> list[ActionRow]:
-        """Carry out the approvals, denials and undrains people asked for since the last cycle; approvals
-        on the alerts `firing` now and the silences `muted` maps them to."""
+        """Carry out the approvals, denials, undrains and tests people asked for since the last cycle;
+        approvals on the alerts `firing` now and the silences `muted` maps them to."""
         assert self.controller is not None
         done: list[ActionRow] = []
         requests = [
@@ -120,6 +128,8 @@ class AlertService:
             try:
                 if row.action == "undrain":
                     done += self.controller.undrain(row.node, by, at)
+                elif row.action == "test":
+                    done += self._lifecycle().test(row.node, by, at)
                 elif row.action == "approve":
                     done += self.controller.approve(row.decision_id, by, at, firing, muted)
                 else:
@@ -129,6 +139,11 @@ class AlertService:
                 done.append(replace(row, ts=at, reason=str(error), mode=mode, outcome="refused"))
         self._requests_seen = max((row.ts for row in requests), default=self._requests_seen)
         return done
+
+    def _lifecycle(self) -> Lifecycle:
+        if self.lifecycle is None:
+            raise DecisionError("the node lifecycle is off: no `lifecycle:` section in the hub's config")
+        return self.lifecycle
 
     def _node_jobs(self, now: float) -> Mapping[str, str]:
         result = self.store.query(JOBS_SQL, parameters={"since": now - JOB_MEMORY_S}, max_rows=1_000_000)

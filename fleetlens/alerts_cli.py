@@ -1,8 +1,8 @@
 """`fleetlens alerts`, `fleetlens silence` and `fleetlens drain`: what people do about alerts and drains.
 
 Each works through a hub (--hub URL: the only way to an embedded store while its hub runs) or on the
-store directly (--store DSN). Approvals, denials and undrains are requests that the hub's drain
-controller carries out on its next cycle (alerts.commands).
+store directly (--store DSN). Approvals, denials, undrains and tests are requests that the hub's drain
+controller (tests: its node lifecycle) carries out on its next cycle (alerts.commands).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 from alerts import commands
 from alerts.commands import StoredSilence
+from alerts.lifecycle import lifecycle_states
 from alerts.silences import new_silence
 from analytics.store.hubclient import HubClient
 from analytics.store.records import ActionRow
@@ -130,8 +131,20 @@ def cmd_drain_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_alerts_lifecycle(args: argparse.Namespace) -> int:
+    """The lifecycle state of each node fleetlens holds out of service, as the audit says."""
+    with connected(args) as source:
+        states = lifecycle_states(commands.actions(source))
+    rows = [
+        {"node": node, "state": state.state, "since": _when(state.since), "reason": state.reason}
+        for node, state in sorted(states.items())
+    ]
+    _print(rows, ["node", "state", "since", "reason"], args.json)
+    return 0
+
+
 def cmd_drain_request(args: argparse.Namespace) -> int:
-    """approve, deny or undrain (args.request): recorded for the hub's drain controller."""
+    """approve, deny, undrain or test (args.request): recorded for the hub's drain controller."""
     with connected(args) as store:
         row = commands.request(store, args.request, args.target, args.by)
     if args.json:

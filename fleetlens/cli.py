@@ -355,6 +355,15 @@ def _alert_commands(sub: argparse._SubParsersAction) -> None:
     listing.add_argument(
         "--state", choices=["pending", "firing", "resolved"], help="only alerts in this state"
     )
+    leaf(
+        alerts, "lifecycle", "nodes drained, testing or failed in the node lifecycle", "cmd_alerts_lifecycle"
+    )
+    tested = leaf(
+        alerts, "test", "ask the hub's node lifecycle to test a node fleetlens drained", "cmd_drain_request"
+    )
+    tested.set_defaults(request="test")
+    tested.add_argument("target", metavar="NODE", help="node")
+    tested.add_argument("--by", default=getpass.getuser(), help="who (default: this user)")
 
     silence = sub.add_parser("silence", help="mute alerts by label matchers").add_subparsers(required=True)
     add = leaf(silence, "add", "create a silence starting now", "cmd_silence_add")

@@ -24,6 +24,7 @@ import yaml
 from fleetlens.errors import ConfigError
 
 if TYPE_CHECKING:
+    from alerts.lifecycle import LifecyclePolicy
     from alerts.policy import DrainPolicy
     from alerts.rules import AlertRule
 
@@ -329,11 +330,57 @@ class DrainConfig:
 
 
 @dataclass(frozen=True)
+class LifecycleConfig:
+    """The node lifecycle (alerts.lifecycle): nodes fleetlens drained are tested by `command` (an argument
+    list with {node} and {checks}, run by the hub) and returned when their checks pass. Off unless
+    `enabled`; the other keys are alerts.lifecycle.LifecyclePolicy's."""
+
+    enabled: bool = False
+    command: tuple[str, ...] = ()
+    command_timeout_s: float = 60.0
+    test_after_s: float = 600.0
+    retest_after_s: float = 3600.0
+    test_timeout_s: float = 3600.0
+    max_testing: int = 2
+    checks: tuple[str, ...] = ("dcgm_diag", "gpu_state")
+    label_prefix: str = "autopilot.ibm.com"
+
+    def __post_init__(self) -> None:
+        _check_range("lifecycle.command_timeout_s", self.command_timeout_s, 1, 3600)
+        self.policy()
+
+    def policy(self) -> LifecyclePolicy:
+        from alerts.errors import AlertConfigError  # the hub's; an exporter never loads alerting
+        from alerts.lifecycle import LifecyclePolicy, parse_lifecycle_policy
+
+        section = {f.name: getattr(self, f.name) for f in fields(LifecyclePolicy)}
+        try:
+            return parse_lifecycle_policy(section)
+        except AlertConfigError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+@dataclass(frozen=True)
 class Config:
     exporter: ExporterConfig = field(default_factory=ExporterConfig)
     hub: HubConfig = field(default_factory=HubConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     drain: DrainConfig = field(default_factory=DrainConfig)
+    lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
+
+    def __post_init__(self) -> None:
+        if not self.lifecycle.enabled:
+            return
+        if self.drain.return_after_healthy_s is not None:
+            raise ConfigError(
+                "drain.return_after_healthy_s must be null when lifecycle.enabled: the lifecycle returns "
+                "drained nodes only after their checks pass"
+            )
+        if self.drain.mode != "dry-run" and not self.lifecycle.command:
+            raise ConfigError(
+                f"lifecycle.enabled with drain.mode {self.drain.mode} needs lifecycle.command (the argument "
+                "list that runs the checks on {node}, e.g. [ssh, '{node}', fleetlens, checks, run, ...])"
+            )
 
 
 def _convert(value: Any, hint: Any, where: str) -> Any:

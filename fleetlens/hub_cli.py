@@ -77,7 +77,7 @@ def build_hub(settings: Config, tokens: Tokens) -> Hub:
     detection, closing = None, []
     if config.detector_names != []:
         detection_store = store.session()
-        alerting = build_alert_service(detection_store, settings.alerts, settings.drain)
+        alerting = build_alert_service(detection_store, settings.alerts, settings.drain, settings.lifecycle)
         closing.append(alerting.close)
         detection = DetectionLoop(
             DetectionRunner(

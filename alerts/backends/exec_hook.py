@@ -16,7 +16,7 @@ import json
 import os
 import shlex
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from alerts.errors import AlertConfigError, BackendError
 from alerts.model import DrainRequest
@@ -51,26 +51,48 @@ class ExecBackend:
             "reason": request.reason,
         }
         env = {**os.environ, **{f"FLEETLENS_{key.upper()}": value for key, value in decision.items()}}
-        shown = shlex.join(self.command)
-        try:
-            result = subprocess.run(
-                self.command,
-                input=json.dumps(decision),
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=self.timeout_s,
-                check=False,
-            )
-        except OSError as error:
-            raise BackendError(
-                f"exec: cannot {action} {request.node}: cannot run `{shown}`: {error}"
-            ) from error
-        except subprocess.TimeoutExpired as error:
-            raise BackendError(
-                f"exec: cannot {action} {request.node}: `{shown}` did not finish within {self.timeout_s:g} s"
-            ) from error
-        if result.returncode != 0:
-            answer = result.stderr.strip() or result.stdout.strip() or "no output"
-            status = f"exited with status {result.returncode}"
-            raise BackendError(f"exec: cannot {action} {request.node}: `{shown}` {status}: {answer}")
+        run_command(
+            self.command,
+            f"{action} {request.node}",
+            stdin=json.dumps(decision),
+            env=env,
+            timeout_s=self.timeout_s,
+        )
+
+    def holds(self, request: DrainRequest) -> bool:
+        """Always: fleetlens cannot read back what an operator's command did, so the command itself must
+        refuse a resume it should not carry out (exit status non-zero)."""
+        return True
+
+    def mark(self, request: DrainRequest, health: str) -> None:
+        """Nothing: the command is told of drains and resumes only."""
+
+
+def run_command(
+    command: Sequence[str],
+    what: str,
+    *,
+    stdin: str = "",
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 30.0,
+) -> None:
+    """Run an argument list (never a shell line); BackendError saying `cannot <what>` with the command's
+    stderr when it cannot start, exits non-zero, or does not finish within `timeout_s`."""
+    shown = shlex.join(command)
+    try:
+        result = subprocess.run(
+            list(command),
+            input=stdin,
+            env=dict(env) if env is not None else None,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except OSError as error:
+        raise BackendError(f"exec: cannot {what}: cannot run `{shown}`: {error}") from error
+    except subprocess.TimeoutExpired as error:
+        raise BackendError(f"exec: cannot {what}: `{shown}` did not finish within {timeout_s:g} s") from error
+    if result.returncode != 0:
+        answer = result.stderr.strip() or result.stdout.strip() or "no output"
+        raise BackendError(f"exec: cannot {what}: `{shown}` exited with status {result.returncode}: {answer}")

@@ -50,7 +50,8 @@ CONFLICT_ATTEMPTS = 3
 class KubernetesBackend:
     """Drains a node by cordoning it, tainting `<taint_key>=<kind>:NoSchedule`, labelling `<label_key>=true`
     and annotating `fleetlens.io/reason`; with `evict`, also evicts its pods. Resume removes exactly what
-    drain added."""
+    drain added. With `health_label_prefix` (the lifecycle's), `<prefix>/gpuhealth` is EVICT once drained,
+    TESTING while tested (mark), PASS once resumed, as IBM Autopilot labels nodes."""
 
     name = "kubernetes"
 
@@ -61,6 +62,7 @@ class KubernetesBackend:
         evict: bool = False,
         taint_key: str = "fleetlens.io/unhealthy",
         label_key: str = "fleetlens.io/drained",
+        health_label_prefix: str | None = None,
         grace_period_s: int | None = None,
         timeout_s: float = 30.0,
     ) -> None:
@@ -69,6 +71,7 @@ class KubernetesBackend:
         self._evict = evict
         self._taint_key = taint_key
         self._label_key = label_key
+        self._health_key = f"{health_label_prefix}/gpuhealth" if health_label_prefix else None
         self._delete_options = (
             None if grace_period_s is None else V1DeleteOptions(grace_period_seconds=grace_period_s)
         )
@@ -83,6 +86,21 @@ class KubernetesBackend:
     def resume(self, request: DrainRequest) -> None:
         """Remove fleetlens's taint, label and annotations, and uncordon the node if fleetlens cordoned it."""
         self._patch_node(request.node, self._resume_patch)
+
+    def holds(self, request: DrainRequest) -> bool:
+        """Whether fleetlens's taint is still on the node: someone who removed it took the node over."""
+        with self._api_errors(request.node, f"GET /api/v1/nodes/{request.node}"):
+            node = self._core.read_node(request.node, _request_timeout=self._timeout_s)
+        return any(taint.key == self._taint_key for taint in node.spec.taints or [])
+
+    def mark(self, request: DrainRequest, health: str) -> None:
+        """Set `<prefix>/gpuhealth` to `health` (TESTING, PASS, EVICT), when the backend has a prefix."""
+        if self._health_key is not None:
+            self._patch_node(request.node, lambda node: self._labels_patch(node, {self._health_key: health}))
+
+    def _labels_patch(self, node: V1Node, labels: dict[str, str | None]) -> dict[str, Any]:
+        """Labels alone, valid only at the version of `node` that was read."""
+        return {"metadata": {"resourceVersion": node.metadata.resource_version, "labels": labels}}
 
     def _drain_patch(self, node: V1Node, request: DrainRequest) -> dict[str, Any]:
         """Cordon, taint, label and annotate. A cordon that someone else set first stays theirs: only a
@@ -108,8 +126,11 @@ class KubernetesBackend:
         self, node: V1Node, *, label: str | None, annotations: dict[str, str | None], spec: dict[str, Any]
     ) -> dict[str, Any]:
         """A strategic merge patch valid only at the version of `node` that was read."""
-        metadata = {"resourceVersion": node.metadata.resource_version, "labels": {self._label_key: label}}
-        return {"metadata": {**metadata, "annotations": annotations}, "spec": spec}
+        labels = {self._label_key: label}
+        if self._health_key is not None:
+            labels[self._health_key] = "EVICT" if label else "PASS"
+        patch = self._labels_patch(node, labels)
+        return {"metadata": {**patch["metadata"], "annotations": annotations}, "spec": spec}
 
     def _other_taints(self, node: V1Node) -> list[V1Taint]:
         return [taint for taint in node.spec.taints or [] if taint.key != self._taint_key]

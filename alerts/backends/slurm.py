@@ -97,6 +97,16 @@ class SlurmBackend:
             return
         raise _failure(what, result)
 
+    def holds(self, request: DrainRequest) -> bool:
+        """Whether the node is still drained with a reason fleetlens wrote (`fleetlens: ...`): a person who
+        drained it again with their own reason, or resumed it, took it over."""
+        node = _checked(request.node)
+        state, reason = self._states(f"read the state of {node}", "show", "node", node)[node]
+        return is_drained(state) and reason.startswith("fleetlens:")
+
+    def mark(self, request: DrainRequest, health: str) -> None:
+        """Nothing: Slurm shows the drain's reason, and the lifecycle's states are in fleetlens's audit."""
+
     def node_states(self) -> dict[str, tuple[str, str]]:
         """node -> (state as scontrol prints it, e.g. `IDLE+DRAIN`; reason or "") for every node in Slurm."""
         return self._states("read the node states", "show", "node")

@@ -251,7 +251,8 @@ FROM (
         argMax(decision_id, ts) AS decision_id, argMax(job, ts) AS job, argMax(reason, ts) AS reason,
         CAST(argMax(mode, ts), 'String') AS mode
     FROM actions
-    WHERE action IN ('drain', 'undrain') AND outcome IN ('done', 'dry-run') AND ts <= {NOW}
+    WHERE (action IN ('drain', 'undrain', 'return') AND outcome IN ('done', 'dry-run')
+        OR action = 'return' AND outcome = 'refused') AND ts <= {NOW}  -- return: alerts.lifecycle
     GROUP BY node
     HAVING argMax(action, ts) = 'drain'
     UNION ALL

@@ -103,7 +103,7 @@ class AlertChange:
     ends_at: float | None
 
 
-REQUESTS = ("approve", "deny", "undrain")  # what people may ask of the drain controller (outcome `requested`)
+REQUESTS = ("approve", "deny", "undrain", "test")  # what people may ask of the hub (outcome `requested`)
 
 
 @dataclass(frozen=True, slots=True)

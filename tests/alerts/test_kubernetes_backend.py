@@ -256,3 +256,44 @@ def test_without_a_client_or_kubeconfig_it_is_a_config_error_naming_the_file(
 
     with pytest.raises(AlertConfigError, match=f"kubeconfig {missing}"):
         KubernetesBackend()
+
+
+def test_the_lifecycle_labels_gpuhealth_evict_testing_then_pass_as_autopilot_does(api: FakeKubeApi) -> None:
+    nodes = backend(api, health_label_prefix="autopilot.ibm.com")
+    gpuhealth = lambda: api.nodes["gpu-01"]["metadata"]["labels"].get("autopilot.ibm.com/gpuhealth")  # noqa: E731
+    seen = []
+    for step in (
+        nodes.drain,
+        lambda r: nodes.mark(r, "TESTING"),
+        lambda r: nodes.mark(r, "EVICT"),
+        nodes.resume,
+    ):
+        step(request())
+        seen.append(gpuhealth())
+
+    assert seen == ["EVICT", "TESTING", "EVICT", "PASS"]
+    labels = api.calls("PATCH")[1].body["metadata"]["labels"]
+    assert labels == {"autopilot.ibm.com/gpuhealth": "TESTING"}  # a mark touches that label alone
+    assert "fleetlens.io/drained" not in api.nodes["gpu-01"]["metadata"]["labels"]
+
+
+def test_without_a_prefix_no_gpuhealth_label_is_written(api: FakeKubeApi) -> None:
+    nodes = backend(api)
+    nodes.drain(request())
+    nodes.mark(request(), "TESTING")
+
+    assert not any(key.endswith("/gpuhealth") for key in api.nodes["gpu-01"]["metadata"]["labels"])
+    assert len(api.calls("PATCH")) == 1
+
+
+def test_holds_tells_whether_fleetlens_s_taint_is_still_on_the_node(api: FakeKubeApi) -> None:
+    nodes = backend(api)
+    nodes.drain(request())
+    assert nodes.holds(request())
+
+    node = api.nodes["gpu-01"]
+    node["spec"]["taints"] = [
+        t for t in node["spec"]["taints"] if t["key"] != FLEETLENS_TAINT_KEY
+    ]  # kubectl taint -
+    assert not nodes.holds(request())
+    assert not nodes.holds(request("gpu-02"))

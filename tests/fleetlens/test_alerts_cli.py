@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from analytics.store import Store
+from analytics.store.records import ActionRow
+
 
 def fleetlens(store: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -122,3 +125,28 @@ def test_an_invalid_stored_silence_is_listed_with_the_reason_and_can_be_expired(
     expired = fleetlens(store, "silence", "expire", "bad-regex")
     assert expired.returncode == 0, expired.stderr
     assert json.loads(fleetlens(store, "silence", "list", "--json").stdout) == []
+
+
+def test_a_test_is_requested_and_the_lifecycle_lists_the_states_the_audit_holds(tmp_path: Path):
+    store = tmp_path / "store"
+    drained = [
+        ActionRow(1.8e9, "drain", "vela-003", "", "fleetlens: gpu_fault abc", "auto", "done", "d3"),
+        ActionRow(1.8e9, "drain", "vela-004", "", "fleetlens: gpu_fault def", "auto", "done", "d4"),
+        ActionRow(1.8e9 + 60, "test", "vela-004", "", "drained for 600 s", "auto", "done", "d4"),
+        ActionRow(
+            1.8e9 + 90, "fail", "vela-004", "", "checks failed: dcgm_diag gpu:2 FAIL", "auto", "done", "d4"
+        ),
+    ]
+    with Store.open(f"chdb://{store}") as opened:
+        opened.insert_actions(drained, token="lifecycle-cli")
+
+    asked = fleetlens(store, "alerts", "test", "vela-003", "--by", "carol")
+    assert asked.returncode == 0 and "test vela-003: requested by carol" in asked.stdout
+    listed = json.loads(fleetlens(store, "alerts", "lifecycle", "--json").stdout)
+    assert [(row["node"], row["state"]) for row in listed] == [
+        ("vela-003", "drained"),
+        ("vela-004", "failed"),
+    ]
+    assert "dcgm_diag gpu:2 FAIL" in listed[1]["reason"]
+    table = fleetlens(store, "alerts", "lifecycle").stdout.splitlines()
+    assert table[0] == "node\tstate\tsince\treason" and table[2].startswith("vela-004\tfailed\t")
