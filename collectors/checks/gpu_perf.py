@@ -36,6 +36,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from collectors.checks.result import CheckResult, Status
+from collectors.errors import CollectorError
 
 PCIE_BANDWIDTH = "pcie_bandwidth"
 HBM_BANDWIDTH = "hbm_bandwidth"
@@ -125,18 +126,24 @@ class Plan:
     """Sizes and repetitions: FULL for a free node's heavy checks, SHORT for the pre-flight set."""
 
     name: str
-    copy_bytes: int
+    copy_bytes: int  # each PCIe copy
+    hbm_bytes: int  # each device-to-device copy
     matmul_n: int
     warmup: int
     iterations: int
     matmul_iterations: int
 
 
-# FULL: 1 GiB copies (20 x ~40 ms on Gen4 x16), 8192^3 BF16 products (200 x ~1.6 ms on an H100).
-FULL = Plan("full", 1 << 30, 8192, warmup=5, iterations=20, matmul_iterations=200)
-# SHORT: 256 MiB copies, 10 timed of each kind: about 0.2 s of copies and 0.1 s of matmul per H100, so
-# the pre-flight's GPU time is mostly CUDA start-up (see docs/checks.md).
-SHORT = Plan("short", 256 << 20, 8192, warmup=3, iterations=10, matmul_iterations=50)
+# FULL: 1 GiB PCIe copies (20 x ~40 ms on Gen4 x16), 4 GiB HBM copies (20 x ~2.7 ms on an H100),
+# 8192^3 BF16 products (200 x ~1.6 ms on an H100).
+FULL = Plan("full", 1 << 30, 4 << 30, 8192, warmup=5, iterations=20, matmul_iterations=200)
+# SHORT: 256 MiB PCIe and 2 GiB HBM copies, 10 timed of each kind, 50 products: about 0.2 s of copies
+# and 0.1 s of matmul per H100, so the pre-flight's time is mostly CUDA start-up (docs/checks.md).
+SHORT = Plan("short", 256 << 20, 2 << 30, 8192, warmup=3, iterations=10, matmul_iterations=50)
+
+
+class MeasurementError(CollectorError):
+    """A timing that is not a positive time: no rate can be computed from it."""
 
 
 def median_seconds(device: Device, call: Callable[[], None], warmup: int, iterations: int) -> float:
@@ -158,10 +165,13 @@ def _rate(device: Device, kind: Operation, plan: Plan) -> tuple[float, float]:
     TFLOPS for a matmul."""
     if kind is Operation.MATMUL:
         size, work, iterations = plan.matmul_n, 2 * plan.matmul_n**3 / 1e12, plan.matmul_iterations
+    elif kind is Operation.DEVICE_TO_DEVICE:
+        size, work, iterations = plan.hbm_bytes, 2 * plan.hbm_bytes / 1e9, plan.iterations
     else:
-        copies = 2 if kind is Operation.DEVICE_TO_DEVICE else 1
-        size, work, iterations = plan.copy_bytes, copies * plan.copy_bytes / 1e9, plan.iterations
+        size, work, iterations = plan.copy_bytes, plan.copy_bytes / 1e9, plan.iterations
     seconds = median_seconds(device, device.operation(kind, size), plan.warmup, iterations)
+    if not seconds > 0:
+        raise MeasurementError(f"a {kind} took {seconds!r} s by the clock: no rate can be computed")
     return work / seconds, seconds
 
 
@@ -199,7 +209,7 @@ def _pcie(device: Device, plan: Plan) -> Judgement:
 
 def _hbm(device: Device, plan: Plan) -> Judgement:
     value, seconds = _rate(device, Operation.DEVICE_TO_DEVICE, plan)
-    evidence = {"copy_bytes": plan.copy_bytes, "seconds_per_copy": seconds}
+    evidence = {"copy_bytes": plan.hbm_bytes, "seconds_per_copy": seconds}
     return _against_peak(device, value, "GB/s", evidence, HBM_FAIL_FRACTION, HBM_WARN_FRACTION)
 
 
@@ -251,7 +261,8 @@ def run_gpu_perf(
 ) -> list[CheckResult]:
     """`check` on each of `devices`, one at a time (so no GPU shares a PCIe switch with another's copies);
     `devices` as a string is why there are none (no torch, no CUDA): one ERROR for the node. A device
-    whose operation raises RuntimeError (out of memory, a CUDA error) is ERROR with that error."""
+    whose operation raises RuntimeError (out of memory, a CUDA error) or times nothing is ERROR with
+    that error; the other devices are still measured."""
     judge = _JUDGES[check]
     if isinstance(devices, str):
         return [
@@ -262,7 +273,7 @@ def run_gpu_perf(
         started, began = clock(), time.monotonic()
         try:
             status, value, threshold, unit, evidence = judge(device, plan)
-        except RuntimeError as error:
+        except (RuntimeError, MeasurementError) as error:
             status, value, threshold, unit = Status.ERROR, None, None, ""
             evidence = {"problem": f"{check} on GPU {device.index} failed: {error}"}
         evidence |= {"model": device.model, "plan": plan.name}
