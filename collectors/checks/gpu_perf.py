@@ -52,6 +52,7 @@ GEMM_WARN_FRACTION = 0.6
 
 # PCIe per-lane data rate each way in GB/s: GT/s x 128/130 / 8 (PCI Express Base Specification 3.0-5.0).
 PCIE_LANE_GBPS = {3: 8 * 128 / 130 / 8, 4: 16 * 128 / 130 / 8, 5: 32 * 128 / 130 / 8}
+PCIE_WIDTHS = (1, 2, 4, 8, 16)  # the link widths a GPU's slot can train to
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,10 @@ class Link:
 
     @property
     def expected_gbps(self) -> float | None:
-        """The per-direction data rate of this link at its maximum; None for a generation not in the table."""
+        """The per-direction data rate of this link at its maximum; None for a generation or width not in
+        the tables (NVML's numbers are judged, not trusted: a width of 0 would make any rate pass)."""
         lane = PCIE_LANE_GBPS.get(self.max_generation)
-        return None if lane is None else lane * self.max_width
+        return None if lane is None or self.max_width not in PCIE_WIDTHS else lane * self.max_width
 
     def __str__(self) -> str:
         return f"Gen{self.generation} x{self.width} (max Gen{self.max_generation} x{self.max_width})"
@@ -198,7 +200,7 @@ def _pcie(device: Device, plan: Plan) -> Judgement:
     evidence["link"] = str(link)
     expected = link.expected_gbps
     if expected is None:
-        problem = f"no reference for PCIe Gen{link.max_generation}"
+        problem = f"no reference for a PCIe link of {link}"
         return Status.ERROR, value, None, "GB/s", {**evidence, "problem": problem}
     threshold = PCIE_FAIL_FRACTION * expected
     evidence["expected_gbps"] = expected
@@ -222,16 +224,12 @@ def _gemm(device: Device, plan: Plan) -> Judgement:
 def _against_peak(
     device: Device, value: float, unit: str, evidence: dict[str, Any], fail: float, warn: float
 ) -> Judgement:
+    """`value` against the datasheet peak of `device`'s model in `unit` (GB/s: HBM, TFLOPS: BF16)."""
     peak = PEAKS.get(device.model)
     if peak is None:
-        return (
-            Status.ERROR,
-            value,
-            None,
-            unit,
-            {**evidence, "problem": f"no reference for model {device.model!r}"},
-        )
-    reference = peak.hbm_gbps if unit == "GB/s" else peak.bf16_tflops
+        problem = f"no reference for model {device.model!r}"
+        return Status.ERROR, value, None, unit, {**evidence, "problem": problem}
+    reference = {"GB/s": peak.hbm_gbps, "TFLOPS": peak.bf16_tflops}[unit]
     evidence |= {"peak": reference, "source": peak.source}
     return (*_against(value, reference, fail, warn), unit, evidence)
 

@@ -138,8 +138,15 @@ def test_an_unknown_model_or_link_is_error_with_the_measurement_kept_never_a_mad
         (result,) = run_gpu_perf("vela-001", check, [gpu], FAKE_PLAN)
         assert (result.status, result.threshold, result.evidence["problem"]) == (Status.ERROR, None, problem)
         assert result.value is not None and result.value > 0
-    (result,) = run_gpu_perf("vela-001", PCIE_BANDWIDTH, [FakeGpu(link=Link(7, 16, 7, 16))], FAKE_PLAN)
-    assert (result.status, result.evidence["problem"]) == (Status.ERROR, "no reference for PCIe Gen7")
+
+
+@pytest.mark.parametrize(("link", "shown"), [(Link(7, 16, 7, 16), "Gen7 x16"), (Link(5, 0, 5, 0), "Gen5 x0")])
+def test_a_link_nvml_reports_outside_the_tables_is_error_not_a_pass_against_zero(
+    link: Link, shown: str
+) -> None:
+    (result,) = run_gpu_perf("vela-001", PCIE_BANDWIDTH, [FakeGpu(link=link)], FAKE_PLAN)
+    assert (result.status, result.threshold) == (Status.ERROR, None)
+    assert result.evidence["problem"] == f"no reference for a PCIe link of {shown} (max {shown})"
 
 
 def test_a_gpu_that_cannot_run_is_error_and_the_next_gpu_is_still_measured() -> None:
