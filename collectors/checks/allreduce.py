@@ -331,22 +331,20 @@ def _finish(
 ) -> list[tuple[int | None, str, str]]:
     """Each process's exit status, stdout and stderr; those still running at the deadline are killed."""
     deadline = time.monotonic() + timeout_s
-    outputs = []
+    outputs: list[tuple[str, str]] = []
     try:
         for process in processes:
             try:
-                outputs.append(
-                    (process.returncode, *process.communicate(timeout=max(deadline - time.monotonic(), 1)))
-                )
+                outputs.append(process.communicate(timeout=max(deadline - time.monotonic(), 1)))
             except subprocess.TimeoutExpired:
                 process.kill()
-                outputs.append((None, *process.communicate()))
+                outputs.append(process.communicate())
     finally:
         for process in processes:  # a rank that died leaves the others waiting in a collective
             if process.poll() is None:
                 process.kill()
                 process.wait()
-    return [(process.returncode, out, err) for process, (_, out, err) in zip(processes, outputs, strict=True)]
+    return [(process.returncode, *output) for process, output in zip(processes, outputs, strict=True)]
 
 
 def _local_result(node: str, printed: dict[str, Any]) -> CheckResult:
