@@ -19,9 +19,6 @@ a bad pair: a node is bad when every one of its n-1 pairs fails; a ring gives ea
 two bad links next to each other would read as a bad node. The cost is n(n-1)/2 short measurements, meant
 for a drained node against a few known-good peers, not a whole fleet at once.
 
-run_local runs the same pairwise mode across one node's GPUs (rank i on GPU i, NCCL over NVLink or PCIe),
-one process per GPU on loopback, and names each rank as its GPU: a pair is "gpu:0+3", a bad GPU "gpu:3".
-
 Thresholds: the reference is `expected_busbw` when the caller states one (the hardware's peak), else the
 median over nodes of each node's best pair. Not the median of all pairs: with 4 nodes a bad node is in 3 of
 the 6 pairs and would drag that median halfway down; a node's best pair is healthy unless the node itself
@@ -281,8 +278,9 @@ def run_local(
     iterations: int = 20,
     timeout_s: float = 300.0,
 ) -> list[CheckResult]:
-    """The pairwise check across `ranks` local ranks, each a process of this module on loopback (rank i on
-    GPU i; gloo ranks on the CPU where torch sees no GPU), judged against each other. Rank 0's results,
+    """The pairwise check across one node's `ranks` GPUs, each a process of this module on loopback (rank
+    i on GPU i, NCCL over NVLink or PCIe; gloo ranks on the CPU where torch sees no GPU), judged against
+    each other. Rank 0's results,
     with `node` as the node and each rank as gpu:I; a rank that prints no result is an ERROR naming it."""
     started = time.time()
     names = [f"gpu{rank}" for rank in range(ranks)]
