@@ -308,7 +308,7 @@ def run_local(
         )
         for rank in range(ranks)
     ]
-    outputs = _finish(processes, timeout_s + 60)
+    outputs = finish_ranks(processes, timeout_s + 60)
     try:
         results = [_local_result(node, json.loads(line)) for line in outputs[0][1].splitlines()]
     except (ValueError, KeyError, TypeError) as error:
@@ -324,7 +324,7 @@ def run_local(
     return [error_result(node, problem, started, ranks=failed)]
 
 
-def _finish(
+def finish_ranks(
     processes: Sequence[subprocess.Popen[str]], timeout_s: float
 ) -> list[tuple[int | None, str, str]]:
     """Each process's exit status, stdout and stderr; those still running at the deadline are killed."""
