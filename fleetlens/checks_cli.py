@@ -1,9 +1,10 @@
-"""`fleetlens checks run` and `list`: active health checks on this node (collectors.checks), one JSON line
-per result and, with --hub, posted to the hub's `checks` table; and the stored results read back.
+"""`fleetlens checks run`, `preflight` and `list`: active health checks on this node (collectors.checks), one
+JSON line per result (`preflight`: one JSON line in all) and, with --hub, posted to the hub's `checks`
+table; and the stored results read back.
 
-`run`'s exit status is what a job launcher acts on: 0 when every result is PASS or WARN, 1 when any is
-FAIL, 2 when any is ERROR (a check that could not judge, its results not stored by the hub, or a bad
-option) and none is FAIL.
+`run`'s and `preflight`'s exit status is what a job launcher acts on: 0 when every result is PASS or WARN,
+1 when any is FAIL, 2 when any is ERROR (a check that could not judge, its results not stored by the
+hub, or a bad option) and none is FAIL.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from analytics.errors import StoreError
 from analytics.store import checks
 from analytics.store.hubclient import HubClient
 from collectors.checks.catalog import CATALOG, CheckOptions, chosen
-from collectors.checks.result import Status, worst
+from collectors.checks.result import CheckResult, Status, worst
 from collectors.errors import CollectorConfigError
 from fleetlens.access import reader
 from fleetlens.errors import ConfigError
@@ -39,20 +40,52 @@ def cmd_checks_run(args: argparse.Namespace) -> int:
         dev=args.dev or "",
         expected_gbps=args.expected_gbps,
     )
-    try:
-        results = [result for name in chosen(args.checks) for result in CATALOG[name].run(options)]
-    except CollectorConfigError as exc:
-        raise ConfigError(str(exc)) from None
+    results = _run(args.checks, options)
     for result in results:
         print(json.dumps(asdict(result)), flush=True)
+    return _posted(results, args.hub, "run")
+
+
+def cmd_checks_preflight(args: argparse.Namespace) -> int:
+    """The `preflight` set at its short sizes; one JSON line: the worst status, how long it took, and the
+    FAIL and ERROR results in brief. Posted with --hub; the exit status of the module doc."""
+    began = time.monotonic()
+    node = args.node or socket.gethostname()
+    results = _run("preflight", CheckOptions(node=node, short=True))
+    failing = [_brief(result) for result in results if result.status in (Status.FAIL, Status.ERROR)]
+    status = _posted(results, args.hub, "preflight")
+    summary = {"node": node, "status": worst(results).value, "exit_status": status, "failing": failing}
+    print(json.dumps(summary | {"duration_s": round(time.monotonic() - began, 3)}), flush=True)
+    return status
+
+
+def _run(checks: str, options: CheckOptions) -> list[CheckResult]:
+    """The results of `checks` (names and sets); a bad name or option is a ConfigError (exit 2)."""
+    try:
+        return [result for name in chosen(checks) for result in CATALOG[name].run(options)]
+    except CollectorConfigError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _posted(results: list[CheckResult], hub: str | None, command: str) -> int:
+    """The exit status of `results`, after posting them to `hub` where given: 2 (unless 1) when the hub
+    did not store them, the reason on stderr."""
     status = EXIT_STATUS[worst(results)]
-    if args.hub and results:
+    if hub and results:
         try:
-            HubClient(args.hub).insert_checks([asdict(result) for result in results])
+            HubClient(hub).insert_checks([asdict(result) for result in results])
         except StoreError as exc:
-            print(f"fleetlens checks run: the results were not stored: {exc}", file=sys.stderr)
+            print(f"fleetlens checks {command}: the results were not stored: {exc}", file=sys.stderr)
             return status if status == EXIT_STATUS[Status.FAIL] else EXIT_STATUS[Status.ERROR]
     return status
+
+
+def _brief(result: CheckResult) -> dict[str, object]:
+    """A result as the pre-flight line names it: what, where, how bad, and why in the check's own words."""
+    evidence = result.evidence
+    why = evidence.get("reason") or evidence.get("problem") or evidence.get("error") or ""
+    fields = ("check", "target", "status", "value", "unit", "threshold")
+    return {field: getattr(result, field) for field in fields} | {"why": str(why)[:300]}
 
 
 def cmd_checks_list(args: argparse.Namespace) -> int:

@@ -246,6 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--hub", help="also post the results to this hub (FLEETLENS_API_TOKEN: a write token)"
     )
     checks_run.set_defaults(run="fleetlens.checks_cli:cmd_checks_run")
+    checks_preflight = checks_sub.add_parser(
+        "preflight", help="the preflight set, short: one JSON line; exit 0 PASS/WARN, 1 any FAIL, 2 any ERROR"
+    )
+    checks_preflight.add_argument("--node", help="this node's name (default: its hostname)")
+    checks_preflight.add_argument("--hub", help="also post the results to this hub (a write token)")
+    checks_preflight.set_defaults(run="fleetlens.checks_cli:cmd_checks_preflight")
     checks_list = checks_sub.add_parser("list", help="stored check results, oldest first")
     _hub_flags(checks_list)
     checks_list.add_argument("--node", help="only this node's")

@@ -38,7 +38,9 @@ import json
 import math
 import os
 import re
+import socket
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -81,6 +83,14 @@ class Measurement:
     @property
     def target(self) -> str:
         return "peer:" + "+".join(self.nodes)
+
+
+def error_result(node: str, why: str, started: float, **evidence: Any) -> CheckResult:
+    """The check's ERROR for the whole of `node`: it could not measure, for `why`."""
+    duration_s = time.time() - started
+    return CheckResult(
+        node, CHECK, "", Status.ERROR, None, UNIT, None, started, duration_s, {"error": why, **evidence}
+    )
 
 
 def bus_bandwidth(size_bytes: int, seconds: float, ranks: int) -> float:
@@ -238,12 +248,7 @@ def run(
     started = time.time()
 
     def failure(why: str) -> list[CheckResult]:
-        duration_s = time.time() - started
-        return [
-            CheckResult(
-                nodes[rank], CHECK, "", Status.ERROR, None, UNIT, None, started, duration_s, {"error": why}
-            )
-        ]
+        return [error_result(nodes[rank], why, started)]
 
     try:
         import torch
@@ -264,6 +269,91 @@ def run(
     if rank != 0:
         return []
     return judge(nodes[rank], group, pairs, started, time.time() - started, expected_busbw)
+
+
+def run_local(
+    node: str,
+    ranks: int,
+    size_bytes: int = 8 << 20,
+    iterations: int = 20,
+    timeout_s: float = 300.0,
+) -> list[CheckResult]:
+    """The pairwise check across one node's `ranks` GPUs, each a process of this module on loopback (rank
+    i on GPU i, NCCL over NVLink or PCIe; gloo ranks on the CPU where torch sees no GPU), judged against
+    each other. Rank 0's results,
+    with `node` as the node and each rank as gpu:I; a rank that prints no result is an ERROR naming it."""
+    started = time.time()
+    names = [f"gpu{rank}" for rank in range(ranks)]
+    if ranks < 2:
+        why = f"an all-reduce between local GPUs needs at least two; this node has {ranks}"
+        return [error_result(node, why, started)]
+    with socket.socket() as probe:  # a free loopback port for the rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    arguments = ["--nodes", ",".join(names), "--size-mb", str(size_bytes / (1 << 20))]
+    arguments += ["--iterations", str(iterations), "--timeout-s", str(timeout_s)]
+    environment = os.environ | {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(ranks),
+    }
+    environment.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "collectors.checks.allreduce", *arguments],
+            env=environment | {"RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(ranks)
+    ]
+    outputs = finish_ranks(processes, timeout_s + 60)
+    try:
+        results = [_local_result(node, json.loads(line)) for line in outputs[0][1].splitlines()]
+    except (ValueError, KeyError, TypeError) as error:
+        results = []
+        problem = f"rank 0 printed what is not a result: {error}"
+    else:
+        problem = "rank 0 printed no result"
+    if results:
+        return results
+    failed = {
+        f"gpu{rank}": f"exit {status}: {err.strip()[-400:]}" for rank, (status, _, err) in enumerate(outputs)
+    }
+    return [error_result(node, problem, started, ranks=failed)]
+
+
+def finish_ranks(
+    processes: Sequence[subprocess.Popen[str]], timeout_s: float
+) -> list[tuple[int | None, str, str]]:
+    """Each process's exit status, stdout and stderr; those still running at the deadline are killed."""
+    deadline = time.monotonic() + timeout_s
+    outputs: list[tuple[str, str]] = []
+    try:
+        for process in processes:
+            try:
+                outputs.append(process.communicate(timeout=max(deadline - time.monotonic(), 1)))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                outputs.append(process.communicate())
+    finally:
+        for process in processes:  # a rank that died leaves the others waiting in a collective
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return [(process.returncode, *output) for process, output in zip(processes, outputs, strict=True)]
+
+
+def _local_result(node: str, printed: dict[str, Any]) -> CheckResult:
+    """A result rank 0 printed, as this node's: "peer:gpu0+gpu3" becomes "gpu:0+3"."""
+    target = printed["target"]
+    if target:
+        ranks = target.removeprefix("peer:").split("+")
+        if not all(re.fullmatch(r"gpu[0-9]{1,4}", name) for name in ranks):
+            raise ValueError(f"target {target!r} names no local GPU")
+        target = "gpu:" + "+".join(name.removeprefix("gpu") for name in ranks)
+    return CheckResult(**(printed | {"node": node, "target": target, "status": Status(printed["status"])}))
 
 
 def _environment_integer(name: str) -> int:

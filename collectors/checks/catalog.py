@@ -2,17 +2,30 @@
 
 Light checks cost seconds of GPU time and may run on a busy node on a schedule; heavy checks load the
 GPUs or the fabric and run only on a node with no work on it, or a drained one (the lifecycle's tests).
+The `preflight` set is the light checks plus the GPU performance checks at their short sizes
+(CheckOptions.short, gpu_perf.SHORT): what a job launcher runs before every job.
 A check whose options are missing (ping without peers) raises CollectorConfigError before anything runs;
 a check that runs but cannot judge returns ERROR rows, never an exception.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from collectors.checks import allreduce
 from collectors.checks.dcgm_diag import run_dcgm_diag
+from collectors.checks.gpu_perf import (
+    FULL,
+    GEMM,
+    HBM_BANDWIDTH,
+    PCIE_BANDWIDTH,
+    SHORT,
+    cuda_devices,
+    run_gpu_perf,
+)
 from collectors.checks.gpu_state import UnavailableBackend, run_gpu_state
 from collectors.checks.network import iperf3_pair, ping_mesh
 from collectors.checks.result import CheckResult
@@ -33,6 +46,7 @@ class CheckOptions:
     peers: Mapping[str, str] = field(default_factory=dict)  # name -> address, for ping and iperf3
     dev: str = ""  # the interface (or source address) ping sends from
     expected_gbps: float = 100.0  # iperf3's expected rate
+    short: bool = False  # the GPU performance checks at their pre-flight sizes
 
     def needing_peers(self, check: str) -> Mapping[str, str]:
         if not self.peers:
@@ -78,6 +92,22 @@ def _iperf3(options: CheckOptions) -> list[CheckResult]:
     return [iperf3_pair(options.node, name, address, expected) for name, address in peers.items()]
 
 
+def _gpu_perf(check: str) -> Callable[[CheckOptions], list[CheckResult]]:
+    def run(options: CheckOptions) -> list[CheckResult]:
+        return run_gpu_perf(options.node, check, cuda_devices(), SHORT if options.short else FULL)
+
+    return run
+
+
+def _allreduce(options: CheckOptions) -> list[CheckResult]:
+    """The pairwise all-reduce across this node's GPUs, one process each."""
+    devices = cuda_devices()
+    if isinstance(devices, str):
+        return [allreduce.error_result(options.node, devices, time.time())]
+    return allreduce.run_local(options.node, len(devices))
+
+
+_GPU_PERF = (PCIE_BANDWIDTH, HBM_BANDWIDTH, GEMM)
 CATALOG: Mapping[str, Check] = {
     check.name: check
     for check in (
@@ -85,12 +115,16 @@ CATALOG: Mapping[str, Check] = {
         Check("gpu_state", Weight.LIGHT, _gpu_state),
         Check("ping", Weight.LIGHT, _ping),
         Check("iperf3", Weight.HEAVY, _iperf3),
+        *(Check(name, Weight.HEAVY, _gpu_perf(name)) for name in _GPU_PERF),
+        Check("allreduce", Weight.HEAVY, _allreduce),
     )
 }
 
+_LIGHT = ("dcgm_diag", "gpu_state")
 SETS: Mapping[str, tuple[str, ...]] = {
-    "light": ("dcgm_diag", "gpu_state"),
-    "heavy": ("dcgm_diag", "gpu_state"),
+    "light": _LIGHT,
+    "heavy": (*_LIGHT, *_GPU_PERF, "allreduce"),
+    "preflight": (*_LIGHT, *_GPU_PERF),  # run with CheckOptions(short=True): `fleetlens checks preflight`
 }
 
 

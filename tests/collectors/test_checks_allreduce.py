@@ -9,13 +9,20 @@ import math
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collectors.checks.allreduce import CHECK, FAIL_FRACTION, Measurement, TimingError, bus_bandwidth, judge
+from collectors.checks.allreduce import (
+    CHECK,
+    FAIL_FRACTION,
+    Measurement,
+    TimingError,
+    bus_bandwidth,
+    finish_ranks,
+    judge,
+)
 from collectors.checks.result import CheckResult, Status
 from tests.conftest import REPO
 from tests.support.peers import free_port
@@ -139,19 +146,6 @@ def run_module(args: list[str], rank: int, world_size: int, port: int, prelude: 
     )
 
 
-def finish(processes: list[subprocess.Popen], timeout_s: float) -> list[tuple[int, str, str]]:
-    """Each process's exit status, stdout and stderr; kills those still running at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    try:
-        outputs = [process.communicate(timeout=max(deadline - time.monotonic(), 1)) for process in processes]
-    finally:
-        for process in processes:  # a rank that died leaves the others waiting in a collective
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    return [(process.returncode, *output) for process, output in zip(processes, outputs, strict=True)]
-
-
 @pytest.mark.torch
 @pytest.mark.timing  # a delayed rank against its peers' wall-clock times: run apart, on quiet cores
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
@@ -164,7 +158,7 @@ def test_four_gloo_ranks_on_loopback_name_the_slow_node() -> None:
         run_module(args + (["--inject-delay-s", "0.05"] if rank == slow_rank else []), rank, 4, port)
         for rank in range(4)
     ]
-    (status, out, err), *others = finish(processes, 120)
+    (status, out, err), *others = finish_ranks(processes, 120)
     assert [other[0] for other in others] == [0, 0, 0], others
     assert status == 1, err  # rank 0 reports: not all PASS
     results = [json.loads(line) for line in out.splitlines()]
@@ -184,7 +178,7 @@ def test_without_torch_the_check_reports_error_not_pass() -> None:
     process = run_module(
         ["--nodes", "vela-001,vela-002"], 0, 2, free_port(), "import sys; sys.modules['torch'] = None; "
     )
-    ((status, out, err),) = finish([process], 60)
+    ((status, out, err),) = finish_ranks([process], 60)
     (result,) = [json.loads(line) for line in out.splitlines()]
     assert status == 1, err
     assert result["status"] == "ERROR" and "torch is not installed" in result["evidence"]["error"]
@@ -203,7 +197,7 @@ def test_without_torch_the_check_reports_error_not_pass() -> None:
 def test_a_bad_node_list_or_environment_is_refused_before_anything_runs(
     nodes: str, world_size: int, complaint: str
 ) -> None:
-    ((status, out, err),) = finish([run_module(["--nodes", nodes], 0, world_size, free_port())], 60)
+    ((status, out, err),) = finish_ranks([run_module(["--nodes", nodes], 0, world_size, free_port())], 60)
     assert (status, out) == (2, "") and complaint in err
 
 
@@ -211,7 +205,7 @@ def test_a_bad_node_list_or_environment_is_refused_before_anything_runs(
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 def test_a_peer_that_never_joins_reads_error_within_the_timeout() -> None:
     process = run_module(["--nodes", "vela-001,vela-002,vela-003", "--timeout-s", "2"], 0, 3, free_port())
-    ((status, out, err),) = finish([process], 60)
+    ((status, out, err),) = finish_ranks([process], 60)
     (result,) = [json.loads(line) for line in out.splitlines()]
     assert status == 1, err
     assert (result["status"], result["target"]) == ("ERROR", "")
@@ -219,5 +213,7 @@ def test_a_peer_that_never_joins_reads_error_within_the_timeout() -> None:
 
 
 def test_a_rank_beyond_the_world_is_refused() -> None:
-    ((status, out, err),) = finish([run_module(["--nodes", "vela-001,vela-002"], 2, 2, free_port())], 60)
+    ((status, out, err),) = finish_ranks(
+        [run_module(["--nodes", "vela-001,vela-002"], 2, 2, free_port())], 60
+    )
     assert (status, out) == (2, "") and "RANK 2 is not below WORLD_SIZE 2" in err

@@ -84,3 +84,31 @@ def test_a_check_whose_tool_is_absent_is_an_error_and_exits_2(tmp_path: Path) ->
     [result] = [json.loads(line) for line in done.stdout.splitlines()]
     assert result["status"] == "ERROR" and "dcgmi not found" in result["evidence"]["problem"]
     assert done.returncode == 2
+
+
+@pytest.mark.integration
+def test_preflight_prints_one_line_posts_every_result_and_a_failed_test_beats_errors(tmp_path: Path) -> None:
+    dcgmi = fake_dcgmi(tmp_path / "bin", DCGM3_FAILED, 226)
+    with hub_process(tmp_path, env={"FLEETLENS_API_TOKEN": TOKEN}) as hub:
+        done = fleetlens(
+            "checks", "preflight", "--node", "vela-003", "--hub", hub.url, path=f"{dcgmi}:/usr/bin:/bin"
+        )
+        assert done.returncode == 1, done.stderr
+        [line] = done.stdout.splitlines()
+        summary = json.loads(line)
+        assert (summary["node"], summary["status"], summary["exit_status"]) == ("vela-003", "FAIL", 1)
+        assert summary["duration_s"] > 0
+        failing = {(brief["check"], brief["target"], brief["status"]) for brief in summary["failing"]}
+        assert ("dcgm_diag", "gpu:3", "FAIL") in failing
+        # this machine has no GPU: the performance checks say so instead of passing
+        for check in ("pcie_bandwidth", "hbm_bandwidth", "gemm"):
+            assert (check, "", "ERROR") in failing
+        stored = {(row["check"], row["target"], row["status"]) for row in listed(hub.url, "vela-003")}
+        assert failing <= stored
+
+
+def test_preflight_with_nothing_to_judge_by_exits_2(tmp_path: Path) -> None:
+    done = fleetlens("checks", "preflight", "--node", "vela-001", path=str(tmp_path))
+    [summary] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert (summary["status"], done.returncode) == ("ERROR", 2)
+    assert "dcgmi not found" in {brief["check"]: brief["why"] for brief in summary["failing"]}["dcgm_diag"]
