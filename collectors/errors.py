@@ -15,8 +15,9 @@
     │                       too much output), or the hub refused its report or could not be reached
     ├── CheckOutputError    a health check's tool (dcgmi, ping, iperf3) printed what its parser does not
     │                       accept; the check reports it as an ERROR result naming the line or field
-    └── TimingError         an all-reduce timing that is no positive finite time, which would otherwise
-                            compare as a pass (checks.allreduce)
+    └── TimingError         a measured time that is no positive finite time (of an all-reduce, a copy
+                            or a matmul), which would otherwise compare as a pass (checks.allreduce,
+                            checks.gpu_perf)
 
 Collectors catch theirs per sample or per device, report them through `ReadErrors` and go on: one bad
 file never fails a scrape (a CollectorConfigError comes at start-up, before any scrape). Each message
@@ -56,3 +57,8 @@ class HostAgentError(CollectorError):
 
 class CheckOutputError(CollectorError):
     """A health check's tool printed output its parser does not accept; the message names where."""
+
+
+class TimingError(CollectorError):
+    """A measured time is not a positive finite number: no rate can be computed from it, and a NaN would
+    compare as no slower than the reference (a peer's timing is hostile input too)."""

@@ -49,7 +49,7 @@ from datetime import timedelta
 from typing import Any
 
 from collectors.checks.result import CheckResult, Status
-from collectors.errors import CollectorConfigError, CollectorError
+from collectors.errors import CollectorConfigError, TimingError
 
 CHECK = "allreduce_busbw"
 UNIT = "GB/s"
@@ -57,10 +57,6 @@ FAIL_FRACTION = 0.5  # half of what healthy nodes reach: far outside run-to-run 
 WARN_FRACTION = 0.8  # a fifth below: worth a look, as Autopilot's WARN
 WARMUP_OPERATIONS = 3  # connection set-up and first allocations, never timed
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
-
-
-class TimingError(CollectorError):
-    """A measured operation time is not a positive number (a peer's timing is hostile input too)."""
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from collectors.checks.result import CheckResult, Status
-from collectors.errors import CollectorError
+from collectors.errors import TimingError
 
 PCIE_BANDWIDTH = "pcie_bandwidth"
 HBM_BANDWIDTH = "hbm_bandwidth"
@@ -144,10 +144,6 @@ FULL = Plan("full", 1 << 30, 4 << 30, 8192, warmup=5, iterations=20, matmul_iter
 SHORT = Plan("short", 256 << 20, 2 << 30, 8192, warmup=3, iterations=10, matmul_iterations=50)
 
 
-class MeasurementError(CollectorError):
-    """A timing that is not a positive time: no rate can be computed from it."""
-
-
 def median_seconds(device: Device, call: Callable[[], None], warmup: int, iterations: int) -> float:
     """The median wall time of one `call` (launch and synchronize) over `iterations`, after `warmup`."""
     for _ in range(warmup):
@@ -173,7 +169,7 @@ def _rate(device: Device, kind: Operation, plan: Plan) -> tuple[float, float]:
         size, work, iterations = plan.copy_bytes, plan.copy_bytes / 1e9, plan.iterations
     seconds = median_seconds(device, device.operation(kind, size), plan.warmup, iterations)
     if not seconds > 0:
-        raise MeasurementError(f"a {kind} took {seconds!r} s by the clock: no rate can be computed")
+        raise TimingError(f"a {kind} took {seconds!r} s by the clock: no rate can be computed")
     return work / seconds, seconds
 
 
@@ -271,7 +267,7 @@ def run_gpu_perf(
         started, began = clock(), time.monotonic()
         try:
             status, value, threshold, unit, evidence = judge(device, plan)
-        except (RuntimeError, MeasurementError) as error:
+        except (RuntimeError, TimingError) as error:
             status, value, threshold, unit = Status.ERROR, None, None, ""
             evidence = {"problem": f"{check} on GPU {device.index} failed: {error}"}
         evidence |= {"model": device.model, "plan": plan.name}

@@ -18,12 +18,12 @@ from collectors.checks.allreduce import (
     CHECK,
     FAIL_FRACTION,
     Measurement,
-    TimingError,
     bus_bandwidth,
     finish_ranks,
     judge,
 )
 from collectors.checks.result import CheckResult, Status
+from collectors.errors import TimingError
 from tests.conftest import REPO
 from tests.support.peers import free_port
 
