@@ -1,5 +1,6 @@
-"""`fleetlens checks run` and `list`: active health checks on this node (collectors.checks), one JSON line
-per result and, with --hub, posted to the hub's `checks` table; and the stored results read back.
+"""`fleetlens checks run`, `schedule` and `list`: active health checks on this node (collectors.checks), one
+JSON line per result and, with --hub, posted to the hub's `checks` table; the same on a schedule
+(collectors.checks.schedule); and the stored results read back.
 
 `run`'s exit status is what a job launcher acts on: 0 when every result is PASS or WARN, 1 when any is
 FAIL, 2 when any is ERROR (a check that could not judge, its results not stored by the hub, or a bad
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import asdict
 
@@ -19,7 +22,8 @@ from analytics.errors import StoreError
 from analytics.store import checks
 from analytics.store.hubclient import HubClient
 from collectors.checks.catalog import CATALOG, CheckOptions, chosen
-from collectors.checks.result import Status, worst
+from collectors.checks.result import CheckResult, Status, worst
+from collectors.checks.schedule import Post, Schedule, Scheduler, nvml_processes_probe, slurm_jobs_probe
 from collectors.errors import CollectorConfigError
 from fleetlens.access import reader
 from fleetlens.errors import ConfigError
@@ -43,8 +47,7 @@ def cmd_checks_run(args: argparse.Namespace) -> int:
         results = [result for name in chosen(args.checks) for result in CATALOG[name].run(options)]
     except CollectorConfigError as exc:
         raise ConfigError(str(exc)) from None
-    for result in results:
-        print(json.dumps(asdict(result)), flush=True)
+    _print_results(results)
     status = EXIT_STATUS[worst(results)]
     if args.hub and results:
         try:
@@ -53,6 +56,45 @@ def cmd_checks_run(args: argparse.Namespace) -> int:
             print(f"fleetlens checks run: the results were not stored: {exc}", file=sys.stderr)
             return status if status == EXIT_STATUS[Status.FAIL] else EXIT_STATUS[Status.ERROR]
     return status
+
+
+def cmd_checks_schedule(args: argparse.Namespace) -> int:
+    """Run collectors.checks.schedule's loop on this node until SIGTERM; 0 when stopped so."""
+    node = args.node or socket.gethostname()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    probes = [nvml_processes_probe()] + ([] if args.without_slurm else [slurm_jobs_probe(node)])
+    try:
+        scheduler = Scheduler(
+            CheckOptions(node=node),
+            Schedule(args.interval, args.jitter, args.heavy_every, args.force, args.max_unsent),
+            probes,
+            post=_hub_post(HubClient(args.hub)) if args.hub else None,
+            emit=_print_results,
+            wait=stop.wait,
+        )
+        scheduler.run()
+    except CollectorConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    return 0
+
+
+def _hub_post(client: HubClient) -> Post:
+    """Posts results with `client`; why not when the hub did not store them."""
+
+    def post(results: list[CheckResult]) -> str | None:
+        try:
+            client.insert_checks([asdict(result) for result in results])
+        except StoreError as exc:
+            return str(exc)
+        return None
+
+    return post
+
+
+def _print_results(results: list[CheckResult]) -> None:
+    for result in results:
+        print(json.dumps(asdict(result)), flush=True)
 
 
 def cmd_checks_list(args: argparse.Namespace) -> int:
