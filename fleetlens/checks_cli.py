@@ -18,12 +18,19 @@ import threading
 import time
 from dataclasses import asdict
 
-from analytics.errors import StoreError
+from analytics.errors import StoreError, StoreUnavailable
 from analytics.store import checks
 from analytics.store.hubclient import HubClient
 from collectors.checks.catalog import CATALOG, CheckOptions, chosen
 from collectors.checks.result import CheckResult, Status, worst
-from collectors.checks.schedule import Post, Schedule, Scheduler, nvml_processes_probe, slurm_jobs_probe
+from collectors.checks.schedule import (
+    Post,
+    PostFailed,
+    Schedule,
+    Scheduler,
+    nvml_processes_probe,
+    slurm_jobs_probe,
+)
 from collectors.errors import CollectorConfigError
 from fleetlens.access import reader
 from fleetlens.errors import ConfigError
@@ -80,13 +87,16 @@ def cmd_checks_schedule(args: argparse.Namespace) -> int:
 
 
 def _hub_post(client: HubClient) -> Post:
-    """Posts results with `client`; why not when the hub did not store them."""
+    """Posts results with `client`; why not when the hub did not store them, to retry when it could not
+    be reached."""
 
-    def post(results: list[CheckResult]) -> str | None:
+    def post(results: list[CheckResult]) -> PostFailed | None:
         try:
             client.insert_checks([asdict(result) for result in results])
+        except StoreUnavailable as exc:
+            return PostFailed(str(exc), retry=True)
         except StoreError as exc:
-            return str(exc)
+            return PostFailed(str(exc), retry=False)
         return None
 
     return post

@@ -282,9 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     checks_schedule.add_argument(
         "--max-unsent",
         type=int,
-        default=10_000,
+        default=2000,
         dest="max_unsent",
-        help="results kept while the hub is down (10000)",
+        help="results kept while the hub is down (2000)",
     )
     checks_schedule.set_defaults(run="fleetlens.checks_cli:cmd_checks_schedule")
 

@@ -12,10 +12,12 @@ GPU time: each light run is timed. When one took more than GPU_SHARE (1%) of the
 logged and the next interval is stretched to duration / GPU_SHARE, so that the light checks keep within
 1% of the node's time; the configured interval comes back once the runs are short again.
 
-Results go to `emit` (the CLI prints them) and to `post` (the hub). A failed post is logged and its
-results kept for the next one, up to `max_unsent`; past that the oldest are dropped and the log says how
-many were dropped in all. The loop stops between runs when `wait` says so (the CLI's SIGTERM handler
-sets the event `wait` waits on). `clock` and `wait` are the seams tests replace with a fake clock.
+Results go to `emit` (the CLI prints them) and to `post` (the hub). A post that could not reach the hub
+is logged and its results kept for the next one, the newest `max_unsent`; results the hub refused are
+dropped, as sending them again would be refused again; the log says how many were dropped.
+
+The loop stops between runs when `wait` says so (the CLI's SIGTERM handler sets the event `wait` waits
+on). `clock` and `wait` are the seams tests replace with a fake clock.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import logging
 import random
 import re
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -52,8 +53,19 @@ _JOB_ID = re.compile(r"[0-9]+(?:_(?:[0-9]+|\[[0-9,%\-]+\]))?(?:\+[0-9]+)?")
 
 Probe = Callable[[], "str | None"]
 """Says why the node is busy (or why its state is unknown), or None when it is free."""
-Post = Callable[[list[CheckResult]], "str | None"]
-"""Sends results to the hub; None when they were stored, else why not."""
+
+
+@dataclass(frozen=True)
+class PostFailed:
+    """Why results were not stored, and whether sending them again may work (the hub was unreachable)
+    or not (the hub refused them)."""
+
+    reason: str
+    retry: bool
+
+
+Post = Callable[[list[CheckResult]], "PostFailed | None"]
+"""Sends results to the hub; None when they were stored."""
 RunChecks = Callable[[Sequence[str], CheckOptions], list[CheckResult]]
 
 
@@ -65,7 +77,7 @@ class Schedule:
     jitter_s: float = 0.0
     heavy_every_s: float = DAY_S
     force_heavy: bool = False
-    max_unsent: int = 10_000
+    max_unsent: int = 2000  # some 40 hours of an 8-GPU node's light results; a post far under 16 MiB
 
     def __post_init__(self) -> None:
         if not (
@@ -138,40 +150,41 @@ def nvml_processes_probe(nvml: ModuleType | Any | None = None) -> Probe:
 
 
 class Outbox:
-    """Results waiting to be posted, at most `limit` of them: the oldest are dropped past it, and
-    `dropped` counts them (logged at each failed post, and at the next post that works)."""
+    """Results waiting to be posted: what the hub could not be reached for is kept, the newest `limit` of
+    it; what it refused is dropped (sending it again would be refused again). `dropped` counts both, and
+    the log says how many at each failed post and at the next post that works."""
 
     def __init__(self, post: Post, limit: int) -> None:
         self._post = post
-        self._unsent: deque[CheckResult] = deque(maxlen=limit)
+        self._limit = limit
+        self._unsent: list[CheckResult] = []
         self.dropped = 0
         self._dropped_reported = 0
 
     def send(self, results: Iterable[CheckResult]) -> None:
-        """Post what is waiting and `results`; keep them when the post fails (logged)."""
-        for result in results:
-            if len(self._unsent) == self._unsent.maxlen:
-                self.dropped += 1
-            self._unsent.append(result)  # a full deque drops its oldest
-        if not self._unsent:
+        """Post what is waiting and `results` as one batch."""
+        batch = [*self._unsent, *results]
+        if not batch:
             return
-        failure = self._post(list(self._unsent))
-        if failure is None:
+        failed = self._post(batch)
+        if failed is None:
             if self.dropped > self._dropped_reported:
                 log.warning(
-                    "sent %d results; %d older ones were dropped while they could not be sent",
-                    len(self._unsent),
+                    "sent %d results; %d earlier ones were dropped unsent",
+                    len(batch),
                     self.dropped - self._dropped_reported,
                 )
                 self._dropped_reported = self.dropped
-            self._unsent.clear()
+            self._unsent = []
             return
+        self._unsent = batch[max(len(batch) - self._limit, 0) :] if failed.retry else []
+        self.dropped += len(batch) - len(self._unsent)
         log.warning(
-            "results not sent: %s; %d kept for the next post, %d dropped so far (over %d unsent)",
-            printable(failure),
+            "results not sent: %s; %d kept for the next post (at most %d), %d dropped so far",
+            printable(failed.reason),
             len(self._unsent),
+            self._limit,
             self.dropped,
-            self._unsent.maxlen,
         )
 
 
@@ -215,8 +228,9 @@ class Scheduler:
 
     def _light(self, started: float) -> float:
         """Run the light set; the interval to the next run, stretched past GPU_SHARE."""
-        self._deliver(self._run_checks(self.light, self._options), "light", started)
+        results = self._run_checks(self.light, self._options)
         took = self._clock() - started
+        self._deliver(results, "light", took)
         interval = self._schedule.interval_s
         if took > GPU_SHARE * interval:
             interval = took / GPU_SHARE
@@ -240,16 +254,11 @@ class Scheduler:
         if busy:
             log.warning("heavy checks forced on a busy node: %s", printable("; ".join(busy)))
         self._last_heavy = now
-        self._deliver(self._run_checks(self.heavy, self._heavy_options), "heavy", now)
+        results = self._run_checks(self.heavy, self._heavy_options)
+        self._deliver(results, "heavy", self._clock() - now)
 
-    def _deliver(self, results: list[CheckResult], which: str, started: float) -> None:
-        log.info(
-            "%s checks: %d results, worst %s, %.1f s",
-            which,
-            len(results),
-            worst(results),
-            self._clock() - started,
-        )
+    def _deliver(self, results: list[CheckResult], which: str, took: float) -> None:
+        log.info("%s checks: %d results, worst %s, %.1f s", which, len(results), worst(results), took)
         self._emit(results)
         if self._outbox is not None:
             self._outbox.send(results)

@@ -23,6 +23,8 @@ from collectors.checks.result import CheckResult, Status
 from collectors.checks.schedule import (
     DAY_S,
     HOUR_S,
+    Post,
+    PostFailed,
     Probe,
     Schedule,
     Scheduler,
@@ -140,36 +142,61 @@ def test_a_schedule_that_cannot_run_is_refused(settings: dict[str, float]) -> No
         Schedule(**settings)  # type: ignore[arg-type]
 
 
+def post_answering(answers: list[PostFailed | None], posted: list[list[str]]) -> Post:
+    """A hub that answers each post with the next of `answers`, recording what it stored."""
+    replies = iter(answers)
+
+    def post(results: list[CheckResult]) -> PostFailed | None:
+        reply = next(replies)
+        if reply is None:
+            posted.append([f"{result.check}@{result.started:g}" for result in results])
+        return reply
+
+    return post
+
+
+def scheduled_posting(node: FakeNode, post: Post, max_unsent: int) -> Scheduler:
+    return Scheduler(
+        CheckOptions(node="vela-001"),
+        Schedule(max_unsent=max_unsent),
+        [BUSY],
+        post=post,
+        run_checks=node.run_checks,
+        clock=node.clock,
+        wait=node.wait,
+    )
+
+
 def test_unsent_results_are_kept_up_to_the_bound_and_the_dropped_counted(caplog) -> None:
     node = FakeNode(horizon_s=3 * HOUR_S + 1)  # four light runs, two results each
     posted: list[list[str]] = []
-    hub_up = iter([False, False, False, True])
-
-    def post(results: list[CheckResult]) -> str | None:
-        if next(hub_up):
-            posted.append([f"{result.check}@{result.started:g}" for result in results])
-            return None
-        return "the hub at http://hub:9500 cannot be reached"
-
+    down = PostFailed("the hub at http://hub:9500 cannot be reached", retry=True)
     with caplog.at_level(logging.WARNING, "fleetlens.checks.schedule"):
-        Scheduler(
-            CheckOptions(node="vela-001"),
-            Schedule(max_unsent=5),
-            [BUSY],
-            post=post,
-            run_checks=node.run_checks,
-            clock=node.clock,
-            wait=node.wait,
-        ).run()
-    # the oldest three of the eight were dropped; the five kept went in the first post that worked
+        scheduled_posting(node, post_answering([down, down, down, None], posted), max_unsent=5).run()
+    # the oldest of the six unsent after the third run was dropped; the rest went with the fourth run's
     assert posted == [
-        ["gpu_state@3600", "dcgm_diag@7200", "gpu_state@7200", "dcgm_diag@10800", "gpu_state@10800"]
+        [
+            "gpu_state@0",
+            "dcgm_diag@3600",
+            "gpu_state@3600",
+            "dcgm_diag@7200",
+            "gpu_state@7200",
+            "dcgm_diag@10800",
+            "gpu_state@10800",
+        ]
     ]
-    assert "5 kept for the next post, 1 dropped so far (over 5 unsent)" in caplog.text
-    assert (
-        caplog.records[-1].getMessage()
-        == "sent 5 results; 3 older ones were dropped while they could not be sent"
-    )
+    assert "5 kept for the next post (at most 5), 1 dropped so far" in caplog.text
+    assert caplog.records[-1].getMessage() == "sent 7 results; 1 earlier ones were dropped unsent"
+
+
+def test_results_the_hub_refused_are_dropped_not_sent_again(caplog) -> None:
+    node = FakeNode(horizon_s=HOUR_S + 1)
+    posted: list[list[str]] = []
+    refused = PostFailed("checks[0].status: expected one of PASS, WARN, FAIL, ERROR", retry=False)
+    with caplog.at_level(logging.WARNING, "fleetlens.checks.schedule"):
+        scheduled_posting(node, post_answering([refused, None], posted), max_unsent=100).run()
+    assert posted == [["dcgm_diag@3600", "gpu_state@3600"]]
+    assert "0 kept for the next post (at most 100), 2 dropped so far" in caplog.text
 
 
 def fake_nvml(processes: dict[int, list[int]], failing: str = "") -> SimpleNamespace:
