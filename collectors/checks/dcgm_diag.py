@@ -70,8 +70,9 @@ def run_dcgm_diag(
 ) -> list[CheckResult]:
     """Run `dcgmi diag -r level -j` (dcgmi at the path `dcgmi`) and read its output.
 
-    A dcgmi that is missing, cannot be started or runs past `timeout_s` (TIMEOUT_S[level] by default)
-    gives one ERROR for the node saying so. Raises CollectorConfigError for a level other than 1, 2, 3.
+    A dcgmi that is missing, cannot be started, runs past `timeout_s` (TIMEOUT_S[level] by default) or
+    prints more than MAX_OUTPUT_BYTES gives one ERROR for the node saying so. Raises CollectorConfigError
+    for a level other than 1, 2, 3.
     """
     if level not in TIMEOUT_S:
         raise CollectorConfigError(f"dcgm_diag: level {level!r} is not one of 1, 2, 3")

@@ -149,6 +149,12 @@ def nvml_processes_probe(nvml: ModuleType | Any | None = None) -> Probe:
     return probe
 
 
+def _sleep(seconds: float) -> bool:
+    """Sleep; never says stop (the CLI waits on an event its SIGTERM handler sets instead)."""
+    time.sleep(seconds)
+    return False
+
+
 class Outbox:
     """Results waiting to be posted: what the hub could not be reached for is kept, the newest `limit` of
     it; what it refused is dropped (sending it again would be refused again). `dropped` counts both, and
@@ -200,7 +206,7 @@ class Scheduler:
         emit: Callable[[list[CheckResult]], None] = lambda results: None,
         run_checks: RunChecks = run_catalog,
         clock: Callable[[], float] = time.monotonic,
-        wait: Callable[[float], bool] = lambda seconds: False,
+        wait: Callable[[float], bool] = _sleep,
         jitter: Callable[[float], float] = lambda most: random.uniform(0.0, most),
     ) -> None:
         self.light, self.heavy = chosen("light"), chosen("heavy")
