@@ -11,6 +11,10 @@
     │                           a duplicate step (a ValueError too, as the hub and SDK users catch it)
     ├── CollectorConfigError    an unknown collector name, or an SDK setting the environment gets wrong
     │                           (a ValueError too, as callers of the SDK catch it)
+    ├── CommandError        an external tool could not start, or was killed past a bound (collectors.commands)
+    │   ├── CommandNotFound         its binary is not there
+    │   ├── CommandTimedOut         it ran past its timeout and was killed
+    │   └── CommandOutputTooLarge   it wrote more than the bound to stdout or stderr and was killed
     ├── HostAgentError      a command the host agent runs failed (not installed, exit status, timeout,
     │                       too much output), or the hub refused its report or could not be reached
     ├── CheckOutputError    a health check's tool (dcgmi, ping, iperf3) printed what its parser does not
@@ -49,6 +53,22 @@ class StepRecordError(LogParseError, ValueError):
 
 class CollectorConfigError(CollectorError, ValueError):
     """An unknown collector name, or a step SDK setting the environment gets wrong; the message names it."""
+
+
+class CommandError(CollectorError):
+    """An external tool could not start, or was killed past a bound; the message names the tool and why."""
+
+
+class CommandNotFound(CommandError):
+    """The tool's binary is not installed, or not at the path given."""
+
+
+class CommandTimedOut(CommandError):
+    """The tool ran past its timeout and was killed."""
+
+
+class CommandOutputTooLarge(CommandError):
+    """The tool wrote more than the bound to one stream and was killed."""
 
 
 class HostAgentError(CollectorError):

@@ -21,10 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import selectors
-import subprocess
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -32,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from collectors.errors import HostAgentError
+from collectors import commands
+from collectors.errors import CommandError, HostAgentError
 from collectors.logtext import printable
 
 log = logging.getLogger("fleetlens.hostagent")
@@ -52,63 +50,16 @@ def run_command(argv: Sequence[str], timeout_s: float = COMMAND_TIMEOUT_S) -> st
     """`argv`'s standard output as text, read for at most `timeout_s` and MAX_OUTPUT_BYTES; a
     HostAgentError saying why otherwise (not installed, exit status and stderr's start, timeout, too
     much output, not UTF-8). No shell; stdin is /dev/null; a command past a limit is killed."""
-    name = argv[0]
     try:
-        process = subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-    except FileNotFoundError:
-        raise HostAgentError(f"{name} is not installed") from None
-    except OSError as exc:
-        raise HostAgentError(f"{name} cannot be run: {exc.strerror}") from None
-    output, errors = bytearray(), bytearray()
-    try:
-        _read_bounded(process, output, errors, time.monotonic() + timeout_s, name, timeout_s)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            process.wait()
-        process.stdout.close()  # type: ignore[union-attr]
-        process.stderr.close()  # type: ignore[union-attr]
-    if process.returncode != 0:
-        said = printable(errors.decode("utf-8", "replace").strip())[:MAX_REASON_CHARS]
-        raise HostAgentError(f"{name} exited with status {process.returncode}: {said}")
-    try:
-        return output.decode("utf-8")
-    except UnicodeDecodeError:
-        raise HostAgentError(f"{name} wrote output that is not UTF-8") from None
-
-
-def _read_bounded(
-    process: subprocess.Popen,
-    output: bytearray,
-    errors: bytearray,
-    deadline: float,
-    name: str,
-    timeout_s: float,
-) -> None:
-    """Read `process`'s stdout into `output` and the start of its stderr into `errors` until both close
-    and it exits; HostAgentError past `deadline` or MAX_OUTPUT_BYTES."""
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ, output)  # type: ignore[arg-type]
-        selector.register(process.stderr, selectors.EVENT_READ, errors)  # type: ignore[arg-type]
-        while selector.get_map():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise HostAgentError(f"{name} timed out after {timeout_s:g} s")
-            for key, _ in selector.select(left):
-                chunk = os.read(key.fd, 65536)
-                if not chunk:
-                    selector.unregister(key.fileobj)
-                    continue
-                key.data.extend(chunk)
-                del errors[MAX_REASON_CHARS * 4 :]
-                if len(output) > MAX_OUTPUT_BYTES:
-                    raise HostAgentError(f"{name} wrote more than {MAX_OUTPUT_BYTES} bytes")
-    try:
-        process.wait(max(deadline - time.monotonic(), 0))
-    except subprocess.TimeoutExpired:
-        raise HostAgentError(f"{name} timed out after {timeout_s:g} s") from None
+        ran = commands.run(argv, timeout_s, max_output_bytes=MAX_OUTPUT_BYTES)
+    except CommandError as exc:
+        raise HostAgentError(str(exc)) from None
+    if ran.returncode != 0:
+        said = printable(ran.stderr.strip())[:MAX_REASON_CHARS]
+        raise HostAgentError(f"{argv[0]} exited with status {ran.returncode}: {said}")
+    if ran.stdout_replaced:
+        raise HostAgentError(f"{argv[0]} wrote output that is not UTF-8")
+    return ran.stdout
 
 
 def sriov_pfs(sysfs_root: Path) -> list[dict[str, Any]]:

@@ -1,6 +1,7 @@
-"""`fleetlens checks run`, `preflight` and `list`: active health checks on this node (collectors.checks), one
-JSON line per result (`preflight`: one JSON line in all) and, with --hub, posted to the hub's `checks`
-table; and the stored results read back.
+"""`fleetlens checks run`, `preflight`, `schedule` and `list`: active health checks on this node
+(collectors.checks), one JSON line per result (`preflight`: one JSON line in all) and, with --hub, posted
+to the hub's `checks` table; the same on a schedule (collectors.checks.schedule); and the stored results
+read back.
 
 `run`'s and `preflight`'s exit status is what a job launcher acts on: 0 when every result is PASS or WARN,
 1 when any is FAIL, 2 when any is ERROR (a check that could not judge, its results not stored by the
@@ -11,16 +12,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import asdict
 
-from analytics.errors import StoreError
+from analytics.errors import StoreError, StoreUnavailable
 from analytics.store import checks
 from analytics.store.hubclient import HubClient
 from collectors.checks.catalog import CATALOG, CheckOptions, chosen
 from collectors.checks.result import CheckResult, Status, worst
+from collectors.checks.schedule import (
+    Post,
+    PostFailed,
+    Schedule,
+    Scheduler,
+    nvml_processes_probe,
+    slurm_jobs_probe,
+)
 from collectors.errors import CollectorConfigError
 from fleetlens.access import reader
 from fleetlens.errors import ConfigError
@@ -41,8 +52,7 @@ def cmd_checks_run(args: argparse.Namespace) -> int:
         expected_gbps=args.expected_gbps,
     )
     results = _run(args.checks, options)
-    for result in results:
-        print(json.dumps(asdict(result)), flush=True)
+    _print_results(results)
     return _posted(results, args.hub, "run")
 
 
@@ -86,6 +96,48 @@ def _brief(result: CheckResult) -> dict[str, object]:
     why = evidence.get("reason") or evidence.get("problem") or evidence.get("error") or ""
     fields = ("check", "target", "status", "value", "unit", "threshold")
     return {field: getattr(result, field) for field in fields} | {"why": str(why)[:300]}
+
+
+def cmd_checks_schedule(args: argparse.Namespace) -> int:
+    """Run collectors.checks.schedule's loop on this node until SIGTERM; 0 when stopped so."""
+    node = args.node or socket.gethostname()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    probes = [nvml_processes_probe()] + ([] if args.without_slurm else [slurm_jobs_probe(node)])
+    try:
+        scheduler = Scheduler(
+            CheckOptions(node=node),
+            Schedule(args.interval, args.jitter, args.heavy_every, args.force, args.max_unsent),
+            probes,
+            post=_hub_post(HubClient(args.hub)) if args.hub else None,
+            emit=_print_results,
+            wait=stop.wait,
+        )
+        scheduler.run()
+    except CollectorConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    return 0
+
+
+def _hub_post(client: HubClient) -> Post:
+    """Posts results with `client`; why not when the hub did not store them, to retry when it could not
+    be reached."""
+
+    def post(results: list[CheckResult]) -> PostFailed | None:
+        try:
+            client.insert_checks([asdict(result) for result in results])
+        except StoreUnavailable as exc:
+            return PostFailed(str(exc), retry=True)
+        except StoreError as exc:
+            return PostFailed(str(exc), retry=False)
+        return None
+
+    return post
+
+
+def _print_results(results: list[CheckResult]) -> None:
+    for result in results:
+        print(json.dumps(asdict(result)), flush=True)
 
 
 def cmd_checks_list(args: argparse.Namespace) -> int:

@@ -259,6 +259,40 @@ def build_parser() -> argparse.ArgumentParser:
     checks_list.add_argument("--hub", help="hub URL (needed while a hub holds the embedded store)")
     checks_list.add_argument("--json", action="store_true", help="a JSON array, one object per result")
     checks_list.set_defaults(run="fleetlens.checks_cli:cmd_checks_list")
+    checks_schedule = checks_sub.add_parser(
+        "schedule",
+        help="run the light checks hourly and the heavy ones when this node is free, until SIGTERM",
+    )
+    checks_schedule.add_argument("--node", help="this node's name (default: its hostname)")
+    checks_schedule.add_argument(
+        "--hub", help="post the results to this hub (FLEETLENS_API_TOKEN: a write token)"
+    )
+    checks_schedule.add_argument("--interval", type=duration, default="1h", help="between light runs (1h)")
+    checks_schedule.add_argument(
+        "--jitter", type=duration, default="0s", help="at most this much later, at random (0s)"
+    )
+    checks_schedule.add_argument(
+        "--heavy-every",
+        type=duration,
+        default="1d",
+        dest="heavy_every",
+        help="at most one heavy run per (1d)",
+    )
+    checks_schedule.add_argument("--force", action="store_true", help="heavy checks on a busy node too")
+    checks_schedule.add_argument(
+        "--without-slurm",
+        action="store_true",
+        dest="without_slurm",
+        help="this node has no Slurm: do not ask squeue",
+    )
+    checks_schedule.add_argument(
+        "--max-unsent",
+        type=int,
+        default=2000,
+        dest="max_unsent",
+        help="results kept while the hub is down (2000)",
+    )
+    checks_schedule.set_defaults(run="fleetlens.checks_cli:cmd_checks_schedule")
 
     steps = sub.add_parser("steps", help="training step records")
     steps_sub = steps.add_subparsers(dest="steps_command", required=True)

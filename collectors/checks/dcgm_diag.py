@@ -17,14 +17,14 @@ run never reads as healthy.
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from collectors import commands
 from collectors.checks.result import SEVERITY, CheckResult, Status
-from collectors.errors import CheckOutputError, CollectorConfigError
+from collectors.errors import CheckOutputError, CollectorConfigError, CommandError, CommandNotFound
 
 CHECK = "dcgm_diag"
 
@@ -32,6 +32,8 @@ CHECK = "dcgm_diag"
 # minute, level 2 as about two minutes and level 3 as about 30 minutes on a node of 8 GPUs; the limits
 # leave room for slower nodes before a hung dcgmi is reported as an ERROR.
 TIMEOUT_S = {1: 300.0, 2: 900.0, 3: 3600.0}
+# dcgmi's JSON for a level 3 run on 8 GPUs is tens of kB; a tool printing past this is not dcgmi's answer.
+MAX_OUTPUT_BYTES = 16 << 20
 
 # DCGM 3.x prints "Pass"/"Fail"/"Warn"/"Skip" (its own tests also "PASS", "SKIP"), 4.x adds "Not Run"
 # (dcgmi/Diag.cpp HelperDisplayDiagResult); compared case-folded.
@@ -68,8 +70,9 @@ def run_dcgm_diag(
 ) -> list[CheckResult]:
     """Run `dcgmi diag -r level -j` (dcgmi at the path `dcgmi`) and read its output.
 
-    A dcgmi that is missing, cannot be started or runs past `timeout_s` (TIMEOUT_S[level] by default)
-    gives one ERROR for the node saying so. Raises CollectorConfigError for a level other than 1, 2, 3.
+    A dcgmi that is missing, cannot be started, runs past `timeout_s` (TIMEOUT_S[level] by default) or
+    prints more than MAX_OUTPUT_BYTES gives one ERROR for the node saying so. Raises CollectorConfigError
+    for a level other than 1, 2, 3.
     """
     if level not in TIMEOUT_S:
         raise CollectorConfigError(f"dcgm_diag: level {level!r} is not one of 1, 2, 3")
@@ -78,17 +81,15 @@ def run_dcgm_diag(
     started = clock()
     began = time.monotonic()
     try:
-        done = subprocess.run(command, capture_output=True, timeout=limit_s, check=False)
-    except FileNotFoundError:
-        problem = f"dcgmi not found at {dcgmi!r}: install DCGM (datacenter-gpu-manager) or give its path"
-    except subprocess.TimeoutExpired:
-        problem = f"{' '.join(command)} ran past its limit of {limit_s:g} s"
-    except OSError as error:
-        problem = f"{' '.join(command)} could not start: {error.strerror or error}"
+        done = commands.run(command, limit_s, max_output_bytes=MAX_OUTPUT_BYTES)
+    except CommandNotFound as error:
+        problem = f"{error}: install DCGM (datacenter-gpu-manager) or give dcgmi's path"
+    except CommandError as error:
+        problem = str(error)
     else:
         return parse_diag_output(
             node,
-            done.stdout.decode("utf-8", errors="replace"),
+            done.stdout,
             level=level,
             returncode=done.returncode,
             started=started,

@@ -30,15 +30,16 @@ import ipaddress
 import json
 import math
 import re
-import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from collectors import commands
 from collectors.checks.result import CheckResult, Status
-from collectors.errors import CheckOutputError, CollectorConfigError
+from collectors.commands import Completed
+from collectors.errors import CheckOutputError, CollectorConfigError, CommandError
 from collectors.logtext import printable
 
 PING_INTERVAL_S = 0.2  # the shortest interval iputils ping allows an unprivileged user
@@ -47,26 +48,14 @@ MAX_OUTPUT_CHARS = 1 << 20  # far above what either tool prints for one run
 MAX_PARALLEL_PEERS = 16
 
 
-@dataclass(frozen=True)
-class Ran:
-    """What a command did: its exit status and its output."""
-
-    returncode: int
-    stdout: str
-    stderr: str
+Runner = Callable[[Sequence[str], float], Completed]
+"""Runs argv with a timeout in seconds; raises a CommandError when the tool is missing, runs past the
+timeout or prints past the bound."""
 
 
-Runner = Callable[[Sequence[str], float], Ran]
-"""Runs argv with a timeout in seconds; raises FileNotFoundError when the binary is absent and
-subprocess.TimeoutExpired when it runs past the timeout."""
-
-
-def run_local(argv: Sequence[str], timeout_s: float) -> Ran:
-    """Run `argv` on this node (no shell), its output decoded with undecodable bytes replaced."""
-    done = subprocess.run(
-        list(argv), capture_output=True, text=True, errors="replace", timeout=timeout_s, check=False
-    )
-    return Ran(done.returncode, done.stdout, done.stderr)
+def run_local(argv: Sequence[str], timeout_s: float) -> Completed:
+    """Run `argv` on this node (no shell), its output bounded by MAX_OUTPUT_CHARS bytes per stream."""
+    return commands.run(argv, timeout_s, max_output_bytes=MAX_OUTPUT_CHARS)
 
 
 @dataclass(frozen=True)
@@ -162,14 +151,13 @@ def _checked_source(device: str) -> str:
     return device
 
 
-def _run(runner: Runner, argv: Sequence[str], timeout_s: float) -> Ran:
-    """The command's result; raises CheckOutputError saying why it did not run (binary missing, timeout)."""
+def _run(runner: Runner, argv: Sequence[str], timeout_s: float) -> Completed:
+    """The command's result; raises CheckOutputError saying why it did not run (binary missing, timeout,
+    too much output)."""
     try:
         return runner(argv, timeout_s)
-    except FileNotFoundError:
-        raise CheckOutputError(f"{argv[0]} is not installed (not found on PATH)") from None
-    except subprocess.TimeoutExpired:
-        raise CheckOutputError(f"{argv[0]} ran past its {timeout_s:g} s timeout") from None
+    except CommandError as error:
+        raise CheckOutputError(str(error)) from None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collectors.checks.dcgm_diag import parse_diag_output, run_dcgm_diag
+from collectors.checks.dcgm_diag import MAX_OUTPUT_BYTES, parse_diag_output, run_dcgm_diag
 from collectors.checks.result import CheckResult, Status, worst
 from collectors.errors import CollectorConfigError
 
@@ -189,14 +189,27 @@ def test_run_asks_for_the_level_in_json_and_reads_a_failed_run_that_exits_non_ze
 def test_run_without_dcgmi_is_one_error_saying_so(tmp_path: Path) -> None:
     results = run_dcgm_diag("vela-001", 1, dcgmi=os.fspath(tmp_path / "absent" / "dcgmi"))
     assert [(result.target, result.status) for result in results] == [("", Status.ERROR)]
-    assert "dcgmi not found" in results[0].evidence["problem"]
+    assert (
+        results[0]
+        .evidence["problem"]
+        .endswith("dcgmi does not exist: install DCGM (datacenter-gpu-manager) or give dcgmi's path")
+    )
 
 
 def test_run_past_its_limit_is_an_error(tmp_path: Path) -> None:
     dcgmi = fake_dcgmi(tmp_path, "exec sleep 60")
     results = run_dcgm_diag("vela-001", 1, dcgmi=os.fspath(dcgmi), timeout_s=0.2)
     assert [result.status for result in results] == [Status.ERROR]
-    assert "ran past its limit of 0.2 s" in results[0].evidence["problem"]
+    assert "ran past its 0.2 s timeout" in results[0].evidence["problem"]
+
+
+def test_run_printing_past_the_bound_is_an_error_not_a_read(tmp_path: Path) -> None:
+    dcgmi = fake_dcgmi(tmp_path, f"exec head -c {MAX_OUTPUT_BYTES + 1} /dev/zero")
+    results = run_dcgm_diag("vela-001", 1, dcgmi=os.fspath(dcgmi))
+    assert [result.status for result in results] == [Status.ERROR]
+    assert (
+        results[0].evidence["problem"].endswith(f"dcgmi wrote more than {MAX_OUTPUT_BYTES} bytes to stdout")
+    )
 
 
 def test_level_outside_one_to_three_is_refused() -> None:

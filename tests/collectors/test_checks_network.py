@@ -4,16 +4,16 @@ switch port starved or capped by a token bucket; and their output read as hostil
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Sequence
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from collectors.checks.network import Ran, iperf3_pair, parse_ping, ping_mesh, ping_peer, run_local
+from collectors.checks.network import iperf3_pair, parse_ping, ping_mesh, ping_peer, run_local
 from collectors.checks.result import Status
-from collectors.errors import CollectorConfigError
+from collectors.commands import Completed
+from collectors.errors import CollectorConfigError, CommandTimedOut
 from tests.support.netpeers import FABRIC_DEV, STARVED, TEN_MBIT, fabric
 from tests.support.peers import free_port, require_binary
 from tests.support.strategies import JSON_VALUES
@@ -44,7 +44,7 @@ def ping_output(rtts_ms: Sequence[float]) -> str:
 
 def answering(stdout: str, returncode: int = 0):
     """A runner whose command printed `stdout`: the seam for output no real peer would send."""
-    return lambda argv, timeout_s: Ran(returncode, stdout, "")
+    return lambda argv, timeout_s: Completed(returncode, stdout, "")
 
 
 IPERF3_END = {"sum_sent": {"bits_per_second": 9.7e6, "retransmits": 3}, "sum_received": {"seconds": 1.0}}
@@ -102,8 +102,8 @@ def test_a_missing_binary_is_an_error_saying_it_is_not_installed(monkeypatch, tm
 
 
 def test_a_tool_past_its_timeout_is_an_error() -> None:
-    def hung(argv: Sequence[str], timeout_s: float) -> Ran:
-        raise subprocess.TimeoutExpired(argv, timeout_s)
+    def hung(argv: Sequence[str], timeout_s: float) -> Completed:
+        raise CommandTimedOut(f"{argv[0]} ran past its {timeout_s:g} s timeout")
 
     verdict = ping_peer("node", "a", "10.0.0.2", "eth0", count=3, runner=hung)
     assert verdict.status is Status.ERROR
@@ -173,4 +173,4 @@ def test_a_received_rate_that_is_not_a_number_is_an_error_naming_the_field(rate:
 
 
 def test_the_real_run_local_runner_returns_the_exit_status_and_output() -> None:
-    assert run_local(["sh", "-c", "echo out; echo err >&2; exit 3"], 10) == Ran(3, "out\n", "err\n")
+    assert run_local(["sh", "-c", "echo out; echo err >&2; exit 3"], 10) == Completed(3, "out\n", "err\n")

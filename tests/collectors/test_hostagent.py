@@ -41,7 +41,7 @@ def test_each_domain_is_read_from_libvirt_raw(tmp_path: Path) -> None:
     assert [domain["name"] for domain in report["domains"]] == ["vela-001", "vela-002"]
     assert "<name>vela-001</name>" in report["domains"][0]["xml"]
     assert "bus='0x3b' slot='0x02'" in report["domains"][0]["xml"]
-    assert report["errors"] == {"lldp": "fleetlens-no-such-tool is not installed"}
+    assert report["errors"] == {"lldp": "fleetlens-no-such-tool is not installed (not found on PATH)"}
 
 
 def test_a_domain_whose_dumpxml_fails_is_left_out_alone(tmp_path: Path) -> None:
@@ -66,16 +66,16 @@ def test_tools_absent_or_failing_leave_their_parts_out_and_the_report_whole(tmp_
     assert report["pfs"][0]["vfs"] == list(VFS)
     assert "domains" not in report and "lldp" not in report
     assert report["errors"]["domains"].startswith("virsh exited with status 1: ")
-    assert report["errors"]["lldp"] == "fleetlens-no-such-tool is not installed"
+    assert report["errors"]["lldp"] == "fleetlens-no-such-tool is not installed (not found on PATH)"
 
 
 @pytest.mark.parametrize(
     ("code", "reason"),
     [
-        ("import time; time.sleep(60)", "timed out after 0.5 s"),
+        ("import time; time.sleep(60)", "ran past its 0.5 s timeout"),
         (
             f"import sys; sys.stdout.write('x' * {MAX_OUTPUT_BYTES + 1})",
-            f"more than {MAX_OUTPUT_BYTES} bytes",
+            f"more than {MAX_OUTPUT_BYTES} bytes to stdout",
         ),
         ("import sys; sys.stdout.buffer.write(b'<domain>\\xff')", "output that is not UTF-8"),
         ("import sys; sys.stderr.write('bad\\nline\\x1b[2J'); sys.exit(3)", "status 3: bad\\x0aline\\x1b[2J"),

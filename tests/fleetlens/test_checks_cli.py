@@ -1,10 +1,12 @@
-"""`fleetlens checks run --hub` and `checks list --hub` against a real hub process: a real ping over
-loopback and a dcgmi stand-in reporting a failed test, stored and read back; the exit status says which."""
+"""`fleetlens checks run --hub`, `checks schedule --hub` and `checks list --hub` against a real hub process:
+a real ping over loopback and a dcgmi stand-in reporting a failed test, stored and read back; the exit
+status says which."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -82,7 +84,7 @@ def test_a_ping_that_passes_is_posted_and_listed_and_a_failed_dcgm_diag_exits_1(
 def test_a_check_whose_tool_is_absent_is_an_error_and_exits_2(tmp_path: Path) -> None:
     done = fleetlens("checks", "run", "--checks", "dcgm_diag", "--node", "vela-001", path=str(tmp_path))
     [result] = [json.loads(line) for line in done.stdout.splitlines()]
-    assert result["status"] == "ERROR" and "dcgmi not found" in result["evidence"]["problem"]
+    assert result["status"] == "ERROR" and "dcgmi is not installed" in result["evidence"]["problem"]
     assert done.returncode == 2
 
 
@@ -111,4 +113,25 @@ def test_preflight_with_nothing_to_judge_by_exits_2(tmp_path: Path) -> None:
     done = fleetlens("checks", "preflight", "--node", "vela-001", path=str(tmp_path))
     [summary] = [json.loads(line) for line in done.stdout.splitlines()]
     assert (summary["status"], done.returncode) == ("ERROR", 2)
-    assert "dcgmi not found" in {brief["check"]: brief["why"] for brief in summary["failing"]}["dcgm_diag"]
+    assert "dcgmi is not installed" in {brief["check"]: brief["why"] for brief in summary["failing"]}["dcgm_diag"]
+
+
+@pytest.mark.integration
+def test_scheduled_light_checks_reach_the_hub_and_the_loop_stops_on_sigterm(tmp_path: Path) -> None:
+    dcgmi = fake_dcgmi(tmp_path / "bin", DCGM3_FAILED, 226)
+    command = [sys.executable, "-m", "fleetlens.cli", "checks", "schedule", "--node", "vela-003"]
+    env = {**os.environ, "FLEETLENS_API_TOKEN": TOKEN, "PATH": f"{dcgmi}:/usr/bin:/bin"}
+    with hub_process(tmp_path, env={"FLEETLENS_API_TOKEN": TOKEN}) as hub:
+        schedule = [*command, "--hub", hub.url, "--without-slurm"]
+        with subprocess.Popen(
+            schedule, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        ) as process:
+            first = json.loads(process.stdout.readline())  # type: ignore[union-attr]
+            stored = []
+            for _ in range(100):  # the post follows the printing; the hub stores it once it answers
+                if stored := [row for row in listed(hub.url, "vela-003") if row["status"] == "FAIL"]:
+                    break
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=60) == 0, process.stderr.read()  # type: ignore[union-attr]
+    assert (first["node"], first["check"]) == ("vela-003", "dcgm_diag")
+    assert "gpu:3" in {row["target"] for row in stored}

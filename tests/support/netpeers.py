@@ -20,7 +20,8 @@ from typing import IO
 
 import pytest
 
-from collectors.checks.network import Ran, Runner, run_local
+from collectors.checks.network import Runner, run_local
+from collectors.commands import Completed
 from tests.support.peers import require_binary, stop
 
 FABRIC_DEV = "fl0"
@@ -40,7 +41,7 @@ class Fabric:
         """Runs a check's commands inside `member`'s namespace."""
         prefix = ["ip", "netns", "exec", self.namespaces[member]]
 
-        def run(argv: Sequence[str], timeout_s: float) -> Ran:
+        def run(argv: Sequence[str], timeout_s: float) -> Completed:
             return run_local([*prefix, *argv], timeout_s)
 
         return run
