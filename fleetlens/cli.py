@@ -171,6 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="poll squeue --json every 30 s for which job runs on which node (hub.slurm_placements)",
     )
     hub.add_argument(
+        "--k8s-placements",
+        action="store_const",
+        const=True,
+        dest="k8s_placements",
+        help="poll the Kubernetes API server's pods every 30 s for which pod runs on which node, through "
+        "the pod's service account or kubeconfig (hub.k8s_placements)",
+    )
+    hub.add_argument(
         "--listen-without-token",
         action="store_const",
         const=True,

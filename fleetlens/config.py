@@ -127,6 +127,7 @@ class HubConfig:
     targets: Path | None = None
     topology_file: Path | None = None  # the operator's inventory (docs/topology.md), re-read on change
     slurm_placements: bool = False  # poll `squeue --json` for what runs where (docs/placements.md)
+    k8s_placements: bool = False  # poll the Kubernetes API server's pods for what runs where (same)
     listen: str = "127.0.0.1:9500"
     interval_s: float = 10.0
     scrape_timeout_s: float | None = None  # default: the interval, at most 5 s
