@@ -13,6 +13,8 @@
     │                           (a ValueError too, as callers of the SDK catch it)
     ├── HostAgentError      a command the host agent runs failed (not installed, exit status, timeout,
     │                       too much output), or the hub refused its report or could not be reached
+    ├── PodResourcesError   the kubelet's PodResources API cannot be asked (no socket, permission,
+    │                       timeout, a kubelet without v1 List): GPU series go without pod labels
     ├── CheckOutputError    a health check's tool (dcgmi, ping, iperf3) printed what its parser does not
     │                       accept; the check reports it as an ERROR result naming the line or field
     └── TimingError         an all-reduce timing that is no positive finite time, which would otherwise
@@ -56,3 +58,7 @@ class HostAgentError(CollectorError):
 
 class CheckOutputError(CollectorError):
     """A health check's tool printed output its parser does not accept; the message names where."""
+
+
+class PodResourcesError(CollectorError):
+    """The kubelet's PodResources List could not be read; the message names the socket and the cause."""
