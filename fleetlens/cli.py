@@ -65,6 +65,18 @@ def _exporter_flags(parser: argparse.ArgumentParser) -> None:
         "--netclass-ignored-devices", metavar="REGEX", help="interfaces the netclass collector skips"
     )
     parser.add_argument(
+        "--kubernetes",
+        action="store_const",
+        const=True,
+        help="label GPU series with the pod, namespace and container holding the GPU, from the kubelet's "
+        "PodResources API (as dcgm-exporter's --kubernetes; the k8s extra)",
+    )
+    parser.add_argument(
+        "--pod-resources-kubelet-socket",
+        dest="pod_resources_socket",
+        help="the kubelet's PodResources socket (default /var/lib/kubelet/pod-resources/kubelet.sock)",
+    )
+    parser.add_argument(
         "--netclass-ignore-invalid-speed",
         action="store_const",
         const=True,

@@ -92,6 +92,8 @@ class ExporterConfig:
     gpu_sim_count: int = 8
     netclass_ignored_devices: str = "^$"
     netclass_ignore_invalid_speed: bool = False
+    kubernetes: bool = False  # label GPU series with the pod holding them (docs/exporter.md)
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     # scrapes in flight at once (collecting together, or rendering), past which one is answered 503;
     # 0: no bound (node_exporter's --web.max-requests, and its default)
     web_max_requests: int = 40
