@@ -5,9 +5,6 @@ stored; a hub started with --k8s-placements finds the cluster through its kubeco
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -18,7 +15,7 @@ from analytics.store import Store
 from analytics.store.records import Placement
 from analytics.topology.model import Source
 from hub.placements import KubernetesPlacements
-from tests.support.hubserver import hub_process
+from tests.support.hubserver import hub_process, query_hub
 from tests.support.kubeapi import FakeKubeApi, make_node, make_pod
 
 STARTED = "2026-12-05T04:00:00Z"
@@ -109,12 +106,4 @@ def test_a_hub_started_with_k8s_placements_keeps_the_running_pods_in_its_store(t
 
 def placed_via_hub(url: str) -> list[list[str]]:
     sql = "SELECT job, node FROM placements FINAL WHERE source = 'k8s' AND valid_to IS NULL"
-    answer = subprocess.run(
-        [sys.executable, "-m", "fleetlens.cli", "query", sql, "--hub", url, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={key: value for key, value in os.environ.items() if not key.startswith("FLEETLENS_")},
-    )
-    assert answer.returncode == 0, answer.stderr
-    return [[row["job"], row["node"]] for row in json.loads(answer.stdout)]
+    return [[row["job"], row["node"]] for row in query_hub(url, sql)]
