@@ -15,7 +15,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from analytics.errors import PlacementError, StoreError
 from analytics.placements.kubernetes import parse_pod_list
@@ -24,6 +24,9 @@ from analytics.store.records import Placement
 from analytics.store.topology import Changes
 from analytics.topology.model import Source
 from collectors.logtext import printable
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 log = logging.getLogger("fleetlens.placements")
 
@@ -107,7 +110,7 @@ class KubernetesPlacements(PlacementPoller):
     source = Source.KUBERNETES
 
     def __init__(
-        self, store: Any, api_client: Any = None, wall_clock: Callable[[], float] = time.time
+        self, store: Any, api_client: ApiClient | None = None, wall_clock: Callable[[], float] = time.time
     ) -> None:
         super().__init__(store, wall_clock)
         self._api_client = api_client
@@ -118,27 +121,36 @@ class KubernetesPlacements(PlacementPoller):
         from urllib3.exceptions import HTTPError
 
         what = "GET /api/v1/pods"
+        client = self._api_client or _client_from_environment()
         try:
-            api = CoreV1Api(self._api_client or _client_from_environment())
-            answer = api.list_pod_for_all_namespaces(
+            answer = CoreV1Api(client).list_pod_for_all_namespaces(
                 field_selector=PODS_ON_NODES, _preload_content=False, _request_timeout=PODS_TIMEOUT_S
             )
             body = answer.data
         except (OpenApiException, HTTPError, OSError) as exc:
             raise PlacementError(what, "$", f"failed: {str(exc)[-500:]}") from None
+        finally:
+            if client is not self._api_client:
+                client.close()
         return parse_pod_list(body, source=what)
 
 
-def _client_from_environment() -> Any:
-    """What kubectl would use: inside a pod its service account, elsewhere $KUBECONFIG or ~/.kube/config;
-    PlacementError when there is none (so the poll fails and is retried, as for an unreachable server)."""
+def _client_from_environment() -> ApiClient:
+    """What kubectl would use: inside a pod its service account, elsewhere $KUBECONFIG or ~/.kube/config,
+    read again at each poll (a rotated token or edited kubeconfig is picked up); PlacementError when
+    there is none (so the poll fails and is retried, as for an unreachable server)."""
     import kubernetes
 
+    kubeconfig = os.environ.get("KUBECONFIG", "~/.kube/config")
+    in_pod = "KUBERNETES_SERVICE_HOST" in os.environ
     try:
-        if "KUBERNETES_SERVICE_HOST" in os.environ:
+        if in_pod:
             kubernetes.config.load_incluster_config()
         else:
-            kubernetes.config.load_kube_config()
+            kubernetes.config.load_kube_config(config_file=kubeconfig)
     except kubernetes.config.ConfigException as exc:
-        raise PlacementError("kubernetes", "config", f"no cluster to talk to: {exc}") from None
+        through = "the pod's service account" if in_pod else f"kubeconfig {kubeconfig}"
+        raise PlacementError(
+            "kubernetes", "config", f"no cluster to talk to through {through}: {exc}"
+        ) from None
     return kubernetes.client.ApiClient()

@@ -107,3 +107,13 @@ def test_a_hub_started_with_k8s_placements_keeps_the_running_pods_in_its_store(t
 def placed_via_hub(url: str) -> list[list[str]]:
     sql = "SELECT job, node FROM placements FINAL WHERE source = 'k8s' AND valid_to IS NULL"
     return [[row["job"], row["node"]] for row in query_hub(url, sql)]
+
+
+def test_a_hub_with_no_cluster_to_talk_to_fails_the_poll_naming_why(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    assert KubernetesPlacements(store).check() is None
+    assert "k8s placements kept as they were: kubernetes: config: no cluster to talk to" in caplog.text
+    assert str(tmp_path / "absent") in caplog.text
