@@ -69,7 +69,7 @@ def list_gpu_holders(
     answer = _list(socket, timeout_s)
     holders: dict[str, GpuHolder] = {}
     shared: set[str] = set()
-    for device_id, holder in _gpu_devices(answer, report or (lambda where, problem: None)):
+    for device_id, holder in gpu_devices(answer, report or (lambda where, problem: None)):
         if device_id in holders and holders[device_id] != holder:
             shared.add(device_id)
         holders[device_id] = holder
@@ -103,7 +103,7 @@ def _details(error: grpc.RpcError) -> str:
     return (details or "")[:300]
 
 
-def _gpu_devices(
+def gpu_devices(
     answer: api_pb2.ListPodResourcesResponse, report: Callable[[str, str], None]
 ) -> Iterator[tuple[str, GpuHolder]]:
     """(device id, holder) for each NVIDIA device of each container, the ids and names checked."""

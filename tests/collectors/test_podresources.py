@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from google.protobuf import descriptor_pb2
+from google.protobuf import descriptor_pb2, json_format
+from hypothesis import given
+from hypothesis import strategies as st
 
 from collectors.errors import PodResourcesError
-from collectors.podresources import GpuHolder, PodResourcesCache, list_gpu_holders
+from collectors.podresources import GpuHolder, PodResourcesCache, gpu_devices, list_gpu_holders
 from collectors.podresources_v1 import api_pb2
 from tests.support.kubelet import PROTO, FakeKubelet, compile_proto, gpu_pod
 
@@ -138,3 +141,30 @@ def test_the_cache_asks_once_per_refresh_and_holds_nothing_while_the_kubelet_fai
         assert kubelet.lists() == 1
     now[0] = 60.0
     assert cache.holders() == {}
+
+
+@given(
+    names=st.tuples(st.text(max_size=70), st.text(max_size=70), st.text(max_size=70)),
+    device_id=st.one_of(st.text(max_size=90), st.just(GPU1), st.just(f"{GPU1}::7")),
+    resource=st.sampled_from(["nvidia.com/gpu", "nvidia.com/mig-3g.40gb", "amd.com/gpu", ""]),
+)
+def test_whatever_the_kubelet_sends_only_grammatical_names_and_uuids_become_labels(
+    names: tuple[str, str, str], device_id: str, resource: str
+) -> None:
+    pod, namespace, container = names
+    answer = api_pb2.ListPodResourcesResponse.FromString(
+        json_format.ParseDict(
+            {
+                "podResources": [
+                    gpu_pod(pod, namespace, container, device_id, resource=resource),
+                    gpu_pod("good", "ml", "main", GPU0),
+                ]
+            },
+            api_pb2.ListPodResourcesResponse(),
+        ).SerializeToString()
+    )
+    holders = dict(gpu_devices(answer, lambda where, problem: None))
+    assert holders[GPU0] == GpuHolder("good", "ml", "main")
+    for device, holder in holders.items():
+        assert re.fullmatch(r"(GPU|MIG)-[0-9a-fA-F-]{8,64}", device)
+        assert all(re.fullmatch(r"[a-z0-9][-a-z0-9.]*", value) for value in holder.labels().values())
