@@ -77,8 +77,16 @@ def list_gpu_holders(
 
 
 def _list(socket: Path, timeout_s: float) -> api_pb2.ListPodResourcesResponse:
-    if not socket.exists():
-        raise PodResourcesError(f"{socket}: no such socket (no kubelet here, or its directory not mounted)")
+    try:
+        socket.stat()
+    except FileNotFoundError:
+        raise PodResourcesError(
+            f"{socket}: no such socket (no kubelet here, or its directory not mounted)"
+        ) from None
+    except OSError as error:  # EACCES on the kubelet's root-only directory
+        raise PodResourcesError(
+            f"{socket}: {error.strerror.lower()} (the kubelet's socket is root's)"
+        ) from None
     if not os.access(socket, os.R_OK | os.W_OK):
         raise PodResourcesError(f"{socket}: permission denied (the kubelet's socket is root's)")
     options = [("grpc.max_receive_message_length", MAX_ANSWER_BYTES), ("grpc.enable_retries", 0)]

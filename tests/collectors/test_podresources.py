@@ -97,12 +97,19 @@ def test_no_socket_is_a_clear_error(socket: Path) -> None:
         list_gpu_holders(socket)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any socket")
-def test_a_socket_without_permission_is_a_clear_error(server_code: Path, socket: Path) -> None:
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reaches any socket (and nobody here cannot run the venv)")
+def test_an_exporter_not_root_is_told_permission_denied(server_code: Path, socket: Path) -> None:
+    """Not root: a socket it may not open, or behind a directory it may not enter, as the kubelet's are."""
     with FakeKubelet(server_code, socket, []):
         socket.chmod(0)
         with pytest.raises(PodResourcesError, match=r"kubelet.sock: permission denied"):
             list_gpu_holders(socket)
+        socket.parent.chmod(0)
+        try:
+            with pytest.raises(PodResourcesError, match=r"kubelet.sock: permission denied"):
+                list_gpu_holders(socket)
+        finally:
+            socket.parent.chmod(0o700)
 
 
 def test_a_kubelet_without_v1_list_is_a_clear_error(server_code: Path, socket: Path) -> None:
