@@ -11,8 +11,7 @@
     │                          to the reader that asked)
     ├── SchemaError            migrations cannot be applied (a newer schema than this code knows, a bad DSN)
     │   └── AddressError       a store DSN or hub URL that is not understood (a bad flag or setting)
-    ├── SettingError           a flag, setting or request parameter out of its range (keep_days); a
-    │                          ValueError too, as the hub's API catches it
+    ├── SettingError           a flag, setting or request parameter out of range; a ValueError too
     ├── DetectorError          an unknown detector name, or a detector that cannot run
     ├── EvidenceError          evidence that cannot cross the store: an unknown kind or version, a field
     │                          missing, extra, of the wrong type or not finite (analytics.evidence)
@@ -22,7 +21,8 @@
     │   │   └── _Refused       an XML document declares a DOCTYPE, stopped inside the parser and raised
     │   │                      again as TopologyError naming the line (topology.importers._input, private)
     │   └── PlacementError     what a scheduler says runs where (squeue --json, a hostlist, a gres
-    │                          detail); nothing of it is stored
+    │       │                  detail, the API server's pod list); nothing of it is stored
+    │       └── _PodRefused    one pod not of the API's shape, skipped (placements.kubernetes, private)
     └── PostmortemError        a report's scope that cannot be reported on (no node and no job, both, a
                                window ending before it starts, a node or job the store does not know)
 

@@ -32,6 +32,8 @@ class CollectorOptions:
     nccl_logs: str | None = None  # glob of NCCL_DEBUG=INFO log files; None: collector idle
     netclass_ignored_devices: str = "^$"  # regex, as node_exporter's --collector.netclass.ignored-devices
     netclass_ignore_invalid_speed: bool = False  # as --collector.netclass.ignore-invalid-speed
+    kubernetes: bool = False  # GPU series get the pod, namespace, container holding them (dcgm-exporter's -k)
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")  # the kubelet's
 
 
 class Collector(Protocol):

@@ -17,6 +17,8 @@
     │   └── CommandOutputTooLarge   it wrote more than the bound to stdout or stderr and was killed
     ├── HostAgentError      a command the host agent runs failed (not installed, exit status, timeout,
     │                       too much output), or the hub refused its report or could not be reached
+    ├── PodResourcesError   the kubelet's PodResources API cannot be asked (no socket, permission,
+    │                       timeout, a kubelet without v1 List): GPU series go without pod labels
     ├── CheckOutputError    a health check's tool (dcgmi, ping, iperf3) printed what its parser does not
     │                       accept; the check reports it as an ERROR result naming the line or field
     └── TimingError         a measured time that is no positive finite time (of an all-reduce, a copy
@@ -82,3 +84,7 @@ class CheckOutputError(CollectorError):
 class TimingError(CollectorError):
     """A measured time is not a positive finite number: no rate can be computed from it, and a NaN would
     compare as no slower than the reference (a peer's timing is hostile input too)."""
+
+
+class PodResourcesError(CollectorError):
+    """The kubelet's PodResources List could not be read; the message names the socket and the cause."""

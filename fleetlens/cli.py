@@ -65,6 +65,18 @@ def _exporter_flags(parser: argparse.ArgumentParser) -> None:
         "--netclass-ignored-devices", metavar="REGEX", help="interfaces the netclass collector skips"
     )
     parser.add_argument(
+        "--kubernetes",
+        action="store_const",
+        const=True,
+        help="label GPU series with the pod, namespace and container holding the GPU, from the kubelet's "
+        "PodResources API (as dcgm-exporter's --kubernetes; the k8s extra)",
+    )
+    parser.add_argument(
+        "--pod-resources-kubelet-socket",
+        dest="pod_resources_socket",
+        help="the kubelet's PodResources socket (default /var/lib/kubelet/pod-resources/kubelet.sock)",
+    )
+    parser.add_argument(
         "--netclass-ignore-invalid-speed",
         action="store_const",
         const=True,
@@ -169,6 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
         const=True,
         dest="slurm_placements",
         help="poll squeue --json every 30 s for which job runs on which node (hub.slurm_placements)",
+    )
+    hub.add_argument(
+        "--k8s-placements",
+        action="store_const",
+        const=True,
+        dest="k8s_placements",
+        help="poll the Kubernetes API server's pods every 30 s for which pod runs on which node, through "
+        "the pod's service account or kubeconfig (hub.k8s_placements)",
     )
     hub.add_argument(
         "--listen-without-token",

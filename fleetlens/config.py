@@ -93,6 +93,8 @@ class ExporterConfig:
     gpu_sim_count: int = 8
     netclass_ignored_devices: str = "^$"
     netclass_ignore_invalid_speed: bool = False
+    kubernetes: bool = False  # label GPU series with the pod holding them (docs/exporter.md)
+    pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
     # scrapes in flight at once (collecting together, or rendering), past which one is answered 503;
     # 0: no bound (node_exporter's --web.max-requests, and its default)
     web_max_requests: int = 40
@@ -128,6 +130,7 @@ class HubConfig:
     targets: Path | None = None
     topology_file: Path | None = None  # the operator's inventory (docs/topology.md), re-read on change
     slurm_placements: bool = False  # poll `squeue --json` for what runs where (docs/placements.md)
+    k8s_placements: bool = False  # poll the Kubernetes API server's pods for what runs where (same)
     listen: str = "127.0.0.1:9500"
     interval_s: float = 10.0
     scrape_timeout_s: float | None = None  # default: the interval, at most 5 s

@@ -40,7 +40,7 @@ from hub.bodies import ReceiverLimits
 from hub.detect import DetectionLoop
 from hub.errors import TokenFileError
 from hub.otlp import OtlpStepReceiver
-from hub.placements import SlurmPlacements
+from hub.placements import KubernetesPlacements, PlacementPoller, SlurmPlacements
 from hub.queryslots import QuerySlots
 from hub.remote_write import NodeIdentity, RemoteWriteLimits, RemoteWriteReceiver
 from hub.scraper import Scraper
@@ -89,7 +89,11 @@ def build_hub(settings: Config, tokens: Tokens) -> Hub:
             alerting=alerting,
         )
     inventory = None if config.topology_file is None else InventoryFile(config.topology_file, store)
-    placements = SlurmPlacements(store) if config.slurm_placements else None
+    placements: list[PlacementPoller] = []
+    if config.slurm_placements:
+        placements.append(SlurmPlacements(store))
+    if config.k8s_placements:
+        placements.append(KubernetesPlacements(store))
     return Hub(
         store,
         writer,

@@ -62,7 +62,7 @@ from hub.errors import HttpError, PayloadError, SlotsBusy
 from hub.groupcommit import GroupCommit
 from hub.httpread import RequestBody
 from hub.otlp import OtlpStepReceiver, otlp_error_response
-from hub.placements import SlurmPlacements
+from hub.placements import PlacementPoller
 from hub.queryslots import QuerySlots
 from hub.remote_write import RemoteWriteReceiver
 from hub.rounds import JOURNAL_DIR, MAX_PENDING_ROUNDS, RoundJournal, RoundQueue
@@ -129,7 +129,7 @@ class Hub:
         *,
         detection: DetectionLoop | None = None,
         inventory: InventoryFile | None = None,
-        placements: SlurmPlacements | None = None,
+        placements: Sequence[PlacementPoller] = (),
         remote_write: RemoteWriteReceiver | None = None,
         closing: Sequence[Callable[[], None]] = (),
         tokens: Tokens | None = None,
@@ -189,8 +189,8 @@ class Hub:
             self._spawn(self.detection.run, self._stop)
         if self.inventory is not None:
             self._spawn(self.inventory.run, self._stop, name="fleetlens-inventory")
-        if self.placements is not None:
-            self._spawn(self.placements.run, self._stop, name="fleetlens-placements")
+        for poller in self.placements:
+            self._spawn(poller.run, self._stop, name=f"fleetlens-placements-{poller.source}")
         self._spawn(self._roll_up_until_stopped, name="fleetlens-rollup")
 
     def _spawn(self, target: Callable[..., None], *args: object, name: str | None = None) -> None:

@@ -13,6 +13,7 @@
     ├── SpoolEntryError     a spool file, or a batch to spool, not one whole entry of its format (spool)
     ├── SettingError        a hub part built with a setting out of its range (queryslots, spool, otlp)
     ├── HttpError           an API answer other than 200/204, with its status and body (app, apirequests)
+    ├── PollFailed          a scheduler could not be asked what runs where: its placements stay (placements)
     └── UnknownRecordType   rows of a type no store insert takes, handed to the writer (a bug; writer)
 
 A failed scrape or a refused body costs only itself: the scraper records `up 0` with the message, the
@@ -110,3 +111,7 @@ class HttpError(HubError):
 
 class UnknownRecordType(HubError):
     """Rows of a type the writer has no store insert for: a bug in the caller, never bad input."""
+
+
+class PollFailed(HubError):
+    """A scheduler (squeue, the API server) could not be asked what runs where; the message says why."""

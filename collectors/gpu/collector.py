@@ -14,6 +14,11 @@ counters, so a Python scraper of this exporter should ask for the Prometheus tex
 A GPU in MIG mode also gets, per GPU instance, the framebuffer series under dcgm-exporter's extra labels
 GPU_I_PROFILE and GPU_I_ID (the device's own series keep the six labels).
 
+With `kubernetes` (dcgm-exporter's --kubernetes), the DCGM_* series of a GPU a pod holds also carry
+`pod`, `namespace` and `container`, from the kubelet's PodResources API (collectors.podresources, its
+answer cached for a refresh interval); a free GPU's series, and every series while the kubelet cannot
+be asked, go without them.
+
 NVML init failure (no driver, no GPU) is reported once, when the collector is built; the collector then
 yields nothing: a node without GPUs is worth one log line, not an error per scrape. Install the driver,
 then restart the exporter.
@@ -21,17 +26,21 @@ then restart the exporter.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from collectors.base import CollectorOptions, ReadErrors
-from collectors.errors import GpuBackendError
+from collectors.errors import CollectorConfigError, GpuBackendError
 from collectors.gpu.backend import lease_backend
 from collectors.gpu.model import LABELS, THROTTLE_REASONS, GpuBackend, GpuSample
 from collectors.registry import register
+
+if TYPE_CHECKING:
+    from collectors.podresources import GpuHolder
 
 
 @dataclass(frozen=True)
@@ -206,11 +215,13 @@ class GpuCollector:
         node: str,
         errors: ReadErrors,
         release: Callable[[], None] = lambda: None,
+        holders: Callable[[], Mapping[str, GpuHolder]] | None = None,
     ) -> None:
         self._backend = backend
         self._node = node
         self._errors = errors
         self._release = release
+        self._holders = holders
 
     def collect(self) -> Iterator[Metric]:
         if self._backend is None:
@@ -231,6 +242,7 @@ class GpuCollector:
             labels=(*LABELS, "reason"),
         )
         families = [Metric(spec.name, spec.help, spec.kind) for spec in SPECS]
+        holders = {} if self._holders is None else self._holders()
         for reading in readings:
             for problem in reading.problems:
                 self._errors.report(reading.identity.where, problem)
@@ -238,9 +250,11 @@ class GpuCollector:
             up.add_metric(list(labels.values()), 0 if reading.sample is None else 1)
             if reading.sample is None:
                 continue
-            _add_samples(families, reading.sample, labels)
+            holder = holders.get(reading.identity.uuid)
+            pod = {} if holder is None else holder.labels()
+            _add_samples(families, reading.sample, labels, pod)
             for instance in reading.mig_instances:
-                _add_samples(families, instance.sample, instance.labels(labels))
+                _add_samples(families, instance.sample, instance.labels(labels), pod)
             reasons = reading.sample.clock_throttle_reasons
             if reasons is not None:
                 for reason, bit in THROTTLE_REASONS.items():
@@ -257,15 +271,29 @@ class GpuCollector:
         release()
 
 
-def _add_samples(families: list[Metric], sample: GpuSample, labels: dict[str, str]) -> None:
-    """Each value `sample` holds, in its family (`families` are SPECS' in order), under `labels`."""
+def _add_samples(
+    families: list[Metric], sample: GpuSample, labels: dict[str, str], pod: dict[str, str]
+) -> None:
+    """Each value `sample` holds, in its family (`families` are SPECS' in order), under `labels`, and
+    on dcgm-exporter's DCGM_* series also the `pod` labels (dcgm-exporter's own series carry none)."""
     for spec, family in zip(SPECS, families, strict=True):
         value = getattr(sample, spec.field)
         if value is not None:
-            family.add_sample(spec.name, labels, value)
+            family.add_sample(spec.name, labels | pod if spec.name.startswith("DCGM_") else labels, value)
 
 
 @register("gpu")
 def build_gpu_collector(options: CollectorOptions, errors: ReadErrors) -> GpuCollector:
+    holders = _pod_resources(options, errors) if options.kubernetes else None
     backend, release = lease_backend(options, errors)
-    return GpuCollector(backend, options.node, errors, release)
+    return GpuCollector(backend, options.node, errors, release, holders)
+
+
+def _pod_resources(options: CollectorOptions, errors: ReadErrors) -> Callable[[], Mapping[str, GpuHolder]]:
+    """The kubelet's GPU holders, cached (collectors.podresources needs grpcio and protobuf: the k8s
+    extra, imported only here so an exporter without --kubernetes never needs them)."""
+    try:
+        from collectors.podresources import PodResourcesCache
+    except ImportError as error:
+        raise CollectorConfigError(f"--kubernetes needs the k8s extra (grpcio, protobuf): {error}") from None
+    return PodResourcesCache(options.pod_resources_socket, report=errors.report).holders

@@ -3,7 +3,6 @@ placed on its node as the real squeue --json lists it, and ends when scancel end
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 from analytics.store import Store
 from analytics.store.records import Placement
 from hub.placements import SlurmPlacements
-from tests.support.hubserver import hub_process
+from tests.support.hubserver import hub_process, query_hub
 from tests.support.slurm import SlurmCluster, slurm_cluster
 
 
@@ -114,12 +113,4 @@ def placed_via_hub(url: str, job: str) -> list[dict[str, object]]:
     """The placements of `job` in the hub's store (the cluster still lists the module's earlier jobs)."""
     assert job.isdigit()
     sql = f"SELECT job, node, isNotNull(valid_to) AS until_set FROM placements FINAL WHERE job = '{job}'"
-    answer = subprocess.run(
-        [sys.executable, "-m", "fleetlens.cli", "query", sql, "--hub", url, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={key: value for key, value in os.environ.items() if not key.startswith("FLEETLENS_")},
-    )
-    assert answer.returncode == 0, answer.stderr
-    return json.loads(answer.stdout)
+    return query_hub(url, sql)

@@ -4,6 +4,7 @@ process (`hub_process`) on a free loopback port, ended by its PID."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from collectors.httpserver import serve_app
 from fleetlens.demo.peers import free_port, stop, wait_http
@@ -99,3 +101,17 @@ def hub_process(
         yield HubProcess(url, process, log)
     finally:
         stop(process, timeout_s=STOP_TIMEOUT_S)
+
+
+def query_hub(url: str, sql: str) -> list[dict[str, Any]]:
+    """The rows `fleetlens query SQL --hub URL --json` prints (run with none of this shell's FLEETLENS_*
+    settings), as a user asking the hub would see them."""
+    answer = subprocess.run(
+        [sys.executable, "-m", "fleetlens.cli", "query", sql, "--hub", url, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={key: value for key, value in os.environ.items() if not key.startswith("FLEETLENS_")},
+    )
+    assert answer.returncode == 0, answer.stderr
+    return json.loads(answer.stdout)

@@ -73,27 +73,70 @@ def make_pod(
     owner_kind: str = "ReplicaSet",
     phase: str = "Running",
     mirror: bool = False,
+    labels: dict | None = None,
+    gpus: int = 0,
+    started: str = "2026-12-05T04:00:00Z",
+    finished: str | None = None,
 ) -> dict:
-    """A pod on `node` that an owner of `owner_kind` controls; `mirror` makes it a static pod's mirror."""
+    """A pod on `node` (None: not yet bound) as the API serves it: an owner of `owner_kind` controls it,
+    `mirror` makes it a static pod's mirror, `gpus` the nvidia.com/gpu it asks for, started at
+    `started` (RFC 3339) and, where `finished`, its one container terminated then."""
+    owner_api = "batch/v1" if owner_kind == "Job" else "apps/v1"
+    resources = {"limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"nvidia.com/gpu": str(gpus)}}
+    if finished is None:
+        state: dict = {"running": {"startedAt": started}}
+    else:
+        state = {
+            "terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started, "finishedAt": finished}
+        }
+    pod_status: dict = {"phase": phase, "qosClass": "BestEffort"}
+    if phase != "Pending":
+        pod_status |= {
+            "hostIP": "10.0.0.7",
+            "podIP": "10.244.1.9",
+            "startTime": started,
+            "containerStatuses": [
+                {
+                    "name": "main",
+                    "state": state,
+                    "ready": finished is None,
+                    "restartCount": 0,
+                    "image": "docker.io/library/busybox:latest",
+                    "imageID": "docker.io/library/busybox@sha256:" + "0" * 64,
+                    "containerID": "containerd://" + "1" * 64,
+                    "started": finished is None,
+                }
+            ],
+        }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": name,
             "namespace": namespace,
+            "uid": f"{namespace}-{name}-uid",
+            "resourceVersion": "1",
+            "creationTimestamp": started,
+            "labels": labels or {},
             "annotations": {MIRROR_ANNOTATION: "checksum"} if mirror else {},
             "ownerReferences": [
                 {
-                    "apiVersion": "apps/v1",
+                    "apiVersion": owner_api,
                     "kind": owner_kind,
                     "name": f"{name}-owner",
                     "uid": "u",
                     "controller": True,
+                    "blockOwnerDeletion": True,
                 }
             ],
         },
-        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox"}]},
-        "status": {"phase": phase},
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never" if owner_kind == "Job" else "Always",
+            "schedulerName": "default-scheduler",
+            "containers": [{"name": "main", "image": "busybox", "resources": resources if gpus else {}}],
+        },
+        "status": pod_status,
     }
 
 
@@ -228,12 +271,19 @@ class FakeKubeApi:
         metadata["resourceVersion"] = str(int(metadata["resourceVersion"]) + 1)
 
     def _list_pods(self, query: dict[str, list[str]]) -> _Answer:
+        """GET /api/v1/pods, unfiltered, or by spec.nodeName=NODE (the pods on NODE) or spec.nodeName!=
+        (every pod bound to a node), as a real PodList."""
         selector = query.get("fieldSelector", [""])[0]
-        if not selector.startswith("spec.nodeName="):
+        if selector in ("", "spec.nodeName!="):
+            items = [pod for pod in self.pods.values() if selector == "" or pod["spec"].get("nodeName")]
+        elif selector.startswith("spec.nodeName="):
+            node = selector.removeprefix("spec.nodeName=")
+            items = [pod for pod in self.pods.values() if pod["spec"].get("nodeName") == node]
+        else:
             return status(400, "BadRequest", f"the fake filters pods by spec.nodeName only, not {selector!r}")
-        node = selector.removeprefix("spec.nodeName=")
-        items = [pod for pod in self.pods.values() if pod["spec"]["nodeName"] == node]
-        return _Answer(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
+        return _Answer(
+            200, {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "7"}, "items": items}
+        )
 
     def _evict(self, namespace: str, name: str, eviction: dict) -> _Answer:
         if (eviction.get("apiVersion"), eviction.get("kind")) != ("policy/v1", "Eviction"):
