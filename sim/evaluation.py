@@ -642,13 +642,13 @@ def _judge(report: Report, scenario: Scenario, truths: Sequence[Fault], explaine
         detected = [fault for fault in truths if _overlaps_fault(report, fault, scenario)]
     if detected:
         kinds = frozenset(fault.kind for fault in detected)
-        return ReportOutcome(report, TRUE, kinds, tuple(map(_describe_fault, detected)))
+        return ReportOutcome(report, TRUE, kinds, tuple(map(Fault.describe, detected)))
     if parents := _layer_fault_over(report, scenario):
-        described = tuple(_describe_fault(layer_truth(fault)) for fault in parents)
+        described = tuple(layer_truth(fault).describe() for fault in parents)
         return ReportOutcome(report, EXPLAINED if explained else FALSE, explained_by=described)
     during = [fault for fault in truths if _overlaps_fault(report, fault, scenario)]
     if during:
-        return ReportOutcome(report, OTHER_FAULT, explained_by=tuple(map(_describe_fault, during)))
+        return ReportOutcome(report, OTHER_FAULT, explained_by=tuple(map(Fault.describe, during)))
     confounders = [c for c in scenario.confounders if _during_confounder(report, c, scenario)]
     if confounders:
         return ReportOutcome(report, CONFOUNDER, explained_by=tuple(map(_describe_confounder, confounders)))
@@ -796,7 +796,7 @@ def _latency_goal(
     if not outcomes:
         return Goal(name, None, "no such fault in this run")
     late = [
-        f"{scenario}: {_describe_fault(outcome.fault)} "
+        f"{scenario}: {outcome.fault.describe()} "
         + (f"after {outcome.latency_s:g} s" if outcome.detected else "missed")
         for scenario, outcome in outcomes
         if not outcome.detected or not in_time(outcome)
@@ -827,7 +827,7 @@ def _consequence_goal(results: Sequence[ScenarioResult]) -> Goal:
     if not judged:
         return Goal(name, None, "no such fault in this run")
     wrong = [
-        f"{scenario}: {_describe_fault(outcome.fault)} led to "
+        f"{scenario}: {outcome.fault.describe()} led to "
         + (f"no {what}, which it must" if must else f"{article} {what}, which it must not")
         for scenario, outcome in judged
         for (article, what), must, did in zip(
@@ -853,7 +853,7 @@ def _child_drain_goal(results: Sequence[ScenarioResult]) -> Goal:
     if not judged:
         return Goal(name, None, "no such fault in this run")
     wrong = [
-        f"{scenario}: {', '.join(outcome.drained_children)} drained during {_describe_fault(outcome.fault)}"
+        f"{scenario}: {', '.join(outcome.drained_children)} drained during {outcome.fault.describe()}"
         for scenario, outcome in judged
         if outcome.drained_children
     ]
@@ -865,12 +865,6 @@ def _child_drain_goal(results: Sequence[ScenarioResult]) -> Goal:
 
 def _percentile(values: Sequence[float], percentile: float) -> float | None:
     return float(np.percentile(values, percentile)) if values else None
-
-
-def _describe_fault(fault: Fault) -> str:
-    where = f"{fault.node} {fault.component}".rstrip()
-    end = "end" if fault.end_s is None else f"{fault.end_s:g}"
-    return f"{fault.kind} on {where} {fault.start_s:g}-{end} s"
 
 
 def _describe_confounder(confounder: Confounder) -> str:

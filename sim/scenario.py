@@ -172,6 +172,12 @@ class Fault:
     def active(self, t: float, duration_s: float) -> bool:
         return self.start_s <= t < (duration_s if self.end_s is None else self.end_s)
 
+    def describe(self) -> str:
+        """The fault in words, as reports name it: kind, node, component and span."""
+        where = f"{self.node} {self.component}".rstrip()
+        end = "end" if self.end_s is None else f"{self.end_s:g}"
+        return f"{self.kind} on {where} {self.start_s:g}-{end} s"
+
 
 @dataclass(frozen=True)
 class LayerFault:
