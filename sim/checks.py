@@ -22,6 +22,7 @@ Requests use the `--checks` names (REQUESTS); the rows carry the names the real 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -149,11 +150,10 @@ class SimulatedChecks:
 
     def _rows(self, request: _Request) -> list[CheckRow]:
         duration = CHECK_DURATION_S[request.check]
-        ran_from = request.started - self._epoch
         faults = [
             fault
             for fault in self._scenario.played_faults
-            if fault.node == request.node and _meets(fault, ran_from, ran_from + duration)
+            if fault.node == request.node and self._meets(fault, request.started, request.started + duration)
         ]
         rows = []
         for check in REQUESTS[request.check]:
@@ -179,6 +179,13 @@ class SimulatedChecks:
                 )
         return rows
 
+    def _meets(self, fault: Fault, start: float, end: float) -> bool:
+        """The fault is active at some moment of [start, end) (unix seconds, compared as such so that a
+        check started at a repair's unix time runs after it); one without an end lasts past the
+        scenario's: nothing repaired it."""
+        fault_end = math.inf if fault.end_s is None else self._epoch + fault.end_s
+        return self._epoch + fault.start_s < end and start < fault_end
+
     def _targets(self, node: str, check: str) -> list[str]:
         if check in _GPU_ROWS:
             return [f"gpu:{gpu}" for gpu in range(self._scenario.fleet.gpus_per_node)]
@@ -186,12 +193,6 @@ class SimulatedChecks:
             names = self._scenario.fleet.names
             return [f"peer:{names[(names.index(node) + 1) % len(names)]}"]
         return [""]
-
-
-def _meets(fault: Fault, start_s: float, end_s: float) -> bool:
-    """The fault is active at some moment of [start_s, end_s) (scenario seconds); one without an end lasts
-    past the scenario's: nothing repaired it."""
-    return fault.start_s < end_s and (fault.end_s is None or start_s < fault.end_s)
 
 
 def _touches(fault: Fault, check: str, target: str) -> bool:
