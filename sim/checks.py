@@ -146,7 +146,7 @@ class SimulatedChecks:
             and since <= request.started < until
             and request.started + CHECK_DURATION_S[request.check] <= until
         ]
-        return [row for request in done for row in self._rows(request)]
+        return [row for request in sorted(done, key=lambda r: r.started) for row in self._rows(request)]
 
     def _rows(self, request: _Request) -> list[CheckRow]:
         duration = CHECK_DURATION_S[request.check]
