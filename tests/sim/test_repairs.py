@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import pytest
 
 from sim.errors import ScenarioError
+from sim.jobs import JobModel
 from sim.node import timeline
 from sim.scenario import Repair, Scenario, parse_scenario
 
@@ -96,3 +98,21 @@ def test_the_simulated_node_is_healthy_from_the_repair_on() -> None:
     )
     times = [event.t for event in timeline(scenario, "vela-002") if event.t > 0]
     assert times == [600, 1780, 1795, 1800]  # lost, first flap down and up, GPU back; the 1810 flap never
+
+
+def test_a_repaired_slow_node_computes_at_the_healthy_pace_from_the_repair_on() -> None:
+    """The job's step model follows the cut fault: vela-002's ranks compute 50% slower until the repair
+    at 1800 s, and as fast as the healthy vela-001's after it."""
+    slow = {"kind": "slow_node", "node": "vela-002", "severity": 0.5, "start_s": 600}
+    scenario = repaired([slow], [{"kind": "repair", "node": "vela-002", "at_s": 1800}])
+
+    def compute_ratio(start_s: float, end_s: float) -> float:
+        rows = JobModel(scenario.jobs[0], scenario, epoch=0.0).steps_until(3000)
+        mean = {
+            node: statistics.mean(r.compute_s for r in rows if r.node == node and start_s <= r.ts < end_s)
+            for node in ("vela-001", "vela-002")
+        }
+        return mean["vela-002"] / mean["vela-001"]
+
+    assert compute_ratio(900, 1700) == pytest.approx(1.5, rel=0.05)
+    assert compute_ratio(1900, 3000) == pytest.approx(1.0, rel=0.05)
