@@ -338,8 +338,8 @@ def parse_scenario(
         for i, item in events
         if i not in repaired
     )
-    repairs = tuple(
-        _repair(reader, events[i][1], f"confounders[{i}]", fleet, faults, duration) for i in repaired
+    repairs = _repairs(
+        reader, [(f"confounders[{i}]", events[i][1]) for i in repaired], fleet, faults, duration
     )
     return Scenario(
         name,
@@ -371,17 +371,28 @@ def _repairs_during(fault: Fault, repairs: Sequence[Repair]) -> list[float]:
     return [r.at_s for r in repairs if r.node == fault.node and fault.start_s < r.at_s < end]
 
 
-def _repair(
-    reader: _Reader, item: Mapping, where: str, fleet: FleetSpec, faults: Sequence[Fault], duration: float
-) -> Repair:
-    """A repair: its node in the fleet, at_s within the scenario, and a fault of that node active then
-    (a repair of a healthy node is a mistake in the file, not a no-op)."""
-    doc = reader.mapping(item, where, {"kind", "node", "at_s"})
-    node = _node(reader, doc.get("node"), f"{where}.node", fleet)
-    repair = Repair(node, reader.number(doc, "at_s", where, minimum=0, maximum=duration))
-    if not any(_repairs_during(fault, [repair]) for fault in faults):
-        raise reader.error(f"{where}.at_s", f"no fault of {node} is active at {repair.at_s:g} s to repair")
-    return repair
+def _repairs(
+    reader: _Reader,
+    items: Sequence[tuple[str, object]],
+    fleet: FleetSpec,
+    faults: Sequence[Fault],
+    duration: float,
+) -> tuple[Repair, ...]:
+    """The repairs (where, item): each one's node in the fleet, at_s within the scenario, and a fault of
+    that node still active then, after the repairs before it (a repair of a healthy node, or one repeated,
+    is a mistake in the file, not a no-op)."""
+    parsed = []
+    for where, item in items:
+        doc = reader.mapping(item, where, {"kind", "node", "at_s"})
+        node = _node(reader, doc.get("node"), f"{where}.node", fleet)
+        parsed.append((where, Repair(node, reader.number(doc, "at_s", where, minimum=0, maximum=duration))))
+    for index, (where, repair) in enumerate(parsed):
+        earlier = [other for i, (_, other) in enumerate(parsed) if (other.at_s, i) < (repair.at_s, index)]
+        if not any(_repairs_during(fault, [repair]) for fault in repaired_faults(faults, earlier)):
+            raise reader.error(
+                f"{where}.at_s", f"no fault of {repair.node} is active at {repair.at_s:g} s to repair"
+            )
+    return tuple(repair for _, repair in parsed)
 
 
 def with_exporters(scenario: Scenario, exporters: str | None) -> Scenario:

@@ -50,6 +50,16 @@ def test_a_repair_ends_every_fault_of_its_node_active_then_and_no_other() -> Non
     assert scenario.until(1800).repairs == () and scenario.until(1801).repairs == scenario.repairs
 
 
+@pytest.mark.parametrize(
+    ("second_s", "refused"), [(1800, 1), (4000, 0)]
+)  # the same repair twice, or one later
+def test_a_repair_of_what_an_earlier_repair_already_ended_is_refused(second_s: float, refused: int) -> None:
+    twice = [{"kind": "repair", "node": "vela-002", "at_s": at_s} for at_s in (second_s, 1800)]  # any order
+    message = rf"confounders\[{refused}\]\.at_s: no fault of vela-002 is active at {second_s} s"
+    with pytest.raises(ScenarioError, match=message):
+        repaired([LOST], twice)
+
+
 def test_a_second_repair_ends_a_fault_that_started_after_the_first() -> None:
     again = {"kind": "gpu_lost", "node": "vela-002", "gpu": 5, "start_s": 3000}
     scenario = repaired(
