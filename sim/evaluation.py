@@ -21,6 +21,10 @@ effects are not truths. During it, a child's per-node report is `explained` (out
 the runner ever set its `explained_by`, and false when it did not, unless it detects a fault of its own
 node. A child the replayed drain policy drains during its parent's fault, with no fault of its own
 that must drain, is a wrong action (FaultOutcome.drained_children).
+
+Where a scenario repairs nodes (sim.scenario, `repair`), the node lifecycle's returns to service are
+judged too (return_figures): every node repaired of a fault that must drain should be returned after
+its repair, within the scenario, and no node may be returned while a fault of its own is active.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import dataclasses
 import math
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
@@ -217,6 +221,37 @@ class Goal:
 
 
 @dataclass(frozen=True)
+class ReturnFigures:
+    """The lifecycle's returns to service against the scenario's repairs (return_figures). Each repair is
+    named "node@at_s"; `wrongly_returned` holds "node@t" for each return while the node was faulty."""
+
+    must_return: tuple[str, ...] = ()  # repairs of a fault that must drain: their nodes should come back
+    repair_to_return_s: Mapping[str, float] = field(default_factory=dict)  # the repairs followed by a return
+    wrongly_returned: tuple[str, ...] = ()
+
+    def __add__(self, other: ReturnFigures) -> ReturnFigures:
+        """Both runs' figures pooled."""
+        return ReturnFigures(
+            (*self.must_return, *other.must_return),
+            {**self.repair_to_return_s, **other.repair_to_return_s},
+            (*self.wrongly_returned, *other.wrongly_returned),
+        )
+
+    @property
+    def returned_after_repair(self) -> int:
+        return len(self.repair_to_return_s)
+
+    @property
+    def not_returned(self) -> tuple[str, ...]:
+        return tuple(repair for repair in self.must_return if repair not in self.repair_to_return_s)
+
+    @property
+    def judged(self) -> bool:
+        """Whether there is anything to judge: a repair that asks for a return, or any return."""
+        return bool(self.must_return or self.repair_to_return_s or self.wrongly_returned)
+
+
+@dataclass(frozen=True)
 class ScenarioResult:
     name: str
     nodes: int
@@ -228,6 +263,7 @@ class ScenarioResult:
     kinds: Mapping[str, KindStats]
     exporters: str = "fleetlens"
     excluded: tuple[Excluded, ...] = ()  # faults its exporters cannot show: not in `faults` nor the recall
+    returns: ReturnFigures = ReturnFigures()
 
     @property
     def node_days(self) -> float:
@@ -248,13 +284,23 @@ class SuiteResult:
     def excluded(self) -> tuple[Excluded, ...]:
         return tuple(excluded for result in self.scenarios for excluded in result.excluded)
 
+    @property
+    def returns(self) -> ReturnFigures:
+        """Every scenario's return figures, each repair and return named after its scenario too."""
+        return _pooled_returns(self.scenarios)
+
 
 def evaluate(
-    scenario: Scenario, anomalies: Sequence[Anomaly], epoch: float, window_s: float = 10.0
+    scenario: Scenario,
+    anomalies: Sequence[Anomaly],
+    epoch: float,
+    window_s: float = 10.0,
+    returns: Mapping[str, Sequence[float]] | None = None,
 ) -> ScenarioResult:
     """Match the detectors' anomalies (unix times; `epoch` is the scenario's time 0) to its faults.
     `anomalies` may hold several rows of one anomaly (its updates): its latest is judged, and it counts
-    as explained when any row had `explained_by`."""
+    as explained when any row had `explained_by`. `returns`: the lifecycle's returns to service, node ->
+    scenario seconds (return_figures); None where no lifecycle ran."""
     reports = [_on_scenario_clock(anomaly, epoch, scenario.duration_s) for anomaly in _latest(anomalies)]
     explained = frozenset(anomaly.id for anomaly in anomalies if anomaly.explained_by)
     layers: list[LayerFault | None] = [*(None for _ in scenario.faults), *scenario.layer_faults]
@@ -285,7 +331,60 @@ def evaluate(
         kinds=_kind_rows(faults, judged),
         exporters=scenario.exporters,
         excluded=tuple(excluded),
+        returns=return_figures(scenario, returns or {}),
     )
+
+
+def return_figures(scenario: Scenario, returns: Mapping[str, Sequence[float]]) -> ReturnFigures:
+    """Judge the lifecycle's returns to service (node -> the scenario seconds it was returned at).
+
+    A repair asks for a return when it ended a fault of its node that must drain (expected_consequences);
+    the first return of that node at or after the repair and before the node's next repair is its
+    return. A return while a fault of the node is active (start_s <= t < end; one without an end never
+    ends) is wrong, whatever was repaired; faults that must not drain (an application's Xids, a
+    contained error) do not make a node faulty.
+    """
+    must_return, repair_to_return = [], {}
+    for repair in scenario.repairs:
+        ended = [f for f in scenario.faults if f.node == repair.node and f.end_s == repair.at_s]
+        if not any(expected_consequences(fault)[1] for fault in ended):
+            continue
+        name = f"{repair.node}@{repair.at_s:g}"
+        must_return.append(name)
+        later = [r.at_s for r in scenario.repairs if r.node == repair.node and r.at_s > repair.at_s]
+        until = min(later, default=math.inf)
+        after = [t for t in returns.get(repair.node, ()) if repair.at_s <= t < until]
+        if after:
+            repair_to_return[name] = min(after) - repair.at_s
+    wrongly = [
+        f"{node}@{t:g}"
+        for node, times in sorted(returns.items())
+        for t in times
+        if any(_faulty_at(fault, node, t) for fault in scenario.faults)
+    ]
+    return ReturnFigures(tuple(must_return), repair_to_return, tuple(wrongly))
+
+
+def _faulty_at(fault: Fault, node: str, t: float) -> bool:
+    """`fault` makes `node` faulty at `t`: its own, active then, and not one that must not drain."""
+    return (
+        fault.node == node
+        and fault.start_s <= t < (math.inf if fault.end_s is None else fault.end_s)
+        and expected_consequences(fault)[1] is not False
+    )
+
+
+def _pooled_returns(results: Iterable[ScenarioResult]) -> ReturnFigures:
+    """The scenarios' return figures in one, each repair and return prefixed with its scenario's name."""
+    pooled = ReturnFigures()
+    for result in results:
+        figures, prefix = result.returns, f"{result.name}: "
+        pooled += ReturnFigures(
+            tuple(prefix + name for name in figures.must_return),
+            {prefix + name: s for name, s in figures.repair_to_return_s.items()},
+            tuple(prefix + name for name in figures.wrongly_returned),
+        )
+    return pooled
 
 
 def combine(results: Iterable[ScenarioResult]) -> SuiteResult:
@@ -322,7 +421,33 @@ def to_markdown(suite: SuiteResult) -> str:
     costs = slowdown_estimates(suite)
     cost_line = [] if not costs["faults"] else [_describe_estimates(costs)]
     excluded = [f"Not shown by stock exporters, out of the recall: {row}" for row in _excluded_rows(suite)]
-    return "\n".join([*lines, "", f"{scenarios}. Goals: {goals}.", *cost_line, *excluded]) + "\n"
+    returned = [_describe_returns(suite.returns)] if suite.returns.judged else []
+    return "\n".join([*lines, "", f"{scenarios}. Goals: {goals}.", *cost_line, *excluded, *returned]) + "\n"
+
+
+def _describe_returns(figures: ReturnFigures) -> str:
+    waits = _returns_json(figures)["repair_to_return_s"]
+    return (
+        f"Returns to service: {figures.returned_after_repair} of {len(figures.must_return)} repaired drained "
+        f"node(s) returned after repair (repair to return median {_number(waits['median'], 0)} s, max "
+        f"{_number(waits['max'], 0)} s); {len(figures.wrongly_returned)} returned while faulty."
+    )
+
+
+def _returns_json(figures: ReturnFigures) -> dict[str, Any]:
+    """The issue's three figures, with the repairs and returns behind them."""
+    waits = list(figures.repair_to_return_s.values())
+    return {
+        "returned_after_repair": figures.returned_after_repair,
+        "repair_to_return_s": {
+            "median": _percentile(waits, 50),
+            "max": max(waits, default=None),
+            "each": dict(figures.repair_to_return_s),
+        },
+        "wrongly_returned": len(figures.wrongly_returned),
+        "wrong_returns": list(figures.wrongly_returned),
+        "not_returned": list(figures.not_returned),
+    }
 
 
 def _excluded_rows(suite: SuiteResult) -> list[str]:
@@ -379,6 +504,7 @@ def to_json(suite: SuiteResult) -> dict[str, Any]:
         "goals": [{"name": goal.name, "met": goal.met, "detail": goal.detail} for goal in suite.goals],
         "job_slowdown": slowdown_estimates(suite),
         "unobservable": [_excluded_json(excluded) for excluded in suite.excluded],
+        **_returns_json(suite.returns),
         "scenarios": [_scenario_json(result) for result in suite.scenarios],
     }
 
@@ -642,13 +768,13 @@ def _judge(report: Report, scenario: Scenario, truths: Sequence[Fault], explaine
         detected = [fault for fault in truths if _overlaps_fault(report, fault, scenario)]
     if detected:
         kinds = frozenset(fault.kind for fault in detected)
-        return ReportOutcome(report, TRUE, kinds, tuple(map(_describe_fault, detected)))
+        return ReportOutcome(report, TRUE, kinds, tuple(map(Fault.describe, detected)))
     if parents := _layer_fault_over(report, scenario):
-        described = tuple(_describe_fault(layer_truth(fault)) for fault in parents)
+        described = tuple(layer_truth(fault).describe() for fault in parents)
         return ReportOutcome(report, EXPLAINED if explained else FALSE, explained_by=described)
     during = [fault for fault in truths if _overlaps_fault(report, fault, scenario)]
     if during:
-        return ReportOutcome(report, OTHER_FAULT, explained_by=tuple(map(_describe_fault, during)))
+        return ReportOutcome(report, OTHER_FAULT, explained_by=tuple(map(Fault.describe, during)))
     confounders = [c for c in scenario.confounders if _during_confounder(report, c, scenario)]
     if confounders:
         return ReportOutcome(report, CONFOUNDER, explained_by=tuple(map(_describe_confounder, confounders)))
@@ -759,6 +885,7 @@ def _goals(results: Sequence[ScenarioResult], kinds: Mapping[str, KindStats]) ->
         ),
         _confounder_goal(results),
         _child_drain_goal(results),
+        _return_goal(results),
         _consequence_goal(results),
     )
 
@@ -796,7 +923,7 @@ def _latency_goal(
     if not outcomes:
         return Goal(name, None, "no such fault in this run")
     late = [
-        f"{scenario}: {_describe_fault(outcome.fault)} "
+        f"{scenario}: {outcome.fault.describe()} "
         + (f"after {outcome.latency_s:g} s" if outcome.detected else "missed")
         for scenario, outcome in outcomes
         if not outcome.detected or not in_time(outcome)
@@ -827,7 +954,7 @@ def _consequence_goal(results: Sequence[ScenarioResult]) -> Goal:
     if not judged:
         return Goal(name, None, "no such fault in this run")
     wrong = [
-        f"{scenario}: {_describe_fault(outcome.fault)} led to "
+        f"{scenario}: {outcome.fault.describe()} led to "
         + (f"no {what}, which it must" if must else f"{article} {what}, which it must not")
         for scenario, outcome in judged
         for (article, what), must, did in zip(
@@ -839,6 +966,19 @@ def _consequence_goal(results: Sequence[ScenarioResult]) -> Goal:
         if must is not None and must != did
     ]
     return Goal(name, not wrong, "; ".join(wrong) or f"{len(judged)} faults as they ask")
+
+
+def _return_goal(results: Sequence[ScenarioResult]) -> Goal:
+    """Met when no node was returned while faulty and every node repaired of a fault that must drain was
+    returned after its repair; not judged without such a repair or any return."""
+    name = "no node returned while faulty, every repaired drained node returned"
+    figures = _pooled_returns(results)
+    if not figures.judged:
+        return Goal(name, None, "no repair or return in this run")
+    wrong = [f"returned while faulty: {repair}" for repair in figures.wrongly_returned]
+    wrong += [f"not returned after repair: {repair}" for repair in figures.not_returned]
+    detail = f"{figures.returned_after_repair} of {len(figures.must_return)} returned, none while faulty"
+    return Goal(name, not wrong, "; ".join(wrong) or detail)
 
 
 def _child_drain_goal(results: Sequence[ScenarioResult]) -> Goal:
@@ -853,7 +993,7 @@ def _child_drain_goal(results: Sequence[ScenarioResult]) -> Goal:
     if not judged:
         return Goal(name, None, "no such fault in this run")
     wrong = [
-        f"{scenario}: {', '.join(outcome.drained_children)} drained during {_describe_fault(outcome.fault)}"
+        f"{scenario}: {', '.join(outcome.drained_children)} drained during {outcome.fault.describe()}"
         for scenario, outcome in judged
         if outcome.drained_children
     ]
@@ -865,12 +1005,6 @@ def _child_drain_goal(results: Sequence[ScenarioResult]) -> Goal:
 
 def _percentile(values: Sequence[float], percentile: float) -> float | None:
     return float(np.percentile(values, percentile)) if values else None
-
-
-def _describe_fault(fault: Fault) -> str:
-    where = f"{fault.node} {fault.component}".rstrip()
-    end = "end" if fault.end_s is None else f"{fault.end_s:g}"
-    return f"{fault.kind} on {where} {fault.start_s:g}-{end} s"
 
 
 def _describe_confounder(confounder: Confounder) -> str:
@@ -934,6 +1068,7 @@ def _scenario_json(result: ScenarioResult) -> dict[str, Any]:
         "faults": [_fault_json(outcome) for outcome in result.faults],
         "unobservable": [_excluded_json(excluded) for excluded in result.excluded],
         "reports_detecting_nothing": [_report_json(o) for o in result.reports if o.verdict != TRUE],
+        **_returns_json(result.returns),
     }
 
 

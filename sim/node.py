@@ -11,6 +11,7 @@ a real node_exporter process (sim.nodeexporter) that the node starts and close()
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -282,13 +283,15 @@ def _fault_events(fault: Fault) -> list[Event]:
                 lambda n: n.double_bit_error(gpu, params["contained"]),
                 lambda n: n.gpus.clear_fault(gpu, "ecc"),
             )
-        case "link_flap":  # down and up again `flaps` times, every period_s
-            period = params["period_s"]
+        case "link_flap":  # down and up again `flaps` times, every period_s, none after its end (a repair)
+            period, end = params["period_s"], fault.end_s or math.inf
             events = []
             for flap in range(params["flaps"]):
                 down_at = fault.start_s + flap * period
+                if down_at >= end:
+                    break
                 events.append(Event(down_at, lambda n: n.sysfs.set_link(nic, up=False)))
-                events.append(Event(down_at + period / 2, lambda n: n.sysfs.set_link(nic, up=True)))
+                events.append(Event(min(down_at + period / 2, end), lambda n: n.sysfs.set_link(nic, up=True)))
             return events
         case "link_down":
             return _span(

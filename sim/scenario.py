@@ -12,6 +12,10 @@ A scenario with a `topology` section (sim.topology lays it out) may also fault a
 spine, a rail, a host or a rack (LAYER_FAULT_KINDS). Such a fault is kept as one LayerFault, the truth the
 evaluation scores against, and expands at load time into the per-node faults it plays as
 (LayerFault.effects), so the nodes, their exporters and the jobs' step times play it unchanged.
+
+A `repair` (`{kind: repair, node: N, at_s: T}`, written among the confounders: a timed event that is not
+a fault) ends every fault of node N still active at T, so the node is healthy from T on and everything
+that plays the faults follows; the faults of shared layers over N are not the node's and go on.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +68,7 @@ LEAF_MODES = ("flaps", "errors", "congestion")
 _LEAF_MODE_KEYS = {"flaps": {"flaps", "period_s"}, "errors": {"level"}, "congestion": {"level"}}
 SPINE_SHARE = 0.5  # of a degraded spine's level, what each node below it sees: ECMP spreads its flows
 CONFOUNDER_KINDS = ("job_stall", "stage_imbalance", "exporter_restart", "scrape_gap", "job_restart")
+REPAIR = "repair"  # the one event kind of the confounders list that is not a confounder (module doc)
 DMA_MODES = ("no_gdr", "pcie_downgrade")
 EXPORTER_FLAVOURS = ("fleetlens", "stock")  # what reads a node: fleetlens's exporter, or stock exporters only
 NOISE_MODELS = ("tidy", "pai")  # step-time noise (sim.jobs): the original +-1%, or calibrated on Alibaba PAI
@@ -167,6 +172,12 @@ class Fault:
     def active(self, t: float, duration_s: float) -> bool:
         return self.start_s <= t < (duration_s if self.end_s is None else self.end_s)
 
+    def describe(self) -> str:
+        """The fault in words, as reports name it: kind, node, component and span."""
+        where = f"{self.node} {self.component}".rstrip()
+        end = "end" if self.end_s is None else f"{self.end_s:g}"
+        return f"{self.kind} on {where} {self.start_s:g}-{end} s"
+
 
 @dataclass(frozen=True)
 class LayerFault:
@@ -196,6 +207,14 @@ class Confounder:
 
 
 @dataclass(frozen=True)
+class Repair:
+    """Node `node` repaired at `at_s`: the faults of it active then end there (module doc)."""
+
+    node: str
+    at_s: float
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     seed: int
@@ -208,6 +227,7 @@ class Scenario:
     exporters: str = "fleetlens"  # EXPORTER_FLAVOURS: fleetlens's exporter, or dcgm-exporter + node_exporter
     topology: Topology | None = None  # None: no topology section, and no layer faults
     layer_faults: tuple[LayerFault, ...] = ()
+    repairs: tuple[Repair, ...] = ()  # each already applied to `faults`: their ends are cut to it
 
     @property
     def played_faults(self) -> tuple[Fault, ...]:
@@ -228,6 +248,7 @@ class Scenario:
             faults=tuple(fault for fault in self.faults if fault.start_s < t),
             layer_faults=tuple(fault for fault in self.layer_faults if fault.start_s < t),
             confounders=tuple(item for item in self.confounders if item.start_s < t),
+            repairs=tuple(repair for repair in self.repairs if repair.at_s < t),
         )
 
 
@@ -309,13 +330,69 @@ def parse_scenario(
         layer_faults = tuple(
             _layer_fault(reader, faults_doc[i], f"faults[{i}]", fleet, topology, duration) for i in on_layers
         )
+    events = list(enumerate(reader.sequence(top.get("confounders") or [], "confounders")))
+    kinds = (*CONFOUNDER_KINDS, REPAIR)
+    repaired = [i for i, item in events if reader.choice(item, "kind", f"confounders[{i}]", kinds) == REPAIR]
     confounders = tuple(
         _confounder(reader, item, f"confounders[{i}]", names, job_names, jobs, duration)
-        for i, item in enumerate(reader.sequence(top.get("confounders") or [], "confounders"))
+        for i, item in events
+        if i not in repaired
+    )
+    repairs = _repairs(
+        reader, [(f"confounders[{i}]", events[i][1]) for i in repaired], fleet, faults, duration
     )
     return Scenario(
-        name, seed, duration, interval, fleet, jobs, faults, confounders, exporters, topology, layer_faults
+        name,
+        seed,
+        duration,
+        interval,
+        fleet,
+        jobs,
+        repaired_faults(faults, repairs),
+        confounders,
+        exporters,
+        topology,
+        layer_faults,
+        repairs,
     )
+
+
+def repaired_faults(faults: Sequence[Fault], repairs: Sequence[Repair]) -> tuple[Fault, ...]:
+    """`faults` with each one a repair of its node meets while it is active (start_s < at_s < its end)
+    ended at the first such repair."""
+    return tuple(
+        dataclasses.replace(fault, end_s=min(cuts)) if (cuts := _repairs_during(fault, repairs)) else fault
+        for fault in faults
+    )
+
+
+def _repairs_during(fault: Fault, repairs: Sequence[Repair]) -> list[float]:
+    end = math.inf if fault.end_s is None else fault.end_s
+    return [r.at_s for r in repairs if r.node == fault.node and fault.start_s < r.at_s < end]
+
+
+def _repairs(
+    reader: _Reader,
+    items: Sequence[tuple[str, object]],
+    fleet: FleetSpec,
+    faults: Sequence[Fault],
+    duration: float,
+) -> tuple[Repair, ...]:
+    """The repairs (where, item): each one's node in the fleet, at_s within the scenario, and a fault of
+    that node still active then, after the repairs before it (a repair of a healthy node, or one repeated,
+    is a mistake in the file, not a no-op)."""
+    parsed = []
+    for where, item in items:
+        doc = reader.mapping(item, where, {"kind", "node", "at_s"})
+        node = _node(reader, doc.get("node"), f"{where}.node", fleet)
+        parsed.append((where, Repair(node, reader.number(doc, "at_s", where, minimum=0, maximum=duration))))
+    for index, (where, repair) in enumerate(parsed):
+        earlier = [other for i, (_, other) in enumerate(parsed) if (other.at_s, i) < (repair.at_s, index)]
+        if not any(_repairs_during(fault, [repair]) for fault in repaired_faults(faults, earlier)):
+            raise reader.error(
+                f"{where}.at_s", f"no fault of {repair.node} is active at {repair.at_s:g} s to repair"
+            )
+    return tuple(repair for _, repair in parsed)
 
 
 def with_exporters(scenario: Scenario, exporters: str | None) -> Scenario:

@@ -122,7 +122,15 @@ def test_a_perfect_detector_meets_every_goal() -> None:
     assert list(suite.kinds) == list(FAULT_KINDS)
     for stats in suite.kinds.values():
         assert (stats.recall, stats.precision, stats.false_reports) == (1.0, 1.0, 0), stats.kind
-    assert [goal.met for goal in suite.goals] == [True, True, True, True, None, True]  # no layer fault
+    assert [goal.met for goal in suite.goals] == [
+        True,
+        True,
+        True,
+        True,
+        None,
+        None,
+        True,
+    ]  # no layer fault, no repair
     assert "NOT met" not in to_markdown(suite)
 
 
@@ -268,7 +276,7 @@ def test_peer_outlier_is_shown_but_never_judged() -> None:
     suite = combine([evaluate(throttled, reports, EPOCH)])
     outlier = suite.kinds["peer_outlier"]
     assert outlier.catch_all and (outlier.reports, outlier.true_reports, outlier.false_reports) == (2, 1, 1)
-    assert [goal.met for goal in suite.goals] == [True, None, None, True, None, None]
+    assert [goal.met for goal in suite.goals] == [True, None, None, True, None, None, None]
     assert "| peer_outlier (catch-all) | 0 | – | 2 | 0.50 (1/2) |" in to_markdown(suite)
 
 
@@ -488,7 +496,7 @@ def test_stock_exporters_keep_what_they_cannot_show_out_of_the_recall_and_say_wh
 
     suite = combine([evaluate(stock, seen, EPOCH)])
     assert suite.kinds["dma_degraded"].faults == 1 and suite.kinds["dma_degraded"].recall == 1.0
-    assert [goal.met for goal in suite.goals] == [True, True, True, True, None, True]
+    assert [goal.met for goal in suite.goals] == [True, True, True, True, None, None, True]
     (excluded,) = suite.excluded
     assert (excluded.outcome.fault.params["mode"], excluded.outcome.detected) == ("pcie_downgrade", False)
     text = to_markdown(suite)
