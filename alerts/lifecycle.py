@@ -35,14 +35,13 @@ from alerts.drain import FLEET_ALERT, DrainController
 from alerts.errors import AlertConfigError, BackendError, DecisionError
 from alerts.model import Alert
 from alerts.rules import fingerprint
+from analytics.reports.lifecycle import NodeState, lifecycle_states
 from analytics.store.records import ActionRow, CheckRow
 
 log = logging.getLogger(__name__)
 
-STATES = ("drained", "testing", "failed")  # a node in none of them is in service
 PASSING = ("PASS", "WARN")
 FAILED_ALERT = "FleetlensNodeFailedChecks"
-DONE = ("done", "dry-run")
 
 
 class CheckTrigger(Protocol):
@@ -51,8 +50,9 @@ class CheckTrigger(Protocol):
     name: str
 
     def start(self, node: str, checks: Sequence[str], now: float) -> None:
-        """Ask `node` to run `checks` (names from collectors' check catalog, e.g. "dcgm_diag"), whose results
-        reach the store later; raises alerts.errors.BackendError when the request could not be made."""
+        """Ask `node` to run `checks` (result names, e.g. "dcgm_diag", "remapped_rows", as `fleetlens checks
+        run --checks` takes them), whose results reach the store later; raises alerts.errors.BackendError
+        when the request could not be made."""
 
 
 ResultsReader = Callable[[str, float, float], Sequence[CheckRow]]  # node, since, until -> its checks rows
@@ -66,7 +66,9 @@ class LifecyclePolicy:
     retest_after_s: float = 3600.0  # a failed node is tested again this long after it failed
     test_timeout_s: float = 3600.0  # results missing this long after the test began: failed (ERROR)
     max_testing: int = 2  # nodes in `testing` at once
-    checks: tuple[str, ...] = ("dcgm_diag", "gpu_state")  # the heavy set asked for; all must report
+    # the results that must all report PASS or WARN, by the `check` name they carry, which is also what
+    # the node is asked to run (`checks run --checks` takes result names: collectors.checks.catalog)
+    checks: tuple[str, ...] = ("dcgm_diag", "remapped_rows", "power_slowdown")
     label_prefix: str = "autopilot.ibm.com"  # Kubernetes label <prefix>/gpuhealth
 
     def __post_init__(self) -> None:
@@ -111,15 +113,6 @@ def parse_lifecycle_policy(section: Mapping[str, Any], where: str = "lifecycle")
         return LifecyclePolicy(**section)
     except TypeError as error:
         raise AlertConfigError(f"{where}: {error}") from None
-
-
-@dataclass(frozen=True)
-class NodeState:
-    """Where a node stands: one of STATES, since when, and why (who and what moved it there)."""
-
-    state: str
-    since: float
-    reason: str = ""
 
 
 class CommandTrigger:
@@ -310,29 +303,6 @@ class Lifecycle:
         drained = self.controller.drained.get(node)
         job, decision = (drained.request.job, drained.request.decision_id) if drained else ("", "")
         return ActionRow(now, action, node, job, reason, self.mode, outcome, decision)
-
-
-def lifecycle_states(history: Iterable[ActionRow]) -> dict[str, NodeState]:
-    """node -> NodeState from an `actions` audit in time order; a node absent is in service. The one
-    reading of the audit for the lifecycle, the UI and the CLI."""
-    states: dict[str, NodeState] = {}
-    for row in history:
-        done = row.outcome in DONE
-        if row.action == "drain" and done:
-            states[row.node] = NodeState("drained", row.ts, row.reason)
-        elif row.node not in states:
-            continue
-        elif row.action == "test" and done:
-            states[row.node] = NodeState("testing", row.ts, row.reason)
-        elif row.action == "test" and row.outcome == "failed":
-            states[row.node] = replace(states[row.node], since=row.ts)
-        elif row.action == "fail" and done:
-            states[row.node] = NodeState("failed", row.ts, row.reason)
-        elif (row.action == "undrain" and done) or (
-            row.action == "return" and row.outcome in (*DONE, "refused")
-        ):
-            del states[row.node]
-    return states
 
 
 def _shown(row: CheckRow) -> str:

@@ -17,8 +17,8 @@ from typing import Any
 
 from alerts import commands
 from alerts.commands import StoredSilence
-from alerts.lifecycle import lifecycle_states
 from alerts.silences import new_silence
+from analytics.reports.lifecycle import lifecycle_states
 from analytics.store.hubclient import HubClient
 from analytics.store.records import ActionRow
 from fleetlens.access import hub_config, open_store

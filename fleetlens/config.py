@@ -345,7 +345,7 @@ class LifecycleConfig:
     retest_after_s: float = 3600.0
     test_timeout_s: float = 3600.0
     max_testing: int = 2
-    checks: tuple[str, ...] = ("dcgm_diag", "gpu_state")
+    checks: tuple[str, ...] = ("dcgm_diag", "remapped_rows", "power_slowdown")
     label_prefix: str = "autopilot.ibm.com"
 
     def __post_init__(self) -> None:

@@ -12,7 +12,8 @@ check (seen_by) gives its status on the targets it touches, the worst one winnin
 PASSes. A repaired node (sim.scenario, `repair`) is healthy from the repair on, so a check started after
 it PASSes. The evidence names the injected faults behind a verdict other than PASS.
 
-Requests use the `--checks` names (REQUESTS); the rows carry the names the real checks write:
+Requests use the `--checks` names (REQUESTS, from the real catalog) or the names their rows carry
+(catalog.REPORTED_BY), as the lifecycle asks; the rows carry the names the real checks write:
 `gpu_state` gives `remapped_rows` and `power_slowdown` rows (collectors.checks.gpu_state) and
 `allreduce` the `allreduce_busbw` row (collectors.checks.allreduce). GPU checks give one row per GPU
 (`gpu:N`), `ping` and `iperf3` one for the node's peer (the next node of the fleet, `peer:NAME`),
@@ -30,6 +31,7 @@ from alerts.errors import BackendError
 from analytics.store.records import CheckRow
 from analytics.xid_catalog import lookup
 from collectors.checks import allreduce, dcgm_diag, gpu_state
+from collectors.checks.catalog import CATALOG, REPORTED_BY
 from collectors.checks.result import SEVERITY, Status
 from sim.scenario import Fault, Scenario
 
@@ -38,17 +40,8 @@ PING, IPERF3 = "ping", "iperf3"
 ALLREDUCE = "allreduce"  # the request; its row is allreduce.CHECK
 DCGM_LEVEL = 3  # the heavy diagnostic a drained node is tested with
 
-# each `--checks` name: the row checks it writes
-REQUESTS: Mapping[str, tuple[str, ...]] = {
-    dcgm_diag.CHECK: (dcgm_diag.CHECK,),
-    "gpu_state": gpu_state.CHECKS,
-    PCIE_BANDWIDTH: (PCIE_BANDWIDTH,),
-    HBM_BANDWIDTH: (HBM_BANDWIDTH,),
-    GEMM: (GEMM,),
-    ALLREDUCE: (allreduce.CHECK,),
-    PING: (PING,),
-    IPERF3: (IPERF3,),
-}
+# each `--checks` name: the row checks it writes (the real catalog's)
+REQUESTS: Mapping[str, tuple[str, ...]] = {name: check.reports for name, check in CATALOG.items()}
 # how long each request runs on a node of 8 GPUs, simulated seconds, and where the figure comes from
 CHECK_DURATION_S: Mapping[str, float] = {
     dcgm_diag.CHECK: 1800.0,  # `dcgmi diag -r 3`: about 30 minutes (NVIDIA DCGM user guide, "Run Levels")
@@ -62,6 +55,7 @@ CHECK_DURATION_S: Mapping[str, float] = {
 }
 # the heavy set a drained node is tested with before it returns: every GPU check and the all-reduce
 SIM_HEAVY_CHECKS = (dcgm_diag.CHECK, "gpu_state", PCIE_BANDWIDTH, HBM_BANDWIDTH, GEMM, ALLREDUCE)
+SIM_HEAVY_REPORTS = tuple(reported for name in SIM_HEAVY_CHECKS for reported in REQUESTS[name])  # as rows
 _GPU_ROWS = frozenset({dcgm_diag.CHECK, *gpu_state.CHECKS, PCIE_BANDWIDTH, HBM_BANDWIDTH, GEMM})
 _EVERY_GPU_CHECK = {
     dcgm_diag.CHECK: Status.FAIL,  # the deployment and PCIe tests cannot reach it
@@ -125,16 +119,17 @@ class SimulatedChecks:
         self._requests: list[_Request] = []
 
     def start(self, node: str, checks: Sequence[str], now: float) -> None:
-        """Start `checks` (REQUESTS names) on `node` at `now`; BackendError for an unknown node or check,
-        before any of them starts."""
+        """Start `checks` (REQUESTS names, or the names their rows carry, as `checks run --checks` takes
+        them) on `node` at `now`; BackendError for an unknown node or check, before any of them starts."""
         names = self._scenario.fleet.names
         if node not in names:
             raise BackendError(f"simulated checks: no node {node!r} in the scenario's fleet of {len(names)}")
-        if unknown := sorted(set(checks) - set(REQUESTS)):
+        if unknown := sorted(set(checks) - set(REQUESTS) - set(REPORTED_BY)):
             raise BackendError(
                 f"simulated checks: unknown check(s) {', '.join(unknown)}; known: {', '.join(REQUESTS)}"
             )
-        self._requests += [_Request(node, check, now) for check in checks]
+        requested = dict.fromkeys(REPORTED_BY.get(check, check) for check in checks)
+        self._requests += [_Request(node, check, now) for check in requested]
 
     def __call__(self, node: str, since: float, until: float) -> list[CheckRow]:
         """The rows of `node`'s checks that started in [since, until) and finished by `until`, in the

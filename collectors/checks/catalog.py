@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from collectors.checks import allreduce
+from collectors.checks import allreduce, dcgm_diag, gpu_state
 from collectors.checks.dcgm_diag import run_dcgm_diag
 from collectors.checks.gpu_perf import (
     FULL,
@@ -56,9 +56,17 @@ class CheckOptions:
 
 @dataclass(frozen=True)
 class Check:
+    """One check: its `--checks` name, its weight, how it runs, and the `check` names its results carry
+    (gpu_state's are remapped_rows and power_slowdown; most carry their own name)."""
+
     name: str
     weight: Weight
     run: Callable[[CheckOptions], list[CheckResult]]
+    reports: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.reports:
+            object.__setattr__(self, "reports", (self.name,))
 
 
 def _dcgm_diag(options: CheckOptions) -> list[CheckResult]:
@@ -111,13 +119,17 @@ _GPU_PERF = (PCIE_BANDWIDTH, HBM_BANDWIDTH, GEMM)
 CATALOG: Mapping[str, Check] = {
     check.name: check
     for check in (
-        Check("dcgm_diag", Weight.LIGHT, _dcgm_diag),  # level 1 is light; -r 2|3 are asked for by name
-        Check("gpu_state", Weight.LIGHT, _gpu_state),
+        Check(dcgm_diag.CHECK, Weight.LIGHT, _dcgm_diag),  # level 1 is light; -r 2|3 are asked for by name
+        Check("gpu_state", Weight.LIGHT, _gpu_state, gpu_state.CHECKS),
         Check("ping", Weight.LIGHT, _ping),
         Check("iperf3", Weight.HEAVY, _iperf3),
         *(Check(name, Weight.HEAVY, _gpu_perf(name)) for name in _GPU_PERF),
-        Check("allreduce", Weight.HEAVY, _allreduce),
+        Check("allreduce", Weight.HEAVY, _allreduce, (allreduce.CHECK,)),
     )
+}
+# the check a result's name comes from: what the lifecycle waits for, and `--checks` takes, by result name
+REPORTED_BY: Mapping[str, str] = {
+    reported: check.name for check in CATALOG.values() for reported in check.reports
 }
 
 _LIGHT = ("dcgm_diag", "gpu_state")
@@ -129,13 +141,14 @@ SETS: Mapping[str, tuple[str, ...]] = {
 
 
 def chosen(text: str) -> list[str]:
-    """Check names from "a,b" where each is a check or a set's name, in order, each once."""
+    """Check names from "a,b" where each is a check's name, a set's, or a name its results carry
+    (REPORTED_BY), in order, each once."""
     names: list[str] = []
     for word in (word.strip() for word in text.split(",")):
         if word in SETS:
             names += SETS[word]
-        elif word in CATALOG:
-            names.append(word)
+        elif word in CATALOG or word in REPORTED_BY:
+            names.append(REPORTED_BY.get(word, word))
         elif word:
             known = ", ".join([*CATALOG, *(f"{name} (set)" for name in SETS)])
             raise CollectorConfigError(f"unknown check {word!r}; known: {known}")

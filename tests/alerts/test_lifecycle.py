@@ -24,18 +24,23 @@ from alerts.lifecycle import (
     CommandTrigger,
     Lifecycle,
     LifecyclePolicy,
-    NodeState,
-    lifecycle_states,
     parse_lifecycle_policy,
 )
 from alerts.model import Alert, DrainRequest
 from alerts.policy import DrainPolicy
 from alerts.rules import fingerprint
+from analytics.reports.lifecycle import NodeState, lifecycle_states
 from analytics.store.records import ActionRow, CheckRow
 from tests.alerts.test_drain import anomaly, firing
 
 DRAINED_AT = 10.0
-POLICY = LifecyclePolicy(test_after_s=600, retest_after_s=3600, test_timeout_s=1800, max_testing=2)
+POLICY = LifecyclePolicy(
+    checks=("dcgm_diag", "remapped_rows"),
+    test_after_s=600,
+    retest_after_s=3600,
+    test_timeout_s=1800,
+    max_testing=2,
+)
 
 
 @dataclass
@@ -130,7 +135,7 @@ def test_a_drained_node_is_tested_once_test_after_s_has_passed() -> None:
     rows = f.lifecycle.step([], DRAINED_AT + 600)
 
     assert actions(rows) == [("test", "n1", "done")]
-    assert f.trigger.started == [("n1", ("dcgm_diag", "gpu_state"), DRAINED_AT + 600)]
+    assert f.trigger.started == [("n1", ("dcgm_diag", "remapped_rows"), DRAINED_AT + 600)]
     assert f.lifecycle.states["n1"].state == "testing"
     assert ("TESTING", "n1") in f.backend.calls
 
@@ -140,12 +145,12 @@ def test_a_node_whose_checks_all_pass_is_resumed_and_leaves_the_lifecycle() -> N
     f.lifecycle.step([], 700)
     f.results.add("n1", "dcgm_diag", "PASS", 710)
 
-    assert f.lifecycle.step([], 720) == []  # gpu_state has not reported yet
-    f.results.add("n1", "gpu_state", "WARN", 730, value=81.0)
+    assert f.lifecycle.step([], 720) == []  # remapped_rows has not reported yet
+    f.results.add("n1", "remapped_rows", "WARN", 730, value=81.0)
     rows = f.lifecycle.step([], 740)
 
     assert actions(rows) == [("return", "n1", "done")]
-    assert "gpu_state WARN 81" in rows[0].reason
+    assert "remapped_rows WARN 81" in rows[0].reason
     assert ("resume", "n1") in f.backend.calls
     assert f.lifecycle.states == {} and f.controller.drained == {}
 
@@ -185,7 +190,7 @@ def test_results_missing_past_the_timeout_fail_the_node_naming_the_check() -> No
     [row] = f.lifecycle.step([], 700 + 1800)
 
     assert (row.action, row.outcome) == ("fail", "done")
-    assert "ERROR: no result from gpu_state within 1800 s" in row.reason
+    assert "ERROR: no result from remapped_rows within 1800 s" in row.reason
 
 
 def test_checks_that_pass_while_an_alert_fires_on_the_node_do_not_return_it() -> None:
@@ -202,7 +207,7 @@ def test_checks_that_pass_while_an_alert_fires_on_the_node_do_not_return_it() ->
 def test_a_failed_node_is_retested_after_retest_after_s_and_its_own_ticket_does_not_block_it() -> None:
     f = fleet("n1")
     f.lifecycle.step([], 700)
-    f.results.add("n1", "gpu_state", "ERROR", 710)
+    f.results.add("n1", "remapped_rows", "ERROR", 710)
     f.lifecycle.step([], 720)
 
     assert f.lifecycle.step(f.lifecycle.alerts, 720 + 3599) == []
@@ -350,10 +355,10 @@ def test_the_command_trigger_runs_its_argv_with_node_and_checks_substituted(tmp_
     out = tmp_path / "argv"
     script = "import sys; open(sys.argv[1], 'w').write(' '.join(sys.argv[2:]))"
     CommandTrigger([sys.executable, "-c", script, str(out), "{node}", "--checks", "{checks}"]).start(
-        "vela-001; rm -rf /", ("dcgm_diag", "gpu_state"), 0.0
+        "vela-001; rm -rf /", ("dcgm_diag", "remapped_rows"), 0.0
     )
 
-    assert out.read_text() == "vela-001; rm -rf / --checks dcgm_diag,gpu_state"
+    assert out.read_text() == "vela-001; rm -rf / --checks dcgm_diag,remapped_rows"
     failing = CommandTrigger([sys.executable, "-c", "import sys; sys.exit('no route to {node}')"])
     with pytest.raises(BackendError, match="exited with status 1: no route to vela-001"):
         failing.start("vela-001", ("dcgm_diag",), 0.0)
@@ -362,7 +367,7 @@ def test_the_command_trigger_runs_its_argv_with_node_and_checks_substituted(tmp_
 
 
 STATUSES = st.sampled_from(["PASS", "WARN", "FAIL", "ERROR"])
-RESULT = st.tuples(st.sampled_from(["n1", "n2"]), st.sampled_from(["dcgm_diag", "gpu_state"]), STATUSES)
+RESULT = st.tuples(st.sampled_from(["n1", "n2"]), st.sampled_from(["dcgm_diag", "remapped_rows"]), STATUSES)
 STEP = st.tuples(
     st.integers(1, 2000),  # seconds since the last step
     st.lists(RESULT, max_size=4),  # results that arrive meanwhile
@@ -385,5 +390,5 @@ def test_no_sequence_of_results_and_alerts_returns_a_node_that_is_not_clean(step
             if row.action == "return" and row.outcome == "done":
                 latest = {(r.check, r.target): r.status for r in f.results(row.node, began[row.node], now)}
                 assert set(latest.values()) <= {"PASS", "WARN"}, (row.node, latest)
-                assert set(latest) == {("dcgm_diag", ""), ("gpu_state", "")}
+                assert set(latest) == {("dcgm_diag", ""), ("remapped_rows", "")}
                 assert row.node not in alerted

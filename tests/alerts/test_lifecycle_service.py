@@ -13,10 +13,11 @@ import pytest
 from alerts import commands
 from alerts.drain import DrainController
 from alerts.engine import AlertEngine
-from alerts.lifecycle import FAILED_ALERT, CommandTrigger, Lifecycle, LifecyclePolicy, lifecycle_states
+from alerts.lifecycle import FAILED_ALERT, CommandTrigger, Lifecycle, LifecyclePolicy
 from alerts.policy import DrainPolicy
 from alerts.service import AlertService
 from analytics.reports.dashboards import drain_queue
+from analytics.reports.lifecycle import lifecycle_states
 from analytics.store import Store
 from analytics.store.checks import checks_between
 from analytics.store.records import ActionRow, CheckRow
@@ -32,7 +33,7 @@ T0 = 1_800_000_000.0
 def verdicts(node: str, status: str, at: float) -> list[CheckRow]:
     return [
         CheckRow(node, check, "gpu:0", status, 1.0, "", 0.0, '{"dcgmi": "..."}', at, 5.0)
-        for check in ("dcgm_diag", "gpu_state")
+        for check in ("dcgm_diag", "remapped_rows")
     ]
 
 
@@ -42,7 +43,8 @@ def test_a_node_fails_with_a_ticket_then_a_persons_test_returns_it(store: Store)
         [sys.executable, "-c", "import sys; sys.exit(sys.argv[1] != 'vela-001')", "{node}"]
     )
     reader = lambda node, since, until: checks_between(store, since, until, node=node)  # noqa: E731
-    lifecycle = Lifecycle(LifecyclePolicy(test_after_s=0), controller, trigger, reader)
+    policy = LifecyclePolicy(test_after_s=0, checks=("dcgm_diag", "remapped_rows"))
+    lifecycle = Lifecycle(policy, controller, trigger, reader)
     service = AlertService(store, AlertEngine(), controller=controller, lifecycle=lifecycle)
     fault = anomaly("vela-001", start=T0)
     service.cycle([fault], T0)

@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 
 from collectors.checks.allreduce import CHECK, run_local
-from collectors.checks.catalog import CATALOG, SETS, CheckOptions, Weight, chosen
+from collectors.checks.catalog import CATALOG, REPORTED_BY, SETS, CheckOptions, Weight, chosen
 from collectors.checks.result import Status
 from collectors.errors import CollectorConfigError
 
@@ -64,3 +64,13 @@ def test_three_local_gloo_ranks_report_every_pair_as_this_nodes_gpus() -> None:
 def test_fewer_than_two_local_ranks_is_an_error() -> None:
     (result,) = run_local("vela-001", 1)
     assert result.status is Status.ERROR and "needs at least two; this node has 1" in result.evidence["error"]
+
+
+def test_a_name_results_carry_chooses_the_check_that_writes_it_once() -> None:
+    """What the lifecycle waits for (result names) is what it asks a node to run."""
+    assert chosen("dcgm_diag,remapped_rows,power_slowdown,allreduce_busbw") == [
+        "dcgm_diag",
+        "gpu_state",
+        "allreduce",
+    ]
+    assert {REPORTED_BY[name] for name in CATALOG["gpu_state"].reports} == {"gpu_state"}

@@ -7,12 +7,20 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
+from analytics.store.records import ActionRow
+
+SEED_ACTIONS = """
+import json, sys
 from analytics.store import Store
 from analytics.store.records import ActionRow
+with Store.open(sys.argv[1]) as store:
+    store.insert_actions([ActionRow(**row) for row in json.loads(sys.argv[2])], token="lifecycle-cli")
+"""
 
 
 def fleetlens(store: Path, *args: str) -> subprocess.CompletedProcess:
@@ -137,8 +145,13 @@ def test_a_test_is_requested_and_the_lifecycle_lists_the_states_the_audit_holds(
             1.8e9 + 90, "fail", "vela-004", "", "checks failed: dcgm_diag gpu:2 FAIL", "auto", "done", "d4"
         ),
     ]
-    with Store.open(f"chdb://{store}") as opened:
-        opened.insert_actions(drained, token="lifecycle-cli")
+    seeded = subprocess.run(  # in its own process: this one may hold another embedded store already
+        [sys.executable, "-c", SEED_ACTIONS, f"chdb://{store}", json.dumps([asdict(row) for row in drained])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert seeded.returncode == 0, seeded.stderr
 
     asked = fleetlens(store, "alerts", "test", "vela-003", "--by", "carol")
     assert asked.returncode == 0 and "test vela-003: requested by carol" in asked.stdout

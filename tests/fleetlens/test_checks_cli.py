@@ -113,7 +113,8 @@ def test_preflight_with_nothing_to_judge_by_exits_2(tmp_path: Path) -> None:
     done = fleetlens("checks", "preflight", "--node", "vela-001", path=str(tmp_path))
     [summary] = [json.loads(line) for line in done.stdout.splitlines()]
     assert (summary["status"], done.returncode) == ("ERROR", 2)
-    assert "dcgmi is not installed" in {brief["check"]: brief["why"] for brief in summary["failing"]}["dcgm_diag"]
+    why = {brief["check"]: brief["why"] for brief in summary["failing"]}
+    assert "dcgmi is not installed" in why["dcgm_diag"]
 
 
 @pytest.mark.integration
