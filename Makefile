@@ -81,7 +81,7 @@ eval-ci: install
 	$(VENV)/bin/fleetlens --log-level ERROR eval tests/scenarios/ci-*.yaml --json eval-ci.json
 
 eval: install
-	$(VENV)/bin/fleetlens --log-level ERROR eval tests/scenarios/*.yaml tests/scenarios/topology/*.yaml --json eval.json
+	$(VENV)/bin/fleetlens --log-level ERROR eval tests/scenarios/*.yaml tests/scenarios/topology/*.yaml tests/scenarios/lifecycle/*.yaml --json eval.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
@@ -41,10 +41,13 @@ import numpy as np
 
 from alerts.drain import DrainController
 from alerts.engine import AlertEngine
+from alerts.lifecycle import Lifecycle, LifecyclePolicy
 from alerts.policy import DrainLimits, DrainPolicy
 from analytics.evidence import SlowNodeEvidence, as_dict
+from analytics.reports.lifecycle import DONE
 from analytics.store.records import Anomaly
 from analytics.xid_catalog import lookup
+from sim.checks import SIM_HEAVY_REPORTS, SimulatedChecks
 from sim.jobs import JobModel
 from sim.scenario import LAYER_FAULT_KINDS, Confounder, Fault, JobSpec, LayerFault, Scenario
 from sim.stock import Unobservable, unobservable
@@ -300,7 +303,8 @@ def evaluate(
     """Match the detectors' anomalies (unix times; `epoch` is the scenario's time 0) to its faults.
     `anomalies` may hold several rows of one anomaly (its updates): its latest is judged, and it counts
     as explained when any row had `explained_by`. `returns`: the lifecycle's returns to service, node ->
-    scenario seconds (return_figures); None where no lifecycle ran."""
+    scenario seconds (return_figures); None: replayed here (lifecycle_returns) where the scenario repairs
+    nodes, none elsewhere."""
     reports = [_on_scenario_clock(anomaly, epoch, scenario.duration_s) for anomaly in _latest(anomalies)]
     explained = frozenset(anomaly.id for anomaly in anomalies if anomaly.explained_by)
     layers: list[LayerFault | None] = [*(None for _ in scenario.faults), *scenario.layer_faults]
@@ -331,7 +335,12 @@ def evaluate(
         kinds=_kind_rows(faults, judged),
         exporters=scenario.exporters,
         excluded=tuple(excluded),
-        returns=return_figures(scenario, returns or {}),
+        returns=return_figures(
+            scenario,
+            lifecycle_returns(scenario, reports, epoch, window_s)
+            if returns is None and scenario.repairs
+            else returns or {},
+        ),
     )
 
 
@@ -631,16 +640,12 @@ def _alerts_and_drains(
     """Per anomaly id: whether it raised an alert, and whether its node was drained while that alert fired,
     replaying every window's open reports through the default alert rules and drain policy (module doc);
     and per node drained, when it first was (scenario seconds)."""
-    nodes = scenario.fleet.nodes
-    unlimited = DrainLimits(nodes, 1.0, nodes, max_per_hour=sys.maxsize, breaker_fraction=1.0)
-    policy = DrainPolicy(limits=unlimited, cooldown_s=0.0, return_after_healthy_s=0.0)  # dry-run
-    engine, drains = AlertEngine(), DrainController(policy, [], fleet_size=nodes)
+    drains = DrainController(
+        _replay_policy(scenario, return_after_healthy_s=0.0), [], fleet_size=scenario.fleet.nodes
+    )
     led_to: dict[str, tuple[bool, bool]] = {}
     drained_at: dict[str, float] = {}
-    for step in range(1, math.ceil(scenario.duration_s / window_s) + 2):
-        now_s = step * window_s
-        current = [report for report in reports if report.start_s <= now_s <= report.end_s]
-        engine.evaluate([report.anomaly for report in current], epoch + now_s)
+    for now_s, current, engine in _windows(scenario, reports, epoch, window_s):
         drains.step(engine.firing, epoch + now_s)
         for node in drains.drained:
             drained_at.setdefault(node, now_s)
@@ -654,6 +659,60 @@ def _alerts_and_drains(
                 drained = led_to.get(anomaly.id, (False, False))[1] or anomaly.node in drains.drained
                 led_to[anomaly.id] = (True, drained)
     return led_to, drained_at
+
+
+def lifecycle_returns(
+    scenario: Scenario, reports: Sequence[Report], epoch: float, window_s: float
+) -> dict[str, list[float]]:
+    """node -> the scenario seconds the node lifecycle returned it to service at, replaying the windows'
+    alerts through the drain policy (auto, no backends) and the lifecycle at its default waits, its heavy
+    checks answered by the simulated nodes (sim.checks.SimulatedChecks) from the faults they have then.
+    A repair is also the technician's request for a test (`fleetlens alerts test NODE`), made once the
+    node is not being tested (a test already running began before the repair)."""
+    drains = DrainController(
+        _replay_policy(scenario, return_after_healthy_s=None, mode="auto"),
+        [],
+        fleet_size=scenario.fleet.nodes,
+    )
+    checks = SimulatedChecks(scenario, epoch)
+    policy = LifecyclePolicy(max_testing=scenario.fleet.nodes, checks=SIM_HEAVY_REPORTS)
+    lifecycle = Lifecycle(policy, drains, checks, checks)
+    returns: dict[str, list[float]] = {}
+    asked: set[str] = set()  # repaired nodes whose test is still to be asked for
+    for now_s, _, engine in _windows(scenario, reports, epoch, window_s):
+        now = epoch + now_s
+        asked |= {repair.node for repair in scenario.repairs if now_s - window_s < repair.at_s <= now_s}
+        rows = drains.step(engine.firing, now) + lifecycle.step(engine.firing, now)
+        for node in sorted(asked):
+            state = lifecycle.states.get(node)
+            if state is not None and state.state == "testing":
+                continue
+            asked.discard(node)
+            rows += lifecycle.test(node, "the repair", now) if state is not None else []
+        for row in rows:
+            if row.action == "return" and row.outcome in DONE:
+                returns.setdefault(row.node, []).append(now_s)
+    return returns
+
+
+def _replay_policy(scenario: Scenario, **chosen: Any) -> DrainPolicy:
+    """The default drain policy with its safety limits lifted (module doc), and `chosen` settings."""
+    nodes = scenario.fleet.nodes
+    unlimited = DrainLimits(nodes, 1.0, nodes, max_per_hour=sys.maxsize, breaker_fraction=1.0)
+    return DrainPolicy(limits=unlimited, cooldown_s=0.0, **chosen)
+
+
+def _windows(
+    scenario: Scenario, reports: Sequence[Report], epoch: float, window_s: float
+) -> Iterator[tuple[float, list[Report], AlertEngine]]:
+    """Each detection window's end (scenario seconds), the reports open then, and the default alert
+    rules' engine having evaluated them."""
+    engine = AlertEngine()
+    for step in range(1, math.ceil(scenario.duration_s / window_s) + 2):
+        now_s = step * window_s
+        current = [report for report in reports if report.start_s <= now_s <= report.end_s]
+        engine.evaluate([report.anomaly for report in current], epoch + now_s)
+        yield now_s, current, engine
 
 
 def _onset(fault: Fault) -> float:
