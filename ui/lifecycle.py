@@ -1,6 +1,7 @@
 """What the Node, Actions and Postmortem pages show of a node's life: the jobs the schedulers placed on it
-(the `placements` table), the latest active check results (the `checks` table), and the lifecycle audit
-rows (the `actions` rows of LIFECYCLE_ACTIONS, apart from the drain controller's)."""
+(the `placements` table), the latest active check results (the `checks` table), where each node stands
+in the lifecycle (analytics.reports.lifecycle), and the lifecycle audit rows (the `actions` rows of
+LIFECYCLE_ACTIONS, apart from the drain controller's)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 import pandas as pd
 import streamlit as st
 
+from analytics.reports.lifecycle import node_states
 from analytics.reports.postmortem import Report
 from analytics.store.checks import latest_checks
 from analytics.store.placements import placements_between
@@ -48,6 +50,21 @@ def show_check_results(results: pd.DataFrame, key: str) -> None:
         column_config={**window.utc_columns("started"), "evidence": st.column_config.JsonColumn("evidence")},
         key=key,
     )
+
+
+def show_states(reader: Reader) -> None:
+    """The nodes fleetlens holds out of service: drained, testing or failed, since when and why."""
+    states = node_states(reader)
+    st.subheader(f"Node lifecycle ({len(states)} out of service)")
+    if not states:
+        st.caption("every node is in service: fleetlens holds none drained, testing or failed")
+        return
+    frame = pd.DataFrame(
+        [[node, state.state, state.since, state.reason] for node, state in sorted(states.items())],
+        columns=["node", "state", "since", "reason"],
+    )
+    frame["since"] = pd.to_datetime(frame["since"], unit="s", utc=True)
+    st.dataframe(frame, hide_index=True, column_config=window.utc_columns("since"), key="actions.states")
 
 
 def show_placements(reader: Reader, node: str, span: window.TimeRange) -> None:

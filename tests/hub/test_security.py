@@ -154,6 +154,12 @@ def test_tricky_reads_are_still_answered(hub):
     assert query(url, "SELECT number FROM numbers(3) ORDER BY number DESC") == [[2], [1], [0]]
 
 
+def request_body(action: str) -> bytes:
+    """A person's request to the hub's controller (`fleetlens drain undrain`, `fleetlens alerts test`)."""
+    row = {"ts": time.time(), "action": action, "node": "vela-001", "job": "", "reason": "r", "mode": ""}
+    return json.dumps({"token": "t", "rows": [row | {"outcome": "requested", "decision_id": ""}]}).encode()
+
+
 @pytest.mark.parametrize(
     ("path", "body", "content_type", "allowed"),
     [
@@ -165,28 +171,8 @@ def test_tricky_reads_are_still_answered(hub):
             "application/json",
             {WRITER, ADMIN},
         ),
-        (
-            "/api/v1/actions",
-            json.dumps(
-                {
-                    "token": "t",
-                    "rows": [
-                        {
-                            "ts": time.time(),
-                            "action": "undrain",
-                            "node": "vela-001",
-                            "job": "",
-                            "reason": "r",
-                            "mode": "",
-                            "outcome": "requested",
-                            "decision_id": "",
-                        }
-                    ],
-                }
-            ).encode(),
-            "application/json",
-            {ACTOR, ADMIN},
-        ),
+        ("/api/v1/actions", request_body("undrain"), "application/json", {ACTOR, ADMIN}),
+        ("/api/v1/actions", request_body("test"), "application/json", {ACTOR, ADMIN}),  # the lifecycle's
     ],
 )
 def test_each_token_reaches_only_its_scope(hub, path, body, content_type, allowed):

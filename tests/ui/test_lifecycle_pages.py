@@ -99,6 +99,12 @@ def test_the_actions_page_shows_check_results_failures_first_and_the_lifecycle_a
         [NODE, "pcie_bandwidth", "gpu:0", "PASS"],
     ]
     assert checks["evidence"].iloc[0] == {"run": END - 300}
+    [states] = tables(page, "state", "since")
+    assert states[["node", "state", "reason"]].values.tolist() == [
+        [NODE, "failed", "pcie_bandwidth gpu:1 FAIL"]
+    ]
+    assert states["since"].iloc[0].timestamp() == END - 100
+    assert "Node lifecycle (1 out of service)" in [header.value for header in page.subheader]
     drains, lifecycle = tables(page, "action", "reason")
     assert drains["action"].tolist() == ["drain"]
     assert lifecycle[["action", "node", "reason"]].values.tolist() == [

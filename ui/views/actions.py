@@ -1,5 +1,6 @@
-"""Actions: drains waiting for approval with approve and deny buttons, the nodes drained, the latest
-active check results (failures first), the audit log of the drain controller, the lifecycle audit (nodes
+"""Actions: drains waiting for approval with approve and deny buttons, the nodes drained, where each node
+fleetlens holds stands in the lifecycle (drained, testing, failed), the latest active check results
+(failures first), the audit log of the drain controller, the lifecycle audit (nodes
 tested, returned, failed), and the limits the controller enforces. A button sends a request
 (alerts.commands.request) that the hub's controller carries out on its next cycle; the audit shows both."""
 
@@ -71,6 +72,8 @@ st.title("Actions")
 span = window.current()
 with source.reported("reading the drain controller's audit"):
     show_queue(dashboards.drain_queue(source.current(), time.time()))
+with source.reported("reading the node lifecycle"):
+    lifecycle.show_states(source.current())
 with source.reported("reading the check results"):
     lifecycle.show_check_results(lifecycle.check_results(source.current(), span), key="actions.checks")
 with source.reported("reading the drain controller's audit"):
