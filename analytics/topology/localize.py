@@ -108,8 +108,8 @@ class NodeAnomaly:
 @dataclass(frozen=True)
 class Topology:
     """The active units under each parent, per layer: nodes, and in NIC_LAYERS NICs "<node>/<device>"
-    (analytics.topology.view.members). Built once per change of the topology or of the active nodes,
-    read every window. `of` builds it from layer -> parent -> child units."""
+    (analytics.topology.view.members). Read every window; `of` builds it from layer -> parent -> child
+    units, Membership.topology from a membership built once per change of the topology."""
 
     children: Mapping[Parent, frozenset[str]]
     nodes: Mapping[Parent, frozenset[str]]  # the nodes each parent's children are or belong to
@@ -123,21 +123,71 @@ class Topology:
         """The topology of `layers` (layer -> parent -> child units), of the nodes in `active` alone
         where given (a dead or removed VM counts nowhere); a parent with no active child is left out,
         as it can hold no anomaly."""
+        return Membership.of(layers).topology(active)
+
+
+@dataclass(frozen=True)
+class Membership:
+    """The topology of every node and, per node, its units under each of its parents: what a Topology
+    derives from the layers, built once per change of the topology, so that a window's active nodes
+    (`topology`) cost the memberships of the nodes that are not active, not every membership of the
+    fleet again."""
+
+    whole: Topology  # of every node
+    below: Mapping[str, Mapping[Parent, frozenset[str]]]  # each node's units under each of its parents
+
+    @classmethod
+    def of(cls, layers: Mapping[str, Mapping[str, Iterable[str]]]) -> Membership:
+        """The membership of `layers` (layer -> parent -> child units); a parent with no child is left out."""
         children, nodes = {}, {}
+        below: dict[str, dict[Parent, set[str]]] = defaultdict(lambda: defaultdict(set))
         for layer, parents in layers.items():
             node_of = unit_node if layer in NIC_LAYERS else str
             for parent, units in parents.items():
                 kept = {unit_name: node_of(unit_name) for unit_name in units}
-                if active is not None:
-                    kept = {unit_name: node for unit_name, node in kept.items() if node in active}
                 if kept:
                     children[(layer, parent)] = frozenset(kept)
                     nodes[(layer, parent)] = frozenset(kept.values())
+                for unit_name, node in kept.items():
+                    below[node][(layer, parent)].add(unit_name)
         units = {
             nic: frozenset().union(*(c for (layer, _), c in children.items() if (layer in NIC_LAYERS) is nic))
             for nic in (False, True)
         }
-        return cls(children, nodes, frozenset().union(*nodes.values()), units)
+        whole = Topology(children, nodes, frozenset(below), units)
+        return cls(
+            whole,
+            {
+                node: {parent: frozenset(held) for parent, held in under.items()}
+                for node, under in below.items()
+            },
+        )
+
+    def topology(self, active: Collection[str] | None = None) -> Topology:
+        """The topology of the nodes in `active` alone (every node where None), the same as
+        Topology.of(layers, active): a parent with no inactive node keeps its sets as built, the others
+        lose the inactive nodes' units, in the order the layers gave the parents."""
+        whole = self.whole
+        if active is None:
+            return whole
+        gone = whole.fleet.difference(active)
+        lost_units: dict[Parent, set[str]] = defaultdict(set)
+        lost_nodes: dict[Parent, set[str]] = defaultdict(set)
+        for node in gone:
+            for parent, held in self.below[node].items():
+                lost_units[parent].update(held)
+                lost_nodes[parent].add(node)
+        children, nodes = {}, {}
+        for parent, units in whole.children.items():
+            if parent not in lost_units:
+                children[parent], nodes[parent] = units, whole.nodes[parent]
+            elif kept := units.difference(lost_units[parent]):
+                children[parent], nodes[parent] = kept, whole.nodes[parent].difference(lost_nodes[parent])
+        dropped: dict[bool, set[str]] = {False: set(), True: set()}
+        for (layer, _), lost in lost_units.items():
+            dropped[layer in NIC_LAYERS].update(lost)
+        units = {nic: whole.units[nic].difference(dropped[nic]) for nic in (False, True)}
+        return Topology(children, nodes, whole.fleet - gone, units)
 
 
 @dataclass(frozen=True)
