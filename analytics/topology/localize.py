@@ -33,6 +33,7 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -128,66 +129,54 @@ class Topology:
 
 @dataclass(frozen=True)
 class Membership:
-    """The topology of every node and, per node, its units under each of its parents: what a Topology
-    derives from the layers, built once per change of the topology, so that a window's active nodes
-    (`topology`) cost the memberships of the nodes that are not active, not every membership of the
-    fleet again."""
+    """The topology of every node, and each node's NIC-layer units once a window first lacks a node:
+    what a Topology derives from the layers, built once per change of the topology, so that a window's
+    active nodes (`topology`) cost the parents of the nodes that are not active, not every membership
+    of the fleet again."""
 
     whole: Topology  # of every node
-    below: Mapping[str, Mapping[Parent, frozenset[str]]]  # each node's units under each of its parents
 
     @classmethod
     def of(cls, layers: Mapping[str, Mapping[str, Iterable[str]]]) -> Membership:
         """The membership of `layers` (layer -> parent -> child units); a parent with no child is left out."""
         children, nodes = {}, {}
-        below: dict[str, dict[Parent, set[str]]] = defaultdict(lambda: defaultdict(set))
         for layer, parents in layers.items():
             node_of = unit_node if layer in NIC_LAYERS else str
             for parent, units in parents.items():
-                kept = {unit_name: node_of(unit_name) for unit_name in units}
-                if kept:
+                if kept := {unit_name: node_of(unit_name) for unit_name in units}:
                     children[(layer, parent)] = frozenset(kept)
                     nodes[(layer, parent)] = frozenset(kept.values())
-                for unit_name, node in kept.items():
-                    below[node][(layer, parent)].add(unit_name)
         units = {
             nic: frozenset().union(*(c for (layer, _), c in children.items() if (layer in NIC_LAYERS) is nic))
             for nic in (False, True)
         }
-        whole = Topology(children, nodes, frozenset(below), units)
-        return cls(
-            whole,
-            {
-                node: {parent: frozenset(held) for parent, held in under.items()}
-                for node, under in below.items()
-            },
-        )
+        return cls(Topology(children, nodes, frozenset().union(*nodes.values()), units))
+
+    @cached_property
+    def nic_units_of(self) -> Mapping[str, list[str]]:
+        """Each node's units in NIC_LAYERS ("<node>/<device>"); a node with none is absent."""
+        held: dict[str, list[str]] = defaultdict(list)
+        for unit_name in self.whole.units[True]:
+            held[unit_node(unit_name)].append(unit_name)
+        return dict(held)
 
     def topology(self, active: Collection[str] | None = None) -> Topology:
         """The topology of the nodes in `active` alone (every node where None), the same as
-        Topology.of(layers, active): a parent with no inactive node keeps its sets as built, the others
-        lose the inactive nodes' units, in the order the layers gave the parents."""
+        Topology.of(layers, active): a parent of no inactive node keeps its sets as built, the others
+        lose the inactive nodes and their units, in the order the layers gave the parents."""
         whole = self.whole
-        if active is None:
+        gone = frozenset() if active is None else whole.fleet.difference(active)
+        if not gone:
             return whole
-        gone = whole.fleet.difference(active)
-        lost_units: dict[Parent, set[str]] = defaultdict(set)
-        lost_nodes: dict[Parent, set[str]] = defaultdict(set)
-        for node in gone:
-            for parent, held in self.below[node].items():
-                lost_units[parent].update(held)
-                lost_nodes[parent].add(node)
+        gone_nics = frozenset().union(*(self.nic_units_of.get(node, ()) for node in gone))
         children, nodes = {}, {}
         for parent, units in whole.children.items():
-            if parent not in lost_units:
+            if whole.nodes[parent].isdisjoint(gone):
                 children[parent], nodes[parent] = units, whole.nodes[parent]
-            elif kept := units.difference(lost_units[parent]):
-                children[parent], nodes[parent] = kept, whole.nodes[parent].difference(lost_nodes[parent])
-        dropped: dict[bool, set[str]] = {False: set(), True: set()}
-        for (layer, _), lost in lost_units.items():
-            dropped[layer in NIC_LAYERS].update(lost)
-        units = {nic: whole.units[nic].difference(dropped[nic]) for nic in (False, True)}
-        return Topology(children, nodes, whole.fleet - gone, units)
+            elif kept := units.difference(gone_nics if parent[0] in NIC_LAYERS else gone):
+                children[parent], nodes[parent] = kept, whole.nodes[parent].difference(gone)
+        units = {False: whole.units[False].difference(gone), True: whole.units[True].difference(gone_nics)}
+        return Topology(children, nodes, whole.fleet.difference(gone), units)
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ def test_a_window_with_every_node_active_reuses_the_sets_built_once():
     }
     membership = Membership.of(layers)
     assert membership.topology(None) is membership.whole
+    assert membership.topology({*NODES, "vm-elsewhere"}) is membership.whole
     window = membership.topology(set(NODES) - {NODES[5]})
     assert window.children[("leaf", "leaf-0")] is membership.whole.children[("leaf", "leaf-0")]
     assert window.children[("leaf", "leaf-1")] == frozenset(NODES[4:5] + NODES[6:8])
