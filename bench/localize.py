@@ -6,15 +6,14 @@ The topology is built once (Topology.of, as after a change of it). Each window t
 takes the nodes active in it, which churn (a node scraped or not from one window to the next): timed side
 by side, its Topology of a window with CHURN of the VMs inactive (a new draw each window) rebuilt from the
 layers (Topology.of(layers, active)) and applied to the Membership built once (Membership.topology), the
-detector's way. Then each cycle localizes one window's
-per-node anomalies with the previous window's streaks, as the hub's loop will: the steady state, where
-a fault persists and the parents' streaks carry over. Four windows are timed: a quiet one (scattered
-node faults, about 1.5% of the fleet, on the node, a GPU or a NIC), a busy one (those, plus every VM of
-one leaf flapping on two ports and one host's VMs with degraded DMA), a rail one (NIC 3 of every VM
-congested) and a storm (a whole spine's 500 VMs flapping). The peer, in the
-same run: the congestion detector's score and findings (analytics.detectors.congestion) over a features
-frame of the same VMs' 8 ports each, the part of a per-node detector after its read. The whole per-node
-cycle of the hub is bench/detect.py's (per 192 nodes; docs/performance.md).
+detector's way. Then each cycle localizes one window's per-node anomalies with the previous window's
+streaks, as the hub's loop will: the steady state, where a fault persists and the parents' streaks carry
+over. Four windows are timed: a quiet one (scattered node faults, about 1.5% of the fleet, on the node, a
+GPU or a NIC), a busy one (those, plus every VM of one leaf flapping on two ports and one host's VMs with
+degraded DMA), a rail one (NIC 3 of every VM congested) and a storm (a whole spine's 500 VMs flapping).
+The peer, in the same run: the congestion detector's score and findings (analytics.detectors.congestion)
+over a features frame of the same VMs' 8 ports each, the part of a per-node detector after its read. The
+whole per-node cycle of the hub is bench/detect.py's (per 192 nodes; docs/performance.md).
 
     .venv/bin/python bench/localize.py [--vms 2000] [--cycles 300]
 """
