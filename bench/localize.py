@@ -2,15 +2,18 @@
 leaves under 4 spines, 8 rails of one NIC per VM each, counted per NIC: 16,000 NICs, 8 racks), beside a
 per-node detection step over the same nodes.
 
-The topology is built once (Topology.of, as after a change of it); then each cycle localizes one window's
-per-node anomalies with the previous window's streaks, as the hub's loop will: the steady state, where
-a fault persists and the parents' streaks carry over. Four windows are timed: a quiet one (scattered
-node faults, about 1.5% of the fleet, on the node, a GPU or a NIC), a busy one (those, plus every VM of
-one leaf flapping on two ports and one host's VMs with degraded DMA), a rail one (NIC 3 of every VM
-congested) and a storm (a whole spine's 500 VMs flapping). The peer, in the
-same run: the congestion detector's score and findings (analytics.detectors.congestion) over a features
-frame of the same VMs' 8 ports each, the part of a per-node detector after its read. The whole per-node
-cycle of the hub is bench/detect.py's (per 192 nodes; docs/performance.md).
+The topology is built once (Topology.of, as after a change of it). Each window the shared-fault detector
+takes the nodes active in it, which churn (a node scraped or not from one window to the next): timed side
+by side, its Topology of a window with CHURN of the VMs inactive (a new draw each window) rebuilt from the
+layers (Topology.of(layers, active)) and applied to the Membership built once (Membership.topology), the
+detector's way. Then each cycle localizes one window's per-node anomalies with the previous window's
+streaks, as the hub's loop will: the steady state, where a fault persists and the parents' streaks carry
+over. Four windows are timed: a quiet one (scattered node faults, about 1.5% of the fleet, on the node, a
+GPU or a NIC), a busy one (those, plus every VM of one leaf flapping on two ports and one host's VMs with
+degraded DMA), a rail one (NIC 3 of every VM congested) and a storm (a whole spine's 500 VMs flapping).
+The peer, in the same run: the congestion detector's score and findings (analytics.detectors.congestion)
+over a features frame of the same VMs' 8 ports each, the part of a per-node detector after its read. The
+whole per-node cycle of the hub is bench/detect.py's (per 192 nodes; docs/performance.md).
 
     .venv/bin/python bench/localize.py [--vms 2000] [--cycles 300]
 """
@@ -18,6 +21,7 @@ cycle of the hub is bench/detect.py's (per 192 nodes; docs/performance.md).
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import statistics
 import sys
@@ -32,11 +36,19 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from analytics.detectors.congestion import NOTIFICATIONS, Congestion
-from analytics.topology.localize import NodeAnomaly, Parent, SharedFaultLocalizer, Topology, score
+from analytics.topology.localize import (
+    Membership,
+    NodeAnomaly,
+    Parent,
+    SharedFaultLocalizer,
+    Topology,
+    score,
+)
 
 VMS_PER_HOST, LEAVES, LEAVES_PER_SPINE, RAILS, RACKS = 8, 64, 16, 8, 8
 STRAY_KINDS = ("slow_node", "gpu_throttle", "dma_degraded", "congestion", "link_flap", "gpu_fault")
 GOAL_MS = 50.0
+CHURN = 0.01  # the share of VMs not active in a window
 
 
 def fleet(vms: int) -> dict[str, dict[str, list[str]]]:
@@ -91,6 +103,13 @@ def window_anomalies(
     return anomalies
 
 
+def churned(layers: dict[str, dict[str, list[str]]], windows: int) -> list[frozenset[str]]:
+    """The active nodes of `windows` windows: every VM but a fresh random CHURN of them each."""
+    chooser = random.Random(11)
+    nodes = sorted(node for members in layers["host"].values() for node in members)
+    return [frozenset(nodes) - set(chooser.sample(nodes, int(len(nodes) * CHURN))) for _ in range(windows)]
+
+
 def congestion_features(vms: int) -> pd.DataFrame:
     """The congestion detector's features for `vms` VMs of 8 ports: notifications per second around a
     fabric median, a few ports far above it."""
@@ -142,6 +161,15 @@ def main() -> int:
     build_cpu, build_wall = timed(lambda: Topology.of(layers), max(1, args.cycles // 10))
     print(f"\n{'per cycle, medians of ' + str(args.cycles):44} {'CPU ms':>8} {'wall ms':>8}")
     print(f"{'topology built (once per change of it)':44} {build_cpu:8.2f} {build_wall:8.2f}")
+    actives, membership = churned(layers, args.cycles), Membership.of(layers)
+    assert all(membership.topology(active) == Topology.of(layers, active) for active in actives[:10])
+    for label, build in (
+        ("active nodes, rebuilt: Topology.of", lambda active: Topology.of(layers, active)),
+        ("active nodes, applied: Membership.topology", membership.topology),
+    ):
+        each = itertools.cycle(actives)
+        cpu, wall = timed(lambda build=build, each=each: build(next(each)), args.cycles)
+        print(f"{label:44} {cpu:8.2f} {wall:8.2f}")
     figures = {}
     for name, faults in WINDOWS.items():
         anomalies = window_anomalies(layers, faults)

@@ -32,7 +32,14 @@ from analytics.evidence import SharedFaultEvidence
 from analytics.store.protocols import Reader
 from analytics.store.records import Anomaly
 from analytics.store.topology import Snapshot, TopologyReads
-from analytics.topology.localize import NodeAnomaly, Parent, SharedFaultLocalizer, Topology, score
+from analytics.topology.localize import (
+    Membership,
+    NodeAnomaly,
+    Parent,
+    SharedFaultLocalizer,
+    Topology,
+    score,
+)
 
 SHARED_FAULT = SharedFaultEvidence.KIND  # the anomaly kind: "shared_fault"
 DETECTOR = "shared_fault"  # the detector name its anomalies carry
@@ -76,25 +83,26 @@ class SharedFaults:
         self.open_: dict[Parent, Anomaly] = {}  # the open shared faults, as last written
         self.last_seen_: dict[Parent, float] = {}  # the end of the last window that reported each
         self._snapshot: Snapshot | None = None
-        self._active: frozenset[str] | None = None
-        self._topology = Topology.of({})
+        self._membership = Membership.of({})
 
     def topology(self, source: Reader, window: Window) -> Topology:
         """The topology in force at the window's end, of the nodes active in it (ACTIVE_SQL); every node
         of it where the store holds nothing for the window, or more nodes than MAX_ACTIVE_NODES (what
-        is dead cannot be told then). Rebuilt only when the edges or the active nodes changed. Raises
-        what the store raises (StoreUnavailable), before any state moved."""
+        is dead cannot be told then). The membership (Membership) is built again only when the edges
+        changed; the window's active nodes, which churn from one window to the next, only take the
+        inactive ones' units out of it. Raises what the store raises (StoreUnavailable), before any
+        state moved."""
         if self.reads is None:
             self.reads = TopologyReads(source)
         snapshot = self.reads.at(window.end)
         result = source.query(ACTIVE_SQL, parameters=window.parameters, max_rows=MAX_ACTIVE_NODES)
         active = None if result.truncated or not result.rows else frozenset(row[0] for row in result.rows)
-        if snapshot is not self._snapshot or active != self._active:
-            self._topology = Topology.of(
-                {str(kind): parents for kind, parents in snapshot.members.items()}, active
+        if snapshot is not self._snapshot:
+            self._membership = Membership.of(
+                {str(kind): parents for kind, parents in snapshot.members.items()}
             )
-            self._snapshot, self._active = snapshot, active
-        return self._topology
+            self._snapshot = snapshot
+        return self._membership.topology(active)
 
     def step(self, topology: Topology, window: Window, open_anomalies: Iterable[Anomaly]) -> Step:
         """Localize `open_anomalies` (the per-node anomalies open at the window's end) on `topology`."""

@@ -33,6 +33,7 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -108,8 +109,8 @@ class NodeAnomaly:
 @dataclass(frozen=True)
 class Topology:
     """The active units under each parent, per layer: nodes, and in NIC_LAYERS NICs "<node>/<device>"
-    (analytics.topology.view.members). Built once per change of the topology or of the active nodes,
-    read every window. `of` builds it from layer -> parent -> child units."""
+    (analytics.topology.view.members). Read every window; `of` builds it from layer -> parent -> child
+    units, Membership.topology from a membership built once per change of the topology."""
 
     children: Mapping[Parent, frozenset[str]]
     nodes: Mapping[Parent, frozenset[str]]  # the nodes each parent's children are or belong to
@@ -123,21 +124,59 @@ class Topology:
         """The topology of `layers` (layer -> parent -> child units), of the nodes in `active` alone
         where given (a dead or removed VM counts nowhere); a parent with no active child is left out,
         as it can hold no anomaly."""
+        return Membership.of(layers).topology(active)
+
+
+@dataclass(frozen=True)
+class Membership:
+    """The topology of every node, and each node's NIC-layer units once a window first lacks a node:
+    what a Topology derives from the layers, built once per change of the topology, so that a window's
+    active nodes (`topology`) cost the parents of the nodes that are not active, not every membership
+    of the fleet again."""
+
+    whole: Topology  # of every node
+
+    @classmethod
+    def of(cls, layers: Mapping[str, Mapping[str, Iterable[str]]]) -> Membership:
+        """The membership of `layers` (layer -> parent -> child units); a parent with no child is left out."""
         children, nodes = {}, {}
         for layer, parents in layers.items():
             node_of = unit_node if layer in NIC_LAYERS else str
             for parent, units in parents.items():
-                kept = {unit_name: node_of(unit_name) for unit_name in units}
-                if active is not None:
-                    kept = {unit_name: node for unit_name, node in kept.items() if node in active}
-                if kept:
+                if kept := {unit_name: node_of(unit_name) for unit_name in units}:
                     children[(layer, parent)] = frozenset(kept)
                     nodes[(layer, parent)] = frozenset(kept.values())
         units = {
             nic: frozenset().union(*(c for (layer, _), c in children.items() if (layer in NIC_LAYERS) is nic))
             for nic in (False, True)
         }
-        return cls(children, nodes, frozenset().union(*nodes.values()), units)
+        return cls(Topology(children, nodes, frozenset().union(*nodes.values()), units))
+
+    @cached_property
+    def nic_units_of(self) -> Mapping[str, list[str]]:
+        """Each node's units in NIC_LAYERS ("<node>/<device>"); a node with none is absent."""
+        held: dict[str, list[str]] = defaultdict(list)
+        for unit_name in self.whole.units[True]:
+            held[unit_node(unit_name)].append(unit_name)
+        return dict(held)
+
+    def topology(self, active: Collection[str] | None = None) -> Topology:
+        """The topology of the nodes in `active` alone (every node where None), the same as
+        Topology.of(layers, active): a parent of no inactive node keeps its sets as built, the others
+        lose the inactive nodes and their units, in the order the layers gave the parents."""
+        whole = self.whole
+        gone = frozenset() if active is None else whole.fleet.difference(active)
+        if not gone:
+            return whole
+        gone_nics = frozenset().union(*(self.nic_units_of.get(node, ()) for node in gone))
+        children, nodes = {}, {}
+        for parent, units in whole.children.items():
+            if whole.nodes[parent].isdisjoint(gone):
+                children[parent], nodes[parent] = units, whole.nodes[parent]
+            elif kept := units.difference(gone_nics if parent[0] in NIC_LAYERS else gone):
+                children[parent], nodes[parent] = kept, whole.nodes[parent].difference(gone)
+        units = {False: whole.units[False].difference(gone), True: whole.units[True].difference(gone_nics)}
+        return Topology(children, nodes, whole.fleet.difference(gone), units)
 
 
 @dataclass(frozen=True)
