@@ -63,8 +63,15 @@ class Entity:
 @dataclass(frozen=True, order=True)
 class Link:
     """`child` sits under `parent`, which means a fault of the parent reaches the child: a VM under its
-    host, its VFs and its GPUs; a VF under its PF; a PF and a host under their leaf; a leaf under its
-    spine. What an importer reports, before the store dates it."""
+    host and under the host's VFs and GPUs it is passed; a VF under its PF; a PF and a host under their
+    leaf; a leaf under its spine. What an importer reports, before the store dates it.
+
+    A NIC as the node itself names it (the inventory's `nics`, the guest's report: VF "<node>/mlx5_0",
+    the name a NIC anomaly carries) sits under its node instead, as the node's device. The two
+    directions say different things and both are needed: only a NIC below its node is a unit the
+    localization counts (a host VF "<host>/<pci>" no anomaly names would count one NIC twice under its
+    PF), and source precedence, taken per child and parent kind, would let one source's devices of a
+    node erase another's if both were links from the node."""
 
     child: Entity
     parent: Entity

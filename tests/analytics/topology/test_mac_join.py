@@ -58,6 +58,19 @@ def test_a_guest_nic_sits_under_the_pf_and_leaf_of_the_host_vf_with_its_mac(stor
     assert {unit for unit in under_pf if unit.startswith("vela-001/")} == {"vela-001/mlx5_0"}
 
 
+def test_a_nic_of_a_vm_named_as_its_domain_counts_once_under_the_pf(store: Store) -> None:
+    """The host names the VM's VF by its host PCI address (node -> VF: the VM sits on it), the guest names
+    its NIC as its anomalies do (VF "vela-001/mlx5_0" -> node: a device of the node): only the latter is
+    a unit, so the PF holds the one NIC once, by the name a NIC anomaly hits."""
+    same_name = DOMAIN_XML.replace("<name>QEMUGuest1</name>", "<name>vela-001</name>")
+    host_report = {**HOST_REPORT, "domains": [{"name": "vela-001", "xml": same_name}]}
+    _report(store, "host-agent", host_report, "hv-01", 1_767_000_000.0)
+    _report(store, "guest", GUEST_REPORT, "vela-001", 1_767_000_001.0)
+    view, under_pf = _placed(store, 1_767_000_002.0)
+    assert view == {"node": "vela-001", "host": "hv-01", "leaf": "ns-2.example.com"}
+    assert under_pf == {"vela-001/mlx5_0"}
+
+
 def test_a_mac_the_guest_could_not_read_this_time_keeps_the_nic_placed(store: Store) -> None:
     _report(store, "host-agent", HOST_REPORT, "hv-01", 1_767_000_000.0)
     _report(store, "guest", GUEST_REPORT, "vela-001", 1_767_000_001.0)
