@@ -24,13 +24,19 @@ The lifecycle replaces return_after_healthy_s: a drain policy that sets it is re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Protocol
 
-from alerts.backends.exec_hook import run_command
 from alerts.drain import FLEET_ALERT, DrainController
 from alerts.errors import AlertConfigError, BackendError, DecisionError
 from alerts.model import Alert
@@ -42,6 +48,7 @@ log = logging.getLogger(__name__)
 
 PASSING = ("PASS", "WARN")
 FAILED_ALERT = "FleetlensNodeFailedChecks"
+MAX_ANSWER_BYTES = 2000  # of a failed command's stderr, in the failure's reason
 
 
 class CheckTrigger(Protocol):
@@ -116,22 +123,71 @@ def parse_lifecycle_policy(section: Mapping[str, Any], where: str = "lifecycle")
 
 
 class CommandTrigger:
-    """Runs the operator's argument list with `{node}` and `{checks}` (comma-separated) substituted in
+    """Starts the operator's argument list with `{node}` and `{checks}` (comma-separated) substituted in
     each argument, never through a shell, e.g.
-    ["ssh", "{node}", "fleetlens", "checks", "run", "--checks", "{checks}", "--hub", "http://hub:9400"]."""
+    ["ssh", "{node}", "fleetlens", "checks", "run", "--checks", "{checks}", "--hub", "http://hub:9400"],
+    and does not wait for it: heavy checks run for half an hour (`dcgmi diag -r 3`), and their results
+    reach the store on their own. A command that cannot start, or ends within START_GRACE_S with a status
+    other than RAN (`checks run`'s 0 PASS/WARN, 1 FAIL, 2 ERROR: the checks ran and said so), is a failed
+    request; one still running after `timeout_s` is killed with its process group (the test's own timeout
+    then judges the missing results). Ended commands are reaped at the next start."""
 
     name = "command"
+    START_GRACE_S = 5.0
+    RAN = (0, 1, 2)
 
-    def __init__(self, command: Sequence[str], *, timeout_s: float = 60.0) -> None:
+    def __init__(self, command: Sequence[str], *, timeout_s: float = 3600.0) -> None:
         self.command = list(command)
         self.timeout_s = timeout_s
+        self._running: list[tuple[subprocess.Popen[bytes], float]] = []  # (process, deadline)
 
     def start(self, node: str, checks: Sequence[str], now: float) -> None:
-        """Run the command; BackendError when there is none (dry-run needs none), or it fails."""
+        """Start the command; BackendError when there is none (dry-run needs none), it cannot start, or it
+        ends at once with a status outside RAN."""
+        self._reap()
         if not self.command:
             raise BackendError(f"cannot test {node}: no lifecycle.command is configured")
         argv = [arg.replace("{node}", node).replace("{checks}", ",".join(checks)) for arg in self.command]
-        run_command(argv, f"test {node}", timeout_s=self.timeout_s)
+        shown = shlex.join(argv)
+        with tempfile.TemporaryFile() as stderr:
+            try:
+                process = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr,
+                    start_new_session=True,
+                )
+            except OSError as error:
+                raise BackendError(f"cannot test {node}: cannot run `{shown}`: {error}") from error
+            try:
+                status = process.wait(self.START_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self._running.append((process, time.monotonic() + self.timeout_s))
+                return
+            if status not in self.RAN:
+                stderr.seek(0)
+                answer = stderr.read(MAX_ANSWER_BYTES).decode(errors="replace").strip() or "no output"
+                raise BackendError(f"cannot test {node}: `{shown}` exited with status {status}: {answer}")
+
+    def _reap(self) -> None:
+        """Forget the commands that ended; kill those past their deadline."""
+        running = []
+        for process, deadline in self._running:
+            if process.poll() is not None:
+                continue
+            if time.monotonic() > deadline:
+                log.warning(
+                    "lifecycle: killing `%s`, still running after %g s",
+                    shlex.join(process.args),
+                    self.timeout_s,
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                continue
+            running.append((process, deadline))
+        self._running = running
 
 
 class Lifecycle:

@@ -340,7 +340,7 @@ class LifecycleConfig:
 
     enabled: bool = False
     command: tuple[str, ...] = ()
-    command_timeout_s: float = 60.0
+    command_timeout_s: float = 3600.0
     test_after_s: float = 600.0
     retest_after_s: float = 3600.0
     test_timeout_s: float = 3600.0
@@ -349,7 +349,7 @@ class LifecycleConfig:
     label_prefix: str = "autopilot.ibm.com"
 
     def __post_init__(self) -> None:
-        _check_range("lifecycle.command_timeout_s", self.command_timeout_s, 1, 3600)
+        _check_range("lifecycle.command_timeout_s", self.command_timeout_s, 1, 86400)
         self.policy()
 
     def policy(self) -> LifecyclePolicy:

@@ -359,8 +359,9 @@ def test_the_command_trigger_runs_its_argv_with_node_and_checks_substituted(tmp_
     )
 
     assert out.read_text() == "vela-001; rm -rf / --checks dcgm_diag,remapped_rows"
-    failing = CommandTrigger([sys.executable, "-c", "import sys; sys.exit('no route to {node}')"])
-    with pytest.raises(BackendError, match="exited with status 1: no route to vela-001"):
+    unreachable = "import sys; print('ssh: no route to {node}', file=sys.stderr); sys.exit(255)"
+    failing = CommandTrigger([sys.executable, "-c", unreachable])
+    with pytest.raises(BackendError, match="exited with status 255: ssh: no route to vela-001"):
         failing.start("vela-001", ("dcgm_diag",), 0.0)
     with pytest.raises(BackendError, match=r"no lifecycle\.command is configured"):
         CommandTrigger([]).start("vela-001", ("dcgm_diag",), 0.0)

@@ -40,7 +40,7 @@ def verdicts(node: str, status: str, at: float) -> list[CheckRow]:
 def test_a_node_fails_with_a_ticket_then_a_persons_test_returns_it(store: Store) -> None:
     controller = DrainController(DrainPolicy(mode="approve"), [Backend()], fleet_size=100)
     trigger = CommandTrigger(
-        [sys.executable, "-c", "import sys; sys.exit(sys.argv[1] != 'vela-001')", "{node}"]
+        [sys.executable, "-c", "import sys; sys.exit(0 if sys.argv[1] == 'vela-001' else 255)", "{node}"]
     )
     reader = lambda node, since, until: checks_between(store, since, until, node=node)  # noqa: E731
     policy = LifecyclePolicy(test_after_s=0, checks=("dcgm_diag", "remapped_rows"))
