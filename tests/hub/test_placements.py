@@ -36,8 +36,9 @@ def slurm(cluster: SlurmCluster, *command: str) -> str:
 def poll_until(
     poller: SlurmPlacements, store: Store, done: Callable[[list[Placement]], bool], what: str
 ) -> list[Placement]:
-    """check() until the placements stored satisfy `done`; fails naming `what` after 30 s of polls."""
-    deadline = time.monotonic() + 30
+    """check() until the placements stored satisfy `done`; fails naming `what` after 120 s of polls (a
+    loaded machine's slurmctld starts and ends jobs in seconds, not at once)."""
+    deadline = time.monotonic() + 120
     while True:
         assert poller.check() is not None
         placements = store.placements_between(0, time.time() + 60)
