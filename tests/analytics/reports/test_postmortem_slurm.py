@@ -38,6 +38,9 @@ def test_a_real_slurm_job_without_steps_is_reported_on_the_node_slurm_gave_it(st
                 pytest.fail(f"job {job_id} was never placed; squeue says: {queue.stdout or queue.stderr}")
             assert poller.check() is not None, "squeue --json failed: see the log"
             time.sleep(0.2)
+        # ended here, while its slurmd runs: a batch step left behind outlives the cluster
+        subprocess.run(["scancel", "--full", job_id], env=env, timeout=10, check=True)
+        cluster.wait_until(lambda now: now[NODE][0] == "idle", f"job {job_id} cancelled", timeout=60)
     [placement] = placed
     throttle = example("gpu_throttle", sm_clock_mhz=900.0, peers_sm_clock_mhz=1400.0)
     store_anomalies(
