@@ -108,10 +108,15 @@ def stop(process: subprocess.Popen, timeout_s: float = 10.0) -> None:
 def logged_process(
     args: Sequence[str], log: Path, env: Mapping[str, str] | None = None
 ) -> Iterator[subprocess.Popen]:
-    """Run `args` until the block ends, its output in `log`; ended by its own PID."""
+    """Run `args` until the block ends, its output in `log`, its input nothing (never ours: under pytest-xdist
+    stdin is the worker's channel to its controller); ended by its own PID."""
     with log.open("w") as output:
         process = subprocess.Popen(
-            list(args), env={**os.environ, **(env or {})}, stdout=output, stderr=subprocess.STDOUT
+            list(args),
+            env={**os.environ, **(env or {})},
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
         )
     try:
         yield process

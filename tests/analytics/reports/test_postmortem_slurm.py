@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -22,8 +21,12 @@ from tests.support.slurm import slurm_cluster
 NODE = "vela-002"
 
 
-def test_a_real_slurm_job_without_steps_is_reported_on_the_node_slurm_gave_it(store: Store, tmp_path: Path):
-    with slurm_cluster(tmp_path / "slurm", names=["vela-001", NODE]) as cluster:
+def test_a_real_slurm_job_without_steps_is_reported_on_the_node_slurm_gave_it(
+    store: Store, tmp_path_factory: pytest.TempPathFactory
+):
+    # a short root: slurmstepd's socket, <root>/spool/<node>/<node>_<job>.<step>, must fit a unix socket
+    # path (108 bytes), which this test's own tmp_path under an xdist worker does not
+    with slurm_cluster(tmp_path_factory.mktemp("slurm"), names=["vela-001", NODE]) as cluster:
         sbatch = ["sbatch", "--parsable", "-w", NODE, "--output=/dev/null", "--wrap", "sleep 60"]
         env = {**os.environ, **cluster.env}
         job = subprocess.run(sbatch, env=env, capture_output=True, text=True, timeout=10, check=True)
