@@ -18,7 +18,7 @@ from typing import Any
 from alerts import commands
 from alerts.commands import StoredSilence
 from alerts.silences import new_silence
-from analytics.reports.lifecycle import lifecycle_states
+from analytics.reports.lifecycle import node_states
 from analytics.store.hubclient import HubClient
 from analytics.store.records import ActionRow
 from fleetlens.access import hub_config, open_store
@@ -134,7 +134,7 @@ def cmd_drain_list(args: argparse.Namespace) -> int:
 def cmd_alerts_lifecycle(args: argparse.Namespace) -> int:
     """The lifecycle state of each node fleetlens holds out of service, as the audit says."""
     with connected(args) as source:
-        states = lifecycle_states(commands.actions(source))
+        states = node_states(source)
     rows = [
         {"node": node, "state": state.state, "since": _when(state.since), "reason": state.reason}
         for node, state in sorted(states.items())
