@@ -28,6 +28,12 @@ class CollectorOptions:
     gpu_backend: str = "nvml"  # nvml | sim | none | replay:FILE[#N] (an nvidia-smi -q capture)
     gpu_sim_seed: int = 0
     gpu_sim_count: int = 8
+    gpu_poll_interval_s: float = (
+        2.0  # NVML's cheap calls, per GPU, off the scrape path (collectors.gpu.poller)
+    )
+    gpu_sample_interval_s: float = 10.0  # its sampling and slow calls (PCIe throughput, energy)
+    gpu_replay_latency: Path | None = None  # a replay answers each call after its cost in this profile
+    gpu_replay_latency_pick: str = "median"  # or "max": every call as slow as it was ever measured
     kernel_log: Path | None = None  # a dmesg/kmsg file to follow for NVRM Xid lines; None: no file
     nccl_logs: str | None = None  # glob of NCCL_DEBUG=INFO log files; None: collector idle
     netclass_ignored_devices: str = "^$"  # regex, as node_exporter's --collector.netclass.ignored-devices

@@ -62,6 +62,30 @@ def _exporter_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-sim-seed", type=int, help="seed of the simulated GPU backend")
     parser.add_argument("--gpu-sim-count", type=int, help="number of simulated GPUs")
     parser.add_argument(
+        "--gpu-poll-interval",
+        type=float,
+        dest="gpu_poll_interval_s",
+        metavar="SECONDS",
+        help="how often each GPU's cheap NVML values are read, off the scrape path (default 2)",
+    )
+    parser.add_argument(
+        "--gpu-sample-interval",
+        type=float,
+        dest="gpu_sample_interval_s",
+        metavar="SECONDS",
+        help="how often each GPU's sampling NVML calls (PCIe throughput, energy) run (default 10)",
+    )
+    parser.add_argument(
+        "--gpu-replay-latency",
+        metavar="FILE",
+        help="a replay answers each NVML call after its cost in this latency profile (text or JSON)",
+    )
+    parser.add_argument(
+        "--gpu-replay-latency-pick",
+        choices=("median", "max"),
+        help="which of the profile's figures each call pays (default median; max: the worst case)",
+    )
+    parser.add_argument(
         "--netclass-ignored-devices", metavar="REGEX", help="interfaces the netclass collector skips"
     )
     parser.add_argument(

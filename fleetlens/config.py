@@ -91,6 +91,10 @@ class ExporterConfig:
     nccl_logs: str | None = None
     gpu_sim_seed: int = 0
     gpu_sim_count: int = 8
+    gpu_poll_interval_s: float = 2.0  # NVML's cheap calls, per GPU (docs/exporter.md, "GPU reads")
+    gpu_sample_interval_s: float = 10.0  # its sampling and slow calls
+    gpu_replay_latency: Path | None = None  # a latency profile a replay pays (replay backends only)
+    gpu_replay_latency_pick: str = "median"  # median or max
     netclass_ignored_devices: str = "^$"
     netclass_ignore_invalid_speed: bool = False
     kubernetes: bool = False  # label GPU series with the pod holding them (docs/exporter.md)
@@ -108,6 +112,17 @@ class ExporterConfig:
             raise ConfigError(f"exporter.netclass_ignored_devices: not a regular expression: {exc}") from None
         if self.gpu_sim_count < 0:
             raise ConfigError(f"exporter.gpu_sim_count: must be >= 0, got {self.gpu_sim_count}")
+        _check_range("exporter.gpu_poll_interval_s", self.gpu_poll_interval_s, 0.01, 3600)
+        _check_range("exporter.gpu_sample_interval_s", self.gpu_sample_interval_s, 0.01, 3600)
+        if self.gpu_replay_latency is not None and not self.gpu_backend.startswith("replay:"):
+            raise ConfigError(
+                "exporter.gpu_replay_latency: a latency profile is paid by replay:FILE backends only"
+            )
+        if self.gpu_replay_latency_pick not in ("median", "max"):
+            raise ConfigError(
+                "exporter.gpu_replay_latency_pick: expected median or max,"
+                f" got {self.gpu_replay_latency_pick!r}"
+            )
         if self.web_max_requests < 0:
             raise ConfigError(
                 f"exporter.web_max_requests: must be >= 0 (0: no bound), got {self.web_max_requests}"

@@ -1,17 +1,21 @@
 """One GPU backend per CollectorOptions, shared by the gpu and xid collectors and by a fleet simulator
 that drives the simulated one: NVML for real GPUs, the simulator for tests and the demo, and NVML's code
-on a replayed `nvidia-smi -q` capture (`replay:FILE[#N]`) for GPU-less machines."""
+on a replayed `nvidia-smi -q` capture (`replay:FILE[#N]`) for GPU-less machines, at the costs of a
+measured latency profile where one is named. NVML, replayed or not, is read off the scrape path
+(collectors.gpu.poller)."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from collectors.base import CollectorOptions, ReadErrors
 from collectors.errors import GpuBackendError
 from collectors.gpu.model import GpuBackend
 from collectors.gpu.nvml import NvmlBackend
+from collectors.gpu.poller import PolledBackend
 from collectors.gpu.sim import SimBackend
 
 REPLAY_PREFIX = "replay:"
@@ -22,17 +26,29 @@ def open_backend(options: CollectorOptions) -> GpuBackend | None:
     when it is opened, and the replay when a capture is named, so the simulator never does.)"""
     if options.gpu_backend == "none":
         return None
-    if options.gpu_backend == "nvml":
-        return NvmlBackend()
     if options.gpu_backend == "sim":
         return SimBackend(count=options.gpu_sim_count, seed=options.gpu_sim_seed)
-    if is_replay(options.gpu_backend):
-        from collectors.gpu.replay import load_capture
+    if options.gpu_backend == "nvml":
+        source = NvmlBackend()
+    elif is_replay(options.gpu_backend):
+        source = NvmlBackend(nvml=_replay(options))
+    else:
+        raise GpuBackendError(
+            f"unknown gpu backend {options.gpu_backend!r}; expected nvml, sim, none or replay:FILE[#N]"
+        )
+    return PolledBackend(source, options.gpu_poll_interval_s, options.gpu_sample_interval_s)
 
-        return NvmlBackend(nvml=load_capture(*parse_replay_backend(options.gpu_backend)))
-    raise GpuBackendError(
-        f"unknown gpu backend {options.gpu_backend!r}; expected nvml, sim, none or replay:FILE[#N]"
-    )
+
+def _replay(options: CollectorOptions) -> Any:
+    """The pynvml stand-in answering from the named capture, slowed by the named latency profile."""
+    from collectors.gpu.latency import Slowed, load_profile
+    from collectors.gpu.replay import load_capture
+
+    nvml = load_capture(*parse_replay_backend(options.gpu_backend))
+    if options.gpu_replay_latency is None:
+        return nvml
+    profile = load_profile(options.gpu_replay_latency)
+    return Slowed(nvml, profile.delays_s(options.gpu_replay_latency_pick))
 
 
 def is_replay(gpu_backend: str) -> bool:

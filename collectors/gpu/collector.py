@@ -19,6 +19,9 @@ With `kubernetes` (dcgm-exporter's --kubernetes), the DCGM_* series of a GPU a p
 answer cached for a refresh interval); a free GPU's series, and every series while the kubelet cannot
 be asked, go without them.
 
+NVML is read off the scrape path (collectors.gpu.poller): a scrape renders the newest values, and
+`fleetlens_gpu_reading_age_seconds` says how old they are.
+
 NVML init failure (no driver, no GPU) is reported once, when the collector is built; the collector then
 yields nothing: a node without GPUs is worth one log line, not an error per scrape. Install the driver,
 then restart the exporter.
@@ -241,6 +244,12 @@ class GpuCollector:
             "1 if NVML reports this clock throttle (clocks event) reason as active, else 0.",
             labels=(*LABELS, "reason"),
         )
+        ages = GaugeMetricFamily(
+            "fleetlens_gpu_reading_age_seconds",
+            "Age of the GPU's newest values at this scrape, by the cadence that renews them (polled: every"
+            " poll interval; sampled: PCIe throughput and energy, every sample interval).",
+            labels=(*LABELS, "cadence"),
+        )
         families = [Metric(spec.name, spec.help, spec.kind) for spec in SPECS]
         holders = {} if self._holders is None else self._holders()
         for reading in readings:
@@ -255,6 +264,8 @@ class GpuCollector:
             _add_samples(families, reading.sample, labels, pod)
             for instance in reading.mig_instances:
                 _add_samples(families, instance.sample, instance.labels(labels), pod)
+            for cadence, age in reading.ages_s:
+                ages.add_metric([*labels.values(), cadence], age)
             reasons = reading.sample.clock_throttle_reasons
             if reasons is not None:
                 for reason, bit in THROTTLE_REASONS.items():
@@ -263,6 +274,8 @@ class GpuCollector:
         yield from (family for family in families if family.samples)
         if throttle.samples:
             yield throttle
+        if ages.samples:
+            yield ages
 
     def close(self) -> None:
         """Give the shared backend back (the last user closes NVML); safe to call twice."""

@@ -142,13 +142,15 @@ def mig_profile_name(gpu_instance_slices: int, memory_mib: int, device_memory_by
 
 @dataclass(frozen=True)
 class GpuReading:
-    """One scrape of one device: its sample, or None when the device is down, plus what went wrong, and
-    the readings of its MIG GPU instances when MIG is on."""
+    """One scrape of one device: its sample, or None when the device is down, plus what went wrong, the
+    readings of its MIG GPU instances when MIG is on, and how old its values are, by the cadence that
+    renews them (("polled", 0.4), ("sampled", 3.1); none where the backend reads at scrape time)."""
 
     identity: GpuIdentity
     sample: GpuSample | None
     problems: tuple[str, ...] = ()
     mig_instances: tuple[MigReading, ...] = ()
+    ages_s: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,10 @@ instance (its framebuffer and profile), enumerated on each read: MIG instances c
 from __future__ import annotations
 
 import ctypes
+import enum
 import importlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, TypeVar
@@ -39,6 +40,23 @@ MHZ = 1_000_000
 
 Reader = Callable[[Any, Any], dict[str, float]]
 T = TypeVar("T")
+
+
+class Cadence(enum.Enum):
+    """How often a reader's values are read again (collectors.gpu.poller runs each on its own schedule)."""
+
+    STATIC = "static"  # once, when the device is first read
+    POLLED = "polled"  # every poll interval: cheap calls
+    SAMPLED = "sampled"  # every sample interval: calls that sample a window or are slow
+
+
+STATIC, POLLED, SAMPLED = Cadence.STATIC, Cadence.POLLED, Cadence.SAMPLED
+CADENCES = tuple(Cadence)
+
+
+def merged(values: Mapping[Cadence, Mapping[str, float]]) -> dict[str, float]:
+    """One sample's fields from the values of each cadence."""
+    return {name: value for by_field in values.values() for name, value in by_field.items()}
 
 
 def field_value(nv: Any, handle: Any, field_id: int, scope_id: int = 0) -> float:
@@ -120,68 +138,104 @@ def _field(field: str, nvml_field: str) -> Reader:
     return lambda nv, handle: {field: field_value(nv, handle, getattr(nv, nvml_field))}
 
 
-# (what a report names, reader); each reader makes the NVML calls of the fields it returns.
-READERS: tuple[tuple[str, Reader], ...] = (
-    ("SM clock", lambda nv, h: {"sm_clock_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)}),
-    ("memory clock", lambda nv, h: {"memory_clock_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)}),
+def _pcie_throughput(field: str, counter: str) -> Reader:
+    return lambda nv, handle: {field: nv.nvmlDeviceGetPcieThroughput(handle, getattr(nv, counter)) * KIB}
+
+
+# (what a report names, reader, cadence); each reader makes the NVML calls of the fields it returns.
+# SAMPLED: the calls measured slow on a real GPU (nvmlDeviceGetPcieThroughput samples a 20 ms window,
+# the energy counter takes about 3 ms; ../shared/fixtures/h200-passthrough/nvml-call-latency.txt).
+# STATIC: facts of the board and its slot that do not change while the driver is loaded.
+READERS: tuple[tuple[str, Reader, Cadence], ...] = (
+    ("SM clock", lambda nv, h: {"sm_clock_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)}, POLLED),
+    (
+        "memory clock",
+        lambda nv, h: {"memory_clock_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)},
+        POLLED,
+    ),
     (
         "max SM clock",
         lambda nv, h: {"max_sm_clock_hz": _call(nv, "nvmlDeviceGetMaxClockInfo", h, nv.NVML_CLOCK_SM) * MHZ},
+        STATIC,
     ),
     (
         "GPU temperature",
         lambda nv, h: {"gpu_temp_c": nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)},
+        POLLED,
     ),
-    ("memory temperature", _field("memory_temp_c", "NVML_FI_DEV_MEMORY_TEMP")),
-    ("power usage", lambda nv, h: {"power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000}),
+    ("memory temperature", _field("memory_temp_c", "NVML_FI_DEV_MEMORY_TEMP"), POLLED),
+    ("power usage", lambda nv, h: {"power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000}, POLLED),
     (
         "enforced power limit",
         lambda nv, h: {"power_limit_w": _call(nv, "nvmlDeviceGetEnforcedPowerLimit", h) / 1000},
+        POLLED,
     ),
-    ("total energy", lambda nv, h: {"energy_mj": nv.nvmlDeviceGetTotalEnergyConsumption(h)}),
-    ("utilization", _utilization),
-    ("framebuffer", _framebuffer),
-    ("PCIe replays", lambda nv, h: {"pcie_replays": nv.nvmlDeviceGetPcieReplayCounter(h)}),
+    ("total energy", lambda nv, h: {"energy_mj": nv.nvmlDeviceGetTotalEnergyConsumption(h)}, SAMPLED),
+    ("utilization", _utilization, POLLED),
+    ("framebuffer", _framebuffer, POLLED),
+    ("PCIe replays", lambda nv, h: {"pcie_replays": nv.nvmlDeviceGetPcieReplayCounter(h)}, POLLED),
+    ("PCIe TX throughput", _pcie_throughput("pcie_tx_bytes_per_second", "NVML_PCIE_UTIL_TX_BYTES"), SAMPLED),
+    ("PCIe RX throughput", _pcie_throughput("pcie_rx_bytes_per_second", "NVML_PCIE_UTIL_RX_BYTES"), SAMPLED),
     (
-        "PCIe TX throughput",
-        lambda nv, h: {
-            "pcie_tx_bytes_per_second": nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES) * KIB
-        },
+        "PCIe link generation",
+        lambda nv, h: {"pcie_link_gen": nv.nvmlDeviceGetCurrPcieLinkGeneration(h)},
+        POLLED,
     ),
-    (
-        "PCIe RX throughput",
-        lambda nv, h: {
-            "pcie_rx_bytes_per_second": nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES) * KIB
-        },
-    ),
-    ("PCIe link generation", lambda nv, h: {"pcie_link_gen": nv.nvmlDeviceGetCurrPcieLinkGeneration(h)}),
-    ("PCIe link width", lambda nv, h: {"pcie_link_width": nv.nvmlDeviceGetCurrPcieLinkWidth(h)}),
+    ("PCIe link width", lambda nv, h: {"pcie_link_width": nv.nvmlDeviceGetCurrPcieLinkWidth(h)}, POLLED),
     (
         "PCIe max link generation",
         lambda nv, h: {"pcie_max_link_gen": nv.nvmlDeviceGetMaxPcieLinkGeneration(h)},
+        STATIC,
     ),
-    ("PCIe max link width", lambda nv, h: {"pcie_max_link_width": nv.nvmlDeviceGetMaxPcieLinkWidth(h)}),
-    ("clock throttle reasons", _throttle_reasons),
-    ("volatile SBE", _ecc("ecc_sbe_volatile", "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC")),
-    ("volatile DBE", _ecc("ecc_dbe_volatile", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC")),
-    ("aggregate SBE", _ecc("ecc_sbe_aggregate", "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_AGGREGATE_ECC")),
-    ("aggregate DBE", _ecc("ecc_dbe_aggregate", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_AGGREGATE_ECC")),
-    ("remapped rows", _remapped_rows),
+    (
+        "PCIe max link width",
+        lambda nv, h: {"pcie_max_link_width": nv.nvmlDeviceGetMaxPcieLinkWidth(h)},
+        STATIC,
+    ),
+    ("clock throttle reasons", _throttle_reasons, POLLED),
+    (
+        "volatile SBE",
+        _ecc("ecc_sbe_volatile", "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC"),
+        POLLED,
+    ),
+    (
+        "volatile DBE",
+        _ecc("ecc_dbe_volatile", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"),
+        POLLED,
+    ),
+    (
+        "aggregate SBE",
+        _ecc("ecc_sbe_aggregate", "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_AGGREGATE_ECC"),
+        POLLED,
+    ),
+    (
+        "aggregate DBE",
+        _ecc("ecc_dbe_aggregate", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_AGGREGATE_ECC"),
+        POLLED,
+    ),
+    ("remapped rows", _remapped_rows, POLLED),
     (
         "NVLink CRC flit errors",
         _field("nvlink_crc_flit_errors", "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"),
+        POLLED,
     ),
     (
         "NVLink CRC data errors",
         _field("nvlink_crc_data_errors", "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"),
+        POLLED,
     ),
-    ("NVLink replay errors", _field("nvlink_replay_errors", "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL")),
+    (
+        "NVLink replay errors",
+        _field("nvlink_replay_errors", "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"),
+        POLLED,
+    ),
     (
         "NVLink recovery errors",
         _field("nvlink_recovery_errors", "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"),
+        POLLED,
     ),
-    ("NVLink bandwidth", _nvlink_bandwidth),
-    ("MIG mode", lambda nv, h: {"mig_mode": _call(nv, "nvmlDeviceGetMigMode", h)[0]}),
+    ("NVLink bandwidth", _nvlink_bandwidth, POLLED),
+    ("MIG mode", lambda nv, h: {"mig_mode": _call(nv, "nvmlDeviceGetMigMode", h)[0]}, POLLED),
 )
 
 
@@ -196,6 +250,22 @@ def _text(value: str | bytes) -> str:
 
 class _DeviceLost(GpuBackendError):
     """NVML says the device is gone (GPU_IS_LOST, RESET_REQUIRED); the message names the call."""
+
+
+@dataclass(frozen=True)
+class DeviceRead:
+    """What one pass over some of a device's readers found: values by cadence, then GpuSample field; what
+    went wrong; the MIG instances' readings; `lost`: the device did not answer (the reason in `problems`)."""
+
+    values: dict[Cadence, dict[str, float]]
+    problems: tuple[str, ...]
+    mig_instances: tuple[MigReading, ...] = ()
+    lost: bool = False
+
+    def reading(self, identity: GpuIdentity) -> GpuReading:
+        """This pass as one scrape's reading of the device."""
+        sample = None if self.lost else GpuSample(**merged(self.values))
+        return GpuReading(identity, sample, self.problems, self.mig_instances)
 
 
 @dataclass(frozen=True)
@@ -244,24 +314,33 @@ class NvmlBackend:
         return [device.identity for device in self._devices]
 
     def read(self) -> list[GpuReading]:
-        return [self._read(device) for device in self._devices]
+        """Every device's every value, read now (the exporter reads through collectors.gpu.poller)."""
+        return [
+            self.read_device(index, CADENCES).reading(device.identity)
+            for index, device in enumerate(self._devices)
+        ]
 
-    def _read(self, device: _Device) -> GpuReading:
+    def read_device(self, index: int, cadences: Collection[Cadence]) -> DeviceRead:
+        """The values of the readers of `cadences` on device `index` (with POLLED, its MIG instances)."""
+        device = self._devices[index]
         if device.handle is None:
-            return GpuReading(device.identity, None, (device.problem,))
-        values: dict[str, float] = {}
+            return DeviceRead({}, (device.problem,), lost=True)
+        values: dict[Cadence, dict[str, float]] = {cadence: {} for cadence in cadences}
         problems: list[str] = []
         mig_instances: tuple[MigReading, ...] = ()
         try:
-            for what, reader in READERS:
-                values.update(self._attempt(what, problems, reader, self._nv, device.handle) or {})
-            if values.get("mig_mode") == self._nv.NVML_DEVICE_MIG_ENABLE:
+            for what, reader, cadence in READERS:
+                if cadence in cadences:
+                    values[cadence].update(
+                        self._attempt(what, problems, reader, self._nv, device.handle) or {}
+                    )
+            if values.get(POLLED, {}).get("mig_mode") == self._nv.NVML_DEVICE_MIG_ENABLE:
                 mig_instances = (
                     self._attempt("MIG devices", problems, self._mig_instances, device.handle, problems) or ()
                 )
         except _DeviceLost as lost:
-            return GpuReading(device.identity, None, (str(lost),))
-        return GpuReading(device.identity, GpuSample(**values), tuple(problems), mig_instances)
+            return DeviceRead({}, (str(lost),), lost=True)
+        return DeviceRead(values, tuple(problems), mig_instances)
 
     def _attempt(self, what: str, problems: list[str], call: Callable[..., T], *args: Any) -> T | None:
         """call(*args), or None where NVML does not answer: silently when the device lacks the value,

@@ -188,12 +188,17 @@ def scrape(fixtures: Path, name: str, number: int) -> tuple[dict[str, list[Sampl
 
 
 def exposition(gpu_backend: str) -> tuple[str, ReadErrors]:
-    """The gpu collector's exposition text, built through the registry as `fleetlens collect` builds it."""
+    """The gpu collector's exposition text, built through the registry as `fleetlens collect` builds it,
+    without the values' ages (which no two reads share)."""
     (built,) = registry.build(["gpu"], CollectorOptions(gpu_backend=gpu_backend, node=NODE))
     try:
-        return render(built.collector), built.errors
+        text = render(built.collector)
+        return "".join(line for line in text.splitlines(True) if AGE_FAMILY not in line), built.errors
     finally:
         built.collector.close()
+
+
+AGE_FAMILY = "fleetlens_gpu_reading_age_seconds"
 
 
 def samples_in(text: str) -> dict[str, list[Sample]]:
@@ -264,7 +269,7 @@ def compare_snapshot(fixtures: Path, name: str, number: int) -> Tally:
                 values[("Clocks Event Reasons", *path)],
             )
         compare_mig_instances(tally, samples, labels, mig_sections(lines), listed_profiles(text))
-    per_gpu = {"reason", "GPU_I_PROFILE", "GPU_I_ID"}  # the labels a series adds to its GPU's
+    per_gpu = {"reason", "GPU_I_PROFILE", "GPU_I_ID", "cadence"}  # the labels a series adds to its GPU's
     for sample in (sample for found in samples.values() for sample in found):
         assert {k: v for k, v in sample.labels.items() if k not in per_gpu} in gpus, sample
     return tally
