@@ -766,6 +766,12 @@ class ReplayNvml:
     def _int(self, handle: Any, name: str) -> int:
         return int(self._answer(handle, name))
 
+    def _part_bytes(self, handle: Any, name: str) -> int:
+        """A framebuffer part in bytes. nvidia-smi rounds each part to the nearest MiB (on an H200 its
+        Reserved 616 + Used 0 + Free 143156 pass its Total 143771), where NVML's bytes floored to MiB read
+        615 and 143155 on the same GPU: so the low edge of what rounds to the printed MiB, never below 0."""
+        return max(self._int(handle, name) * MIB - MIB // 2, 0)
+
     def _milli(self, handle: Any, name: str) -> int:
         return round(self._answer(handle, name) * 1000)
 
@@ -844,10 +850,12 @@ class ReplayNvml:
         return pynvml.c_nvmlUtilization_t(gpu=gpu, memory=memory)
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
-        total, free, used = (self._int(handle, f"fb {part}") * MIB for part in ("total", "free", "used"))
+        total = self._int(handle, "fb total") * MIB
+        free, used, reserved = (
+            self._part_bytes(handle, f"fb {part}") for part in ("free", "used", "reserved")
+        )
         if not version:
             return pynvml.c_nvmlMemory_t(total=total, free=free, used=used)
-        reserved = self._int(handle, "fb reserved") * MIB
         return pynvml.c_nvmlMemory_v2_t(version=version, total=total, reserved=reserved, free=free, used=used)
 
     def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:
