@@ -17,8 +17,14 @@ device; an `nvidia-smi -L` listing in the same file does, and nvmlDeviceGetAttri
 The text: every `==============NVSMI LOG==============` block of a file is one snapshot (a bare
 `nvidia-smi -q` capture has one; nvidia_gpu_exporter's capture files have an idle and a load one), each a
 tree of `Key : Value` lines nested by indentation, one `GPU <PCI bus id>` section per device in NVML's
-index order. R535's and R590's spellings, and the older ECC ones, are read. `nvidia-smi -q -x` (XML) is
-not: no real XML capture was at hand to check it against.
+index order. R535's and R590's spellings, and the older ECC ones, are read.
+
+The XML: a file that begins (after a BOM and blanks) with `<?xml` or `<nvidia_smi_log` is one `nvidia-smi
+-q -x` snapshot (nvsmi_log DTD v12/v13). Its allowlisted elements become the tree the text would give
+(`pci/tx_util` is `PCI/Tx Throughput`), so one table, FACTS, reads both; other elements are ignored.
+defusedxml parses it: the DTD it names is never fetched, entities are refused. Its <mig_device> shape is
+the DTD's, not checked against a real MIG capture. nvidia-smi rounds framebuffer MiB to the nearest,
+NVML's bytes are exact: the stand-in answers the low edge (see _part_bytes).
 
 Bad input is a GpuBackendError naming the file, and the line where there is one; nothing else escapes.
 """
