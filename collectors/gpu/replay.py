@@ -458,6 +458,7 @@ def _xml_keys(leaves: Mapping[str, KeyPath]) -> dict[tuple[str, ...], KeyPath]:
 
 
 def _same_lines(section: str, key: str, tags: Mapping[str, str]) -> dict[str, KeyPath]:
+    """The elements `tags` of the XML section `section`, printed as their lines under `key` in text."""
     return {f"{section}/{tag}": (key, line) for tag, line in tags.items()}
 
 
