@@ -9,6 +9,7 @@ nvidia-smi-q-x.idle.xml and nvidia-smi-q.idle.txt a second apart, and fleetlens-
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 import socket
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from collectors import registry
 from collectors.base import CollectorOptions
 from collectors.errors import GpuBackendError
-from collectors.gpu.replay import ReplayNvml, load_capture
+from collectors.gpu.replay import MAX_CAPTURE_BYTES, ReplayNvml, load_capture
 from tests.collectors.gpu.test_replay import HOSTILE, opens_or_names_file_and_line
 from tests.support.exposition import render
 
@@ -354,3 +355,51 @@ def test_xml_that_is_not_utf8_is_named_by_its_line(tmp_path):
     path = write(tmp_path, b'<nvidia_smi_log>\n<gpu id="0000:01:00.0">\xff</gpu></nvidia_smi_log>')
     with pytest.raises(GpuBackendError, match=rf"^{re.escape(str(path))}:2: not UTF-8 text \(byte 0xff\)$"):
         load_capture(path)
+
+
+def test_xml_past_the_size_limit_is_refused_unread(tmp_path):
+    path = write(tmp_path, "<?xml")
+    os.truncate(path, MAX_CAPTURE_BYTES + 1)
+    with pytest.raises(GpuBackendError, match=rf"^{re.escape(str(path))}: larger than 64 MiB"):
+        load_capture(path)
+
+
+# --- MIG, in the DTD's shape (no real MIG XML capture is at hand) -------------------------------------
+
+MIG_DEVICE = """
+      <mig_device>
+        <index>{index}</index>
+        <gpu_instance_id>{instance}</gpu_instance_id>
+        <compute_instance_id>0</compute_instance_id>
+        <device_attributes><shared>
+          <multiprocessor_count>{sms}</multiprocessor_count><copy_engine_count>3</copy_engine_count>
+          <encoder_count>0</encoder_count><decoder_count>2</decoder_count>
+          <ofa_count>0</ofa_count><jpg_count>0</jpg_count>
+        </shared></device_attributes>
+        <fb_memory_usage>
+          <total>{total} MiB</total><reserved>0 MiB</reserved><used>{used} MiB</used><free>{free} MiB</free>
+        </fb_memory_usage>
+      </mig_device>"""
+
+
+def test_mig_devices_answer_their_instance_engines_and_framebuffer(tmp_path):
+    migs = MIG_DEVICE.format(
+        index=0, instance=2, sms=60, total=40448, used=13, free=40435
+    ) + MIG_DEVICE.format(index=1, instance=1, sms=16, total=9984, used=5, free=9979)
+    path = write(
+        tmp_path,
+        '<nvidia_smi_log><gpu id="00000000:19:00.0"><mig_mode><current_mig>Enabled</current_mig>'
+        f"<pending_mig>Enabled</pending_mig></mig_mode><mig_devices>{migs}</mig_devices></gpu></nvidia_smi_log>",
+    )
+    nv = load_capture(path)
+    nv.nvmlInit()
+    gpu = nv.nvmlDeviceGetHandleByIndex(0)
+    assert nv.nvmlDeviceGetMigMode(gpu) == [1, 1]
+    assert nv.nvmlDeviceGetMaxMigDeviceCount(gpu) == 2
+    first, second = (nv.nvmlDeviceGetMigDeviceHandleByIndex(gpu, index) for index in (0, 1))
+    assert [nv.nvmlDeviceGetGpuInstanceId(mig) for mig in (first, second)] == [2, 1]
+    memory = nv.nvmlDeviceGetMemoryInfo(second, version=pynvml.nvmlMemory_v2)
+    assert (memory.total, memory.used // 2**20, memory.free // 2**20) == (9984 * 2**20, 4, 9978)
+    with pytest.raises(pynvml.NVMLError) as raised:  # no nvidia-smi -L listing gives its slices
+        nv.nvmlDeviceGetAttributes(first)
+    assert raised.value.value == pynvml.NVML_ERROR_NOT_SUPPORTED
