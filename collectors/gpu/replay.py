@@ -17,8 +17,14 @@ device; an `nvidia-smi -L` listing in the same file does, and nvmlDeviceGetAttri
 The text: every `==============NVSMI LOG==============` block of a file is one snapshot (a bare
 `nvidia-smi -q` capture has one; nvidia_gpu_exporter's capture files have an idle and a load one), each a
 tree of `Key : Value` lines nested by indentation, one `GPU <PCI bus id>` section per device in NVML's
-index order. R535's and R590's spellings, and the older ECC ones, are read. `nvidia-smi -q -x` (XML) is
-not: no real XML capture was at hand to check it against.
+index order. R535's and R590's spellings, and the older ECC ones, are read.
+
+The XML: a file that begins (after a BOM and blanks) with `<?xml` or `<nvidia_smi_log` is one `nvidia-smi
+-q -x` snapshot (nvsmi_log DTD v12/v13). Its allowlisted elements become the tree the text would give
+(`pci/tx_util` is `PCI/Tx Throughput`), so one table, FACTS, reads both; other elements are ignored.
+defusedxml parses it: the DTD it names is never fetched, entities are refused. Its <mig_device> shape is
+the DTD's, not checked against a real MIG capture. nvidia-smi rounds framebuffer MiB to the nearest,
+NVML's bytes are exact: the stand-in answers the low edge (see _part_bytes).
 
 Bad input is a GpuBackendError naming the file, and the line where there is one; nothing else escapes.
 """
@@ -33,12 +39,15 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from xml.etree.ElementTree import ParseError
 
 import pynvml
+from defusedxml import DefusedXmlException
+from defusedxml.ElementTree import DefusedXMLParser
 
 from collectors.errors import GpuBackendError
 from collectors.gpu.model import MIB, normalize_pci_bus_id
@@ -431,6 +440,235 @@ def _snapshot_spans(lines: Sequence[str]) -> list[tuple[int, int]]:
     return list(zip(starts, ends, strict=True))
 
 
+# --- nvidia-smi -q -x ------------------------------------------------------------------------------------
+
+XML_START = re.compile(r"\s*<(?:\?xml|nvidia_smi_log)\b")
+MAX_XML_DEPTH = 32  # nvidia-smi nests 7 deep; past this a document is no capture (and costs depth per tag)
+
+
+def _xml_keys(leaves: Mapping[str, KeyPath]) -> dict[tuple[str, ...], KeyPath]:
+    """Each allowlisted element path (tags below a <gpu> or <mig_device>) and the sections above it, by
+    the text capture's key path that prints the same value; an element path nests as deep as its keys."""
+    keys: dict[tuple[str, ...], KeyPath] = {}
+    for element, key_path in leaves.items():
+        tags = tuple(element.split("/"))
+        for depth in range(1, len(tags) + 1):
+            keys[tags[:depth]] = key_path[:depth]
+    return keys
+
+
+def _same_lines(section: str, key: str, tags: Mapping[str, str]) -> dict[str, KeyPath]:
+    """The elements `tags` of the XML section `section`, printed as their lines under `key` in text."""
+    return {f"{section}/{tag}": (key, line) for tag, line in tags.items()}
+
+
+CLOCK_TAGS = {"graphics_clock": "Graphics", "sm_clock": "SM", "mem_clock": "Memory", "video_clock": "Video"}
+FB_TAGS = {part.lower(): part for part in FB_PARTS}
+POWER_TAGS = {
+    "power_draw": "Power Draw",
+    "average_power_draw": "Average Power Draw",
+    "current_power_limit": "Current Power Limit",
+    "enforced_power_limit": "Enforced Power Limit",
+}
+ECC_TAGS = {
+    "sram_correctable": ("SRAM Correctable",),
+    "sram_uncorrectable": ("SRAM Uncorrectable",),
+    "sram_uncorrectable_parity": ("SRAM Uncorrectable Parity",),
+    "sram_uncorrectable_secded": ("SRAM Uncorrectable SEC-DED",),
+    "dram_correctable": ("DRAM Correctable",),
+    "dram_uncorrectable": ("DRAM Uncorrectable",),
+    "single_bit/total": ("Single Bit", "Total"),
+    "double_bit/total": ("Double Bit", "Total"),
+}
+REASON_TAGS = {
+    "gpu_idle": "Idle",
+    "applications_clocks_setting": "Applications Clocks Setting",
+    "sw_power_cap": "SW Power Cap",
+    "hw_slowdown": "HW Slowdown",
+    "hw_thermal_slowdown": "HW Thermal Slowdown",
+    "hw_power_brake_slowdown": "HW Power Brake Slowdown",
+    "sync_boost": "Sync Boost",
+    "sw_thermal_slowdown": "SW Thermal Slowdown",
+    "display_clocks_setting": "Display Clock Setting",
+}
+PCI_LINK = ("PCI", "GPU Link Info")
+
+# The allowlist: the elements of a <gpu> (nvsmi_log DTD v12/v13, and the older spellings FACTS read in
+# text) whose values FACTS ask for, by the key path the text capture prints them under. Others are ignored.
+GPU_XML_KEYS = _xml_keys(
+    {
+        "product_name": ("Product Name",),
+        "uuid": ("GPU UUID",),
+        "minor_number": ("Minor Number",),
+        "mig_mode/current_mig": ("MIG Mode", "Current"),
+        "mig_mode/pending_mig": ("MIG Mode", "Pending"),
+        "pci/replay_counter": ("PCI", "Replays Since Reset"),
+        "pci/tx_util": ("PCI", "Tx Throughput"),
+        "pci/rx_util": ("PCI", "Rx Throughput"),
+        "pci/pci_gpu_link_info/pcie_gen/max_link_gen": (*PCI_LINK, "PCIe Generation", "Max"),
+        "pci/pci_gpu_link_info/pcie_gen/current_link_gen": (*PCI_LINK, "PCIe Generation", "Current"),
+        "pci/pci_gpu_link_info/link_widths/max_link_width": (*PCI_LINK, "Link Width", "Max"),
+        "pci/pci_gpu_link_info/link_widths/current_link_width": (*PCI_LINK, "Link Width", "Current"),
+        **{
+            f"{section}/{section[:-1]}_{tag}": (key, line)
+            for section, key in (
+                ("clocks_event_reasons", "Clocks Event Reasons"),
+                ("clocks_throttle_reasons", "Clocks Throttle Reasons"),
+            )
+            for tag, line in REASON_TAGS.items()
+        },
+        **_same_lines("fb_memory_usage", "FB Memory Usage", FB_TAGS),
+        "utilization/gpu_util": ("Utilization", "GPU"),
+        "utilization/memory_util": ("Utilization", "Memory"),
+        **{
+            f"ecc_errors/{counter.lower()}/{tags}": ("ECC Errors", counter, *lines)
+            for counter in ECC_COUNTERS.values()
+            for tags, lines in ECC_TAGS.items()
+        },
+        **_same_lines(
+            "remapped_rows",
+            "Remapped Rows",
+            {
+                "remapped_row_corr": "Correctable Error",
+                "remapped_row_unc": "Uncorrectable Error",
+                "remapped_row_pending": "Pending",
+                "remapped_row_failure": "Remapping Failure Occurred",
+            },
+        ),
+        "temperature/gpu_temp": ("Temperature", "GPU Current Temp"),
+        "temperature/memory_temp": ("Temperature", "Memory Current Temp"),
+        **_same_lines("gpu_power_readings", "GPU Power Readings", POWER_TAGS),
+        **_same_lines("power_readings", "Power Readings", POWER_TAGS),
+        **_same_lines("clocks", "Clocks", CLOCK_TAGS),
+        **_same_lines("max_clocks", "Max Clocks", CLOCK_TAGS),
+    }
+)
+# A <mig_device> under <mig_devices>, in the shape nvidia-smi's DTD gives it (no real MIG XML capture was
+# at hand): its index, GPU instance, shared engines and framebuffer.
+MIG_XML_KEYS = _xml_keys(
+    {
+        "index": ("Index",),
+        "gpu_instance_id": ("GPU Instance ID",),
+        **{
+            f"device_attributes/shared/{tag}_count": ("Device Attributes", "Shared", f"{engine} count")
+            for tag, engine in (
+                ("multiprocessor", "Multiprocessor"),
+                ("copy_engine", "Copy Engine"),
+                ("decoder", "Decoder"),
+                ("encoder", "Encoder"),
+                ("jpg", "JPG"),
+                ("ofa", "OFA"),
+            )
+        },
+        **_same_lines("fb_memory_usage", "FB Memory Usage", FB_TAGS),
+    }
+)
+
+
+@dataclass
+class _OpenElement:
+    tag: str
+    line: int
+    text: list[str] = field(default_factory=list)
+    has_children: bool = False
+
+
+@dataclass
+class _XmlSection:
+    """A <gpu> or <mig_device> being read: its Entry, how deep its element is, and its allowlist."""
+
+    entry: Entry
+    depth: int
+    keys: Mapping[tuple[str, ...], KeyPath]
+
+
+class _XmlCapture:
+    """expat's target: builds the Entry tree the text parser builds for the same capture, from the
+    allowlisted elements only, each at the line its start tag is on."""
+
+    def __init__(self, line: Callable[[], int]) -> None:
+        self._line = line
+        self.root = Entry("", None, 0)
+        self._open: list[_OpenElement] = []
+        self._sections: list[_XmlSection] = []
+
+    def start(self, tag: str, attributes: Mapping[str, str]) -> None:
+        line = self._line()
+        if self._open:
+            self._open[-1].has_children = True
+        elif tag != "nvidia_smi_log":
+            raise _CaptureProblem(line, f"<{tag}> where nvidia-smi -q -x output begins with <nvidia_smi_log>")
+        if len(self._open) >= MAX_XML_DEPTH:
+            raise _CaptureProblem(line, f"<{tag}> nested deeper than {MAX_XML_DEPTH} elements")
+        self._open.append(_OpenElement(tag, line))
+        tags = [element.tag for element in self._open]
+        if tags == ["nvidia_smi_log", "gpu"]:
+            gpu = Entry(f"GPU {attributes.get('id', '')}", None, line)
+            self.root.children.append(gpu)
+            self._sections.append(_XmlSection(gpu, len(tags), GPU_XML_KEYS))
+        elif tags[1:] == ["gpu", "mig_devices", "mig_device"]:
+            mig = Entry("MIG Device", None, line)
+            self._sections[-1].entry.children.append(mig)
+            self._sections.append(_XmlSection(mig, len(tags), MIG_XML_KEYS))
+
+    def data(self, text: str) -> None:
+        if self._open:
+            self._open[-1].text.append(text)
+
+    def end(self, tag: str) -> None:
+        tags = tuple(element.tag for element in self._open)
+        element = self._open.pop()
+        if not self._sections:
+            return
+        section = self._sections[-1]
+        if len(tags) == section.depth:
+            self._sections.pop()
+            return
+        key_path = section.keys.get(tags[section.depth :])
+        if key_path is not None:
+            value = None if element.has_children else "".join(element.text).strip()
+            _place(section.entry, key_path, value, element.line)
+
+    def close(self) -> Entry:
+        if not self.root.children:
+            raise _CaptureProblem(0, "no <gpu> in the nvidia-smi -q -x output")
+        return self.root
+
+
+def _place(section: Entry, key_path: KeyPath, value: str | None, line: int) -> None:
+    """Put a value (None: a section) at `key_path` under `section`, with the sections above it. A child
+    element ends before its parent, so a section may already be there; a value is always a new line."""
+    parent = section
+    for key in key_path[:-1]:
+        child = parent.find((key,))
+        if child is None:
+            child = Entry(key, None, line)
+            parent.children.append(child)
+        parent = child
+    if value is not None or parent.find(key_path[-1:]) is None:
+        parent.children.append(Entry(key_path[-1], value, line))
+
+
+def _xml_snapshot(text: str, snapshot: int) -> Entry:
+    """The Entry tree of an `nvidia-smi -q -x` document. Its DOCTYPE names nvidia-smi's DTD, which is
+    never fetched; an entity declaration or an external reference is refused, nothing is expanded."""
+    _check_snapshot(snapshot, 1)
+    parser: DefusedXMLParser
+    capture = _XmlCapture(lambda: parser.parser.CurrentLineNumber)
+    parser = DefusedXMLParser(target=capture, forbid_dtd=False, forbid_entities=True, forbid_external=True)
+    try:
+        parser.feed(text)
+        return parser.close()
+    except ParseError as error:
+        line, _ = error.position
+        problem = str(error).partition(": line")[0]
+        raise _CaptureProblem(line, f"not well-formed XML ({problem})") from None
+    except DefusedXmlException as error:
+        raise _CaptureProblem(
+            parser.parser.CurrentLineNumber, f"refused {error!r}: nvidia-smi declares no entities"
+        ) from None
+
+
 def _read_bytes(path: Path) -> bytes:
     """The file's bytes, up to one past the limit. Opened without blocking, and refused unless a regular
     file: reading a FIFO (or a terminal) would wait for a writer, and the exporter's start with it."""
@@ -443,7 +681,8 @@ def _read_bytes(path: Path) -> bytes:
         raise _CaptureProblem(0, f"cannot read the capture: {error.strerror or error}") from None
 
 
-def _read_lines(path: Path) -> list[str]:
+def _read_text(path: Path) -> str:
+    """The file's text, without a UTF-8 byte order mark and with `\n` line ends."""
     data = _read_bytes(path)
     if len(data) > MAX_CAPTURE_BYTES:
         raise _CaptureProblem(0, f"larger than {MAX_CAPTURE_BYTES // MIB} MiB: not an nvidia-smi capture")
@@ -453,27 +692,40 @@ def _read_lines(path: Path) -> list[str]:
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
         raise _CaptureProblem(line, f"not UTF-8 text (byte {data[error.start]:#04x})") from None
-    return text.replace("\r\n", "\n").split("\n")
+    return text.replace("\r\n", "\n")
 
 
 def load_capture(path: Path, snapshot: int = 1) -> ReplayNvml:
     """A pynvml stand-in for NvmlBackend that answers from the `snapshot`th (from 1) `nvidia-smi -q`
-    snapshot in the file at `path`. Raises GpuBackendError naming the file, and the line where one is
-    at fault, when the file cannot be read, holds no such snapshot or a line that is not nvidia-smi's."""
+    snapshot in the file at `path`, or from its `nvidia-smi -q -x` document (one snapshot). Raises
+    GpuBackendError naming the file, and the line where one is at fault, when the file cannot be read,
+    holds no such snapshot or a line or element that is not nvidia-smi's."""
     try:
-        lines = _read_lines(path)
-        spans = _snapshot_spans(lines)
-        if not spans:
-            raise _CaptureProblem(0, f"no nvidia-smi -q output in it (no {BANNER} line)")
-        if not 1 <= snapshot <= len(spans):
-            raise _CaptureProblem(0, f"no nvidia-smi -q snapshot #{snapshot}: it holds {len(spans)}")
-        first, end = spans[snapshot - 1]
-        root = parse_entries(lines[first:end], first + 1)
-        devices = _devices(root, _listed_slices(lines))
+        text = _read_text(path)
+        if XML_START.match(text):
+            root, listed = _xml_snapshot(text, snapshot), {}
+        else:
+            lines = text.split("\n")
+            root, listed = _text_snapshot(lines, snapshot), _listed_slices(lines)
+        devices = _devices(root, listed)
     except _CaptureProblem as problem:
         where = f"{path}:{problem.line}" if problem.line else str(path)
         raise GpuBackendError(f"{where}: {problem}") from None
     return ReplayNvml(devices)
+
+
+def _text_snapshot(lines: Sequence[str], snapshot: int) -> Entry:
+    spans = _snapshot_spans(lines)
+    if not spans:
+        raise _CaptureProblem(0, f"no nvidia-smi -q output in it (no {BANNER} line)")
+    _check_snapshot(snapshot, len(spans))
+    first, end = spans[snapshot - 1]
+    return parse_entries(lines[first:end], first + 1)
+
+
+def _check_snapshot(snapshot: int, held: int) -> None:
+    if not 1 <= snapshot <= held:
+        raise _CaptureProblem(0, f"no nvidia-smi -q snapshot #{snapshot}: it holds {held}")
 
 
 class ReplayNvml:
@@ -520,6 +772,12 @@ class ReplayNvml:
 
     def _int(self, handle: Any, name: str) -> int:
         return int(self._answer(handle, name))
+
+    def _part_bytes(self, handle: Any, name: str) -> int:
+        """A framebuffer part in bytes. nvidia-smi rounds each part to the nearest MiB (on an H200 its
+        Reserved 616 + Used 0 + Free 143156 pass its Total 143771), where NVML's bytes floored to MiB read
+        615 and 143155 on the same GPU: so the low edge of what rounds to the printed MiB, never below 0."""
+        return max(self._int(handle, name) * MIB - MIB // 2, 0)
 
     def _milli(self, handle: Any, name: str) -> int:
         return round(self._answer(handle, name) * 1000)
@@ -599,10 +857,12 @@ class ReplayNvml:
         return pynvml.c_nvmlUtilization_t(gpu=gpu, memory=memory)
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
-        total, free, used = (self._int(handle, f"fb {part}") * MIB for part in ("total", "free", "used"))
+        total = self._int(handle, "fb total") * MIB
+        free, used, reserved = (
+            self._part_bytes(handle, f"fb {part}") for part in ("free", "used", "reserved")
+        )
         if not version:
             return pynvml.c_nvmlMemory_t(total=total, free=free, used=used)
-        reserved = self._int(handle, "fb reserved") * MIB
         return pynvml.c_nvmlMemory_v2_t(version=version, total=total, reserved=reserved, free=free, used=used)
 
     def nvmlDeviceGetPcieReplayCounter(self, handle: Any) -> int:

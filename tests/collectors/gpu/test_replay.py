@@ -65,9 +65,6 @@ GPU_VALUES: dict[str, tuple[list[tuple[str, ...]], float]] = {
     "fleetlens_gpu_power_limit_watts": ([("GPU Power Readings", "Current Power Limit")], 1),
     "DCGM_FI_DEV_GPU_UTIL": ([("Utilization", "Gpu"), ("Utilization", "GPU")], 1),
     "DCGM_FI_DEV_MEM_COPY_UTIL": ([("Utilization", "Memory")], 1),
-    "DCGM_FI_DEV_FB_FREE": ([("FB Memory Usage", "Free")], 1),
-    "DCGM_FI_DEV_FB_USED": ([("FB Memory Usage", "Used")], 1),
-    "DCGM_FI_DEV_FB_RESERVED": ([("FB Memory Usage", "Reserved")], 1),
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ([("PCI", "Replays Since Reset")], 1),
     "DCGM_FI_PROF_PCIE_TX_BYTES": ([("PCI", "Tx Throughput")], 1024),
     "DCGM_FI_PROF_PCIE_RX_BYTES": ([("PCI", "Rx Throughput")], 1024),
@@ -105,7 +102,11 @@ REASON_LINES = {
     "hw_power_brake_slowdown": ("HW Slowdown", "HW Power Brake Slowdown"),
     "display_clock_setting": ("Display Clock Setting",),
 }
-MIG_FB = {"DCGM_FI_DEV_FB_FREE": "Free", "DCGM_FI_DEV_FB_USED": "Used", "DCGM_FI_DEV_FB_RESERVED": "Reserved"}
+FB_PARTS = {
+    "DCGM_FI_DEV_FB_FREE": "Free",
+    "DCGM_FI_DEV_FB_USED": "Used",
+    "DCGM_FI_DEV_FB_RESERVED": "Reserved",
+}
 WORDS = {"yes": 1, "no": 0, "enabled": 1, "disabled": 0, "active": 1, "not active": 0}
 
 
@@ -171,6 +172,14 @@ def as_number(text: str) -> float:
     if text.lower() in WORDS:
         return WORDS[text.lower()]
     return float(text.split()[0].rstrip("x"))
+
+
+def nvml_mib(text: str | None) -> str | None:
+    """What the NVML path exports for a framebuffer part nvidia-smi printed as `text` MiB: nvidia-smi
+    rounds to the nearest MiB, NVML's bytes are floored, and the stand-in answers the low edge."""
+    if text is None or text == "N/A":
+        return text
+    return str(max(as_number(text) - 1, 0))
 
 
 def first_value(values: dict[tuple[str, ...], str], paths: list[tuple[str, ...]]) -> str | None:
@@ -258,6 +267,8 @@ def compare_snapshot(fixtures: Path, name: str, number: int) -> Tally:
         tally.value(samples, "fleetlens_gpu_up", labels, "1")
         for metric, (paths, factor) in GPU_VALUES.items():
             tally.value(samples, metric, labels, first_value(values, paths), factor)
+        for metric, part in FB_PARTS.items():
+            tally.value(samples, metric, labels, nvml_mib(values.get(("FB Memory Usage", part))))
         for metric, (counter, lines_summed) in ECC_VALUES.items():
             terms = [values.get(("ECC Errors", counter, line)) for line in lines_summed]
             tally.value(samples, metric, labels, None if None in terms else str(sum(map(as_number, terms))))
@@ -287,8 +298,8 @@ def compare_mig_instances(
     for section, profile in zip(sections, profiles, strict=True):
         values = values_by_path(section)
         instance = {**labels, "GPU_I_PROFILE": profile, "GPU_I_ID": values[("GPU Instance ID",)]}
-        for metric, part in MIG_FB.items():
-            tally.value(samples, metric, instance, values[("Shared FB Memory Usage", part)])
+        for metric, part in FB_PARTS.items():
+            tally.value(samples, metric, instance, nvml_mib(values[("Shared FB Memory Usage", part)]))
 
 
 # --- every snapshot, every value ----------------------------------------------------------------------
@@ -361,7 +372,6 @@ def test_the_other_exporter_reads_the_same_h100_under_load(fixtures):
     }
     samples, _ = scrape(fixtures, H100, 2)
     ours = {name: found[0].value for name, found in samples.items() if len(found) == 1}
-    mib = 1024 * 1024
     assert theirs["nvidia_smi_clocks_current_sm_clock_hz"] == ours["DCGM_FI_DEV_SM_CLOCK"] * 1e6
     assert theirs["nvidia_smi_clocks_current_memory_clock_hz"] == ours["DCGM_FI_DEV_MEM_CLOCK"] * 1e6
     assert theirs["nvidia_smi_clocks_max_sm_clock_hz"] == ours["fleetlens_gpu_max_sm_clock_hertz"]
@@ -371,8 +381,9 @@ def test_the_other_exporter_reads_the_same_h100_under_load(fixtures):
     assert theirs["nvidia_smi_temperature_memory"] == pytest.approx(ours["DCGM_FI_DEV_MEMORY_TEMP"], abs=2)
     assert theirs["nvidia_smi_utilization_gpu_ratio"] == ours["DCGM_FI_DEV_GPU_UTIL"] / 100
     assert theirs["nvidia_smi_utilization_memory_ratio"] == ours["DCGM_FI_DEV_MEM_COPY_UTIL"] / 100
-    for part in ("used", "free", "reserved"):
-        assert theirs[f"nvidia_smi_memory_{part}_bytes"] == ours[f"DCGM_FI_DEV_FB_{part.upper()}"] * mib
+    for metric, part in FB_PARTS.items():  # their bytes are nvidia-smi's MiB
+        their_mib = str(theirs[f"nvidia_smi_memory_{part.lower()}_bytes"] / 2**20)
+        assert float(nvml_mib(their_mib)) == ours[metric]
     assert theirs["nvidia_smi_pcie_link_gen_current"] == ours["fleetlens_gpu_pcie_link_generation"]
     assert theirs["nvidia_smi_pcie_link_gen_max"] == ours["fleetlens_gpu_pcie_max_link_generation"]
     assert theirs["nvidia_smi_pcie_link_width_current"] == ours["fleetlens_gpu_pcie_link_width"]
