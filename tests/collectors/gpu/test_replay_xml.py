@@ -156,6 +156,8 @@ POWER = "DCGM_FI_DEV_POWER_USAGE"
 PCIE_RATES = {"DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES"}
 # The one series the real exporter had that replay cannot: no capture prints an energy counter.
 REPLAY_CANNOT = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
+# Newer than the real run's exporter: how old the read values are, by cadence.
+AGES = "fleetlens_gpu_reading_age_seconds"
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -186,6 +188,8 @@ def replayed(capture: Path) -> Series:
 def test_replay_exports_what_the_real_nvml_path_did_on_that_gpu(fixtures, capture):
     real = gpu_series((fixtures / REAL_NVML).read_text())
     replay = replayed(fixtures / capture)
+    ages = {key: replay.pop(key) for key in list(replay) if key[0] == AGES}
+    assert sorted(dict(labels)["cadence"] for _, labels in ages) == ["polled", "sampled"]
     cannot = {key for key in real if key[0] == REPLAY_CANNOT}
     assert cannot, "the real exporter read the energy counter"
     assert replay.keys() == real.keys() - cannot, "same series by name and labels, energy aside"
