@@ -180,3 +180,7 @@ class Slowed:
                 self._sleep(delay)
 
         return slowed
+
+
+PROFILES = Path(__file__).parent / "profiles"
+H200_PROFILE = PROFILES / "h200-passthrough-r580.json"  # one H200 in a KVM guest, driver 580.159.04
