@@ -94,7 +94,9 @@ class PolledBackend:
         if age > STALE_INTERVALS * self._intervals[POLLED]:
             return GpuReading(identity, None, (*problems, f"no answer from NVML for {age:.1f} s"))
         ages = tuple(
-            (cadence.value, now - at) for cadence, at in latest.renewed_at.items() if cadence != STATIC
+            (cadence.value, now - latest.renewed_at[cadence])
+            for cadence in self._intervals
+            if cadence in latest.renewed_at
         )
         mig = () if latest.polled is None else latest.polled.mig_instances
         return GpuReading(identity, GpuSample(**merged(latest.values)), problems, mig, ages)
