@@ -28,9 +28,7 @@ class CollectorOptions:
     gpu_backend: str = "nvml"  # nvml | sim | none | replay:FILE[#N] (an nvidia-smi -q capture)
     gpu_sim_seed: int = 0
     gpu_sim_count: int = 8
-    gpu_poll_interval_s: float = (
-        2.0  # NVML's cheap calls, per GPU, off the scrape path (collectors.gpu.poller)
-    )
+    gpu_poll_interval_s: float = 5.0  # NVML's cheap calls, per GPU, off the scrape (collectors.gpu.poller)
     gpu_sample_interval_s: float = 10.0  # its sampling and slow calls (PCIe throughput, energy)
     gpu_replay_latency: Path | None = None  # a replay answers each call after its cost in this profile
     gpu_replay_latency_pick: str = "median"  # or "max": every call as slow as it was ever measured
@@ -43,7 +41,9 @@ class CollectorOptions:
 
 
 class Collector(Protocol):
-    """A collector yields fresh metric families on every call; it never keeps families between scrapes."""
+    """A collector yields its metric families on every call: new ones, or the very same objects again
+    while their values stand (collectors.textformat then reuses their text); a family yielded is never
+    changed."""
 
     def collect(self) -> Iterable[Metric]: ...
 

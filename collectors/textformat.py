@@ -63,17 +63,33 @@ def _header_name(metric: Metric) -> str:
     return metric.name
 
 
+def _render_family(metric: Metric) -> str:
+    name = _header_name(metric)
+    doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+    out = [f"# HELP {name} {doc}\n# TYPE {name} {_HEADER_TYPE.get(metric.type, metric.type)}\n"]
+    for sample in metric.samples:
+        labels = _labels[tuple(sample.labels.items())] if sample.labels else ""
+        out.append(f"{sample.name}{labels} {format_value(sample.value)}")
+        if sample.timestamp is not None:
+            out.append(f" {int(float(sample.timestamp) * 1000)}")
+        out.append("\n")
+    return "".join(out)
+
+
+# The text of the last render's families by identity, each with its family: a collector that yields the
+# very same family objects again (the gpu collector, between two reads of its GPUs) is rendered once.
+# Holding the families keeps their ids from being reused; renders that race only miss the cache.
+_last_rendered: dict[int, tuple[Metric, str]] = {}
+
+
 def render(families: Iterable[Metric]) -> bytes:
-    """The text exposition of `families`, in order."""
-    out: list[str] = []
+    """The text exposition of `families`, in order. A family must not change once yielded."""
+    global _last_rendered
+    last, rendered, texts = _last_rendered, {}, []
     for metric in families:
-        name = _header_name(metric)
-        doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-        out.append(f"# HELP {name} {doc}\n# TYPE {name} {_HEADER_TYPE.get(metric.type, metric.type)}\n")
-        for sample in metric.samples:
-            labels = _labels[tuple(sample.labels.items())] if sample.labels else ""
-            out.append(f"{sample.name}{labels} {format_value(sample.value)}")
-            if sample.timestamp is not None:
-                out.append(f" {int(float(sample.timestamp) * 1000)}")
-            out.append("\n")
-    return "".join(out).encode()
+        hit = last.get(id(metric))
+        text = hit[1] if hit is not None and hit[0] is metric else _render_family(metric)
+        rendered[id(metric)] = (metric, text)
+        texts.append(text)
+    _last_rendered = rendered
+    return "".join(texts).encode()

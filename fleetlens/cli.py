@@ -66,7 +66,7 @@ def _exporter_flags(parser: argparse.ArgumentParser) -> None:
         type=float,
         dest="gpu_poll_interval_s",
         metavar="SECONDS",
-        help="how often each GPU's cheap NVML values are read, off the scrape path (default 2)",
+        help="how often each GPU's cheap NVML values are read, off the scrape path (default 5)",
     )
     parser.add_argument(
         "--gpu-sample-interval",

@@ -91,7 +91,7 @@ class ExporterConfig:
     nccl_logs: str | None = None
     gpu_sim_seed: int = 0
     gpu_sim_count: int = 8
-    gpu_poll_interval_s: float = 2.0  # NVML's cheap calls, per GPU (docs/exporter.md, "GPU reads")
+    gpu_poll_interval_s: float = 5.0  # NVML's cheap calls, per GPU (docs/exporter.md, "GPU reads")
     gpu_sample_interval_s: float = 10.0  # its sampling and slow calls
     gpu_replay_latency: Path | None = None  # a latency profile a replay pays (replay backends only)
     gpu_replay_latency_pick: str = "median"  # median or max

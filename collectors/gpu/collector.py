@@ -39,7 +39,7 @@ from prometheus_client.metrics_core import Metric
 from collectors.base import CollectorOptions, ReadErrors
 from collectors.errors import CollectorConfigError, GpuBackendError
 from collectors.gpu.backend import lease_backend
-from collectors.gpu.model import LABELS, THROTTLE_REASONS, GpuBackend, GpuSample
+from collectors.gpu.model import LABELS, THROTTLE_REASONS, GpuBackend, GpuReading, GpuSample
 from collectors.registry import register
 
 if TYPE_CHECKING:
@@ -210,7 +210,11 @@ SPECS = METRICS + NVML_METRICS
 
 
 class GpuCollector:
-    """Turns one backend's readings into dcgm-exporter's families, plus fleetlens_gpu_up per device."""
+    """Turns one backend's readings into dcgm-exporter's families, plus fleetlens_gpu_up per device.
+
+    While the readings are those of the last scrape (the poller renews them every few seconds, scrapes
+    come more often), the same family objects are yielded again, and collectors.textformat renders them
+    once; only the values' ages are new families every scrape."""
 
     def __init__(
         self,
@@ -225,6 +229,7 @@ class GpuCollector:
         self._errors = errors
         self._release = release
         self._holders = holders
+        self._last: tuple[object, list[Metric]] | None = None  # the newest readings' key, their families
 
     def collect(self) -> Iterator[Metric]:
         if self._backend is None:
@@ -234,6 +239,28 @@ class GpuCollector:
         except GpuBackendError as error:
             self._errors.report("gpu backend", str(error))
             return
+        holders = {} if self._holders is None else dict(self._holders())
+        for reading in readings:
+            for problem in reading.problems:
+                self._errors.report(reading.identity.where, problem)
+        key = ([(reading.identity, reading.sample, reading.mig_instances) for reading in readings], holders)
+        if self._last is None or self._last[0] != key:
+            self._last = (key, self._value_families(readings, holders))
+        yield from self._last[1]
+        ages = GaugeMetricFamily(
+            "fleetlens_gpu_reading_age_seconds",
+            "Age of the GPU's newest values at this scrape, by the cadence that renews them (polled: every"
+            " poll interval; sampled: PCIe throughput and energy, every sample interval).",
+            labels=(*LABELS, "cadence"),
+        )
+        for reading in (reading for reading in readings if reading.sample is not None):
+            labels = list(reading.identity.labels(self._node).values())
+            for cadence, age in reading.ages_s:
+                ages.add_metric([*labels, cadence], age)
+        if ages.samples:
+            yield ages
+
+    def _value_families(self, readings: list[GpuReading], holders: Mapping[str, GpuHolder]) -> list[Metric]:
         up = GaugeMetricFamily(
             "fleetlens_gpu_up",
             "1 if the GPU answered this scrape, 0 if it errored or is lost.",
@@ -244,17 +271,8 @@ class GpuCollector:
             "1 if NVML reports this clock throttle (clocks event) reason as active, else 0.",
             labels=(*LABELS, "reason"),
         )
-        ages = GaugeMetricFamily(
-            "fleetlens_gpu_reading_age_seconds",
-            "Age of the GPU's newest values at this scrape, by the cadence that renews them (polled: every"
-            " poll interval; sampled: PCIe throughput and energy, every sample interval).",
-            labels=(*LABELS, "cadence"),
-        )
         families = [Metric(spec.name, spec.help, spec.kind) for spec in SPECS]
-        holders = {} if self._holders is None else self._holders()
         for reading in readings:
-            for problem in reading.problems:
-                self._errors.report(reading.identity.where, problem)
             labels = reading.identity.labels(self._node)
             up.add_metric(list(labels.values()), 0 if reading.sample is None else 1)
             if reading.sample is None:
@@ -264,18 +282,15 @@ class GpuCollector:
             _add_samples(families, reading.sample, labels, pod)
             for instance in reading.mig_instances:
                 _add_samples(families, instance.sample, instance.labels(labels), pod)
-            for cadence, age in reading.ages_s:
-                ages.add_metric([*labels.values(), cadence], age)
             reasons = reading.sample.clock_throttle_reasons
             if reasons is not None:
                 for reason, bit in THROTTLE_REASONS.items():
                     throttle.add_metric([*labels.values(), reason], 1 if reasons & bit else 0)
-        yield up
-        yield from (family for family in families if family.samples)
-        if throttle.samples:
-            yield throttle
-        if ages.samples:
-            yield ages
+        return [
+            up,
+            *(family for family in families if family.samples),
+            *([throttle] if throttle.samples else []),
+        ]
 
     def close(self) -> None:
         """Give the shared backend back (the last user closes NVML); safe to call twice."""
