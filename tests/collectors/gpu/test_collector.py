@@ -8,22 +8,25 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pynvml
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from collectors import registry
+from collectors import registry, textformat
 from collectors.base import CollectorOptions, ReadErrors
 from collectors.errors import GpuBackendError
 from collectors.exporter import scrape_body
 from collectors.gpu.backend import acquire_backend, release_backend
 from collectors.gpu.collector import METRICS, GpuCollector
-from collectors.gpu.model import LABELS, THROTTLE_REASONS
+from collectors.gpu.model import LABELS, THROTTLE_REASONS, GpuReading
 from collectors.gpu.nvml import NvmlBackend
 from collectors.gpu.sim import ManualClock, SimBackend
 from collectors.xid import XidCollector
@@ -231,3 +234,53 @@ def test_a_backend_that_fails_as_a_whole_is_reported_and_the_scrape_goes_on():
     errors = ReadErrors("gpu")
     assert list(GpuCollector(_BrokenBackend(), "n", errors).collect()) == []
     assert errors.count == 1
+
+
+class StandingReadings:
+    """A backend whose readings are whatever the test last set (the poller's, between two passes)."""
+
+    def __init__(self, readings: list[GpuReading]) -> None:
+        self.readings = readings
+
+    def read(self) -> list[GpuReading]:
+        return self.readings
+
+
+def exposition(collector: GpuCollector) -> bytes:
+    return textformat.render(list(collector.collect()))
+
+
+def test_standing_readings_yield_the_same_families_and_text_and_new_ones_new():
+    sim = busy_sim()
+    backend = StandingReadings(sim.read())
+    collector = GpuCollector(backend, "vela-001", ReadErrors("gpu"))
+    first, second = list(collector.collect()), list(collector.collect())
+    assert [family is again for family, again in zip(first, second, strict=True)] == [True] * len(first)
+    assert exposition(collector) == exposition(collector)
+    reading = backend.readings[0]
+    backend.readings = [
+        replace(reading, sample=replace(reading.sample, gpu_temp_c=91.0)),
+        *backend.readings[1:],
+    ]
+    changed = list(collector.collect())
+    assert not set(map(id, changed)) & set(map(id, first))
+    temperatures = samples_of(collector)["DCGM_FI_DEV_GPU_TEMP"]
+    assert [sample.value for sample in temperatures if sample.labels["gpu"] == "0"] == [91.0]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 0.0, 1.0, 30.0]), min_size=1, max_size=8), st.integers(0, 7))
+def test_a_long_lived_collector_renders_what_a_fresh_one_renders(steps, faulty):
+    """Whatever reuse happens between scrapes, the exposition is the one a new collector would write."""
+    clock = ManualClock()
+    sim = SimBackend(count=8, seed=5, clock=clock)
+    backend = StandingReadings([])
+    lived = GpuCollector(backend, "vela-001", ReadErrors("gpu"))
+    for number, step in enumerate(steps):
+        clock.advance(step)
+        if number == len(steps) // 2:
+            sim.set_fault(faulty, "ecc", dbe=1)
+        if step:
+            backend.readings = sim.read()
+        fresh = GpuCollector(StandingReadings(backend.readings), "vela-001", ReadErrors("gpu"))
+        assert exposition(lived) == exposition(fresh)
