@@ -7,6 +7,8 @@ the machine took: the machine that runs them is shared and noisy."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -176,3 +178,22 @@ def test_a_latency_profile_belongs_to_a_replay_and_picks_median_or_max(tmp_path)
         ExporterConfig(gpu_backend=f"replay:{tmp_path}/c", gpu_replay_latency_pick="p99")
     with pytest.raises(ConfigError, match=r"exporter\.gpu_poll_interval_s: must be between"):
         ExporterConfig(gpu_poll_interval_s=0)
+
+
+def test_what_the_measuring_script_prints_is_a_profile_the_replay_reads(fixtures, tmp_path):
+    """bench/nvml_latency.py, the script that measures a real GPU, run on the H200 capture's replay."""
+    script = Path(__file__).resolve().parents[3] / "bench" / "nvml_latency.py"
+    printed = subprocess.run(
+        [sys.executable, str(script), "--replay", str(fixtures / CAPTURE), "--repeat", "2"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    path = tmp_path / "measured.txt"
+    path.write_text(printed)
+    measured = load_profile(path)
+    assert {"nvmlInit", "nvmlDeviceGetPcieThroughput", "nvmlDeviceGetTotalEnergyConsumption"} <= set(
+        measured.costs
+    )
+    assert "NVMLError_NotSupported" in printed  # the energy counter the capture cannot answer, timed too
