@@ -59,6 +59,7 @@ demo: $(VENV)/.torch
 
 bench: install-test
 	$(PY) bench/exporter.py
+	$(PY) bench/gpu_scrape.py
 	$(PY) bench/steps.py
 	$(PY) bench/parser.py
 	$(PY) bench/storage_layout.py

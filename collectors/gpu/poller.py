@@ -6,8 +6,9 @@ the node the scrape must not disturb. dcgm-exporter reads DCGM's cached fields; 
 
 Each device's thread runs the readers of collectors.gpu.nvml by cadence: POLLED every `poll_interval_s`,
 SAMPLED every `sample_interval_s` (DCGM's field watches, per GPU), STATIC until a pass answers them once
-(again after the device was lost). A pass starts early by twice the longest recent pass (at most half an
-interval), so each cadence's values are renewed within their interval; each reading carries their ages.
+(again after the device was lost). A pass starts early by twice the longest recent pass and a wake-up's
+slack (at most half an interval), so each cadence's values are renewed within their interval; each
+reading carries their ages.
 Devices are read in parallel: NVML is thread-safe, and pynvml releases the GIL in every call.
 
 A device whose polled values grow older than STALE_INTERVALS poll intervals (its thread is stuck in a
@@ -29,6 +30,7 @@ from collectors.gpu.nvml import POLLED, SAMPLED, STATIC, Cadence, DeviceRead, Nv
 
 STALE_INTERVALS = 3
 RECENT_PASSES = 16
+WAKE_SLACK_S = 0.05  # how late a thread may wake on a busy machine
 
 
 @dataclass
@@ -118,7 +120,7 @@ class PolledBackend:
             self._store(index, cadences, result, done)
             for cadence in cadences & due.keys():
                 interval = self._intervals[cadence]
-                due[cadence] = done + interval - min(2 * max(recent), interval / 2)
+                due[cadence] = done + interval - min(2 * max(recent) + WAKE_SLACK_S, interval / 2)
 
     def _store(self, index: int, cadences: set[Cadence], result: DeviceRead, done: float) -> None:
         with self._lock:
