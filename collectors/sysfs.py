@@ -79,6 +79,19 @@ def read_text(path: str, *, missing_ok: bool = False) -> str | None:
     return data.decode(errors="replace").strip()
 
 
+def read_regular_file(path: str | os.PathLike[str], limit: int) -> bytes:
+    """Up to `limit` + 1 bytes of the file at `path` (one past the limit tells the caller it is too long).
+    Opened without blocking and refused unless a regular file (SysfsError): a FIFO named where a file
+    belongs would wait for a writer, and whoever reads it with it. OSError when it cannot be read."""
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        _require_regular(fd, str(path))
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            return file.read(limit + 1)
+    finally:
+        os.close(fd)
+
+
 def _require_regular(fd: int, path: str) -> None:
     """Refuse an open file that is not a regular file, before reading it could block or mislead."""
     mode = os.fstat(fd).st_mode

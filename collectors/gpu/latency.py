@@ -29,7 +29,8 @@ from typing import Any
 
 import pynvml
 
-from collectors.errors import GpuBackendError
+from collectors.errors import GpuBackendError, SysfsError
+from collectors.sysfs import read_regular_file
 
 MAX_PROFILE_BYTES = 1024 * 1024
 MAX_DELAY_MS = 60_000.0  # a call measured slower than a minute is no measurement
@@ -67,8 +68,9 @@ class LatencyProfile:
 def load_profile(path: Path) -> LatencyProfile:
     """The profile in the file at `path`; GpuBackendError naming the file (and line) when it is not one."""
     try:
-        with path.open("rb") as file:
-            data = file.read(MAX_PROFILE_BYTES + 1)
+        data = read_regular_file(path, MAX_PROFILE_BYTES)
+    except SysfsError:
+        raise GpuBackendError(f"{path}: not a regular file") from None
     except OSError as error:
         raise GpuBackendError(f"{path}: cannot read the latency profile: {error.strerror or error}") from None
     if len(data) > MAX_PROFILE_BYTES:

@@ -193,25 +193,13 @@ READERS: tuple[tuple[str, Reader, Cadence], ...] = (
         STATIC,
     ),
     ("clock throttle reasons", _throttle_reasons, POLLED),
-    (
-        "volatile SBE",
-        _ecc("ecc_sbe_volatile", "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC"),
-        POLLED,
-    ),
-    (
-        "volatile DBE",
-        _ecc("ecc_dbe_volatile", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"),
-        POLLED,
-    ),
-    (
-        "aggregate SBE",
-        _ecc("ecc_sbe_aggregate", "NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_AGGREGATE_ECC"),
-        POLLED,
-    ),
-    (
-        "aggregate DBE",
-        _ecc("ecc_dbe_aggregate", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_AGGREGATE_ECC"),
-        POLLED,
+    *(
+        (f"{scope} {kind.upper()}", _ecc(f"ecc_{kind}_{scope}", error_type, counter), POLLED)
+        for scope, counter in (("volatile", "NVML_VOLATILE_ECC"), ("aggregate", "NVML_AGGREGATE_ECC"))
+        for kind, error_type in (
+            ("sbe", "NVML_MEMORY_ERROR_TYPE_CORRECTED"),
+            ("dbe", "NVML_MEMORY_ERROR_TYPE_UNCORRECTED"),
+        )
     ),
     ("remapped rows", _remapped_rows, POLLED),
     (

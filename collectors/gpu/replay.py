@@ -35,9 +35,7 @@ import codecs
 import functools
 import inspect
 import operator
-import os
 import re
-import stat
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,9 +47,10 @@ import pynvml
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import DefusedXMLParser
 
-from collectors.errors import GpuBackendError
+from collectors.errors import GpuBackendError, SysfsError
 from collectors.gpu.model import MIB, normalize_pci_bus_id
 from collectors.gpu.nvml import handle_address
+from collectors.sysfs import read_regular_file
 
 BANNER = "==============NVSMI LOG=============="
 MAX_CAPTURE_BYTES = 64 * MIB  # a 64-GPU capture is under 1 MiB; past this it is no capture
@@ -670,13 +669,11 @@ def _xml_snapshot(text: str, snapshot: int) -> Entry:
 
 
 def _read_bytes(path: Path) -> bytes:
-    """The file's bytes, up to one past the limit. Opened without blocking, and refused unless a regular
-    file: reading a FIFO (or a terminal) would wait for a writer, and the exporter's start with it."""
+    """The file's bytes, up to one past the limit; a FIFO or device is refused without waiting on it."""
     try:
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY), "rb") as capture:
-            if not stat.S_ISREG(os.fstat(capture.fileno()).st_mode):
-                raise _CaptureProblem(0, "not a regular file")
-            return capture.read(MAX_CAPTURE_BYTES + 1)
+        return read_regular_file(path, MAX_CAPTURE_BYTES)
+    except SysfsError:
+        raise _CaptureProblem(0, "not a regular file") from None
     except OSError as error:
         raise _CaptureProblem(0, f"cannot read the capture: {error.strerror or error}") from None
 
