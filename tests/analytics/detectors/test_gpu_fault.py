@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from contextlib import closing
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -122,8 +123,8 @@ def test_the_real_sequence_on_gpuds_real_h100_node_names_the_gpu_its_address_bel
     """The same project's nvidia-smi capture of 8 H100s has GPU 0 at 19:00: replayed through the real NVML
     code as the node's GPUs, the kernel log's address meets NVML's and the fault lands on gpu:0."""
     capture = fixtures / "gpud" / "nvidia-smi-query.535.161.08.out.0.valid"
-    h100s = open_backend(CollectorOptions(gpu_backend=f"replay:{capture}"))
-    window = follow_log(store, tmp_path, (fixtures / "gpud" / "dmesg.0.log").read_text(), real_gpus=h100s)
+    with closing(open_backend(CollectorOptions(gpu_backend=f"replay:{capture}"))) as h100s:
+        window = follow_log(store, tmp_path, (fixtures / "gpud" / "dmesg.0.log").read_text(), real_gpus=h100s)
 
     [finding] = GpuFault().detect(store, window)
     assert (finding.kind, finding.severity, finding.component) == ("gpu_fault", "critical", "gpu:0")

@@ -3,6 +3,7 @@ by reboots and scrape gaps (gpu_fault has its own tests: test_gpu_fault.py)."""
 
 from __future__ import annotations
 
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,7 @@ def test_the_real_power_braked_8_h100_node_stands_out_in_a_simulated_idle_h100_f
     the real NVML code as one node among simulated idle H100s (345 MHz idle, as a healthy capture shows)."""
     capture = fixtures / "gpud/nvidia-smi-query.535.161.08.out.0.valid"
     braked = open_backend(CollectorOptions(gpu_backend=f"replay:{capture}"))
-    with SimulatedFleet(store, tmp_path, gpus=8, real_gpus={"vela-002": braked}) as fleet:
+    with closing(braked), SimulatedFleet(store, tmp_path, gpus=8, real_gpus={"vela-002": braked}) as fleet:
         for node in fleet.nodes:
             fleet.set_load(node.name, 0.0)
         window = fleet.tick(3)

@@ -163,9 +163,12 @@ def test_a_problem_met_by_a_pass_reaches_one_scrape(fixtures):
 
 
 def test_closing_stops_every_thread(fixtures):
+    before = set(threading.enumerate())
     with polled(fixtures, poll_s=0.01, sample_s=0.01) as (backend, _):
         backend.read()
-    assert not [thread for thread in threading.enumerate() if thread.name.startswith("gpu-poller-")]
+        started = [thread for thread in threading.enumerate() if thread not in before]
+    assert len([thread for thread in started if thread.name.startswith("gpu-poller-")]) == 8
+    assert not [thread for thread in started if thread.is_alive()]
 
 
 @pytest.mark.parametrize("pick", ["median", "max"])
