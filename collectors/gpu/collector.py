@@ -253,7 +253,7 @@ class GpuCollector:
             " poll interval; sampled: PCIe throughput and energy, every sample interval).",
             labels=(*LABELS, "cadence"),
         )
-        for reading in (reading for reading in readings if reading.sample is not None):
+        for reading in readings:
             labels = list(reading.identity.labels(self._node).values())
             for cadence, age in reading.ages_s:
                 ages.add_metric([*labels, cadence], age)

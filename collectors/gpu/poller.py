@@ -12,13 +12,15 @@ reading carries their ages.
 Devices are read in parallel: NVML is thread-safe, and pynvml releases the GIL in every call.
 
 A device whose polled values grow older than STALE_INTERVALS poll intervals (its thread is stuck in a
-call that does not return) reads as down, and comes back with its next answer: a hung GPU costs a scrape
-nothing. A problem is reported once per pass that met it. The first read waits for every device's first
-pass, at most `first_read_timeout_s`, so that a one-shot `collect` prints values.
+call that does not return) reads as down, its ages still growing, and comes back with its next answer: a
+hung GPU costs a scrape nothing. A problem is reported once per pass that met it (an exception that is no
+NVML error too: the thread goes on). The first read waits for every device's first pass, at most
+`first_read_timeout_s`, so that a one-shot `collect` prints values.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -28,9 +30,13 @@ from dataclasses import dataclass, field
 from collectors.gpu.model import GpuIdentity, GpuReading, GpuSample, XidEvent, XidWatch
 from collectors.gpu.nvml import POLLED, SAMPLED, STATIC, Cadence, DeviceRead, NvmlBackend, merged
 
+log = logging.getLogger("fleetlens.collectors")
+
 STALE_INTERVALS = 3
+CLOSE_WAIT_S = 1.0  # for all threads together; one stuck in NVML is left behind
 RECENT_PASSES = 16
 WAKE_SLACK_S = 0.05  # how late a thread may wake on a busy machine
+STALE_PROBLEM = f"no answer from NVML for over {STALE_INTERVALS} poll intervals"  # the age says how long
 
 
 @dataclass
@@ -92,14 +98,13 @@ class PolledBackend:
         renewed = latest.renewed_at.get(POLLED)
         if renewed is None:
             return GpuReading(identity, None, (*problems, "no answer from NVML yet"))
-        age = now - renewed
-        if age > STALE_INTERVALS * self._intervals[POLLED]:
-            return GpuReading(identity, None, (*problems, f"no answer from NVML for {age:.1f} s"))
         ages = tuple(
             (cadence.value, now - latest.renewed_at[cadence])
             for cadence in self._intervals
             if cadence in latest.renewed_at
         )
+        if now - renewed > STALE_INTERVALS * self._intervals[POLLED]:
+            return GpuReading(identity, None, (*problems, STALE_PROBLEM), ages_s=ages)
         mig = () if latest.polled is None else latest.polled.mig_instances
         return GpuReading(identity, GpuSample(**merged(latest.values)), problems, mig, ages)
 
@@ -114,7 +119,11 @@ class PolledBackend:
                 continue
             if STATIC not in self._latest[index].values:
                 cadences.add(STATIC)
-            result = self._source.read_device(index, cadences)
+            try:
+                result = self._source.read_device(index, cadences)
+            except Exception as error:  # a bug must not end the thread: the GPU reads down, saying why
+                log.debug("reading %s failed", self._identities[index].where, exc_info=True)
+                result = DeviceRead({}, (f"reading the device failed: {error!r}",), lost=True)
             done = self._clock()
             recent.append(done - now)
             self._store(index, cadences, result, done)
@@ -143,6 +152,7 @@ class PolledBackend:
     def close(self) -> None:
         """Stop the threads (one stuck in NVML is left to the process's end), then close NVML."""
         self._stopping.set()
+        deadline = time.monotonic() + CLOSE_WAIT_S
         for thread in self._threads:
-            thread.join(timeout=1.0)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self._source.close()

@@ -19,7 +19,7 @@ import pytest
 from collectors.gpu.latency import H200_PROFILE, Slowed, load_profile
 from collectors.gpu.model import GpuReading
 from collectors.gpu.nvml import NvmlBackend, handle_address
-from collectors.gpu.poller import PolledBackend
+from collectors.gpu.poller import STALE_PROBLEM, PolledBackend
 from collectors.gpu.replay import load_capture
 
 GPUD = "gpud/nvidia-smi-query.535.161.08.out.0.valid"
@@ -39,6 +39,7 @@ class Gate:
         self.most_in_flight = 0
         self.held: dict[int | None, threading.Event] = {}
         self.failing: dict[tuple[int | None, str | None], int] = {}  # (device, function or None): NVML error
+        self.broken: dict[int | None, Exception] = {}  # device: what any call on it raises (no NVML error)
 
     def handle(self, index: int) -> int | None:
         return handle_address(self._nvml.nvmlDeviceGetHandleByIndex(index))
@@ -58,6 +59,8 @@ class Gate:
             try:
                 if device in self.held:
                     self.held[device].wait()
+                if device in self.broken:
+                    raise self.broken[device]
                 code = self.failing.get((device, name), self.failing.get((device, None)))
                 if code is not None:
                     raise pynvml.NVMLError(code)
@@ -127,8 +130,9 @@ def test_a_hung_gpu_reads_down_without_holding_the_scrape_and_comes_back(fixture
         assert backend.read()[1].sample is not None
         gate.held[gate.handle(1)] = threading.Event()
         eventually(backend.read, lambda readings: readings[1].sample is None)
-        down = backend.read()
-        assert any("no answer from NVML for" in problem for problem in down[1].problems)
+        down, later = backend.read(), backend.read()
+        assert STALE_PROBLEM in down[1].problems and STALE_PROBLEM in later[1].problems  # logged once
+        assert dict(later[1].ages_s)["polled"] > dict(down[1].ages_s)["polled"] > 3 * 0.02
         assert all(reading.sample is not None for index, reading in enumerate(down) if index != 1)
         gate.held.pop(gate.handle(1)).set()
         eventually(backend.read, lambda readings: readings[1].sample is not None)
@@ -146,6 +150,15 @@ def test_a_lost_gpu_is_down_until_it_answers_and_its_static_facts_are_asked_agai
         eventually(backend.read, lambda readings: readings[2].sample is not None)
         assert gate.calls["nvmlDeviceGetMaxPcieLinkWidth", handle] == static_reads + 1
         assert backend.read()[2].sample.pcie_max_link_width == 16
+
+
+def test_an_error_that_is_no_nvml_error_reads_the_gpu_down_and_the_thread_goes_on(fixtures):
+    with polled(fixtures, poll_s=0.02, sample_s=0.05) as (backend, gate):
+        backend.read()
+        gate.broken[gate.handle(3)] = RuntimeError("a ctypes struct the driver did not fill")
+        eventually(backend.read, lambda readings: readings[3].sample is None)
+        del gate.broken[gate.handle(3)]
+        eventually(backend.read, lambda readings: readings[3].sample is not None)
 
 
 def test_a_problem_met_by_a_pass_reaches_one_scrape(fixtures):
