@@ -24,6 +24,7 @@ from collectors.gpu.nvml import CADENCES, POLLED, SAMPLED, NvmlBackend
 from collectors.gpu.replay import load_capture
 from fleetlens.config import ExporterConfig
 from fleetlens.errors import ConfigError
+from tests.collectors.gpu.test_replay import fleetlens
 
 MEASURED = "h200-passthrough/nvml-call-latency.txt"
 CAPTURE = "h200-passthrough/nvidia-smi-q.idle.txt"
@@ -200,3 +201,41 @@ def test_what_the_measuring_script_prints_is_a_profile_the_replay_reads(fixtures
         measured.costs
     )
     assert "NVMLError_NotSupported" in printed  # the energy counter the capture cannot answer, timed too
+
+
+def test_collect_with_a_bad_profile_stops_naming_file_and_line(fixtures, tmp_path):
+    profile = tmp_path / "profile.txt"
+    profile.write_text("GetPowerUsage median 2 max 1\n")
+    result = fleetlens(
+        "collect", "--gpu-backend", f"replay:{fixtures / CAPTURE}", "--gpu-replay-latency", str(profile)
+    )
+    assert result.returncode == 1
+    assert f"{profile}:1: max 1 ms is below the median 2 ms" in result.stderr
+
+
+def test_collect_at_the_h200_prices_prints_what_the_capture_holds(fixtures):
+    at_once = fleetlens("collect", "--gpu-backend", f"replay:{fixtures / CAPTURE}", "--node", "vm")
+    paid = fleetlens(
+        "collect",
+        "--gpu-backend",
+        f"replay:{fixtures / CAPTURE}",
+        "--node",
+        "vm",
+        "--gpu-replay-latency",
+        str(H200_PROFILE),
+        "--gpu-replay-latency-pick",
+        "max",
+    )
+    assert paid.returncode == at_once.returncode == 0
+    values = [gpu_values(result.stdout) for result in (at_once, paid)]
+    assert values[0] == values[1] and len(values[0]) >= 38
+
+
+def gpu_values(exposition: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The GPU series' values but their ages, by name and labels."""
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+        if "gpu" in sample.labels and sample.name != "fleetlens_gpu_reading_age_seconds"
+    }
