@@ -125,7 +125,7 @@ def parse_lifecycle_policy(section: Mapping[str, Any], where: str = "lifecycle")
 class CommandTrigger:
     """Starts the operator's argument list with `{node}` and `{checks}` (comma-separated) substituted in
     each argument, never through a shell, e.g.
-    ["ssh", "{node}", "fleetlens", "checks", "run", "--checks", "{checks}", "--hub", "http://hub:9400"],
+    ["ssh", "{node}", "fleetlens", "checks", "run", "--checks", "{checks}", "--hub", "http://hub:9500"],
     and does not wait for it: heavy checks run for half an hour (`dcgmi diag -r 3`), and their results
     reach the store on their own. A command that cannot start, or ends within START_GRACE_S with a status
     other than RAN (`checks run`'s 0 PASS/WARN, 1 FAIL, 2 ERROR: the checks ran and said so), is a failed

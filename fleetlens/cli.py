@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     exporter = sub.add_parser("exporter", help="serve this VM's GPU, RoCE and link metrics over HTTP")
-    exporter.add_argument("--listen", help="HOST:PORT to serve /metrics on (default 0.0.0.0:9400)")
+    exporter.add_argument("--listen", help="HOST:PORT to serve /metrics on (default 0.0.0.0:9612)")
     exporter.add_argument(
         "--web.max-requests",
         type=int,

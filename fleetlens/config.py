@@ -81,7 +81,7 @@ def _number(value: float) -> str:
 class ExporterConfig:
     """The per-VM exporter: where it listens, what it reads, which collectors run."""
 
-    listen: str = "0.0.0.0:9400"
+    listen: str = "0.0.0.0:9612"  # FREE on Prometheus's port allocations: docs/exporter.md, "Port"
     sysfs_root: Path = Path("/sys")
     gpu_backend: GpuBackend = "nvml"
     node: str = field(default_factory=socket.gethostname)

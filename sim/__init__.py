@@ -18,7 +18,7 @@ pipeline     simulate and evaluate scenarios into throwaway stores
 errors       the errors the simulator raises, as one tree (SimError)
 
 Both modes give the same rows for a scenario (the targets' duration_s aside), and the same scenario (its
-seed) in the same workdir gives identical rows run after run. Targets are named `<node>:9400`, where a
+seed) in the same workdir gives identical rows run after run. Targets are named `<node>:9612`, where a
 real fleet's exporter listens; the loopback ports are the simulation's. `workdir` holds the /sys trees,
 NCCL logs and the online spool; put it on tmpfs for large fleets.
 """

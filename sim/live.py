@@ -121,7 +121,7 @@ class LiveFleet:
         (targets.json: targets.dcgm-exporter.json, targets.node-exporter.json). node_exporter's groups
         are labelled with the node's name; dcgm-exporter's are not, as its series carry Hostname, the
         node label a hub's remote-write receiver looks at after `node`. Each group sets `instance` to the
-        name the target has in a real fleet (vela-001:9400, vela-001:9100, as sim.offline names them),
+        name the target has in a real fleet (vela-001:9612, vela-001:9100, as sim.offline names them),
         not to its loopback address, which would make every simulated node one host."""
         if not self.node_exporter_addresses:
             return {path: self.targets}

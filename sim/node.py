@@ -33,7 +33,7 @@ from sim.scenario import Fault, Scenario
 from sim.sysfs import SimSysfs
 
 SCENARIO_EPOCH: float = 1_767_225_600.0  # 2026-01-01T00:00Z: simulated time 0 is this unix time
-EXPORTER_PORT = 9400  # the port in target names: where a real fleet's exporter listens
+EXPORTER_PORT = 9612  # the port in target names: where a real fleet's exporter listens (its default)
 SCRAPE_GAP = "simulated scrape gap"  # the reason phrase of the 503 a node answers during a scrape_gap
 SCRAPE_GAP_ERROR = f"HTTP 503 {SCRAPE_GAP}"  # what the scraper records for it
 FILE_COLLECTORS = ("infiniband", "netclass", "nccl_log")  # built from options; gpu and xid on the node's GPUs

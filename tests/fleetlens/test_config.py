@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from collectors.base import CollectorOptions
-from fleetlens.config import ExporterConfig, load_config
+from fleetlens.config import ExporterConfig, HubConfig, load_config, split_listen
 from fleetlens.errors import ConfigError
 
 
@@ -18,7 +18,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_defaults_without_any_source():
     config = load_config(env={})
-    assert config.exporter.listen == "0.0.0.0:9400"
+    assert config.exporter.listen == "0.0.0.0:9612"
     assert config.exporter.gpu_backend == "nvml"
     assert config.exporter.sysfs_root == Path("/sys")
 
@@ -138,3 +138,26 @@ def test_remote_write_settings_node_labels_and_detection_lag(tmp_path):
 def test_bad_remote_write_settings_name_the_key(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message):
         load_config(write(tmp_path, text), env={})
+
+
+# Ports of what else listens on a GPU VM or beside the hub, from Prometheus's default port allocations
+# (https://github.com/prometheus/prometheus/wiki/Default-port-allocations) and the exporters' own docs.
+GPU_VM_PEER_PORTS = {
+    9090: "Prometheus",
+    9091: "Pushgateway",
+    9093: "Alertmanager",
+    9094: "Alertmanager clustering",
+    9100: "node_exporter",
+    9256: "process-exporter",
+    9290: "IPMI exporter",
+    9400: "dcgm-exporter",
+    9615: "Mellanox mlx5 exporter",
+    9633: "smartctl_exporter",
+    9835: "nvidia_gpu_exporter",
+}
+
+
+def test_the_exporters_default_port_is_no_peers_and_not_the_hubs():
+    exporter_port = ExporterConfig().host_port[1]
+    assert exporter_port not in GPU_VM_PEER_PORTS, GPU_VM_PEER_PORTS.get(exporter_port)
+    assert exporter_port != split_listen(HubConfig().listen, "hub.listen")[1]

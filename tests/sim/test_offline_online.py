@@ -136,7 +136,7 @@ def test_online_and_offline_store_the_same_rows(store, other_store, tmp_path):
     assert offline.ticks == 13 and offline.targets_down == 2
     assert len(rows["samples"]) == offline.samples > 13 * 3 * 500
     assert len(rows["steps"]) == offline.steps > 0
-    assert {row[1] for row in rows["targets"]} == {"vela-001:9400", "vela-002:9400", "vela-003:9400"}
+    assert {row[1] for row in rows["targets"]} == {"vela-001:9612", "vela-002:9612", "vela-003:9612"}
     assert store.query("SELECT max(value) FROM metrics WHERE metric LIKE '%collector_duration%'").rows == [
         (0.0,)
     ]
