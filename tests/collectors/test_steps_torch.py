@@ -130,9 +130,10 @@ def test_all_ranks_slow_down_together_and_healthy_ones_wait_in_comm(job_run: Job
         assert median(job_run, rank, "duration_s", AFTER) > 1.3 * median(job_run, rank, "duration_s", BEFORE)
     for rank in HEALTHY:
         assert median(job_run, rank, "comm_s", AFTER) > 1.5 * median(job_run, rank, "comm_s", BEFORE)
-    for step in AFTER:  # synchronous training: one step takes about as long everywhere
-        durations = [job_run.records[rank][step].duration_s for rank in range(WORLD_SIZE)]
-        assert min(durations) > 0.5 * max(durations), (step, durations)
+    # synchronous training: a step takes about as long everywhere. Compared over the steps' medians: on a
+    # loaded machine one rank's step can end a few ms after the others', and the next one then starts late
+    durations = [median(job_run, rank, "duration_s", AFTER) for rank in range(WORLD_SIZE)]
+    assert min(durations) > 0.8 * max(durations), durations
 
 
 def test_otlp_histograms_match_the_json_lines(job_run: JobRun) -> None:
