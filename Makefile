@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # Debian packages the integration tests start as real peers.
-DEBIAN_PEERS := prometheus prometheus-node-exporter prometheus-alertmanager slurmctld slurmd slurm-client chromium lldpd libvirt-clients iperf3 iputils-ping
+DEBIAN_PEERS := prometheus prometheus-node-exporter prometheus-alertmanager slurmctld slurmd slurm-client chromium lldpd libvirt-clients iperf3 iputils-ping systemd
 TORCH := torch==2.13.0
 
 .PHONY: demo test chaos venv install install-test debian-peers lint bench screenshot eval eval-ci clean
