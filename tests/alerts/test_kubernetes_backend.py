@@ -20,7 +20,7 @@ from kubernetes.client import ApiClient, Configuration
 from alerts.backends.kubernetes import KubernetesBackend
 from alerts.errors import AlertConfigError, BackendError
 from alerts.model import DrainRequest
-from tests.support.kubeapi import FakeKubeApi, make_node, make_pod
+from tests.support.kubeapi import FakeKubeApi, RecordedRequest, make_node, make_pod
 from tests.support.peers import hung_listener
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
@@ -29,6 +29,11 @@ FLEETLENS_TAINT_KEY = "fleetlens.io/unhealthy"
 
 def request(node: str = "gpu-01", kind: str = "gpu_fault") -> DrainRequest:
     return DrainRequest(decision_id=uuid.uuid4().hex, node=node, kind=kind, alert_id=uuid.uuid4().hex[:16])
+
+
+def node_patches(api: FakeKubeApi) -> list[RecordedRequest]:
+    """The PATCHes of the Node object itself, not of its status."""
+    return [call for call in api.calls("PATCH") if not call.path.endswith("/status")]
 
 
 def training_pods() -> list[dict]:
@@ -78,6 +83,8 @@ def test_drain_cordons_taints_labels_and_annotates_with_one_patch_keeping_other_
     assert [(call.method, call.path) for call in api.requests] == [
         ("GET", "/api/v1/nodes/gpu-01"),
         ("PATCH", "/api/v1/nodes/gpu-01"),
+        ("PATCH", "/api/v1/nodes/gpu-01/status"),
+        ("POST", "/api/v1/namespaces/default/events"),
     ]
     patch = api.calls("PATCH")[0]
     assert patch.content_type == "application/strategic-merge-patch+json"
@@ -105,10 +112,12 @@ def test_resume_undoes_exactly_what_drains_added(api: FakeKubeApi) -> None:
     drains.drain(request(kind="gpu_fault"))
     drains.resume(request(kind="gpu_fault"))
 
-    after = api.nodes["gpu-01"]
+    after = copy.deepcopy(api.nodes["gpu-01"])
     assert after["metadata"].pop("resourceVersion") != before["metadata"].pop("resourceVersion")
+    assert [c["type"] for c in after.pop("status")["conditions"]] == ["Ready", "FleetlensHealthy"]
+    before.pop("status")
     assert after == before
-    uncordon = api.calls("PATCH")[-1].body
+    uncordon = node_patches(api)[-1].body
     assert uncordon["spec"]["unschedulable"] is None  # null clears it, as kubectl uncordon sends
 
 
@@ -136,7 +145,7 @@ def test_a_taint_written_between_read_and_patch_is_kept(api: FakeKubeApi) -> Non
         "example.com/maintenance",
         FLEETLENS_TAINT_KEY,
     ]
-    assert [call.method for call in api.requests] == ["GET", "PATCH", "GET", "PATCH"]
+    assert [call.method for call in api.requests] == ["GET", "PATCH", "GET", "PATCH", "PATCH", "POST"]
 
 
 def test_eviction_moves_workload_pods_only_through_the_eviction_api(api: FakeKubeApi) -> None:
@@ -145,7 +154,7 @@ def test_eviction_moves_workload_pods_only_through_the_eviction_api(api: FakeKub
 
     listing = api.calls("GET")[-1]
     assert (listing.path, listing.query) == ("/api/v1/pods", {"fieldSelector": ["spec.nodeName=gpu-01"]})
-    evictions = {call.path: call.body for call in api.calls("POST")}
+    evictions = {call.path: call.body for call in api.calls("POST") if call.path.endswith("/eviction")}
     assert evictions == {
         f"/api/v1/namespaces/train/pods/{name}/eviction": {
             "apiVersion": "policy/v1",
@@ -272,7 +281,7 @@ def test_the_lifecycle_labels_gpuhealth_evict_testing_then_pass_as_autopilot_doe
         seen.append(gpuhealth())
 
     assert seen == ["EVICT", "TESTING", "EVICT", "PASS"]
-    labels = api.calls("PATCH")[1].body["metadata"]["labels"]
+    labels = node_patches(api)[1].body["metadata"]["labels"]
     assert labels == {"autopilot.ibm.com/gpuhealth": "TESTING"}  # a mark touches that label alone
     assert "fleetlens.io/drained" not in api.nodes["gpu-01"]["metadata"]["labels"]
 
@@ -283,7 +292,7 @@ def test_without_a_prefix_no_gpuhealth_label_is_written(api: FakeKubeApi) -> Non
     nodes.mark(request(), "TESTING")
 
     assert not any(key.endswith("/gpuhealth") for key in api.nodes["gpu-01"]["metadata"]["labels"])
-    assert len(api.calls("PATCH")) == 1
+    assert len(node_patches(api)) == 1
 
 
 def test_holds_tells_whether_fleetlens_s_taint_is_still_on_the_node(api: FakeKubeApi) -> None:
