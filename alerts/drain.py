@@ -1,18 +1,16 @@
 """The drain controller: firing alerts in, drain decisions out, within the policy's safety limits.
 
 Each step looks at the alerts firing now. A node with an alert the policy covers (policy.DrainRule: kind,
-severity, a straggler's cost, a GPU fault's action) is a candidate once corroborated; before anything
-is called, the controller checks, in order: a silence
-on the node's alert, the hold of a shared fault, the node's cooldown, the circuit breaker, then the
-limits (drained at once, share of the fleet, per job, per hour, per parent per hour), counting drains
-waiting for approval as drained. What passes is
+severity, a straggler's cost, a GPU fault's action) is a candidate once corroborated; before anything is
+called, the controller checks, in order: a silence on the node's alert, the hold of a shared fault, the
+node's cooldown, the circuit breaker, then the limits (drained at once, share of the fleet, per job, per
+hour, per parent per hour), counting drains waiting for approval as drained. What passes is
 
     dry-run   recorded as `dry-run`: no backend is called; the controller's state moves as if drained,
               so the audit shows what `auto` would have done
     approve   recorded as `pending` until approve() or deny(); approve() calls the backends
-    auto      the backends are called at once: `done`, or `failed` with their answer (retried later), or
-              `drained-by-other` where another tool (IBM Autopilot, NVIDIA NVSentinel) holds the node
-              already: fleetlens neither holds nor resumes it, and asks again after policy.retry_s
+    auto      the backends are called at once: `done`, `failed` with their answer (retried later), or
+              `drained-by-other` when another tool holds the node (not fleetlens's; asked again after retry_s)
 
 Drains follow the shared-fault diagnosis (analytics.detectors.shared_faults; docs/alerts.md "Shared
 faults"): a shared fault's own alert has no node and drains nothing; a drain its fault explains, on a node
