@@ -278,13 +278,19 @@ class FakeKubeApi:
             return status(404, "NotFound", f'nodes "{name}" not found', name=name, kind="nodes")
         return _Answer(200, self.nodes[name])
 
-    def _patch_node(self, name: str, content_type: str, patch: dict) -> _Answer:
+    def _patch_refusal(self, name: str, content_type: str) -> _Answer | None:
+        """Why a PATCH of node `name` in `content_type` cannot be served, or None."""
         if content_type not in PATCH_TYPES:
             return status(
                 415, "UnsupportedMediaType", f"the fake serves only {PATCH_TYPES}, not {content_type}"
             )
         if name not in self.nodes:
             return status(404, "NotFound", f'nodes "{name}" not found', name=name, kind="nodes")
+        return None
+
+    def _patch_node(self, name: str, content_type: str, patch: dict) -> _Answer:
+        if refusal := self._patch_refusal(name, content_type):
+            return refusal
         if name in self._writes_before_patch:
             self._writes_before_patch.pop(name)(self.nodes[name])
             self._bump_version(name)
@@ -301,12 +307,8 @@ class FakeKubeApi:
 
     def _patch_node_status(self, name: str, content_type: str, patch: dict) -> _Answer:
         """PATCH nodes/NAME/status: only the status changes; strategic merge merges conditions by type."""
-        if content_type not in PATCH_TYPES:
-            return status(
-                415, "UnsupportedMediaType", f"the fake serves only {PATCH_TYPES}, not {content_type}"
-            )
-        if name not in self.nodes:
-            return status(404, "NotFound", f'nodes "{name}" not found', name=name, kind="nodes")
+        if refusal := self._patch_refusal(name, content_type):
+            return refusal
         changes = dict(patch.get("status") or {})
         conditions = changes.pop("conditions", None)
         node_status = merge_patch(self.nodes[name].get("status", {}), changes)
