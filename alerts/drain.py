@@ -1,16 +1,16 @@
 """The drain controller: firing alerts in, drain decisions out, within the policy's safety limits.
 
 Each step looks at the alerts firing now. A node with an alert the policy covers (policy.DrainRule: kind,
-severity, a straggler's cost, a GPU fault's action) is a candidate once corroborated; before anything
-is called, the controller checks, in order: a silence
-on the node's alert, the hold of a shared fault, the node's cooldown, the circuit breaker, then the
-limits (drained at once, share of the fleet, per job, per hour, per parent per hour), counting drains
-waiting for approval as drained. What passes is
+severity, a straggler's cost, a GPU fault's action) is a candidate once corroborated; before anything is
+called, the controller checks, in order: a silence on the node's alert, the hold of a shared fault, the
+node's cooldown, the circuit breaker, then the limits (drained at once, share of the fleet, per job, per
+hour, per parent per hour), counting drains waiting for approval as drained. What passes is
 
     dry-run   recorded as `dry-run`: no backend is called; the controller's state moves as if drained,
               so the audit shows what `auto` would have done
     approve   recorded as `pending` until approve() or deny(); approve() calls the backends
-    auto      the backends are called at once: `done`, or `failed` with their answer (retried later)
+    auto      the backends are called at once: `done`, `failed` with their answer (retried later), or
+              `drained-by-other` when another tool holds the node (not fleetlens's; asked again after retry_s)
 
 Drains follow the shared-fault diagnosis (analytics.detectors.shared_faults; docs/alerts.md "Shared
 faults"): a shared fault's own alert has no node and drains nothing; a drain its fault explains, on a node
@@ -89,6 +89,7 @@ class DrainController:
         self.breaker_open = False
         self._last_drain: dict[str, float] = {}  # node -> when it was last drained (cooldown)
         self._failed_at: dict[str, float] = {}  # node -> when a backend last failed on it
+        self._held_by_other_at: dict[str, float] = {}  # node -> when a backend found another tool holding it
         self._recent_drains: deque[float] = deque()
         self._first_seen: dict[str, float] = {}  # anomalous node -> since when, for the breaker
         self._refused: dict[str, str] = {}  # node -> the last refusal recorded
@@ -235,6 +236,8 @@ class DrainController:
             return f"cooldown: drained {now - last:.0f} s ago, cooldown {self.policy.cooldown_s:g} s"
         if now - self._failed_at.get(request.node, -float("inf")) < self.policy.retry_s:
             return f"retrying after {self.policy.retry_s:g} s: the last attempt failed"
+        if now - self._held_by_other_at.get(request.node, -float("inf")) < self.policy.retry_s:
+            return f"asking again after {self.policy.retry_s:g} s: another tool held the node"
         if self.breaker_open:
             return "circuit breaker open: too many nodes anomalous at once (a fabric event?)"
         limits = self.policy.limits
@@ -299,10 +302,13 @@ class DrainController:
     def _drain(self, request: DrainRequest, now: float) -> list[ActionRow]:
         """Carry out `request` (or, in dry-run, record that it would have been)."""
         if self.policy.mode != "dry-run":
-            error = self._call(request, "drain")
+            error, held_by = self._call(request, "drain")
             if error:
                 self._failed_at[request.node] = now
                 return [self._drain_row(now, request, "failed", error)]
+            if held_by:  # another tool drained it: not fleetlens's to hold, resume or count
+                self._held_by_other_at[request.node] = now
+                return [self._drain_row(now, request, "drained-by-other", held_by)]
         self.drained[request.node] = _Drained(request, now)
         self._last_drain[request.node] = now
         self._recent_drains.append(now)
@@ -384,7 +390,7 @@ class DrainController:
     def mark(self, node: str, health: str) -> str:
         """Show `health` (TESTING, PASS, EVICT) on a node fleetlens drained, where its backends can; the
         errors, joined ("" when all succeeded)."""
-        return self._call(self.drained[node].request, "mark", health)
+        return self._call(self.drained[node].request, "mark", health)[0]
 
     def _take_pending(self, decision_id: str) -> DrainRequest:
         if decision_id not in self.pending:
@@ -398,7 +404,7 @@ class DrainController:
         """Resume `node` through every backend; recorded as `action` (undrain, or the lifecycle's return)."""
         request = self.drained[node].request
         if self.policy.mode != "dry-run":
-            error = self._call(request, "resume")
+            error, _ = self._call(request, "resume")
             if error:
                 return [self._row(now, action, node, request.job, error, "failed", request.decision_id)]
         del self.drained[node]
@@ -407,16 +413,18 @@ class DrainController:
 
     # -- plumbing -------------------------------------------------------------------------------------
 
-    def _call(self, request: DrainRequest, verb: str, *args: str) -> str:
-        """Call `verb` on every backend; the errors, joined ("" when all succeeded)."""
-        errors = []
+    def _call(self, request: DrainRequest, verb: str, *args: str) -> tuple[str, str]:
+        """Call `verb` on every backend; the errors, and the answers (a drain's: which other tool holds
+        the node), each joined ("" when none)."""
+        errors, answers = [], []
         for backend in self.backends:
             try:
-                getattr(backend, verb)(request, *args)
+                if answer := getattr(backend, verb)(request, *args):
+                    answers.append(f"{backend.name}: held by {answer}")
             except BackendError as error:
                 log.warning("%s %s on %s failed: %s", backend.name, verb, request.node, error)
                 errors.append(f"{backend.name}: {error}")
-        return "; ".join(errors)
+        return "; ".join(errors), "; ".join(answers)
 
     def _drain_row(self, now: float, request: DrainRequest, outcome: str, detail: str) -> ActionRow:
         details = (f"{name} {value}" for name, value in request.details.items())  # e.g. job_slowdown 31%

@@ -29,7 +29,14 @@ def drain_backends(config: DrainConfig, health_label_prefix: str | None = None) 
         case "kubernetes":
             from alerts.backends.kubernetes import KubernetesBackend  # the client is slow to import: on use
 
-            return [KubernetesBackend(evict=config.kubernetes_evict, health_label_prefix=health_label_prefix)]
+            return [
+                KubernetesBackend(
+                    evict=config.kubernetes_evict,
+                    taint_key=config.kubernetes_taint_key,
+                    taint_effect=config.kubernetes_taint_effect,
+                    health_label_prefix=health_label_prefix,
+                )
+            ]
         case "exec":
             return [ExecBackend(config.exec_command)]
     return []

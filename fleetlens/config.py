@@ -302,6 +302,7 @@ class AlertsConfig:
 
 DrainMode = Literal["dry-run", "approve", "auto"]
 DrainBackendName = Literal["none", "slurm", "kubernetes", "exec"]
+TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]  # alerts.backends.kubernetes's
 
 
 @dataclass(frozen=True)
@@ -320,8 +321,15 @@ class DrainConfig:
     exec_command: tuple[str, ...] = ()
     scontrol: str = "scontrol"
     kubernetes_evict: bool = False
+    kubernetes_taint_key: str = "fleetlens.io/unhealthy"
+    kubernetes_taint_effect: TaintEffect = "NoSchedule"
 
     def __post_init__(self) -> None:
+        if self.kubernetes_taint_effect not in typing.get_args(TaintEffect):
+            raise ConfigError(
+                f"drain.kubernetes_taint_effect: {self.kubernetes_taint_effect!r} is not one of "
+                f"{', '.join(typing.get_args(TaintEffect))}"
+            )
         if self.mode != "dry-run" and self.backend == "none":
             raise ConfigError(f"drain.mode {self.mode} needs a drain.backend (slurm, kubernetes or exec)")
         if self.backend == "exec" and not self.exec_command:

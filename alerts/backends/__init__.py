@@ -17,8 +17,10 @@ class DrainBackend(Protocol):
 
     name: str
 
-    def drain(self, request: DrainRequest) -> None:
-        """Stop new work landing on request.node; raises BackendError when the scheduler refused."""
+    def drain(self, request: DrainRequest) -> str | None:
+        """Stop new work landing on request.node; raises BackendError when the scheduler refused. None
+        once drained; where another tool holds the node already, nothing is changed and the answer names
+        that tool and its mark (the controller records the drain as `drained-by-other`)."""
 
     def resume(self, request: DrainRequest) -> None:
         """Put request.node back into scheduling; raises BackendError when the scheduler refused."""

@@ -18,9 +18,15 @@ import pytest
 from kubernetes.client import ApiClient, Configuration
 
 from alerts.backends.kubernetes import KubernetesBackend
+from alerts.drain import DrainController
 from alerts.errors import AlertConfigError, BackendError
 from alerts.model import DrainRequest
-from tests.support.kubeapi import FakeKubeApi, make_node, make_pod
+from alerts.policy import DrainPolicy
+from fleetlens.alerting import drain_backends
+from fleetlens.config import DrainConfig, load_config
+from fleetlens.errors import ConfigError
+from tests.alerts.test_drain import anomaly, firing
+from tests.support.kubeapi import FakeKubeApi, RecordedRequest, make_node, make_pod
 from tests.support.peers import hung_listener
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
@@ -29,6 +35,23 @@ FLEETLENS_TAINT_KEY = "fleetlens.io/unhealthy"
 
 def request(node: str = "gpu-01", kind: str = "gpu_fault") -> DrainRequest:
     return DrainRequest(decision_id=uuid.uuid4().hex, node=node, kind=kind, alert_id=uuid.uuid4().hex[:16])
+
+
+def kubeconfig_for(api: FakeKubeApi, folder: Path) -> Path:
+    """A kubeconfig whose current context is `api`, as kubectl would read it."""
+    kubeconfig = folder / "config"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: lab\n"
+        f"clusters: [{{name: lab, cluster: {{server: '{api.url}'}}}}]\n"
+        "users: [{name: ops, user: {token: t}}]\n"
+        "contexts: [{name: lab, context: {cluster: lab, user: ops}}]\n"
+    )
+    return kubeconfig
+
+
+def node_patches(api: FakeKubeApi) -> list[RecordedRequest]:
+    """The PATCHes of the Node object itself, not of its status."""
+    return [call for call in api.calls("PATCH") if not call.path.endswith("/status")]
 
 
 def training_pods() -> list[dict]:
@@ -78,6 +101,8 @@ def test_drain_cordons_taints_labels_and_annotates_with_one_patch_keeping_other_
     assert [(call.method, call.path) for call in api.requests] == [
         ("GET", "/api/v1/nodes/gpu-01"),
         ("PATCH", "/api/v1/nodes/gpu-01"),
+        ("PATCH", "/api/v1/nodes/gpu-01/status"),
+        ("POST", "/api/v1/namespaces/default/events"),
     ]
     patch = api.calls("PATCH")[0]
     assert patch.content_type == "application/strategic-merge-patch+json"
@@ -105,10 +130,12 @@ def test_resume_undoes_exactly_what_drains_added(api: FakeKubeApi) -> None:
     drains.drain(request(kind="gpu_fault"))
     drains.resume(request(kind="gpu_fault"))
 
-    after = api.nodes["gpu-01"]
+    after = copy.deepcopy(api.nodes["gpu-01"])
     assert after["metadata"].pop("resourceVersion") != before["metadata"].pop("resourceVersion")
+    assert [c["type"] for c in after.pop("status")["conditions"]] == ["Ready", "FleetlensHealthy"]
+    before.pop("status")
     assert after == before
-    uncordon = api.calls("PATCH")[-1].body
+    uncordon = node_patches(api)[-1].body
     assert uncordon["spec"]["unschedulable"] is None  # null clears it, as kubectl uncordon sends
 
 
@@ -136,7 +163,7 @@ def test_a_taint_written_between_read_and_patch_is_kept(api: FakeKubeApi) -> Non
         "example.com/maintenance",
         FLEETLENS_TAINT_KEY,
     ]
-    assert [call.method for call in api.requests] == ["GET", "PATCH", "GET", "PATCH"]
+    assert [call.method for call in api.requests] == ["GET", "PATCH", "GET", "PATCH", "PATCH", "POST"]
 
 
 def test_eviction_moves_workload_pods_only_through_the_eviction_api(api: FakeKubeApi) -> None:
@@ -145,7 +172,7 @@ def test_eviction_moves_workload_pods_only_through_the_eviction_api(api: FakeKub
 
     listing = api.calls("GET")[-1]
     assert (listing.path, listing.query) == ("/api/v1/pods", {"fieldSelector": ["spec.nodeName=gpu-01"]})
-    evictions = {call.path: call.body for call in api.calls("POST")}
+    evictions = {call.path: call.body for call in api.calls("POST") if call.path.endswith("/eviction")}
     assert evictions == {
         f"/api/v1/namespaces/train/pods/{name}/eviction": {
             "apiVersion": "policy/v1",
@@ -232,15 +259,8 @@ def test_a_hung_api_server_is_a_backend_error_not_a_hang() -> None:
 def test_without_a_client_it_uses_kubeconfig(
     api: FakeKubeApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    kubeconfig = tmp_path / "config"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: lab\n"
-        f"clusters: [{{name: lab, cluster: {{server: '{api.url}'}}}}]\n"
-        "users: [{name: ops, user: {token: t}}]\n"
-        "contexts: [{name: lab, context: {cluster: lab, user: ops}}]\n"
-    )
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig_for(api, tmp_path)))
 
     KubernetesBackend().drain(request())
 
@@ -272,7 +292,7 @@ def test_the_lifecycle_labels_gpuhealth_evict_testing_then_pass_as_autopilot_doe
         seen.append(gpuhealth())
 
     assert seen == ["EVICT", "TESTING", "EVICT", "PASS"]
-    labels = api.calls("PATCH")[1].body["metadata"]["labels"]
+    labels = node_patches(api)[1].body["metadata"]["labels"]
     assert labels == {"autopilot.ibm.com/gpuhealth": "TESTING"}  # a mark touches that label alone
     assert "fleetlens.io/drained" not in api.nodes["gpu-01"]["metadata"]["labels"]
 
@@ -283,7 +303,7 @@ def test_without_a_prefix_no_gpuhealth_label_is_written(api: FakeKubeApi) -> Non
     nodes.mark(request(), "TESTING")
 
     assert not any(key.endswith("/gpuhealth") for key in api.nodes["gpu-01"]["metadata"]["labels"])
-    assert len(api.calls("PATCH")) == 1
+    assert len(node_patches(api)) == 1
 
 
 def test_holds_tells_whether_fleetlens_s_taint_is_still_on_the_node(api: FakeKubeApi) -> None:
@@ -297,3 +317,204 @@ def test_holds_tells_whether_fleetlens_s_taint_is_still_on_the_node(api: FakeKub
     ]  # kubectl taint -
     assert not nodes.holds(request())
     assert not nodes.holds(request("gpu-02"))
+
+
+@pytest.mark.parametrize("effect", ["NoSchedule", "PreferNoSchedule", "NoExecute"])
+def test_the_taint_effect_and_key_come_from_the_config_file(
+    api: FakeKubeApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, effect: str
+) -> None:
+    config = tmp_path / "fleetlens.yaml"
+    config.write_text(
+        "drain: {backend: kubernetes, kubernetes_taint_key: example.com/gpu-sick, "
+        f"kubernetes_taint_effect: {effect}}}\n"
+    )
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig_for(api, tmp_path)))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+
+    [drains] = drain_backends(load_config(config, env={}).drain)
+    drains.drain(request())
+
+    assert api.nodes["gpu-01"]["spec"]["taints"][-1] == {
+        "key": "example.com/gpu-sick",
+        "value": "gpu_fault",
+        "effect": effect,
+    }
+
+
+def test_an_effect_kubernetes_does_not_have_is_refused_naming_the_key(
+    api: FakeKubeApi, tmp_path: Path
+) -> None:
+    config = tmp_path / "fleetlens.yaml"
+    config.write_text("drain: {backend: kubernetes, kubernetes_taint_effect: NoEvict}\n")
+    with pytest.raises(
+        ConfigError, match=r"drain.kubernetes_taint_effect: 'NoEvict' is not one of NoSchedule"
+    ):
+        load_config(config, env={})
+    with pytest.raises(ConfigError, match=r"drain.kubernetes_taint_effect: 'noschedule' is not one of"):
+        DrainConfig(backend="kubernetes", kubernetes_taint_effect="noschedule")  # type: ignore[arg-type]
+    with pytest.raises(AlertConfigError, match=r"drain.kubernetes_taint_effect: 'Evict' is not one of"):
+        backend(api, taint_effect="Evict")
+    assert api.requests == []
+
+
+def test_drain_and_resume_write_the_fleetlens_healthy_condition_and_an_event_on_the_node(
+    api: FakeKubeApi,
+) -> None:
+    drain = DrainRequest(
+        "d1", "gpu-01", "gpu_fault", "a1b2c3", "llm", "critical", {"action": "reset_gpu", "xid": "48"}
+    )
+    nodes = backend(api)
+    nodes.drain(drain)
+
+    [status_patch] = [call for call in api.calls("PATCH") if call.path == "/api/v1/nodes/gpu-01/status"]
+    assert status_patch.content_type == "application/strategic-merge-patch+json"
+    [condition] = status_patch.body["status"]["conditions"]
+    evidence = "fleetlens: gpu_fault a1b2c3 (severity critical, action reset_gpu, xid 48)"
+    assert {k: condition[k] for k in ("type", "status", "reason", "message")} == {
+        "type": "FleetlensHealthy",
+        "status": "False",
+        "reason": "GpuFault",
+        "message": evidence,
+    }
+    conditions = {c["type"]: c for c in api.nodes["gpu-01"]["status"]["conditions"]}
+    assert conditions["Ready"]["status"] == "True"  # merged by type: the kubelet's condition stays
+    [(where, drained)] = api.events.items()
+    assert where[0] == "default" and where[1].startswith("gpu-01.")
+    assert drained["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": "gpu-01",
+        "uid": "gpu-01-uid",
+    }
+    assert (drained["type"], drained["reason"], drained["message"]) == (
+        "Warning",
+        "FleetlensDrained",
+        evidence,
+    )
+    assert (drained["source"], drained["count"]) == ({"component": "fleetlens"}, 1)
+
+    nodes.resume(drain)
+
+    healthy = {c["type"]: c for c in api.nodes["gpu-01"]["status"]["conditions"]}["FleetlensHealthy"]
+    assert (healthy["status"], healthy["reason"]) == ("True", "FleetlensResumed")
+    assert healthy["message"] == "fleetlens: gpu_fault a1b2c3: resumed"
+    resumed = [event for event in api.events.values() if event["reason"] == "FleetlensResumed"]
+    assert [(event["type"], event["involvedObject"]["kind"]) for event in resumed] == [("Normal", "Node")]
+
+
+def test_an_event_the_api_refuses_is_a_warning_not_a_failed_drain(
+    api: FakeKubeApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.fail_next(
+        "POST", "/api/v1/namespaces/default/events", 403, 'events is forbidden: User "x"', "Forbidden"
+    )
+    with caplog.at_level(logging.WARNING, logger="alerts.backends.kubernetes"):
+        assert backend(api).drain(request()) is None
+
+    assert api.nodes["gpu-01"]["spec"]["unschedulable"] is True
+    [warning] = caplog.records
+    assert "event FleetlensDrained not recorded" in warning.getMessage()
+    assert "403 Forbidden" in warning.getMessage()
+
+
+HOSTILE = "line one\nline two\r\x00\x1b[31m\u202e" + "x" * 10_240
+
+
+def test_hostile_evidence_is_bounded_and_travels_escaped_in_json(api: FakeKubeApi) -> None:
+    drain = DrainRequest("d1", "gpu-01", "gpu_fault\n</script>", "a1", "llm", "critical", {"note": HOSTILE})
+    backend(api).drain(drain)
+
+    [condition] = [c for c in api.nodes["gpu-01"]["status"]["conditions"] if c["type"] == "FleetlensHealthy"]
+    [event] = api.events.values()
+    assert condition["reason"] == "GpuFaultScript"
+    for message in (condition["message"], event["message"]):
+        assert len(message) == 1024 and message.endswith("\u2026")
+        assert "line one\nline two\r\x00\x1b[31m\u202e" in message  # JSON carried each character, escaped
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations", "holder"),
+    [
+        (
+            {"autopilot.ibm.com/gpuhealth": "EVICT"},
+            {},
+            "IBM Autopilot (label autopilot.ibm.com/gpuhealth=EVICT)",
+        ),
+        (
+            {"dgxc.nvidia.com/nvsentinel-state": "quarantined"},
+            {},
+            "NVIDIA NVSentinel (label dgxc.nvidia.com/nvsentinel-state=quarantined)",
+        ),
+        (
+            {
+                "k8saas.nvidia.com/cordon-by": "NVSentinel",
+                "k8saas.nvidia.com/cordon-reason": "GPU-fatal-error-ruleset",
+            },
+            {},
+            "NVIDIA NVSentinel (label k8saas.nvidia.com/cordon-by=NVSentinel)",
+        ),
+        (
+            {},
+            {"quarantineHealthEvent": '{"checkName":"GpuXidError"}'},
+            "NVIDIA NVSentinel (annotation quarantineHealthEvent)",
+        ),
+    ],
+)
+def test_a_node_another_tool_holds_is_left_alone_and_reported(
+    api: FakeKubeApi, caplog: pytest.LogCaptureFixture, labels: dict, annotations: dict, holder: str
+) -> None:
+    node = api.nodes["gpu-01"]
+    node["spec"]["unschedulable"] = True
+    node["metadata"]["labels"] |= labels
+    node["metadata"]["annotations"] |= annotations
+    before = copy.deepcopy(node)
+
+    with caplog.at_level(logging.WARNING, logger="alerts.backends.kubernetes"):
+        assert backend(api, evict=True).drain(request()) == holder
+
+    assert api.nodes["gpu-01"] == before
+    assert [(call.method, call.path) for call in api.requests] == [("GET", "/api/v1/nodes/gpu-01")]
+    [warning] = caplog.records
+    assert f"gpu-01 is held already by {holder}" in warning.getMessage()
+
+
+@pytest.mark.parametrize("gpuhealth", ["PASS", "TESTING", "WARN", ""])
+def test_autopilot_labels_that_do_not_hold_the_node_do_not_stop_a_drain(
+    api: FakeKubeApi, gpuhealth: str
+) -> None:
+    api.nodes["gpu-01"]["metadata"]["labels"]["autopilot.ibm.com/gpuhealth"] = gpuhealth
+    assert backend(api).drain(request()) is None
+    assert api.nodes["gpu-01"]["spec"]["unschedulable"] is True
+
+
+def test_the_evict_label_fleetlens_s_own_lifecycle_wrote_does_not_count_as_autopilot_s(
+    api: FakeKubeApi,
+) -> None:
+    nodes = backend(api, health_label_prefix="autopilot.ibm.com")
+    nodes.drain(request(kind="slow_node"))
+    assert nodes.drain(request(kind="gpu_fault")) is None
+    assert api.nodes["gpu-01"]["spec"]["taints"][-1]["value"] == "gpu_fault"
+
+
+def test_the_controller_records_a_node_another_tool_holds_as_drained_by_other_and_asks_again_later(
+    api: FakeKubeApi,
+) -> None:
+    api.nodes["gpu-01"]["metadata"]["labels"]["dgxc.nvidia.com/nvsentinel-state"] = "draining"
+    drains = DrainController(DrainPolicy(mode="auto"), [backend(api)], fleet_size=32)
+    alerts = firing(anomaly("gpu-01"))
+
+    [held] = drains.step(alerts, now=10)
+    assert (held.action, held.outcome) == ("drain", "drained-by-other")
+    assert held.reason.endswith(
+        ": kubernetes: held by NVIDIA NVSentinel (label dgxc.nvidia.com/nvsentinel-state=draining)"
+    )
+    assert "gpu-01" not in drains.drained  # not fleetlens's: never resumed by it, not counted as its drain
+    [waiting] = drains.step(alerts, now=20)
+    assert (waiting.outcome, waiting.reason) == (
+        "refused",
+        "asking again after 60 s: another tool held the node",
+    )
+
+    del api.nodes["gpu-01"]["metadata"]["labels"]["dgxc.nvidia.com/nvsentinel-state"]  # NVSentinel let go
+    [drained] = drains.step(alerts, now=80)
+    assert drained.outcome == "done" and "gpu-01" in drains.drained

@@ -1,4 +1,5 @@
-"""A loopback stand-in for the Kubernetes API server, for nodes, pods and evictions only.
+"""A loopback stand-in for the Kubernetes API server, for nodes (and their status), pods, evictions
+and core/v1 Events only.
 
 No API server can be installed here, so drain backends are tested against this one: it answers the
 calls the official client makes with the real API's paths, verbs, content types and Status bodies,
@@ -8,6 +9,10 @@ Patches: the client sends a dict body as a strategic merge patch. For the node f
 (labels and annotations are maps, unschedulable a scalar, spec.taints an atomic list) strategic merge
 is JSON merge patch (RFC 7386): maps merge, null deletes, lists are replaced whole. A
 metadata.resourceVersion in a patch is a precondition, answered 409 Conflict when the node moved on.
+A strategic merge patch of nodes/status merges status.conditions by their `type`, as the Node schema's
+patchMergeKey says; a JSON merge patch replaces the list. Events are checked as the API's legacy
+validation does: a name, the namespace of the URL, and for a cluster-scoped object (a Node) the
+namespace `default` with an empty involvedObject.namespace; 422 Invalid otherwise.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ PATCH_TYPES = ("application/strategic-merge-patch+json", "application/merge-patc
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 
 NODE_PATH = re.compile(r"^/api/v1/nodes/(?P<name>[^/]+)$")
+NODE_STATUS_PATH = re.compile(r"^/api/v1/nodes/(?P<name>[^/]+)/status$")
+EVENTS_PATH = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/events$")
 EVICTION_PATH = re.compile(r"^/api/v1/namespaces/(?P<namespace>[^/]+)/pods/(?P<name>[^/]+)/eviction$")
 
 
@@ -51,17 +58,27 @@ class _Answer:
 def make_node(
     name: str, *, taints: Iterable[dict] = (), labels: dict | None = None, **annotations: str
 ) -> dict:
-    """A schedulable node as the API stores it."""
+    """A schedulable, Ready node as the API stores it."""
+    ready = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "KubeletReady",
+        "message": "kubelet is posting ready status",
+        "lastHeartbeatTime": "2026-12-05T04:00:00Z",
+        "lastTransitionTime": "2026-12-01T09:00:00Z",
+    }
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
             "name": name,
+            "uid": f"{name}-uid",
             "resourceVersion": "1",
             "labels": labels or {},
             "annotations": annotations,
         },
         "spec": {"taints": list(taints)},
+        "status": {"conditions": [ready]},
     }
 
 
@@ -155,6 +172,17 @@ def status(code: int, reason: str, message: str, **details: Any) -> _Answer:
     return _Answer(code, body)
 
 
+def invalid(kind: str, name: str, field: str, value: Any, detail: str) -> _Answer:
+    """The API's 422 Status for an object its validation refused, naming the field."""
+    message = f'{kind} "{name}" is invalid: {field}: Invalid value: {json.dumps(value)}: {detail}'
+    cause = {
+        "reason": "FieldValueInvalid",
+        "message": f"Invalid value: {json.dumps(value)}: {detail}",
+        "field": field,
+    }
+    return status(422, "Invalid", message, name=name, kind=kind.lower() + "s", causes=[cause])
+
+
 def merge_patch(target: dict, patch: dict) -> dict:
     """RFC 7386: maps merge recursively, null deletes a key, anything else replaces."""
     merged = dict(target)
@@ -181,6 +209,7 @@ class FakeKubeApi:
         self.nodes = {node["metadata"]["name"]: node for node in nodes}
         self.pods = {(pod["metadata"]["namespace"], pod["metadata"]["name"]): pod for pod in pods}
         self.pdb_protected = set(pdb_protected)
+        self.events: dict[tuple[str, str], dict] = {}  # (namespace, name) -> the Event as stored
         self.requests: list[RecordedRequest] = []
         self._failures: dict[tuple[str, str], _Answer] = {}
         self._writes_before_patch: dict[str, Callable[[dict], None]] = {}
@@ -231,6 +260,10 @@ class FakeKubeApi:
                 return self._read_node(node["name"])
             if method == "PATCH":
                 return self._patch_node(node["name"], request.content_type, request.body)
+        if (node := NODE_STATUS_PATH.match(path)) and method == "PATCH":
+            return self._patch_node_status(node["name"], request.content_type, request.body)
+        if (events := EVENTS_PATH.match(path)) and method == "POST":
+            return self._create_event(events["namespace"], request.body)
         if method == "GET" and path == "/api/v1/pods":
             return self._list_pods(request.query)
         if (eviction := EVICTION_PATH.match(path)) and method == "POST":
@@ -245,13 +278,19 @@ class FakeKubeApi:
             return status(404, "NotFound", f'nodes "{name}" not found', name=name, kind="nodes")
         return _Answer(200, self.nodes[name])
 
-    def _patch_node(self, name: str, content_type: str, patch: dict) -> _Answer:
+    def _patch_refusal(self, name: str, content_type: str) -> _Answer | None:
+        """Why a PATCH of node `name` in `content_type` cannot be served, or None."""
         if content_type not in PATCH_TYPES:
             return status(
                 415, "UnsupportedMediaType", f"the fake serves only {PATCH_TYPES}, not {content_type}"
             )
         if name not in self.nodes:
             return status(404, "NotFound", f'nodes "{name}" not found', name=name, kind="nodes")
+        return None
+
+    def _patch_node(self, name: str, content_type: str, patch: dict) -> _Answer:
+        if refusal := self._patch_refusal(name, content_type):
+            return refusal
         if name in self._writes_before_patch:
             self._writes_before_patch.pop(name)(self.nodes[name])
             self._bump_version(name)
@@ -265,6 +304,55 @@ class FakeKubeApi:
         self.nodes[name] = merge_patch(self.nodes[name], patch)
         self._bump_version(name)
         return _Answer(200, self.nodes[name])
+
+    def _patch_node_status(self, name: str, content_type: str, patch: dict) -> _Answer:
+        """PATCH nodes/NAME/status: only the status changes; strategic merge merges conditions by type."""
+        if refusal := self._patch_refusal(name, content_type):
+            return refusal
+        changes = dict(patch.get("status") or {})
+        conditions = changes.pop("conditions", None)
+        node_status = merge_patch(self.nodes[name].get("status", {}), changes)
+        if conditions is not None and content_type == PATCH_TYPES[0]:
+            by_type = {condition["type"]: condition for condition in node_status.get("conditions", [])}
+            for condition in conditions:
+                by_type[condition["type"]] = merge_patch(by_type.get(condition["type"], {}), condition)
+            conditions = list(by_type.values())
+        if conditions is not None:
+            node_status["conditions"] = conditions
+        self.nodes[name]["status"] = node_status
+        self._bump_version(name)
+        return _Answer(200, self.nodes[name])
+
+    def _create_event(self, namespace: str, event: dict) -> _Answer:
+        """POST a core/v1 Event, checked as the API's legacy Event validation does."""
+        # a body without apiVersion and kind takes the URL's, as the API server decodes it
+        if (event.get("apiVersion", "v1"), event.get("kind", "Event")) != ("v1", "Event"):
+            return status(400, "BadRequest", f"not a v1 Event: {event.get('apiVersion')}/{event.get('kind')}")
+        metadata, involved = event.get("metadata") or {}, event.get("involvedObject") or {}
+        name = metadata.get("name", "")
+        if metadata.get("namespace", namespace) != namespace:
+            return status(
+                400,
+                "BadRequest",
+                "the namespace of the provided object does not match the namespace sent on the request",
+            )
+        if not name:
+            return invalid("Event", name, "metadata.name", name, "name or generateName is required")
+        if not involved.get("namespace") and namespace != "default":
+            return invalid(
+                "Event",
+                name,
+                "involvedObject.namespace",
+                involved.get("namespace", ""),
+                "does not match event.namespace",
+            )
+        if (namespace, name) in self.events:
+            return status(409, "AlreadyExists", f'events "{name}" already exists', name=name, kind="events")
+        stored = merge_patch(
+            event, {"metadata": {"namespace": namespace, "uid": f"{name}-uid", "resourceVersion": "1"}}
+        )
+        self.events[(namespace, name)] = stored
+        return _Answer(201, stored)
 
     def _bump_version(self, name: str) -> None:
         metadata = self.nodes[name]["metadata"]
