@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import ssl
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -116,8 +117,14 @@ def _file(section: Mapping[str, Any], key: str, path: Path) -> Path | None:
     if name is None:
         return None
     target = path.parent / name
-    if not target.is_file() or not os.access(target, os.R_OK):
-        raise WebConfigError(f"{path}: tls_server_config.{key}: {str(target)!r} is no readable file")
+    try:
+        readable = stat.S_ISREG(os.stat(target).st_mode) and os.access(target, os.R_OK)
+    except (OSError, ValueError):  # missing, a name too long, a NUL byte in it
+        readable = False
+    if not readable:
+        raise WebConfigError(
+            f"{path}: tls_server_config.{key}: {printable(str(target))!r} is no readable file"
+        )
     return target
 
 
@@ -200,7 +207,8 @@ def _headers(section: Mapping[str, Any], path: Path) -> tuple[tuple[str, str], .
     headers = _mapping(section.get("headers"), "http_server_config.headers", HEADER_VALUES, path)
     for name, value in headers.items():
         allowed = HEADER_VALUES[name]
-        if not isinstance(value, str) or (allowed is not None and value not in allowed):
+        unsafe = not isinstance(value, str) or any(ord(char) < 32 or ord(char) == 127 for char in value)
+        if unsafe or (allowed is not None and value not in allowed):
             raise WebConfigError(
                 f"{path}: http_server_config.headers.{name}: invalid value {printable(str(value))!r}"
                 + (f" (one of {', '.join(allowed)})" if allowed else "")
@@ -232,9 +240,9 @@ def _signature(paths: Iterable[Path]) -> tuple[tuple[str, int, int], ...]:
     marks = []
     for path in paths:
         try:
-            stat = path.stat()
-            marks.append((str(path), stat.st_mtime_ns, stat.st_size))
-        except OSError:
+            status = path.stat()
+            marks.append((str(path), status.st_mtime_ns, status.st_size))
+        except (OSError, ValueError):
             marks.append((str(path), -1, -1))
     return tuple(marks)
 
