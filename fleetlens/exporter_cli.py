@@ -44,9 +44,9 @@ def build_exporter(config: ExporterConfig) -> Exporter:
 
 def cmd_exporter(args: argparse.Namespace) -> int:
     config = _exporter_config(args, listen=args.listen)
+    web = web_config(config.web_config_file, "exporter.web_config_file")
     exporter = build_exporter(config)
     host, port = config.host_port
-    web = web_config(config.web_config_file, "exporter.web_config_file")
     server = serve(make_registry(exporter), host, port, config.web_max_requests, web=web)
     shown_host = f"[{host}]" if ":" in host else host
     log.info(

@@ -15,6 +15,8 @@ import logging
 import os
 import shutil
 import ssl
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -30,7 +32,8 @@ from hypothesis import strategies as st
 from collectors.errors import WebConfigError
 from collectors.httpserver import serve_app
 from collectors.webconfig import TLS_KEYS, TOP_KEYS, WebConfig, WebConfigSource, load_web_config
-from tests.support.peers import fleetlens_exporter, free_port, peer, require_binary
+from tests.support.hubserver import hub_command, hub_environment
+from tests.support.peers import fleetlens_exporter, free_port, peer, require_binary, stop
 from tests.support.tlscerts import CertificateAuthority, Pair
 
 PASSWORD = "s3cret-scrape"
@@ -101,14 +104,20 @@ def client_context(pki: Pki, cert: Pair | None = None) -> ssl.SSLContext:
     return context
 
 
-def get(port: int, context: ssl.SSLContext, user: str | None = None, password: str = PASSWORD):
-    """(status, headers, body, the server certificate's CN) of GET /metrics over TLS."""
+def get(
+    port: int,
+    context: ssl.SSLContext,
+    user: str | None = None,
+    password: str = PASSWORD,
+    path: str = "/metrics",
+):
+    """(status, headers, body, the server certificate's CN) of a GET over TLS."""
     connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
     headers = {}
     if user is not None:
         headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
     try:
-        connection.request("GET", "/metrics", headers=headers)
+        connection.request("GET", path, headers=headers)
         subject = dict(item[0] for item in connection.sock.getpeercert()["subject"])
         response = connection.getresponse()
         return response.status, dict(response.getheaders()), response.read(), subject["commonName"]
@@ -324,4 +333,54 @@ def test_prometheus_scrapes_over_tls_with_basic_auth_and_a_client_certificate(pk
     assert targets["no_password"]["health"] == "down"
     assert "401" in targets["no_password"]["lastError"]
     assert targets["no_certificate"]["health"] == "down"
+    assert "certificate required" in targets["no_certificate"]["lastError"]
     assert targets["plain_http"]["health"] == "down"
+
+
+def fleetlens(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "fleetlens.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=hub_environment(env))
+
+
+def test_the_exporter_refuses_to_start_on_a_bad_web_config(tmp_path):
+    web = write(tmp_path / "web.yml", "tls_server_config: {cert_file: gone.crt, key_file: gone.key}\n")
+    result = fleetlens(
+        "exporter", "--gpu-backend", "sim", "--listen", "127.0.0.1:0", "--web.config.file", str(web)
+    )
+    assert result.returncode == 2
+    assert (
+        f"exporter.web_config_file (--web.config.file): {web}: tls_server_config.cert_file:" in result.stderr
+    )
+
+
+def test_the_hub_refuses_basic_auth_beside_api_tokens(tmp_path):
+    web = write(tmp_path / "web.yml", yaml.safe_dump({"basic_auth_users": {"prometheus": HASH}}))
+    args = hub_command(tmp_path, "--web.config.file", str(web), listen="127.0.0.1:0")[3:]  # from `hub` on
+    result = fleetlens(*args, env={"FLEETLENS_API_TOKEN": "a-token-of-thirty-two-characters"})
+    assert result.returncode == 2
+    assert "basic_auth_users and API tokens both need the Authorization header" in result.stderr
+
+
+def test_the_hub_serves_its_api_over_tls(pki, tmp_path):
+    pair = {"cert_file": str(pki.server.cert), "key_file": str(pki.server.key)}
+    web = write(tmp_path / "web.yml", yaml.safe_dump({"tls_server_config": pair}))
+    port = free_port()
+    args = hub_command(tmp_path, "--web.config.file", str(web), listen=f"127.0.0.1:{port}")
+    with (tmp_path / "hub.log").open("w") as log:
+        process = subprocess.Popen(args, cwd=tmp_path, env=hub_environment(), stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 60
+        answer = None
+        while answer is None and process.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(ConnectionError):
+                answer = get(port, client_context(pki), path="/healthz")
+            time.sleep(0.2)
+        assert answer is not None, (tmp_path / "hub.log").read_text()
+        assert (answer[0], answer[3]) == (200, "server")
+        with pytest.raises(ConnectionError):
+            plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            plain.request("GET", "/healthz")
+            plain.getresponse()
+    finally:
+        stop(process)
+    assert f"API at https://127.0.0.1:{port}" in (tmp_path / "hub.log").read_text()
