@@ -33,7 +33,7 @@ from collectors.errors import WebConfigError
 from collectors.httpserver import serve_app
 from collectors.webconfig import TLS_KEYS, TOP_KEYS, WebConfig, WebConfigSource, load_web_config
 from tests.support.hubserver import hub_command, hub_environment
-from tests.support.peers import fleetlens_exporter, free_port, peer, require_binary, stop
+from tests.support.peers import fleetlens_exporter, free_port, peer, prometheus, stop
 from tests.support.tlscerts import CertificateAuthority, Pair
 
 PASSWORD = "s3cret-scrape"
@@ -294,7 +294,6 @@ def wait_settled(base: str, jobs: set[str], timeout_s: float = 60.0) -> dict[str
 
 @pytest.mark.integration
 def test_prometheus_scrapes_over_tls_with_basic_auth_and_a_client_certificate(pki, tmp_path):
-    prometheus = require_binary("prometheus")
     web = write(tmp_path / "web.yml", web_yaml(pki, client_auth="RequireAndVerifyClientCert"))
     args, metrics_url = fleetlens_exporter("--gpu-backend", "sim", "--web.config.file", str(web))
     target = metrics_url.removeprefix("http://").removesuffix("/metrics")
@@ -319,14 +318,7 @@ def test_prometheus_scrapes_over_tls_with_basic_auth_and_a_client_certificate(pk
         for job, settings in jobs.items()
     ]
     write(tmp_path / "prometheus.yml", yaml.safe_dump({"scrape_configs": scrape_configs}))
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    prometheus_args = [
-        prometheus,
-        f"--config.file={tmp_path / 'prometheus.yml'}",
-        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-    ]
+    prometheus_args, base = prometheus(tmp_path)
     with peer(prometheus_args, f"{base}/-/ready"), peer(args, f"{base}/-/ready"):
         targets = wait_settled(base, set(jobs))
     assert targets["granted"]["health"] == "up", targets["granted"]["lastError"]
