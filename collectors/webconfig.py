@@ -74,7 +74,8 @@ HTTP_KEYS = ("http2", "headers")
 AUTH_CACHE_SIZE = 100
 AUTH_CACHE_TTL_S = 60.0
 # compared against when the user is unknown, so that an unknown user costs as much as a wrong password
-_DUMMY_HASH = bcrypt.hashpw(b"fleetlens-no-such-user", bcrypt.gensalt(rounds=10))
+# (cost 10, htpasswd's and the toolkit's usual; of a random password nobody kept)
+_DUMMY_HASH = b"$2b$10$uE9fH2AukzxA7RnNgx3lVe6kRECXBFM2tvlamIAr58lVNZCWA2TNa"
 
 
 @dataclass(frozen=True)
