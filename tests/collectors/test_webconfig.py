@@ -373,6 +373,11 @@ def test_the_hub_serves_its_api_over_tls(pki, tmp_path):
             plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             plain.request("GET", "/healthz")
             plain.getresponse()
+        hub = f"https://127.0.0.1:{port}"
+        untrusted = fleetlens("query", "--hub", hub, "SELECT 1 AS one")
+        assert untrusted.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr
+        trusted = fleetlens("query", "--hub", hub, "SELECT 1 AS one", env={"SSL_CERT_FILE": str(pki.ca.cert)})
+        assert (trusted.returncode, trusted.stdout) == (0, "one\n1\n"), trusted.stderr
     finally:
         stop(process)
     assert f"API at https://127.0.0.1:{port}" in (tmp_path / "hub.log").read_text()
