@@ -306,7 +306,10 @@ class WebConfigSource:
             expires = self._cache.get(key)
             if expires is not None and expires > now and hashed is not None:
                 return True
-        ok = bcrypt.checkpw(password.encode(), hashed or _DUMMY_HASH) and hashed is not None
+        try:
+            ok = bcrypt.checkpw(password.encode(), hashed or _DUMMY_HASH) and hashed is not None
+        except ValueError:  # over bcrypt's 72 bytes: no hash matches it
+            return False
         if ok:
             with self._lock:
                 self._cache[key] = now + AUTH_CACHE_TTL_S

@@ -129,7 +129,8 @@ def test_basic_auth_answers_401_with_a_challenge_and_lets_the_right_password_in(
     source = WebConfigSource(write(tmp_path / "web.yml", web_yaml(pki)))
     with serving(source) as port:
         context = client_context(pki)
-        for user, password in ((None, PASSWORD), ("prometheus", "wrong"), ("nobody", PASSWORD)):
+        refused = ((None, PASSWORD), ("prometheus", "wrong"), ("nobody", PASSWORD), ("prometheus", "x" * 100))
+        for user, password in refused:
             status, headers, body, _ = get(port, context, user, password)
             assert (status, headers["WWW-Authenticate"], body) == (401, "Basic", b"Unauthorized\n")
         for _ in range(2):  # the second from the cache of successful checks
