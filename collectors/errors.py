@@ -21,13 +21,13 @@
     │                       timeout, a kubelet without v1 List): GPU series go without pod labels
     ├── CheckOutputError    a health check's tool (dcgmi, ping, iperf3) printed what its parser does not
     │                       accept; the check reports it as an ERROR result naming the line or field
+    ├── WebConfigError      a --web.config.file (TLS, basic auth) breaks its format (collectors.webconfig)
     └── TimingError         a measured time that is no positive finite time (of an all-reduce, a copy
                             or a matmul), which would otherwise compare as a pass (checks.allreduce,
                             checks.gpu_perf)
 
-Collectors catch theirs per sample or per device, report them through `ReadErrors` and go on: one bad
-file never fails a scrape (a CollectorConfigError comes at start-up, before any scrape). Each message
-names the file, device, line or field it is about. (The hub's errors are hub.errors.)
+Collectors catch theirs per sample or per device, report them through `ReadErrors` and go on: one bad file
+never fails a scrape (config errors come at start-up). Each names its file, device, line or field.
 """
 
 from __future__ import annotations
@@ -88,3 +88,8 @@ class TimingError(CollectorError):
 
 class PodResourcesError(CollectorError):
     """The kubelet's PodResources List could not be read; the message names the socket and the cause."""
+
+
+class WebConfigError(CollectorError):
+    """A --web.config.file is unreadable, not YAML, or has an unknown key or a bad value, certificate or
+    hash; the message names the file and the key."""

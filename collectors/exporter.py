@@ -27,6 +27,7 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from collectors import textformat
 from collectors.httpserver import serve_app
 from collectors.registry import BuiltCollector
+from collectors.webconfig import WebConfigSource
 
 log = logging.getLogger("fleetlens.exporter")
 
@@ -253,8 +254,12 @@ def make_app(registry: CollectorRegistry, max_requests: int = DEFAULT_MAX_REQUES
 
 
 def serve(
-    registry: CollectorRegistry, host: str, port: int, max_requests: int = DEFAULT_MAX_REQUESTS
+    registry: CollectorRegistry,
+    host: str,
+    port: int,
+    max_requests: int = DEFAULT_MAX_REQUESTS,
+    web: WebConfigSource | None = None,
 ) -> WSGIServer:
     """Bind the metrics server (port 0 picks a free one: see `server.server_port`); call serve_forever().
-    Past `max_requests` scrapes in flight (0: no bound), a scrape is answered 503."""
-    return serve_app(make_app(registry, max_requests), host, port)
+    Past `max_requests` scrapes in flight (0: no bound), a scrape is answered 503; `web`: TLS and auth."""
+    return serve_app(make_app(registry, max_requests), host, port, web=web)

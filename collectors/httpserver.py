@@ -4,6 +4,8 @@ A thread per connection, so a slow client never blocks another; and since anyone
 can open connections and then say nothing, each connection has a socket timeout (a stalled request line,
 header or body read, or a client that stops reading the response, ends it) and their number is capped:
 past the cap a new connection gets a 503 at once, from the accepting thread, and no thread of its own.
+With a web config (collectors.webconfig), each connection's TLS handshake runs in its own thread, under the
+same timeout, with the config's context as it is at that moment; requests pass its basic auth first.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +21,7 @@ from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from collectors.logtext import printable
+from collectors.webconfig import WebConfigSource
 
 log = logging.getLogger("fleetlens.http")
 
@@ -36,14 +40,40 @@ class _QuietHandler(WSGIRequestHandler):
 
     def setup(self) -> None:
         self.timeout = self.server.connection_timeout_s
+        self.handshake_failed = False
+        web = self.server.web
+        tls = web.current().tls if web is not None else None
+        if tls is not None:
+            self.request.settimeout(self.timeout)
+            try:
+                self.request = self.connection = tls.wrap_socket(self.request, server_side=True)
+            except (ssl.SSLError, OSError) as exc:  # a plain-HTTP client, a refused or missing client cert
+                self.handshake_failed = True  # and wrap_socket has closed the connection
+                log.debug("TLS handshake with %s failed: %s", self.client_address[0], printable(str(exc)))
+                return
         super().setup()
 
     def handle(self) -> None:
         """Serve the request; a client that stalls past the timeout loses its connection, quietly."""
+        if self.handshake_failed:
+            return
         try:
             super().handle()
         except TimeoutError:
             self.log_message("connection closed: nothing received for %gs", self.timeout)
+
+    def finish(self) -> None:
+        if self.handshake_failed:
+            return
+        super().finish()
+        if isinstance(self.connection, ssl.SSLSocket):  # the server shuts down the plain socket, now detached
+            self.connection.close()
+
+    def get_environ(self) -> dict:
+        environ = super().get_environ()
+        if isinstance(self.connection, ssl.SSLSocket):
+            environ["HTTPS"] = "on"  # wsgi.url_scheme https
+        return environ
 
     def log_message(self, format: str, *args: object) -> None:
         """Control characters escaped: a client's path or header must not forge log lines."""
@@ -57,10 +87,16 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
     request_queue_size = 128  # listen backlog; socketserver's 5 leaves a burst of clients in SYN retries
 
     def __init__(
-        self, address: tuple[str, int], *, connection_timeout_s: float, max_connections: int
+        self,
+        address: tuple[str, int],
+        *,
+        connection_timeout_s: float,
+        max_connections: int,
+        web: WebConfigSource | None,
     ) -> None:
         super().__init__(address, _QuietHandler)
         self.connection_timeout_s = connection_timeout_s
+        self.web = web
         self._slots = threading.BoundedSemaphore(max_connections)
         self._max_connections = max_connections
         self._last_busy_warning = -_BUSY_WARNING_INTERVAL_S
@@ -110,13 +146,17 @@ def serve_app(
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    web: WebConfigSource | None = None,
 ) -> WSGIServer:
     """Bind `app` on host:port (port 0 picks a free one: see `server.server_port`); call serve_forever().
 
     `timeout_s` bounds each read of the request (line, headers, body) and each write of the response;
-    past `max_connections` open connections, new ones are answered 503 and closed.
+    past `max_connections` open connections, new ones are answered 503 and closed. `web` (the
+    --web.config.file) adds TLS, basic auth and headers, as it says at each connection and request.
     """
     server_class = _ThreadingServer6 if ":" in host else _ThreadingServer
-    server = server_class((host, port), connection_timeout_s=timeout_s, max_connections=max_connections)
-    server.set_app(app)
+    server = server_class(
+        (host, port), connection_timeout_s=timeout_s, max_connections=max_connections, web=web
+    )
+    server.set_app(app if web is None else web.guard(app))
     return server

@@ -130,6 +130,16 @@ def _hub_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _web_config_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        metavar="FILE",
+        help="TLS, basic auth and headers in node_exporter's web config format, re-read when it or a "
+        "certificate it names changes (docs/tls.md)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fleetlens", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
@@ -144,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="scrapes in flight at once, past which one is answered 503; 0: no bound (default 40)",
     )
+    _web_config_flag(exporter)
     _exporter_flags(exporter)
     exporter.set_defaults(run="fleetlens.exporter_cli:cmd_exporter")
 
@@ -223,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--token-file), which is otherwise refused: the API then answers loopback clients only, and "
         "/metrics and /healthz every client (hub.listen_without_token)",
     )
+    _web_config_flag(hub)
     hub.set_defaults(run="fleetlens.hub_cli:cmd_hub")
 
     query = sub.add_parser("query", help="read-only SQL on the store, through a hub or directly")

@@ -102,6 +102,8 @@ class ExporterConfig:
     # scrapes in flight at once (collecting together, or rendering), past which one is answered 503;
     # 0: no bound (node_exporter's --web.max-requests, and its default)
     web_max_requests: int = 40
+    # TLS, basic auth and headers, in exporter-toolkit's format (docs/tls.md); None: plain HTTP, open
+    web_config_file: Path | None = None
 
     def __post_init__(self) -> None:
         split_listen(self.listen, "exporter.listen")
@@ -189,6 +191,8 @@ class HubConfig:
     # without any token the API answers loopback clients only, so listening elsewhere is refused at start
     # as a likely mistake (a token forgotten) unless this says it is meant
     listen_without_token: bool = False
+    # TLS and headers for the API, in exporter-toolkit's format (docs/tls.md); None: plain HTTP
+    web_config_file: Path | None = None
 
     def __post_init__(self) -> None:
         split_listen(self.listen, "hub.listen")

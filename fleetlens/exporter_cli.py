@@ -15,7 +15,7 @@ from collectors.errors import CollectorConfigError
 from collectors.exporter import Exporter, make_registry, scrape_body, serve
 from fleetlens.config import ExporterConfig, load_exporter_config
 from fleetlens.errors import ConfigError
-from fleetlens.serving import serve_until_signal
+from fleetlens.serving import scheme, serve_until_signal, web_config
 
 log = logging.getLogger("fleetlens")
 
@@ -44,17 +44,22 @@ def build_exporter(config: ExporterConfig) -> Exporter:
 
 def cmd_exporter(args: argparse.Namespace) -> int:
     config = _exporter_config(args, listen=args.listen)
+    web = web_config(config.web_config_file, "exporter.web_config_file")
     exporter = build_exporter(config)
     host, port = config.host_port
-    server = serve(make_registry(exporter), host, port, config.web_max_requests)
+    server = serve(make_registry(exporter), host, port, config.web_max_requests, web=web)
     shown_host = f"[{host}]" if ":" in host else host
     log.info(
-        "serving metrics at http://%s:%d/metrics (collectors: %s)",
+        "serving metrics at %s://%s:%d/metrics (collectors: %s)",
+        scheme(web),
         shown_host,
         server.server_port,
         ", ".join(item.name for item in exporter.built),
     )
-    print(f"fleetlens exporter: metrics at http://{shown_host}:{server.server_port}/metrics", flush=True)
+    print(
+        f"fleetlens exporter: metrics at {scheme(web)}://{shown_host}:{server.server_port}/metrics",
+        flush=True,
+    )
     serve_until_signal(server, exporter.close)
     return 0
 

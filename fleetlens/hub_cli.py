@@ -33,7 +33,7 @@ from fleetlens.access import hub_config, load, open_store, reader, retention
 from fleetlens.alerting import build_alert_service
 from fleetlens.config import Config
 from fleetlens.errors import ConfigError
-from fleetlens.serving import serve_until_signal
+from fleetlens.serving import scheme, serve_until_signal, web_config
 from hub.app import Hub
 from hub.auth import Tokens, is_loopback_host
 from hub.bodies import ReceiverLimits
@@ -142,11 +142,17 @@ def cmd_hub(args: argparse.Namespace) -> int:
             "client would get 403; set FLEETLENS_API_TOKEN or hub.token_file, or listen on 127.0.0.1, or "
             "say it is meant with --listen-without-token (hub.listen_without_token)"
         )
+    web = web_config(config.web_config_file, "hub.web_config_file")
+    if web is not None and web.current().users and tokens.configured:
+        raise ConfigError(
+            f"hub.web_config_file {config.web_config_file}: basic_auth_users and API tokens both need the "
+            "Authorization header; use the tokens (hub.token_file) and leave basic_auth_users out"
+        )
     hub = build_hub(settings, tokens)
-    server = serve_app(hub.app, host, port)
+    server = serve_app(hub.app, host, port, web=web)
     hub.start()
     print(
-        f"fleetlens hub: API at http://{host}:{server.server_port} (store {redacted(config.store)})",
+        f"fleetlens hub: API at {scheme(web)}://{host}:{server.server_port} (store {redacted(config.store)})",
         flush=True,
     )
     if not tokens.configured:

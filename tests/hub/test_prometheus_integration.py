@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from tests.support.peers import fleetlens_exporter, free_port, peer, require_binary
+from tests.support.peers import fleetlens_exporter, peer, prometheus
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,6 @@ def wait_for(base: str, expr: str, timeout: float = 30.0) -> list[dict]:
 
 
 def test_prometheus_scrapes_gpu_and_infiniband_series(procfs_sys, tmp_path):
-    prometheus = require_binary("prometheus")
     args, metrics_url = fleetlens_exporter(
         "--gpu-backend", "sim", "--sysfs-root", str(procfs_sys), "--node", "vela-001"
     )
@@ -43,14 +42,7 @@ def test_prometheus_scrapes_gpu_and_infiniband_series(procfs_sys, tmp_path):
         "scrape_configs:\n"
         f"  - job_name: fleetlens\n    static_configs: [{{targets: ['{target}']}}]\n"
     )
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    prometheus_args = [
-        prometheus,
-        f"--config.file={tmp_path / 'prometheus.yml'}",
-        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-    ]
+    prometheus_args, base = prometheus(tmp_path)
     with peer(args, metrics_url), peer(prometheus_args, f"{base}/-/ready"):
         up = wait_for(base, 'up{job="fleetlens"} == 1')
         assert up[0]["metric"]["instance"] == target

@@ -67,6 +67,20 @@ def fleetlens_exporter(*flags: str) -> tuple[list[str], str]:
     return args, f"http://127.0.0.1:{port}/metrics"
 
 
+def prometheus(folder: Path) -> tuple[list[str], str]:
+    """Debian's Prometheus on a free port, with `folder`/prometheus.yml and its TSDB in `folder`/tsdb; the
+    command line and its base URL (`/-/ready` answers once it has started)."""
+    binary = require_binary("prometheus")
+    port = free_port()
+    args = [
+        binary,
+        f"--config.file={folder / 'prometheus.yml'}",
+        f"--storage.tsdb.path={folder / 'tsdb'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
+    return args, f"http://127.0.0.1:{port}"
+
+
 def node_exporter(sysfs_root: Path, *flags: str) -> tuple[list[str], str]:
     """Debian's prometheus-node-exporter on `sysfs_root` with only the infiniband and netclass collectors."""
     binary = require_binary("prometheus-node-exporter")
