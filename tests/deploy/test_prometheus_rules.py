@@ -20,7 +20,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.hubserver import HubProcess, hub_process
-from tests.support.peers import fleetlens_exporter, free_port, peer, require_binary, stop
+from tests.support.peers import fleetlens_exporter, peer, prometheus, require_binary, stop
 
 pytestmark = pytest.mark.integration
 
@@ -221,7 +221,6 @@ def wait_until(condition: Callable[[], T], what: str) -> T:
 def prometheus_watching(fleet: Fleet, work: Path) -> Iterator[str]:
     """Debian's Prometheus with the rules loaded, scraping the fleet's hub and exporter under the job names
     the rules expect, every second; its base URL."""
-    binary = require_binary("prometheus")
     hub_target = fleet.hub.url.removeprefix("http://")
     exporter_target = fleet.exporter_metrics_url.removeprefix("http://").removesuffix("/metrics")
     config = {
@@ -233,14 +232,7 @@ def prometheus_watching(fleet: Fleet, work: Path) -> Iterator[str]:
         ],
     }
     (work / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    args = [
-        binary,
-        f"--config.file={work / 'prometheus.yml'}",
-        f"--storage.tsdb.path={work / 'tsdb'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-    ]
-    base = f"http://127.0.0.1:{port}"
+    args, base = prometheus(work)
     with peer(args, f"{base}/-/ready"):
         yield base
 
