@@ -233,6 +233,11 @@ class Hub:
     def collect(self) -> Iterable:
         counters = [
             ("scrapes", "Target scrapes attempted.", self.rounds.scrapes),
+            (
+                "scrapes_failed",
+                "Target scrapes that failed (up 0): refused, timed out, an error status, a body not parsed.",
+                self.rounds.failed_scrapes,
+            ),
             ("samples", "Samples scraped and handed to the writer.", self.rounds.samples),
             (
                 "deferred_rounds",

@@ -146,7 +146,8 @@ def _read_statuses(path: Path) -> list[TargetStatus]:
 class RoundQueue:
     """Rounds waiting for `writer`, written by a thread of their own: the scraper's sink (`put`).
 
-    Counters for the hub's metrics: `scrapes` (target statuses put) and `samples` (samples put),
+    Counters for the hub's metrics: `scrapes` (target statuses put), `failed_scrapes` (those of a target
+    that did not answer with a body) and `samples` (samples put),
     `deferred` (rounds past `max_rounds` given to the writer's spool), `coalesced` (rounds written
     together with an earlier one). Target statuses are written at most `hold_s` seconds after their round
     was queued, often with later ones', and journaled meanwhile in `journal` (none: a crash loses those
@@ -163,6 +164,7 @@ class RoundQueue:
         self.max_rounds = max_rounds
         self.hold_s = hold_s
         self.scrapes = 0
+        self.failed_scrapes = 0
         self.samples = 0
         self.deferred = 0
         self.coalesced = 0
@@ -180,6 +182,7 @@ class RoundQueue:
         """Queue a round for the insert thread, or defer it when `max_rounds` already wait."""
         with self._ready:
             self.scrapes += len(statuses)
+            self.failed_scrapes += sum(not status.up for status in statuses)
             self.samples += sum(len(batch) for batch in batches)
             if len(self._rounds) < self.max_rounds and not self._closed:
                 self._rounds.append((batches, statuses))

@@ -39,6 +39,7 @@ RULE_METRICS: dict[str, set[str]] = {
     "FleetlensHubDown": {"up"},
     "FleetlensHubAbsent": {"up"},
     "FleetlensHubScrapesGetNoSamples": {"fleetlens_hub_scrapes_total", "fleetlens_hub_samples_total"},
+    "FleetlensHubTargetsFailing": {"fleetlens_hub_scrapes_failed_total", "fleetlens_hub_scrapes_total"},
     "FleetlensHubScrapeTicksSkipped": {"fleetlens_hub_scrape_ticks_skipped_total"},
     "FleetlensHubSpoolNearlyFull": {SPOOL_FILL},
     "FleetlensHubSpoolNotDraining": {
