@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import tempfile
 import threading
 import time
@@ -64,7 +65,9 @@ def cmd_sim_serve(args: argparse.Namespace) -> int:
             flush=True,
         )
         if args.hub:
-            fleet.post_steps_until(stop, urlsplit(args.hub).netloc, os.environ.get("FLEETLENS_API_TOKEN"))
+            hub = urlsplit(args.hub)
+            tls = ssl.create_default_context() if hub.scheme == "https" else None  # trusts SSL_CERT_FILE too
+            fleet.post_steps_until(stop, hub.netloc, os.environ.get("FLEETLENS_API_TOKEN"), tls)
         else:
             stop.wait()
     return 0

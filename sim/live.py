@@ -27,6 +27,7 @@ them as two jobs from two file_sd files (LiveFleet.file_sd).
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -136,10 +137,17 @@ class LiveFleet:
             ],
         }
 
-    def post_steps_until(self, stop: threading.Event, hub_address: str, token: str | None = None) -> None:
+    def post_steps_until(
+        self,
+        stop: threading.Event,
+        hub_address: str,
+        token: str | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         """Every interval, send the step records the jobs made since the last send, until `stop` is set;
-        `token` is the hub's API token with the write scope, for a hub that has tokens."""
-        with StepPoster(hub_address, token) as poster:
+        `token` is the hub's API token with the write scope, for a hub that has tokens; `tls` for a hub
+        served over TLS."""
+        with StepPoster(hub_address, token, tls) as poster:
             while not stop.wait(self.scenario.interval_s):
                 self.post_steps(poster)
             self.post_steps(poster)

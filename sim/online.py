@@ -11,6 +11,7 @@ import dataclasses
 import http.client
 import json
 import math
+import ssl
 import tempfile
 import time
 from collections.abc import Sequence
@@ -114,19 +115,26 @@ def step_lines(rows: Sequence[StepRecord]) -> bytes:
 
 class StepPoster:
     """POSTs step records to a hub's /api/v1/steps over one keep-alive connection, with `token` (one with
-    the write scope) as its bearer token when the hub needs one."""
+    the write scope) as its bearer token when the hub needs one; over TLS with `tls` (a hub served with
+    --web.config.file)."""
 
-    def __init__(self, address: str, token: str | None = None) -> None:
+    def __init__(self, address: str, token: str | None = None, tls: ssl.SSLContext | None = None) -> None:
         self.address = address
+        self._tls = tls
         self._headers = {"Content-Type": "application/x-ndjson"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
-        self._conn = http.client.HTTPConnection(address, timeout=30)
+        self._conn = self._connect()
+
+    def _connect(self) -> http.client.HTTPConnection:
+        if self._tls is None:
+            return http.client.HTTPConnection(self.address, timeout=30)
+        return http.client.HTTPSConnection(self.address, timeout=30, context=self._tls)
 
     def reconnect(self) -> None:
         """Start over on a new connection (after the hub went away)."""
         self._conn.close()
-        self._conn = http.client.HTTPConnection(self.address, timeout=30)
+        self._conn = self._connect()
 
     def post(self, rows: Sequence[StepRecord]) -> None:
         for first in range(0, len(rows), STEPS_PER_POST):

@@ -31,7 +31,9 @@ from hypothesis import strategies as st
 
 from collectors.errors import WebConfigError
 from collectors.httpserver import serve_app
+from collectors.steprecord import StepRecord
 from collectors.webconfig import TLS_KEYS, TOP_KEYS, WebConfig, WebConfigSource, load_web_config
+from sim.online import StepPoster
 from tests.support.hubserver import hub_command, hub_environment
 from tests.support.peers import fleetlens_exporter, free_port, peer, prometheus, stop
 from tests.support.tlscerts import CertificateAuthority, Pair
@@ -377,8 +379,17 @@ def test_the_hub_serves_its_api_over_tls(pki, tmp_path):
         hub = f"https://127.0.0.1:{port}"
         untrusted = fleetlens("query", "--hub", hub, "SELECT 1 AS one")
         assert untrusted.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr
-        trusted = fleetlens("query", "--hub", hub, "SELECT 1 AS one", env={"SSL_CERT_FILE": str(pki.ca.cert)})
+        trusting = {"SSL_CERT_FILE": str(pki.ca.cert)}
+        trusted = fleetlens("query", "--hub", hub, "SELECT 1 AS one", env=trusting)
         assert (trusted.returncode, trusted.stdout) == (0, "one\n1\n"), trusted.stderr
+        # the simulator's step poster (`sim serve --hub https://...`) over the same TLS
+        step = StepRecord(ts=time.time(), job="tls-job", rank=0, node="vela-001", step=1, duration_s=0.5)
+        with StepPoster(f"127.0.0.1:{port}", tls=client_context(pki)) as poster:
+            poster.post([step])
+        count = "SELECT count() AS n FROM steps WHERE job = 'tls-job'"
+        deadline = time.monotonic() + 60
+        while (stored := fleetlens("query", "--hub", hub, count, env=trusting)).stdout != "n\n1\n":
+            assert time.monotonic() < deadline, stored.stderr  # the hub's writer stores in the background
     finally:
         stop(process)
     assert f"API at https://127.0.0.1:{port}" in (tmp_path / "hub.log").read_text()
