@@ -112,15 +112,26 @@ def _time_ms(name: str, text: str) -> int:
     try:
         seconds = float(text)
     except ValueError:
-        try:
-            seconds = datetime.fromisoformat(text).timestamp() if "T" in text else math.nan
-        except (ValueError, OverflowError, OSError):
-            seconds = math.nan
+        seconds = _rfc3339_seconds(text)
     if not math.isfinite(seconds) or abs(seconds * 1000) > MAX_TIMESTAMP_MS:
         raise PromQLError(
             f'invalid parameter "{name}": cannot parse {printable(text)[:100]!r} to a valid timestamp'
         )
     return round(seconds * 1000)
+
+
+def _rfc3339_seconds(text: str) -> float:
+    """Unix seconds of an RFC 3339 time (with its zone, as RFC 3339 requires); NaN when it is none."""
+    try:
+        moment = datetime.fromisoformat(text) if "T" in text.upper() else None
+    except ValueError:
+        return math.nan
+    if moment is None or moment.tzinfo is None:
+        return math.nan
+    try:
+        return moment.timestamp()
+    except (OverflowError, OSError):
+        return math.nan
 
 
 def _duration_ms(name: str, text: str) -> int:
