@@ -178,12 +178,17 @@ def peers(chdb_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             yield {"hub": hub_url, "prometheus": prometheus_url, "hub_app": hub}
 
 
-def promtool(*args: str) -> object:
-    """What `promtool query ... -o json` prints, parsed; it fails the test when promtool does."""
+def promtool(kind: str, flags: list[str], server: str, query: str) -> object:
+    """What `promtool query KIND FLAGS -o json -- SERVER QUERY` prints, parsed (`--`: a query may start
+    with "-"); it fails the test when promtool does."""
     done = subprocess.run(
-        ["promtool", "query", *args, "-o", "json"], capture_output=True, text=True, timeout=60, check=False
+        ["promtool", "query", kind, *flags, "-o", "json", "--", server, query],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
-    assert done.returncode == 0, (args, done.stderr)
+    assert done.returncode == 0, (kind, flags, server, query, done.stderr)
     return json.loads(done.stdout)
 
 
@@ -217,7 +222,7 @@ def test_instant_queries_answer_as_prometheus_does(peers, query):
     compared = 0
     for at in INSTANT_TIMES:
         ours, theirs = (
-            comparable(promtool("instant", f"--time={at / 1000}", peers[side], query))
+            comparable(promtool("instant", [f"--time={at / 1000}"], peers[side], query))
             for side in ("hub", "prometheus")
         )
         assert_same(ours, theirs, f"{query} at {at}")
@@ -227,9 +232,9 @@ def test_instant_queries_answer_as_prometheus_does(peers, query):
 
 @pytest.mark.parametrize("query", QUERIES)
 def test_range_queries_answer_as_prometheus_does(peers, query):
-    window = (f"--start={minutes(-2) / 1000}", f"--end={minutes(66) / 1000}", "--step=45s")
+    window = [f"--start={minutes(-2) / 1000}", f"--end={minutes(66) / 1000}", "--step=45s"]
     ours, theirs = (
-        comparable(promtool("range", *window, peers[side], query)) for side in ("hub", "prometheus")
+        comparable(promtool("range", window, peers[side], query)) for side in ("hub", "prometheus")
     )
     assert ours, f"{query}: no data, so nothing was compared"
     assert_same(ours, theirs, query)
