@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from analytics.store import Store
 from hub.app import Hub
+from hub.auth import Tokens
 from hub.otlp import OtlpStepReceiver
 from hub.spool import Spool
 from hub.writer import Writer
@@ -341,3 +342,30 @@ def test_any_query_text_answers_success_or_bad_data(peers, query):
         assert answer["status"] == "success"
     else:
         assert (statuses[0], answer["status"], answer["errorType"]) == (400, "error", "bad_data"), answer
+
+
+def ask_wsgi(hub: Hub, method: str, path: str, query: str, authorization: str = "") -> tuple[int, dict]:
+    """The status and JSON answer of `hub.app` to a request without a body from a remote address."""
+    statuses: list[int] = []
+    environ = {
+        "REQUEST_METHOD": method,
+        "PATH_INFO": path,
+        "QUERY_STRING": query,
+        "REMOTE_ADDR": "10.0.0.7",
+        "HTTP_AUTHORIZATION": authorization,
+        "wsgi.input": io.BytesIO(b""),
+    }
+    answer = b"".join(hub.app(environ, lambda status, _: statuses.append(int(status[:3]))))
+    return statuses[0], json.loads(answer)
+
+
+def test_promql_needs_a_read_token_and_takes_get_or_post(peers, tmp_path):
+    store = peers["hub_app"].store
+    tokens = Tokens({"reader": frozenset({"read"}), "writer": frozenset({"write"})})
+    hub = Hub(store, Writer(store, Spool(tmp_path / "spool", 1 << 20)), OtlpStepReceiver(), tokens=tokens)
+    query = urllib.parse.urlencode({"query": "max(fl_temperature_celsius)", "time": str(minutes(40) / 1000)})
+    status, answer = ask_wsgi(hub, "GET", "/api/v1/query", query, "Bearer reader")
+    assert status == 200 and answer["data"]["result"][0]["value"][1] == "58"
+    assert ask_wsgi(hub, "GET", "/api/v1/query", query, "Bearer writer")[0] == 403
+    assert ask_wsgi(hub, "GET", "/api/v1/query_range", query, "")[0] == 401
+    assert ask_wsgi(hub, "DELETE", "/api/v1/query", query, "Bearer reader")[0] == 405
