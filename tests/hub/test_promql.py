@@ -369,3 +369,22 @@ def test_promql_needs_a_read_token_and_takes_get_or_post(peers, tmp_path):
     assert ask_wsgi(hub, "GET", "/api/v1/query", query, "Bearer writer")[0] == 403
     assert ask_wsgi(hub, "GET", "/api/v1/query_range", query, "")[0] == 401
     assert ask_wsgi(hub, "DELETE", "/api/v1/query", query, "Bearer reader")[0] == 405
+
+
+PRINTABLE = st.characters(blacklist_categories=("Cc", "Cs"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    value=st.text(PRINTABLE, min_size=1, max_size=30)
+    | st.sampled_from([HOSTILE, "'", "\\", "%", "{value0:String}"])
+)
+def test_label_values_are_matched_as_text_whatever_they_hold(peers, value):
+    """A label value in a matcher (quoted as PromQL quotes it) selects the series holding exactly it (the
+    empty value, which also matches series without the label, aside)."""
+    query = f"fl_temperature_celsius{{model={json.dumps(value, ensure_ascii=False)}}}"
+    status, answer = get(peers["hub"], "/api/v1/query", {"query": query, "time": str(minutes(30) / 1000)})
+    assert status == 200, answer
+    assert [series["metric"].get("model") for series in answer["data"]["result"]] == (
+        [HOSTILE] if value == HOSTILE else []
+    )
