@@ -90,7 +90,7 @@ def ask(url: str, sql: str, token: str) -> tuple[int, float, str]:
     """(status, seconds, the error or the rows, cut short) of one query."""
     body = json.dumps({"sql": sql}).encode()
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
-    request = urllib.request.Request(url + "/api/v1/query", data=body, headers=headers, method="POST")
+    request = urllib.request.Request(url + "/api/v1/sql", data=body, headers=headers, method="POST")
     started = time.monotonic()
     try:
         with urllib.request.urlopen(request, timeout=600) as response:

@@ -4,7 +4,8 @@
     POST /api/v1/write (Prometheus remote write) ─(ScrapeBatch, TargetStatus from `up`)─▶ writer
     POST /v1/metrics (OTLP) ─┐                               │ (store down: spool on disk, replay in order)
     POST /api/v1/steps ──────┴──(StepRecord)──▶ writer          ▼
-    POST /api/v1/query ◀───────── read-only SQL ────────── store (read sessions of its own)
+    POST /api/v1/sql ◀─────────── read-only SQL ────────── store (read sessions of its own)
+    GET|POST /api/v1/query, /api/v1/query_range ◀─ PromQL (hub.promql) ─ store
     POST /api/v1/silences, /api/v1/actions ─(silences, drain requests)─▶ store
     POST /api/v1/topology, hub.topology_file (hub.topology) ─(links, parsed by the hub)─▶ store
     POST /api/v1/checks (hub.checks) ─(active checks' verdicts)─▶ store
@@ -36,7 +37,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, ClassVar, TypeVar
 
@@ -58,11 +59,14 @@ from hub.apirequests import keep_days_parameter, query_request, record_rows, top
 from hub.auth import Tokens
 from hub.checks import LatestChecks, check_rows
 from hub.detect import DetectionLoop
-from hub.errors import HttpError, PayloadError, SlotsBusy
+from hub.errors import HttpError, PayloadError, PromQLError, SlotsBusy
 from hub.groupcommit import GroupCommit
 from hub.httpread import RequestBody
 from hub.otlp import OtlpStepReceiver, otlp_error_response
 from hub.placements import PlacementPoller
+from hub.promql import answer_query
+from hub.promql.answer import error as promql_error
+from hub.promql.sql import Read
 from hub.queryslots import QuerySlots
 from hub.remote_write import RemoteWriteReceiver
 from hub.rounds import JOURNAL_DIR, MAX_PENDING_ROUNDS, RoundJournal, RoundQueue
@@ -79,6 +83,7 @@ ROLL_UP_EVERY_S = 15.0  # how often the hub rolls finished minutes and hours int
 OTHER_PATH = "other"  # what unknown paths count as in fleetlens_hub_refused_requests
 NO_CONTENT = (b"", "")  # a handler's answer that is a 204: taken, nothing to say
 OPEN_PATHS = ("/metrics", "/healthz")  # GET and HEAD, without a token: they hold no data of the fleet
+PROMQL_PATHS = ("/api/v1/query", "/api/v1/query_range")  # GET and POST, with a read token (hub.promql)
 
 
 _REASONS = {
@@ -320,7 +325,8 @@ class Hub:
         if status != 204:
             headers.append(("Content-Length", str(len(body))))
         if status == 405:
-            headers.append(("Allow", "POST" if path in self._posts else "GET, HEAD"))
+            allowed = "POST" if path in self._posts else "GET, POST" if path in PROMQL_PATHS else "GET, HEAD"
+            headers.append(("Allow", allowed))
         start_response(f"{status} {_REASONS.get(status, '')}", headers)
         return _Answer(b"" if method == "HEAD" else body, request_body.discard)
 
@@ -334,19 +340,28 @@ class Hub:
             if problem is not None:
                 raise HttpError(503, problem, f"not ok: {problem}\n".encode(), "text/plain")
             return b"ok\n", "text/plain"
+        if path in PROMQL_PATHS:
+            if method not in ("GET", "POST"):
+                raise HttpError(405, f"{path} takes GET or POST")
+            self._authorize("read", environ)
+            return self._promql(path, method, environ, self._read_body(body))
         if path not in self._posts:
             raise HttpError(404, f"no endpoint {method} {printable(path)}")
         scope, handler = self._posts[path]
         if method != "POST":
             raise HttpError(405, f"{path} takes POST")
+        self._authorize(scope, environ)
+        return handler(self, self._read_body(body), environ)
+
+    def _authorize(self, scope: str, environ: dict) -> None:
+        """Go on if the request's token (or, on a hub without tokens, its address) may use `scope`."""
         authorization, client = environ.get("HTTP_AUTHORIZATION", ""), environ.get("REMOTE_ADDR", "")
         if (denied := self._tokens.check(scope, authorization, client)) is not None:
             raise HttpError(denied.status, denied.reason)
-        return handler(self, self._read_body(body), environ)
 
     def _note_refused(self, method: str, path: str, status: int, reason: str) -> None:
         """Count a refusal under its endpoint (unknown paths under one label) and log it, escaped."""
-        endpoint = path if path in self._posts or path in OPEN_PATHS else OTHER_PATH
+        endpoint = path if path in self._posts or path in OPEN_PATHS or path in PROMQL_PATHS else OTHER_PATH
         with self._counts_lock:
             self.refused[(endpoint, status)] = self.refused.get((endpoint, status), 0) + 1
         log.info("refused %s %s: %d %s", printable(method), printable(path), status, printable(reason))
@@ -525,6 +540,51 @@ class Hub:
         }
         return json.dumps(head).encode()[:-1] + b', "rows": ' + result.rows + b"}", JSON
 
+    def _promql(self, path: str, method: str, environ: dict, body: bytes) -> tuple[bytes, str]:
+        """A PromQL query (hub.promql), its reads run as SQL queries are: in the client's slots, within
+        query_max_seconds, at most query_max_rows samples; errors in Prometheus's envelope."""
+        deadline = time.monotonic() + self._query_max_seconds
+        try:
+            answer = answer_query(
+                path == "/api/v1/query_range",
+                method,
+                environ.get("QUERY_STRING", ""),
+                environ.get("CONTENT_TYPE"),
+                body,
+                self._promql_reader(self._query_client(environ), deadline),
+                self._wall_clock(),
+            )
+        except PromQLError as exc:
+            raise HttpError(exc.status, str(exc), promql_error(exc.error_type, str(exc))) from None
+        except SlotsBusy as busy:
+            retry = [("Retry-After", str(busy.retry_after_s))]
+            raise HttpError(429, str(busy), promql_error("unavailable", str(busy)), headers=retry) from None
+        return answer, JSON
+
+    def _promql_reader(self, client: str, deadline: float) -> Read:
+        """How a PromQL query reads its samples: store.query in one of `client`'s slots until `deadline`;
+        PromQLError when the store refuses, is down, or more than query_max_rows samples match."""
+
+        def read(sql: str, parameters: Mapping[str, Any]) -> Sequence[tuple]:
+            with self._query_slots.slot(client, deadline):
+                try:
+                    result = self.store.query(
+                        sql,
+                        parameters=parameters,
+                        max_rows=self._query_max_rows,
+                        max_seconds=max(1, round(deadline - time.monotonic())),
+                    )
+                except QueryError as exc:
+                    raise PromQLError(str(exc), "execution", 422) from None
+                except StoreError as exc:
+                    raise PromQLError(str(exc), "unavailable", 503) from None
+            if result.truncated:
+                message = f"the query reads more than {self._query_max_rows} samples (hub.query_max_rows)"
+                raise PromQLError(message, "execution", 422)
+            return result.rows
+
+        return read
+
     def _query_client(self, environ: dict) -> str:
         """Whom a query's slots count against: its token (a digest of it), or on a hub without tokens,
         its address."""
@@ -540,7 +600,7 @@ class Hub:
         "/api/v1/steps": ("write", _steps),
         "/api/v1/topology": ("write", _topology),
         "/api/v1/checks": ("write", _checks),
-        "/api/v1/query": ("read", _query),
+        "/api/v1/sql": ("read", _query),
         "/api/v1/silences": ("act", _silences),
         "/api/v1/actions": ("act", _actions),
     }

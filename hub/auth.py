@@ -1,6 +1,7 @@
 """Who may do what on the hub's API: bearer tokens with scopes, and loopback only when there are none.
 
-    read    POST /api/v1/query                      (the UI, `fleetlens query|detect|postmortem --hub`)
+    read    POST /api/v1/sql                         (the UI, `fleetlens query|detect|postmortem --hub`)
+            GET|POST /api/v1/query, /api/v1/query_range   (PromQL: Grafana, promtool)
     write   POST /v1/metrics, POST /api/v1/steps     (training jobs' step times, `fleetlens steps import`)
     act     POST /api/v1/silences, /api/v1/actions   (people's silences and drain requests)
 

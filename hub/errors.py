@@ -13,6 +13,7 @@
     ├── SpoolEntryError     a spool file, or a batch to spool, not one whole entry of its format (spool)
     ├── SettingError        a hub part built with a setting out of its range (queryslots, spool, otlp)
     ├── HttpError           an API answer other than 200/204, with its status and body (app, apirequests)
+    ├── PromQLError         a PromQL request refused, with Prometheus's error type and status (promql)
     ├── PollFailed          a scheduler could not be asked what runs where: its placements stay (placements)
     └── UnknownRecordType   rows of a type no store insert takes, handed to the writer (a bug; writer)
 
@@ -107,6 +108,16 @@ class HttpError(HubError):
         self.body = json.dumps({"error": message}).encode() if body is None else body
         self.content_type = content_type
         self.headers = list(headers)
+
+
+class PromQLError(HubError):
+    """A PromQL request refused or failed: the HTTP status and Prometheus's `errorType` (bad_data,
+    execution, unavailable, timeout), answered in Prometheus's error envelope."""
+
+    def __init__(self, message: str, error_type: str = "bad_data", status: int = 400) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.status = status
 
 
 class UnknownRecordType(HubError):

@@ -53,7 +53,7 @@ class HubClient:
             body["parameters"] = {name: _wire_value(value) for name, value in parameters.items()}
         if max_rows is not None:
             body["max_rows"] = max_rows
-        answer = self._post("/api/v1/query", json.dumps(body).encode(), "application/json", QueryError)
+        answer = self._post("/api/v1/sql", json.dumps(body).encode(), "application/json", QueryError)
         return QueryResult(
             columns=answer["columns"],
             types=answer["types"],

@@ -272,16 +272,16 @@ def test_a_silence_that_cannot_work_is_refused_at_the_door(served):
 )
 def test_bad_query_requests_are_400s_naming_the_field(served, body, message):
     _, url = served
-    status, answer = post_raw(url, "/api/v1/query", json.dumps(body).encode())
+    status, answer = post_raw(url, "/api/v1/sql", json.dumps(body).encode())
     assert status == 400 and message in json.loads(answer)["error"], answer
 
 
 def test_very_deep_json_and_a_negative_length_are_400s(served):
     _, url = served
-    assert post_raw(url, "/api/v1/query", b"[" * 100_000)[0] == 400
+    assert post_raw(url, "/api/v1/sql", b"[" * 100_000)[0] == 400
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(b"POST /api/v1/query HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n")
+        sock.sendall(b"POST /api/v1/sql HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n")
         assert sock.recv(100).startswith(b"HTTP/1.0 400")
 
 
@@ -337,7 +337,7 @@ def test_two_long_queries_cost_ingest_no_interval(fleet, tmp_path):
         queries = [
             threading.Thread(
                 target=post_raw,
-                args=(url, "/api/v1/query", json.dumps({"sql": LONG_QUERY}).encode()),
+                args=(url, "/api/v1/sql", json.dumps({"sql": LONG_QUERY}).encode()),
             )
             for _ in range(2)
         ]

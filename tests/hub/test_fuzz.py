@@ -127,7 +127,7 @@ def encoded(body: bytes, encoding: str | None) -> bytes:
 PATHS = [
     "/v1/metrics",
     "/api/v1/steps",
-    "/api/v1/query",
+    "/api/v1/sql",
     "/api/v1/silences",
     "/api/v1/actions",
     "/api/v1/topology",
@@ -175,7 +175,7 @@ def test_query_requests_never_get_a_5xx_and_refusals_say_why(hub, sql, max_rows,
     statuses = []
     environ = {
         "REQUEST_METHOD": "POST",
-        "PATH_INFO": "/api/v1/query",
+        "PATH_INFO": "/api/v1/sql",
         "REMOTE_ADDR": "127.0.0.1",
         "CONTENT_LENGTH": str(len(body)),
         "wsgi.input": io.BytesIO(body),

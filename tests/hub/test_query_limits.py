@@ -51,7 +51,7 @@ def ask(url: str, sql: str, token: str) -> tuple[int, dict, dict]:
     """(status, JSON answer, headers) of one query."""
     body = json.dumps({"sql": sql}).encode()
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
-    request = urllib.request.Request(url + "/api/v1/query", data=body, headers=headers, method="POST")
+    request = urllib.request.Request(url + "/api/v1/sql", data=body, headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, json.load(response), dict(response.headers)

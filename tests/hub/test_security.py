@@ -70,7 +70,7 @@ def post(url: str, path: str, body: bytes, token: str | None, content_type: str 
 
 
 def query(url: str, sql: str, token: str = ADMIN) -> list:
-    status, answer = post(url, "/api/v1/query", json.dumps({"sql": sql}).encode(), token)
+    status, answer = post(url, "/api/v1/sql", json.dumps({"sql": sql}).encode(), token)
     assert status == 200, answer
     return json.loads(answer)["rows"]
 
@@ -163,7 +163,7 @@ def request_body(action: str) -> bytes:
 @pytest.mark.parametrize(
     ("path", "body", "content_type", "allowed"),
     [
-        ("/api/v1/query", json.dumps({"sql": "SELECT 1"}).encode(), "application/json", {READER, ADMIN}),
+        ("/api/v1/sql", json.dumps({"sql": "SELECT 1"}).encode(), "application/json", {READER, ADMIN}),
         ("/api/v1/steps", step_lines(3), "application/x-ndjson", {WRITER, ADMIN}),
         (
             "/api/v1/topology",
@@ -193,7 +193,7 @@ def test_without_a_token_only_loopback_clients_are_served(store, tmp_path):
         statuses = []
         environ = {
             "REQUEST_METHOD": "POST",
-            "PATH_INFO": "/api/v1/query",
+            "PATH_INFO": "/api/v1/sql",
             "REMOTE_ADDR": address,
             "CONTENT_LENGTH": str(len(body)),
             "wsgi.input": io.BytesIO(body),
@@ -338,4 +338,4 @@ def test_a_hub_without_a_token_refuses_to_listen_beyond_loopback(tmp_path):
 
     with hub_process(tmp_path, "--listen-without-token", listen_host="0.0.0.0") as hub:
         query_body = json.dumps({"sql": "SELECT 1"}).encode()
-        assert post(hub.url, "/api/v1/query", query_body, None)[0] == 200
+        assert post(hub.url, "/api/v1/sql", query_body, None)[0] == 200

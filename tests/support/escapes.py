@@ -246,7 +246,7 @@ def post_query(
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(f"{url}/api/v1/query", data=body, headers=headers, method="POST")
+    request = urllib.request.Request(f"{url}/api/v1/sql", data=body, headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status, response.read().decode(errors="replace")

@@ -1,0 +1,63 @@
+"""PromQL on the hub's store: /api/v1/query and /api/v1/query_range as Prometheus's HTTP API answers them.
+
+    request (parameters) ─▶ plan (promql_parser's tree, checked) ─▶ sql (each selector's samples, once)
+        ─▶ evaluate (at each step, Prometheus's rules) ─▶ answer (Prometheus's JSON envelope)
+
+Each selector's samples are read once for the whole query, from the earliest time any step reaches back
+to the latest, then every step is evaluated over them in Python. Errors are PromQLError, answered by the
+hub in Prometheus's error envelope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from hub.promql import answer
+from hub.promql.evaluate import evaluate, window
+from hub.promql.plan import Aggregation, Binary, Node, RangeFunction, Selector, plan
+from hub.promql.request import read_request
+from hub.promql.sql import Labels, Read, Series, read_series
+
+__all__ = ["answer_query"]
+
+
+def answer_query(
+    is_range: bool,
+    method: str,
+    query_string: str,
+    content_type: str | None,
+    body: bytes,
+    read: Read,
+    now: float,
+) -> bytes:
+    """The JSON answer of an instant (`is_range` False) or range query whose samples `read` fetches;
+    PromQLError for a request that is refused."""
+    request = read_request(is_range, method, query_string, content_type, body, now)
+    node = plan(request.query)
+    data: dict[Selector, list[Series]] = {}
+    for selector in _selectors(node):
+        before, after = window(selector)
+        data[selector] = read_series(read, selector, request.start_ms + before, request.end_ms + after)
+    if not request.is_range:
+        value = evaluate(node, request.start_ms, data)
+        if isinstance(value, float):
+            return answer.scalar(value, request.start_ms)
+        return answer.vector(value, request.start_ms)
+    series: dict[Labels, list[answer.Point]] = {}
+    for t in request.times():
+        value = evaluate(node, t, data)
+        for labels, number in ({(): value} if isinstance(value, float) else value).items():
+            series.setdefault(labels, []).append((t, number))
+    return answer.matrix(series)
+
+
+def _selectors(node: Node) -> Iterator[Selector]:
+    if isinstance(node, Selector):
+        yield node
+    elif isinstance(node, RangeFunction):
+        yield node.selector
+    elif isinstance(node, Aggregation):
+        yield from _selectors(node.expr)
+    elif isinstance(node, Binary):
+        yield from _selectors(node.lhs)
+        yield from _selectors(node.rhs)

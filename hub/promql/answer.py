@@ -1,0 +1,54 @@
+"""Results and errors in Prometheus's JSON envelope: {"status": "success", "data": {"resultType": ...,
+"result": ...}} or {"status": "error", "errorType": ..., "error": ...}; each value a [unix seconds,
+"text"] pair, the text as Go's strconv.FormatFloat(v, 'f', -1, 64) writes it (NaN, +Inf, -Inf)."""
+
+from __future__ import annotations
+
+import json
+import math
+from decimal import Decimal
+
+from hub.promql.sql import Labels
+
+Point = tuple[int, float]  # time (ms) and value
+
+
+def number_text(value: float) -> str:
+    """The shortest text that reads back as `value`, without an exponent, as Prometheus writes values."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    text = format(Decimal(repr(value)), "f")
+    return text.removesuffix(".0") if "." in text else text
+
+
+def point(t_ms: int, value: float) -> list:
+    return [t_ms / 1000, number_text(value)]
+
+
+def success(result_type: str, result: object) -> bytes:
+    return json.dumps({"status": "success", "data": {"resultType": result_type, "result": result}}).encode()
+
+
+def error(error_type: str, message: str) -> bytes:
+    return json.dumps({"status": "error", "errorType": error_type, "error": message}).encode()
+
+
+def vector(values: dict[Labels, float], t_ms: int) -> bytes:
+    result = [
+        {"metric": dict(labels), "value": point(t_ms, value)} for labels, value in sorted(values.items())
+    ]
+    return success("vector", result)
+
+
+def matrix(series: dict[Labels, list[Point]]) -> bytes:
+    result = [
+        {"metric": dict(labels), "values": [point(t, value) for t, value in points]}
+        for labels, points in sorted(series.items())
+    ]
+    return success("matrix", result)
+
+
+def scalar(value: float, t_ms: int) -> bytes:
+    return success("scalar", point(t_ms, value))

@@ -1,0 +1,190 @@
+"""PromQL text to a plan the hub can evaluate: parsed by promql_parser (the Prometheus grammar), then
+turned into this module's nodes, refusing with PromQLError (bad_data) every construct the hub does not
+evaluate yet, named ("function holt_winters is not supported", "the @ modifier is not supported yet").
+
+Supported: selectors with = != =~ !~ and `offset`; range selectors inside RANGE_FUNCTIONS; AGGREGATIONS
+with by/without; number literals and unary minus; ARITHMETIC and COMPARISONS (with `bool`) between a
+vector and a scalar or two scalars.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import promql_parser as pp
+
+from collectors.logtext import printable
+from hub.errors import PromQLError
+
+RANGE_FUNCTIONS = frozenset(
+    {
+        "rate",
+        "increase",
+        "irate",
+        "avg_over_time",
+        "min_over_time",
+        "max_over_time",
+        "sum_over_time",
+        "count_over_time",
+        "last_over_time",
+    }
+)
+AGGREGATIONS = frozenset({"sum", "avg", "min", "max", "count"})
+ARITHMETIC = frozenset({"+", "-", "*", "/"})
+COMPARISONS = frozenset({">", "<", ">=", "<=", "==", "!="})
+MATCH_OPS = (  # promql_parser.MatchOp is not hashable
+    (pp.MatchOp.Equal, "="),
+    (pp.MatchOp.NotEqual, "!="),
+    (pp.MatchOp.Re, "=~"),
+    (pp.MatchOp.NotRe, "!~"),
+)
+MAX_QUERY_CHARS = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Selector:
+    """Series by their label matchers ((name, op, value), op one of = != =~ !~), read `offset_ms` back;
+    `range_ms` > 0 for a range selector [d], 0 for an instant one."""
+
+    matchers: tuple[tuple[str, str, str], ...]
+    offset_ms: int
+    range_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Number:
+    value: float
+
+
+@dataclass(frozen=True)
+class RangeFunction:
+    """One of RANGE_FUNCTIONS over a range selector."""
+
+    name: str
+    selector: Selector
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """One of AGGREGATIONS, grouping by `labels` (or by all but them and __name__, `without`)."""
+
+    op: str
+    labels: tuple[str, ...]
+    without: bool
+    expr: Node
+
+
+@dataclass(frozen=True)
+class Binary:
+    """An arithmetic or comparison operator; `return_bool` for a comparison with `bool`."""
+
+    op: str
+    lhs: Node
+    rhs: Node
+    return_bool: bool
+
+
+Node = Selector | Number | RangeFunction | Aggregation | Binary
+
+
+def plan(query: str) -> Node:
+    """The plan of `query`; PromQLError (bad_data) naming a parse error or an unsupported construct."""
+    if len(query) > MAX_QUERY_CHARS:
+        raise PromQLError(f"the query is longer than {MAX_QUERY_CHARS} characters")
+    try:
+        tree = pp.parse(query)
+    except (ValueError, RecursionError, OverflowError) as error:
+        raise PromQLError(f'invalid parameter "query": {printable(str(error))[:500]}') from None
+    return _node(tree)
+
+
+def is_scalar(node: Node) -> bool:
+    """Whether `node` evaluates to a scalar (else an instant vector)."""
+    if isinstance(node, Binary):
+        return is_scalar(node.lhs) and is_scalar(node.rhs)
+    return isinstance(node, Number)
+
+
+def _node(tree: Any) -> Node:
+    if isinstance(tree, pp.ParenExpr):
+        return _node(tree.expr)
+    if isinstance(tree, pp.NumberLiteral):
+        return Number(float(tree.val))
+    if isinstance(tree, pp.VectorSelector):
+        return _selector(tree, 0)
+    if isinstance(tree, pp.UnaryExpr):
+        inner = _node(tree.expr)
+        return Number(-inner.value) if isinstance(inner, Number) else Binary("*", Number(-1.0), inner, False)
+    if isinstance(tree, pp.Call):
+        return _call(tree)
+    if isinstance(tree, pp.AggregateExpr):
+        return _aggregation(tree)
+    if isinstance(tree, pp.BinaryExpr):
+        return _binary(tree)
+    if isinstance(tree, pp.MatrixSelector):
+        raise PromQLError("a range vector as the query's result is not supported yet; apply a function to it")
+    if isinstance(tree, pp.SubqueryExpr):
+        raise PromQLError("subqueries are not supported yet")
+    if isinstance(tree, pp.StringLiteral):
+        raise PromQLError("string literals are not supported")
+    raise PromQLError(f"the expression {type(tree).__name__} is not supported yet")
+
+
+def _selector(tree: pp.VectorSelector, range_ms: int) -> Selector:
+    if tree.at is not None:
+        raise PromQLError("the @ modifier is not supported yet")
+    if tree.matchers.or_matchers:
+        raise PromQLError("`or` between label matchers is not supported yet")
+    matchers = [(m.name, _match_op(m.op), m.value) for m in tree.matchers.matchers]
+    if tree.name is not None:
+        matchers.insert(0, ("__name__", "=", tree.name))
+    return Selector(tuple(matchers), _millis(tree.offset) if tree.offset is not None else 0, range_ms)
+
+
+def _match_op(op: pp.MatchOp) -> str:
+    return next(text for known, text in MATCH_OPS if known == op)
+
+
+def _call(tree: pp.Call) -> Node:
+    name = tree.func.name
+    if name not in RANGE_FUNCTIONS:
+        raise PromQLError(f"function {name} is not supported yet")
+    argument = tree.args[0]
+    if not isinstance(argument, pp.MatrixSelector):
+        raise PromQLError(f"function {name}: only a range selector (metric[5m]) is supported as its argument")
+    return RangeFunction(name, _selector(argument.vector_selector, _millis(argument.range)))
+
+
+def _aggregation(tree: pp.AggregateExpr) -> Aggregation:
+    op = str(tree.op)
+    if op not in AGGREGATIONS:
+        raise PromQLError(f"aggregation {op} is not supported yet")
+    modifier = tree.modifier
+    if modifier is None:
+        return Aggregation(op, (), False, _vector(tree.expr, f"aggregation {op}"))
+    without = modifier.type == pp.AggModifierType.Without
+    return Aggregation(op, tuple(modifier.labels), without, _vector(tree.expr, f"aggregation {op}"))
+
+
+def _binary(tree: pp.BinaryExpr) -> Binary:
+    op = str(tree.op)
+    if op not in ARITHMETIC | COMPARISONS:
+        raise PromQLError(f"binary operator {op} is not supported yet")
+    lhs, rhs = _node(tree.lhs), _node(tree.rhs)
+    if not is_scalar(lhs) and not is_scalar(rhs):
+        raise PromQLError("binary operation between two vectors is not supported yet")
+    modifier = tree.modifier
+    return Binary(op, lhs, rhs, bool(modifier is not None and modifier.return_bool))
+
+
+def _vector(tree: Any, where: str) -> Node:
+    node = _node(tree)
+    if is_scalar(node):
+        raise PromQLError(f"{where}: expected an instant vector, got a scalar")
+    return node
+
+
+def _millis(duration: timedelta) -> int:
+    return round(duration.total_seconds() * 1000)
