@@ -29,6 +29,7 @@ EXTRA_OF_MODULE = {
     "httpx": "hub",
     "cramjam": "hub",
     "re2": "hub",
+    "promql_parser": "hub",
     "streamlit": "ui",
     "altair": "ui",
     "kubernetes": "k8s",
