@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from hub.promql import answer
 from hub.promql.evaluate import evaluate, window
-from hub.promql.plan import Aggregation, Binary, Node, RangeFunction, Selector, plan
+from hub.promql.plan import Node, Selector, children, plan
 from hub.promql.request import read_request
 from hub.promql.sql import Labels, Read, Series, read_series
 
@@ -54,10 +54,5 @@ def answer_query(
 def _selectors(node: Node) -> Iterator[Selector]:
     if isinstance(node, Selector):
         yield node
-    elif isinstance(node, RangeFunction):
-        yield node.selector
-    elif isinstance(node, Aggregation):
-        yield from _selectors(node.expr)
-    elif isinstance(node, Binary):
-        yield from _selectors(node.lhs)
-        yield from _selectors(node.rhs)
+    for child in children(node):
+        yield from _selectors(child)

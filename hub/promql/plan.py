@@ -9,7 +9,8 @@ vector and a scalar or two scalars.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any
 
@@ -98,6 +99,15 @@ def plan(query: str) -> Node:
     except (ValueError, RecursionError, OverflowError) as error:
         raise PromQLError(f'invalid parameter "query": {printable(str(error))[:500]}') from None
     return _node(tree)
+
+
+def children(node: Node) -> Iterator[Node]:
+    """The nodes `node` holds, in its fields or in tuples there (a node type's fields say what it holds)."""
+    for item in fields(node):
+        value = getattr(node, item.name)
+        for child in value if isinstance(value, tuple) else (value,):
+            if isinstance(child, Node):
+                yield child
 
 
 def is_scalar(node: Node) -> bool:

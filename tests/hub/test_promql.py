@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import io
 import json
-import math
-import subprocess
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,15 +20,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analytics.store import Store
 from hub.app import Hub
 from hub.auth import Tokens
 from hub.otlp import OtlpStepReceiver
 from hub.spool import Spool
 from hub.writer import Writer
 from tests.support import remote_write
-from tests.support.hubserver import on_loopback
-from tests.support.peers import peer, prometheus, require_binary
+from tests.support.promqlpeers import compare_instant, compare_range, get, hub_and_prometheus
 
 pytestmark = pytest.mark.integration
 
@@ -160,95 +155,20 @@ UNSUPPORTED = {
 
 @pytest.fixture(scope="module")
 def peers(chdb_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A hub and a Prometheus holding SERIES, each written by remote write: their URLs ("hub", "prometheus")
-    and the hub itself ("hub_app")."""
-    require_binary("promtool")
-    work = tmp_path_factory.mktemp("promql")
-    (work / "prometheus.yml").write_text("scrape_configs: []\n")
-    args, prometheus_url = prometheus(work)
-    body = remote_write.snappy(remote_write.encode(SERIES))
-    with (
-        Store.open(f"chdb://{chdb_dir}", database=f"test_{uuid.uuid4().hex[:12]}") as store,
-        peer([*args, "--web.enable-remote-write-receiver"], f"{prometheus_url}/-/ready"),
-    ):
-        hub = Hub(store, Writer(store, Spool(work / "spool", 64 << 20)), OtlpStepReceiver())
-        with on_loopback(hub) as hub_url:
-            for url in (hub_url, prometheus_url):
-                status, answer = remote_write.post(url, body)
-                assert status == 204, (url, answer)
-            yield {"hub": hub_url, "prometheus": prometheus_url, "hub_app": hub}
-
-
-def promtool(kind: str, flags: list[str], server: str, query: str) -> object:
-    """What `promtool query KIND FLAGS -o json -- SERVER QUERY` prints, parsed (`--`: a query may start
-    with "-"); it fails the test when promtool does."""
-    done = subprocess.run(
-        ["promtool", "query", kind, *flags, "-o", "json", "--", server, query],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, (kind, flags, server, query, done.stderr)
-    return json.loads(done.stdout)
-
-
-def comparable(result: object) -> dict:
-    """A promtool result as {label set: [(time, value), ...]}, whatever its type."""
-    if isinstance(result, list) and len(result) == 2 and not isinstance(result[0], dict):  # a scalar
-        result = [{"metric": {}, "value": result}]
-    rows = {}
-    for series in result:
-        points = series["values"] if "values" in series else [series["value"]]
-        rows[frozenset(series["metric"].items())] = [(round(float(t) * 1000), float(v)) for t, v in points]
-    return rows
-
-
-def assert_same(ours: dict, theirs: dict, what: str) -> None:
-    assert set(ours) == set(theirs), (what, sorted(map(sorted, ours)), sorted(map(sorted, theirs)))
-    for labels, points in theirs.items():
-        mine = ours[labels]
-        assert [t for t, _ in mine] == [t for t, _ in points], (what, labels)
-        for (_, a), (_, b) in zip(mine, points, strict=True):
-            assert (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9, abs_tol=0), (
-                what,
-                labels,
-                a,
-                b,
-            )
+    with hub_and_prometheus(SERIES, chdb_dir, tmp_path_factory.mktemp("promql")) as both:
+        yield both
 
 
 @pytest.mark.parametrize("query", QUERIES)
 def test_instant_queries_answer_as_prometheus_does(peers, query):
-    compared = 0
-    for at in INSTANT_TIMES:
-        ours, theirs = (
-            comparable(promtool("instant", [f"--time={at / 1000}"], peers[side], query))
-            for side in ("hub", "prometheus")
-        )
-        assert_same(ours, theirs, f"{query} at {at}")
-        compared += len(theirs)
-    assert compared, f"{query}: no data at any time, so nothing was compared"
+    assert compare_instant(peers, query, INSTANT_TIMES), (
+        f"{query}: no data at any time, so nothing was compared"
+    )
 
 
 @pytest.mark.parametrize("query", QUERIES)
 def test_range_queries_answer_as_prometheus_does(peers, query):
-    window = [f"--start={minutes(-2) / 1000}", f"--end={minutes(66) / 1000}", "--step=45s"]
-    ours, theirs = (
-        comparable(promtool("range", window, peers[side], query)) for side in ("hub", "prometheus")
-    )
-    assert ours, f"{query}: no data, so nothing was compared"
-    assert_same(ours, theirs, query)
-
-
-def get(url: str, path: str, parameters: dict[str, str]) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(
-            f"{url}{path}?{urllib.parse.urlencode(parameters)}", timeout=30
-        ) as answer:
-            return answer.status, json.load(answer)
-    except urllib.error.HTTPError as error:
-        return error.code, json.load(error)
+    assert compare_range(peers, query, minutes(-2), minutes(66), "45s"), f"{query}: no data, nothing compared"
 
 
 @pytest.mark.parametrize(("query", "reason"), sorted(UNSUPPORTED.items()))
