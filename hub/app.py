@@ -32,6 +32,7 @@ stored once (hub.groupcommit).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -41,6 +42,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -66,7 +68,7 @@ from hub.otlp import OtlpStepReceiver, otlp_error_response
 from hub.placements import PlacementPoller
 from hub.promql import answer_query
 from hub.promql.answer import error as promql_error
-from hub.promql.sql import Read
+from hub.promql.sql import NUMBERS, Read, ReadNumbers
 from hub.queryslots import QuerySlots
 from hub.remote_write import RemoteWriteReceiver
 from hub.rounds import JOURNAL_DIR, MAX_PENDING_ROUNDS, RoundJournal, RoundQueue
@@ -140,6 +142,7 @@ class Hub:
         tokens: Tokens | None = None,
         max_body_bytes: int = 16 << 20,
         query_max_rows: int = 100_000,
+        promql_max_samples: int = 20_000_000,
         query_max_seconds: float = 30.0,
         query_limits: ReadLimits | None = None,
         query_slots: QuerySlots | None = None,
@@ -160,6 +163,7 @@ class Hub:
         self._tokens = tokens or Tokens()
         self._max_body_bytes = max_body_bytes
         self._query_max_rows = query_max_rows
+        self._promql_max_samples = promql_max_samples
         self._query_max_seconds = query_max_seconds
         self._query_limits = query_limits or ReadLimits()
         self._query_slots = query_slots or QuerySlots()
@@ -551,7 +555,7 @@ class Hub:
                 environ.get("QUERY_STRING", ""),
                 environ.get("CONTENT_TYPE"),
                 body,
-                self._promql_reader(self._query_client(environ), deadline),
+                *self._promql_reader(self._query_client(environ), deadline),
                 self._wall_clock(),
             )
         except PromQLError as exc:
@@ -561,29 +565,48 @@ class Hub:
             raise HttpError(429, str(busy), promql_error("unavailable", str(busy)), headers=retry) from None
         return answer, JSON
 
-    def _promql_reader(self, client: str, deadline: float) -> Read:
-        """How a PromQL query reads its samples: store.query in one of `client`'s slots until `deadline`;
-        PromQLError when the store refuses, is down, or more than query_max_rows samples match."""
+    def _promql_reader(self, client: str, deadline: float) -> tuple[Read, ReadNumbers]:
+        """How a PromQL query reads its series (rows) and samples (numpy columns): store.query and
+        store.query_numbers in one of `client`'s slots until `deadline`; PromQLError when the store
+        refuses, is down, or a read matches more than query_max_rows series or promql_max_samples
+        samples."""
 
-        def read(sql: str, parameters: Mapping[str, Any]) -> Sequence[tuple]:
+        @contextlib.contextmanager
+        def guarded() -> Iterator[None]:
             with self._query_slots.slot(client, deadline):
                 try:
-                    result = self.store.query(
-                        sql,
-                        parameters=parameters,
-                        max_rows=self._query_max_rows,
-                        max_seconds=max(1, round(deadline - time.monotonic())),
-                    )
+                    yield
                 except QueryError as exc:
                     raise PromQLError(str(exc), "execution", 422) from None
                 except StoreError as exc:
                     raise PromQLError(str(exc), "unavailable", 503) from None
-            if result.truncated:
-                message = f"the query reads more than {self._query_max_rows} samples (hub.query_max_rows)"
-                raise PromQLError(message, "execution", 422)
+
+        def refuse_truncated(truncated: bool, limit: int, what: str, name: str) -> None:
+            if truncated:
+                raise PromQLError(f"the query reads more than {limit} {what} ({name})", "execution", 422)
+
+        def seconds_left() -> int:
+            return max(1, round(deadline - time.monotonic()))
+
+        def read(sql: str, parameters: Mapping[str, Any]) -> Sequence[tuple]:
+            with guarded():
+                limit = self._query_max_rows
+                result = self.store.query(
+                    sql, parameters=parameters, max_rows=limit, max_seconds=seconds_left()
+                )
+            refuse_truncated(result.truncated, limit, "series", "hub.query_max_rows")
             return result.rows
 
-        return read
+        def read_numbers(sql: str, parameters: Mapping[str, Any]) -> Mapping[str, np.ndarray]:
+            with guarded():
+                limit = self._promql_max_samples
+                result = self.store.query_numbers(
+                    sql, NUMBERS, parameters=parameters, max_rows=limit, max_seconds=seconds_left()
+                )
+            refuse_truncated(result.truncated, limit, "samples", "hub.promql_max_samples")
+            return result.columns
+
+        return read, read_numbers
 
     def _query_client(self, environ: dict) -> str:
         """Whom a query's slots count against: its token (a digest of it), or on a hub without tokens,

@@ -10,10 +10,12 @@
 
 from __future__ import annotations
 
-import bisect
 import math
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
 
 from hub.promql.plan import COMPARISONS, Aggregation, Binary, Node, Number, RangeFunction, Selector
 from hub.promql.sql import Labels, Series
@@ -38,8 +40,27 @@ def window(node: Selector) -> tuple[int, int]:
     return -node.offset_ms - reach, -node.offset_ms
 
 
-def evaluate(node: Node, t: int, data: Mapping[Selector, list[Series]]) -> Vector | float:
+class Samples(dict[Selector, list[Series]]):
+    """What a query is evaluated over: each selector's series, and in `at_steps` the values some nodes
+    take at every step of a range query, computed for all steps at once (hub.promql.grid), which
+    evaluate looks up instead of computing them step by step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at_steps: dict[Node, Steps] = {}
+
+
+class Steps(Protocol):
+    def at(self, t: int) -> Vector | None:
+        """The vector at `t`, None when `t` is not one of the steps."""
+
+
+def evaluate(node: Node, t: int, data: Samples) -> Vector | float:
     """`node`'s value at `t` (ms): a scalar, or an instant vector by label set."""
+    if node in data.at_steps:
+        found = data.at_steps[node].at(t)
+        if found is not None:
+            return found
     if isinstance(node, Number):
         return node.value
     if isinstance(node, Selector):
@@ -56,9 +77,9 @@ def evaluate(node: Node, t: int, data: Mapping[Selector, list[Series]]) -> Vecto
 def _instant(every: list[Series], at: int) -> Vector:
     result = {}
     for series in every:
-        index = bisect.bisect_right(series.times, at) - 1
+        index = int(np.searchsorted(series.times, at, "right")) - 1
         if index >= 0 and series.times[index] >= at - LOOKBACK_MS:
-            result[series.labels] = series.values[index]
+            result[series.labels] = float(series.values[index])
     return result
 
 
@@ -68,14 +89,20 @@ def _range_function(node: RangeFunction, t: int, every: list[Series]) -> Vector:
     function = RANGE_FUNCTIONS[node.name]
     result = {}
     for series in every:
-        low, high = bisect.bisect_left(series.times, start), bisect.bisect_right(series.times, end)
+        low = int(np.searchsorted(series.times, start, "left"))
+        high = int(np.searchsorted(series.times, end, "right"))
         if low == high:
             continue
-        value = function((series.times[low:high], series.values[low:high]), start, end)
+        points = (series.times[low:high].tolist(), series.values[low:high].tolist())
+        value = function(points, start, end)
         if value is not None:
-            labels = series.labels if node.name == "last_over_time" else drop_name(series.labels)
-            result[labels] = value
+            result[range_labels(node, series.labels)] = value
     return result
+
+
+def range_labels(node: RangeFunction, labels: Labels) -> Labels:
+    """The labels of `node`'s value for a series: without __name__ but for last_over_time."""
+    return labels if node.name == "last_over_time" else drop_name(labels)
 
 
 def extrapolated_rate(points: Points, start: int, end: int, is_counter: bool, is_rate: bool) -> float | None:

@@ -171,6 +171,13 @@ def test_range_queries_answer_as_prometheus_does(peers, query):
     assert compare_range(peers, query, minutes(-2), minutes(66), "45s"), f"{query}: no data, nothing compared"
 
 
+@pytest.mark.parametrize("query", QUERIES)
+def test_range_queries_with_steps_past_their_reach_answer_as_prometheus_does(peers, query):
+    """A step longer than a selector's reach (the 5-minute lookback, [5m], [10m]): the hub reads only
+    the samples within reach of a step, and still answers as Prometheus does."""
+    assert compare_range(peers, query, minutes(-3), minutes(70), "11m"), f"{query}: no data, nothing compared"
+
+
 @pytest.mark.parametrize(("query", "reason"), sorted(UNSUPPORTED.items()))
 def test_unsupported_constructs_answer_bad_data_naming_them(peers, query, reason):
     status, answer = get(peers["hub"], "/api/v1/query", {"query": query, "time": str(minutes(30) / 1000)})
