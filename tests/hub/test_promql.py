@@ -315,3 +315,24 @@ def test_label_values_are_matched_as_text_whatever_they_hold(peers, value):
     assert [series["metric"].get("model") for series in answer["data"]["result"]] == (
         [HOSTILE] if value == HOSTILE else []
     )
+
+
+def test_a_query_holding_more_samples_than_the_limit_answers_execution_naming_it(peers, tmp_path):
+    store = peers["hub_app"].store
+    hub = Hub(
+        store,
+        Writer(store, Spool(tmp_path / "spool", 1 << 20)),
+        OtlpStepReceiver(),
+        tokens=Tokens({"reader": frozenset({"read"})}),
+        promql_max_samples=100,
+    )
+
+    def ask(query: str, end_minute: float) -> tuple[int, dict]:
+        window = {"start": minutes(0) / 1000, "end": minutes(end_minute) / 1000, "step": "60"}
+        parameters = urllib.parse.urlencode({"query": query, **window})
+        return ask_wsgi(hub, "GET", "/api/v1/query_range", parameters, "Bearer reader")
+
+    assert ask('fl_requests_total{job="batch"}', 20)[0] == 200
+    status, answer = ask("rate(fl_requests_total[5m])", 60)
+    assert (status, answer["errorType"]) == (422, "execution")
+    assert "more than 100 samples (hub.promql_max_samples)" in answer["error"]
