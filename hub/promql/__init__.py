@@ -10,11 +10,10 @@ hub in Prometheus's error envelope.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
+from hub.errors import PromQLError
 from hub.promql import answer
-from hub.promql.evaluate import evaluate, window
-from hub.promql.plan import Node, Selector, children, plan
+from hub.promql.evaluate import evaluate, range_points, read_windows
+from hub.promql.plan import Selector, Subquery, is_range_vector, pin_at, plan
 from hub.promql.request import read_request
 from hub.promql.sql import Labels, Read, Series, read_series
 
@@ -33,11 +32,19 @@ def answer_query(
     """The JSON answer of an instant (`is_range` False) or range query whose samples `read` fetches;
     PromQLError for a request that is refused."""
     request = read_request(is_range, method, query_string, content_type, body, now)
-    node = plan(request.query)
-    data: dict[Selector, list[Series]] = {}
-    for selector in _selectors(node):
-        before, after = window(selector)
-        data[selector] = read_series(read, selector, request.start_ms + before, request.end_ms + after)
+    node = pin_at(plan(request.query), request.start_ms, request.end_ms)
+    if request.is_range and is_range_vector(node):
+        raise PromQLError(
+            'invalid expression type "range vector" for range query, must be Scalar or instant Vector'
+        )
+    data: dict[Selector, list[Series]] = {
+        selector: read_series(read, selector, since, until)
+        for selector, (since, until) in read_windows(node, request.start_ms, request.end_ms).items()
+    }
+    if is_range_vector(node):
+        assert isinstance(node, Selector | Subquery)
+        _, _, every = range_points(node, request.start_ms, data)
+        return answer.matrix({labels: list(zip(*points, strict=True)) for labels, points in every})
     if not request.is_range:
         value = evaluate(node, request.start_ms, data)
         if isinstance(value, float):
@@ -49,10 +56,3 @@ def answer_query(
         for labels, number in ({(): value} if isinstance(value, float) else value).items():
             series.setdefault(labels, []).append((t, number))
     return answer.matrix(series)
-
-
-def _selectors(node: Node) -> Iterator[Selector]:
-    if isinstance(node, Selector):
-        yield node
-    for child in children(node):
-        yield from _selectors(child)
