@@ -20,6 +20,7 @@ import promql_parser as pp
 
 from collectors.logtext import printable
 from hub.errors import PromQLError
+from hub.promql.request import MAX_POINTS, MAX_TIMESTAMP_MS
 
 RANGE_FUNCTIONS = frozenset(
     {
@@ -221,6 +222,8 @@ def _subquery(tree: pp.SubqueryExpr) -> Subquery:
     step_ms = _millis(tree.step) if tree.step is not None else DEFAULT_RESOLUTION_MS
     if step_ms <= 0:
         raise PromQLError("a subquery's step must be positive")
+    if _millis(tree.range) // step_ms >= MAX_POINTS:
+        raise PromQLError(f"a subquery's range holds more than {MAX_POINTS} steps: make its step longer")
     expr = _vector(tree.expr, "subquery")
     return Subquery(expr, _millis(tree.range), step_ms, _offset(tree.offset), _at(tree.at))
 
@@ -234,7 +237,13 @@ def _at(at: Any) -> At:
     if at is None:
         return None
     if at.type == pp.AtModifierType.At:
-        return _millis(at.at - EPOCH)
+        try:
+            at_ms = _millis(at.at - EPOCH)
+        except (ValueError, OverflowError):  # promql_parser's datetime cannot hold it
+            at_ms = MAX_TIMESTAMP_MS + 1
+        if at_ms > MAX_TIMESTAMP_MS:
+            raise PromQLError("the @ modifier's time is out of range")
+        return at_ms
     return next(text for known, text in AT_EDGES if known == at.type)
 
 
