@@ -16,12 +16,11 @@ import math
 import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from hub.promql.binary import binary, drop_name
+from hub.promql.binary import Vector, binary, drop_name
 from hub.promql.plan import Aggregation, Node, Number, RangeFunction, Selector, Subquery, children
 from hub.promql.sql import Labels, Series
 
 LOOKBACK_MS = 5 * 60 * 1000
-Vector = dict[Labels, float]
 Points = tuple[Sequence[int], Sequence[float]]  # times (ms) and values of one series within a range
 Window = tuple[int, int]  # since, until (ms), both included
 
