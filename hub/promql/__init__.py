@@ -4,19 +4,19 @@
         ─▶ grid (selectors and range functions at every step at once, for a range query)
         ─▶ evaluate (at each step, Prometheus's rules) ─▶ answer (Prometheus's JSON envelope)
 
-Each selector's samples are read once for the whole query, from the earliest time any step reaches back
-to the latest (of a range query whose step is longer than that reach, only the samples within reach of
-a step), as numpy arrays. Errors are PromQLError, answered by the hub in Prometheus's error envelope.
+Each selector's samples are read once for the whole query, as numpy arrays, from the earliest time any
+evaluation reaches back to the latest; of a range query whose step is longer than a selector's reach,
+only the samples within reach of a step. Errors are PromQLError, answered by the hub in Prometheus's
+error envelope.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
+from hub.errors import PromQLError
 from hub.promql import answer
-from hub.promql.evaluate import Samples, evaluate, window
-from hub.promql.grid import tabulate
-from hub.promql.plan import Node, Selector, children, plan
+from hub.promql.evaluate import LOOKBACK_MS, Samples, evaluate, range_points, read_windows
+from hub.promql.grid import stepped_only, tabulate
+from hub.promql.plan import Selector, Subquery, is_range_vector, pin_at, plan
 from hub.promql.request import read_request
 from hub.promql.sql import Grid, Labels, Read, ReadNumbers, read_series
 
@@ -36,19 +36,23 @@ def answer_query(
     """The JSON answer of an instant (`is_range` False) or range query whose series `read` finds and
     whose samples `read_numbers` fetches; PromQLError for a request that is refused."""
     request = read_request(is_range, method, query_string, content_type, body, now)
-    node = plan(request.query)
-    data = Samples()
-    for selector in _selectors(node):
-        before, after = window(selector)
-        grid = Grid(request.start_ms - selector.offset_ms, request.step_ms, -before - selector.offset_ms)
-        data[selector] = read_series(
-            read,
-            read_numbers,
-            selector,
-            request.start_ms + before,
-            request.end_ms + after,
-            grid if request.is_range else None,
+    node = pin_at(plan(request.query), request.start_ms, request.end_ms)
+    if request.is_range and is_range_vector(node):
+        raise PromQLError(
+            'invalid expression type "range vector" for range query, must be Scalar or instant Vector'
         )
+    gridded = stepped_only(node) if request.is_range else set()
+    data = Samples()
+    for selector, (since, until) in read_windows(node, request.start_ms, request.end_ms).items():
+        grid = None
+        if selector in gridded:
+            reach = selector.range_ms or LOOKBACK_MS
+            grid = Grid(request.start_ms - selector.offset_ms, request.step_ms, reach)
+        data[selector] = read_series(read, read_numbers, selector, since, until, grid)
+    if is_range_vector(node):
+        assert isinstance(node, Selector | Subquery)
+        _, _, every = range_points(node, request.start_ms, data)
+        return answer.matrix({labels: list(zip(*points, strict=True)) for labels, points in every})
     if not request.is_range:
         value = evaluate(node, request.start_ms, data)
         if isinstance(value, float):
@@ -61,10 +65,3 @@ def answer_query(
         for labels, number in ({(): value} if isinstance(value, float) else value).items():
             series.setdefault(labels, []).append((t, number))
     return answer.matrix(series)
-
-
-def _selectors(node: Node) -> Iterator[Selector]:
-    if isinstance(node, Selector):
-        yield node
-    for child in children(node):
-        yield from _selectors(child)

@@ -1,43 +1,52 @@
 """A plan evaluated at one time over the series read for its selectors, with the rules of Prometheus 2
 (promql/engine.go and functions.go), which Debian's Prometheus applies:
 
-- an instant selector takes each series' newest sample in [t - 5m, t] (t moved back by `offset`);
-- a range selector [d] takes the samples in [t - d, t];
+- an instant selector takes each series' newest sample in [t - 5m, t] (t, or its `@` time, moved back
+  by `offset`);
+- a range selector [d] takes the samples in [t - d, t]; a subquery [d:s] evaluates its expression at each
+  multiple of s in [t - d, t];
 - rate and increase add back counter resets and extrapolate to the range's ends (extrapolated_rate);
-- functions, arithmetic and `bool` comparisons drop __name__; filtering comparisons and last_over_time
-  keep it; a comparison keeps the vector's value whichever side the vector is on.
+- functions drop __name__, last_over_time keeps it; binary operators as hub.promql.binary says.
 """
 
 from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
 
-from hub.promql.plan import COMPARISONS, Aggregation, Binary, Node, Number, RangeFunction, Selector
+from hub.promql.binary import Vector, binary, drop_name
+from hub.promql.plan import Aggregation, Node, Number, RangeFunction, Selector, Subquery, children
 from hub.promql.sql import Labels, Series
 
 LOOKBACK_MS = 5 * 60 * 1000
-Vector = dict[Labels, float]
 Points = tuple[Sequence[int], Sequence[float]]  # times (ms) and values of one series within a range
-
-COMPARE: dict[str, Callable[[float, float], bool]] = {
-    ">": operator.gt,
-    "<": operator.lt,
-    ">=": operator.ge,
-    "<=": operator.le,
-    "==": operator.eq,
-    "!=": operator.ne,
-}
+Window = tuple[int, int]  # since, until (ms), both included
 
 
-def window(node: Selector) -> tuple[int, int]:
-    """How far before and after an evaluation time `node` reads: (since, until) offsets in ms."""
-    reach = node.range_ms or LOOKBACK_MS
-    return -node.offset_ms - reach, -node.offset_ms
+def read_windows(
+    node: Node, first_ms: int, last_ms: int, found: dict[Selector, Window] | None = None
+) -> dict[Selector, Window]:
+    """The samples each selector in `node` needs when `node` is evaluated at times from `first_ms` to
+    `last_ms`: from the earliest any evaluation reaches back (through `@`, offsets, ranges, subqueries and
+    the lookback) to the latest."""
+    found = {} if found is None else found
+    if isinstance(node, Selector | Subquery) and isinstance(node.at, int):
+        first_ms = last_ms = node.at
+    if isinstance(node, Selector):
+        since = first_ms - node.offset_ms - (node.range_ms or LOOKBACK_MS)
+        until = last_ms - node.offset_ms
+        known = found.get(node, (since, until))
+        found[node] = (min(since, known[0]), max(until, known[1]))
+    elif isinstance(node, Subquery):
+        read_windows(node.expr, first_ms - node.offset_ms - node.range_ms, last_ms - node.offset_ms, found)
+    else:
+        for child in children(node):
+            read_windows(child, first_ms, last_ms, found)
+    return found
 
 
 class Samples(dict[Selector, list[Series]]):
@@ -64,14 +73,50 @@ def evaluate(node: Node, t: int, data: Samples) -> Vector | float:
     if isinstance(node, Number):
         return node.value
     if isinstance(node, Selector):
-        return _instant(data[node], t - node.offset_ms)
+        return _instant(data[node], _at(node, t) - node.offset_ms)
     if isinstance(node, RangeFunction):
-        return _range_function(node, t, data[node.selector])
+        return _range_function(node, t, data)
     if isinstance(node, Aggregation):
         vector = evaluate(node.expr, t, data)
         assert isinstance(vector, dict)
         return _aggregate(node, vector)
-    return _binary(node, evaluate(node.lhs, t, data), evaluate(node.rhs, t, data))
+    assert not isinstance(node, Subquery), "a subquery is evaluated by range_points"
+    return binary(node, evaluate(node.lhs, t, data), evaluate(node.rhs, t, data))
+
+
+def range_points(
+    source: Selector | Subquery, t: int, data: Samples
+) -> tuple[int, int, Iterator[tuple[Labels, Points]]]:
+    """A range selector's or subquery's window at `t` (start and end, ms) and each series' points in it:
+    the samples of a selector, the values of a subquery's expression at its steps."""
+    end = _at(source, t) - source.offset_ms
+    start = end - source.range_ms
+    if isinstance(source, Selector):
+        return start, end, _samples_within(data[source], start, end)
+    series: dict[Labels, tuple[list[int], list[float]]] = {}
+    first = -(-start // source.step_ms) * source.step_ms  # the first multiple of the step in the window
+    for step_t in range(first, end + 1, source.step_ms):
+        value = evaluate(source.expr, step_t, data)
+        assert isinstance(value, dict)
+        for labels, number in value.items():
+            times, values = series.setdefault(labels, ([], []))
+            times.append(step_t)
+            values.append(number)
+    return start, end, iter(series.items())
+
+
+def _samples_within(every: list[Series], start: int, end: int) -> Iterator[tuple[Labels, Points]]:
+    for series in every:
+        low = int(np.searchsorted(series.times, start, "left"))
+        high = int(np.searchsorted(series.times, end, "right"))
+        if low < high:
+            yield series.labels, (series.times[low:high].tolist(), series.values[low:high].tolist())
+
+
+def _at(node: Selector | Subquery, t: int) -> int:
+    """The time `node` is evaluated at: its `@` time (pinned by plan.pin_at), else `t`."""
+    assert not isinstance(node.at, str), "pin_at fixes @ start() and @ end() before evaluation"
+    return t if node.at is None else node.at
 
 
 def _instant(every: list[Series], at: int) -> Vector:
@@ -83,20 +128,14 @@ def _instant(every: list[Series], at: int) -> Vector:
     return result
 
 
-def _range_function(node: RangeFunction, t: int, every: list[Series]) -> Vector:
-    end = t - node.selector.offset_ms
-    start = end - node.selector.range_ms
+def _range_function(node: RangeFunction, t: int, data: Samples) -> Vector:
+    start, end, every = range_points(node.source, t, data)
     function = RANGE_FUNCTIONS[node.name]
     result = {}
-    for series in every:
-        low = int(np.searchsorted(series.times, start, "left"))
-        high = int(np.searchsorted(series.times, end, "right"))
-        if low == high:
-            continue
-        points = (series.times[low:high].tolist(), series.values[low:high].tolist())
+    for labels, points in every:
         value = function(points, start, end)
         if value is not None:
-            result[range_labels(node, series.labels)] = value
+            result[range_labels(node, labels)] = value
     return result
 
 
@@ -188,44 +227,3 @@ AGGREGATE: dict[str, Callable[[list[float]], float]] = {
     "max": lambda values: _least(values, operator.gt),
     "count": lambda values: float(len(values)),
 }
-
-
-def _binary(node: Binary, lhs: Vector | float, rhs: Vector | float) -> Vector | float:
-    if isinstance(lhs, float) and isinstance(rhs, float):
-        if node.op in COMPARISONS:
-            return float(COMPARE[node.op](lhs, rhs))
-        return arithmetic(node.op, lhs, rhs)
-    vector_on_left = isinstance(lhs, dict)
-    vector, scalar = (lhs, rhs) if vector_on_left else (rhs, lhs)
-    assert isinstance(vector, dict) and isinstance(scalar, float)
-    result = {}
-    for labels, value in vector.items():
-        left, right = (value, scalar) if vector_on_left else (scalar, value)
-        if node.op not in COMPARISONS:
-            result[drop_name(labels)] = arithmetic(node.op, left, right)
-        elif node.return_bool:
-            result[drop_name(labels)] = float(COMPARE[node.op](left, right))
-        elif COMPARE[node.op](left, right):
-            result[labels] = value
-    return result
-
-
-def arithmetic(op: str, left: float, right: float) -> float:
-    """`left op right` as Go's float64 arithmetic: division by zero is ±Inf or NaN, never an error."""
-    if op == "+":
-        return left + right
-    if op == "-":
-        return left - right
-    if op == "*":
-        return left * right
-    if right == 0:
-        return (
-            math.nan
-            if left == 0 or math.isnan(left)
-            else math.copysign(math.inf, left) * math.copysign(1, right)
-        )
-    return left / right
-
-
-def drop_name(labels: Labels) -> Labels:
-    return tuple(pair for pair in labels if pair[0] != "__name__")

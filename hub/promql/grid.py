@@ -10,13 +10,14 @@ value here never differs from a step-by-step evaluation.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from hub.promql.evaluate import LOOKBACK_MS, RANGE_FUNCTIONS, Samples, Vector, range_labels
-from hub.promql.plan import Node, RangeFunction, Selector, children
+from hub.promql.plan import Node, RangeFunction, Selector, Subquery, children
 from hub.promql.sql import Labels, Series
 
 RATES = {"rate": True, "increase": False}  # range functions computed on arrays -> whether per second
@@ -46,28 +47,50 @@ class StepTable:
 
 
 def tabulate(root: Node, times: range, data: Samples) -> None:
-    """Put into `data.at_steps` the table, over `times`, of every instant selector and range function
-    in `root`."""
+    """Put into `data.at_steps` the table, over `times`, of every node of `root` that _stepped yields."""
     steps = np.arange(times.start, times.stop, times.step, dtype=np.int64)
-    for node in _tabulated(root):
+    for node in _stepped(root):
         if isinstance(node, Selector):
             built = [_selector_row(series, steps - node.offset_ms) for series in data[node]]
             labels = [series.labels for series in data[node]]
         else:
-            every = data[node.selector]
-            built = [_range_row(node, series, steps - node.selector.offset_ms) for series in every]
+            assert isinstance(node.source, Selector)
+            every = data[node.source]
+            built = [_range_row(node, series, steps - node.source.offset_ms) for series in every]
             labels = [range_labels(node, series.labels) for series in every]
         values = np.array([row[0] for row in built]).reshape(len(built), len(steps))
         present = np.array([row[1] for row in built], dtype=bool).reshape(len(built), len(steps))
         data.at_steps[node] = StepTable(times.start, times.step, len(steps), labels, values, present)
 
 
-def _tabulated(node: Node) -> Iterator[Selector | RangeFunction]:
-    if isinstance(node, (Selector, RangeFunction)):
+def stepped_only(root: Node) -> set[Selector]:
+    """The selectors of `root` evaluated only at the query's own steps (every occurrence is _stepped):
+    those whose reads may keep to the samples within reach of a step."""
+    stepped = Counter(node if isinstance(node, Selector) else node.source for node in _stepped(root))
+    return {selector for selector, count in Counter(_selectors(root)).items() if stepped[selector] == count}
+
+
+def _stepped(node: Node) -> Iterator[Selector | RangeFunction]:
+    """The instant selectors, and range functions of a range selector, that `node` evaluates at the
+    query's own steps: neither inside a subquery nor fixed in time by `@`."""
+    if isinstance(node, Subquery):
+        return
+    if isinstance(node, Selector):
+        if node.at is None:
+            yield node
+        return
+    if isinstance(node, RangeFunction) and isinstance(node.source, Selector) and node.source.at is None:
         yield node
         return
     for child in children(node):
-        yield from _tabulated(child)
+        yield from _stepped(child)
+
+
+def _selectors(node: Node) -> Iterator[Selector]:
+    if isinstance(node, Selector):
+        yield node
+    for child in children(node):
+        yield from _selectors(child)
 
 
 def _selector_row(series: Series, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -80,7 +103,7 @@ def _selector_row(series: Series, ends: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 def _range_row(node: RangeFunction, series: Series, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`node`'s function over each window [end - range, end] of `series`."""
-    starts = ends - node.selector.range_ms
+    starts = ends - node.source.range_ms
     low = np.searchsorted(series.times, starts, "left")
     high = np.searchsorted(series.times, ends, "right")
     values = np.full(len(ends), np.nan)
