@@ -6,6 +6,8 @@
     POST /api/v1/steps ──────┴──(StepRecord)──▶ writer          ▼
     POST /api/v1/sql ◀─────────── read-only SQL ────────── store (read sessions of its own)
     GET|POST /api/v1/query, /api/v1/query_range ◀─ PromQL (hub.promql) ─ store
+    GET|POST /api/v1/series, labels, label/<name>/values, metadata, status/buildinfo ◀─ hub.promql.catalog
+    POST /api/v1/read (Prometheus remote read, hub.remote_read) ◀─ store
     POST /api/v1/silences, /api/v1/actions ─(silences, drain requests)─▶ store
     POST /api/v1/topology, hub.topology_file (hub.topology) ─(links, parsed by the hub)─▶ store
     POST /api/v1/checks (hub.checks) ─(active checks' verdicts)─▶ store
@@ -66,8 +68,11 @@ from hub.otlp import OtlpStepReceiver, otlp_error_response
 from hub.placements import PlacementPoller
 from hub.promql import answer_query
 from hub.promql.answer import error as promql_error
+from hub.promql.catalog import answer_catalog, is_catalog_path
 from hub.promql.sql import Read
 from hub.queryslots import QuerySlots
+from hub.remote_read import CONTENT_TYPE as REMOTE_READ_TYPE
+from hub.remote_read import answer_read
 from hub.remote_write import RemoteWriteReceiver
 from hub.rounds import JOURNAL_DIR, MAX_PENDING_ROUNDS, RoundJournal, RoundQueue
 from hub.scraper import Scraper
@@ -84,6 +89,7 @@ OTHER_PATH = "other"  # what unknown paths count as in fleetlens_hub_refused_req
 NO_CONTENT = (b"", "")  # a handler's answer that is a 204: taken, nothing to say
 OPEN_PATHS = ("/metrics", "/healthz")  # GET and HEAD, without a token: they hold no data of the fleet
 PROMQL_PATHS = ("/api/v1/query", "/api/v1/query_range")  # GET and POST, with a read token (hub.promql)
+ENCODINGS = {"/api/v1/read": "snappy"}  # the Content-Encoding of a path's successful answers
 
 
 _REASONS = {
@@ -322,10 +328,12 @@ class Hub:
             log.exception("%s %s failed", method, printable(path))
             status, body, content_type = 500, b'{"error": "internal error; the hub\'s log says more"}', JSON
         headers = [("Content-Type", content_type), *extra]
+        if status == 200 and path in ENCODINGS:
+            headers.append(("Content-Encoding", ENCODINGS[path]))
         if status != 204:
             headers.append(("Content-Length", str(len(body))))
         if status == 405:
-            allowed = "POST" if path in self._posts else "GET, POST" if path in PROMQL_PATHS else "GET, HEAD"
+            allowed = "POST" if path in self._posts else "GET, HEAD" if path in OPEN_PATHS else "GET, POST"
             headers.append(("Allow", allowed))
         start_response(f"{status} {_REASONS.get(status, '')}", headers)
         return _Answer(b"" if method == "HEAD" else body, request_body.discard)
@@ -340,7 +348,7 @@ class Hub:
             if problem is not None:
                 raise HttpError(503, problem, f"not ok: {problem}\n".encode(), "text/plain")
             return b"ok\n", "text/plain"
-        if path in PROMQL_PATHS:
+        if path in PROMQL_PATHS or is_catalog_path(path):
             if method not in ("GET", "POST"):
                 raise HttpError(405, f"{path} takes GET or POST")
             self._authorize("read", environ)
@@ -361,7 +369,8 @@ class Hub:
 
     def _note_refused(self, method: str, path: str, status: int, reason: str) -> None:
         """Count a refusal under its endpoint (unknown paths under one label) and log it, escaped."""
-        endpoint = path if path in self._posts or path in OPEN_PATHS or path in PROMQL_PATHS else OTHER_PATH
+        known = path in self._posts or path in OPEN_PATHS or path in PROMQL_PATHS or is_catalog_path(path)
+        endpoint = path if known else OTHER_PATH
         with self._counts_lock:
             self.refused[(endpoint, status)] = self.refused.get((endpoint, status), 0) + 1
         log.info("refused %s %s: %d %s", printable(method), printable(path), status, printable(reason))
@@ -544,22 +553,32 @@ class Hub:
         """A PromQL query (hub.promql), its reads run as SQL queries are: in the client's slots, within
         query_max_seconds, at most query_max_rows samples; errors in Prometheus's envelope."""
         deadline = time.monotonic() + self._query_max_seconds
+        request = (method, environ.get("QUERY_STRING", ""), environ.get("CONTENT_TYPE"), body)
+        read = self._promql_reader(self._query_client(environ), deadline)
         try:
-            answer = answer_query(
-                path == "/api/v1/query_range",
-                method,
-                environ.get("QUERY_STRING", ""),
-                environ.get("CONTENT_TYPE"),
-                body,
-                self._promql_reader(self._query_client(environ), deadline),
-                self._wall_clock(),
-            )
+            if path in PROMQL_PATHS:
+                answer = answer_query(path == "/api/v1/query_range", *request, read, self._wall_clock())
+            else:
+                answer = answer_catalog(path, *request, read, self._wall_clock())
         except PromQLError as exc:
             raise HttpError(exc.status, str(exc), promql_error(exc.error_type, str(exc))) from None
         except SlotsBusy as busy:
             retry = [("Retry-After", str(busy.retry_after_s))]
             raise HttpError(429, str(busy), promql_error("unavailable", str(busy)), headers=retry) from None
         return answer, JSON
+
+    def _remote_read(self, body: bytes, environ: dict) -> tuple[bytes, str]:
+        """Prometheus remote read (hub.remote_read), its reads run as PromQL's: 400 for a request that
+        is refused or reads more than query_max_rows samples, 429 when no query slot comes free."""
+        read = self._promql_reader(self._query_client(environ), time.monotonic() + self._query_max_seconds)
+        try:
+            return answer_read(body, self._max_body_bytes, read), REMOTE_READ_TYPE
+        except PayloadError as exc:
+            raise HttpError(exc.status, str(exc)) from None
+        except PromQLError as exc:
+            raise HttpError(400 if exc.status == 422 else exc.status, str(exc)) from None
+        except SlotsBusy as busy:
+            raise HttpError(429, str(busy), headers=[("Retry-After", str(busy.retry_after_s))]) from None
 
     def _promql_reader(self, client: str, deadline: float) -> Read:
         """How a PromQL query reads its samples: store.query in one of `client`'s slots until `deadline`;
@@ -601,6 +620,7 @@ class Hub:
         "/api/v1/topology": ("write", _topology),
         "/api/v1/checks": ("write", _checks),
         "/api/v1/sql": ("read", _query),
+        "/api/v1/read": ("read", _remote_read),
         "/api/v1/silences": ("act", _silences),
         "/api/v1/actions": ("act", _actions),
     }

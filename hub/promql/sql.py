@@ -33,6 +33,18 @@ class Series:
 def selector_sql(selector: Selector, since_ms: int, until_ms: int) -> tuple[str, dict[str, Any]]:
     """The SELECT of `selector`'s samples stamped from `since_ms` to `until_ms` (both included), and its
     parameters."""
+    where, parameters = selector_where(selector, since_ms, until_ms)
+    sql = (
+        "SELECT metric, node, labels, toUnixTimestamp64Milli(ts) AS t, value FROM metrics WHERE "
+        + where
+        + " ORDER BY metric, node, t"
+    )
+    return sql, parameters
+
+
+def selector_where(selector: Selector, since_ms: int, until_ms: int) -> tuple[str, dict[str, Any]]:
+    """The WHERE condition on the `metrics` view of `selector`'s samples stamped from `since_ms` to
+    `until_ms` (both included), and its parameters."""
     parameters: dict[str, Any] = {"since": since_ms, "until": until_ms}
     conditions = [
         "ts >= fromUnixTimestamp64Milli({since:Int64}, 'UTC')",
@@ -47,12 +59,7 @@ def selector_sql(selector: Selector, since_ms: int, until_ms: int) -> tuple[str,
         parameters[f"value{index}"] = value if op in COMPARE else f"^(?:{value})$"
         template = COMPARE.get(op) or MATCH[op]
         conditions.append(template.format(column=column, value=f"{{value{index}:String}}"))
-    sql = (
-        "SELECT metric, node, labels, toUnixTimestamp64Milli(ts) AS t, value FROM metrics WHERE "
-        + " AND ".join(conditions)
-        + " ORDER BY metric, node, t"
-    )
-    return sql, parameters
+    return " AND ".join(conditions), parameters
 
 
 def read_series(read: Read, selector: Selector, since_ms: int, until_ms: int) -> list[Series]:
