@@ -6,7 +6,7 @@ A request is a snappy-compressed (block format) protobuf ReadRequest (prometheus
 queries (matchers, start and end in milliseconds) is read with the same SQL as a PromQL selector
 (hub.promql.sql) and answered in a SAMPLES ReadResponse, snappy-compressed too. The messages are built
 from descriptors beside remote write's (hub.remote_write), whose TimeSeries, Label and Sample they share.
-A request the hub will never answer (not snappy, not a ReadRequest, too many queries, a bad matcher, a
+A request the hub will never answer (not snappy, not a ReadRequest, no or too many queries, a bad matcher, a
 response type other than SAMPLES only) is PayloadError 400 naming what is wrong.
 """
 
@@ -99,7 +99,7 @@ def answer_read(body: bytes, max_body_bytes: int, read: Read) -> bytes:
 
 
 def _request(body: bytes, max_body_bytes: int) -> list:
-    """The queries of a ReadRequest that asks for SAMPLES, at most MAX_QUERIES of them."""
+    """The queries of a ReadRequest that asks for SAMPLES, 1 to MAX_QUERIES of them."""
     try:
         request = ReadRequest.FromString(unsnappy(body, max_body_bytes))
     except DecodeError as error:
@@ -107,8 +107,8 @@ def _request(body: bytes, max_body_bytes: int) -> list:
     accepted = list(request.accepted_response_types)
     if accepted and SAMPLES not in accepted:
         raise _bad(f"accepted_response_types {accepted}: this hub answers SAMPLES ({SAMPLES}) only")
-    if len(request.queries) > MAX_QUERIES:
-        raise _bad(f"{len(request.queries)} queries in one request; the limit is {MAX_QUERIES}")
+    if not 0 < len(request.queries) <= MAX_QUERIES:
+        raise _bad(f"{len(request.queries)} queries in one request; 1 to {MAX_QUERIES} are taken")
     return list(request.queries)
 
 
