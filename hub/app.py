@@ -5,9 +5,7 @@
     POST /v1/metrics (OTLP) ─┐                               │ (store down: spool on disk, replay in order)
     POST /api/v1/steps ──────┴──(StepRecord)──▶ writer          ▼
     POST /api/v1/sql ◀─────────── read-only SQL ────────── store (read sessions of its own)
-    GET|POST /api/v1/query, /api/v1/query_range ◀─ PromQL (hub.promql) ─ store
-    GET|POST /api/v1/series, labels, label/<name>/values, metadata, status/buildinfo ◀─ hub.promql.catalog
-    POST /api/v1/read (Prometheus remote read, hub.remote_read) ◀─ store
+    GET|POST /api/v1/{query,query_range,series,labels,metadata,...}, POST /api/v1/read ◀─ PromQL API ─ store
     POST /api/v1/silences, /api/v1/actions ─(silences, drain requests)─▶ store
     POST /api/v1/topology, hub.topology_file (hub.topology) ─(links, parsed by the hub)─▶ store
     POST /api/v1/checks (hub.checks) ─(active checks' verdicts)─▶ store
@@ -550,8 +548,9 @@ class Hub:
         return json.dumps(head).encode()[:-1] + b', "rows": ' + result.rows + b"}", JSON
 
     def _promql(self, path: str, method: str, environ: dict, body: bytes) -> tuple[bytes, str]:
-        """A PromQL query (hub.promql), its reads run as SQL queries are: in the client's slots, within
-        query_max_seconds, at most query_max_rows samples; errors in Prometheus's envelope."""
+        """A PromQL query (hub.promql) or catalog request (hub.promql.catalog), its reads run as SQL queries
+        are: in the client's slots, within query_max_seconds, at most query_max_rows rows; errors in
+        Prometheus's envelope."""
         deadline = time.monotonic() + self._query_max_seconds
         request = (method, environ.get("QUERY_STRING", ""), environ.get("CONTENT_TYPE"), body)
         read = self._promql_reader(self._query_client(environ), deadline)
