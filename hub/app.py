@@ -568,10 +568,11 @@ class Hub:
 
     def _remote_read(self, body: bytes, environ: dict) -> tuple[bytes, str]:
         """Prometheus remote read (hub.remote_read), its reads run as PromQL's: 400 for a request that
-        is refused or reads more than query_max_rows samples, 429 when no query slot comes free."""
+        is refused or whose queries read more than query_max_rows samples together, 429 when no query
+        slot comes free."""
         read = self._promql_reader(self._query_client(environ), time.monotonic() + self._query_max_seconds)
         try:
-            return answer_read(body, self._max_body_bytes, read), REMOTE_READ_TYPE
+            return answer_read(body, self._max_body_bytes, self._query_max_rows, read), REMOTE_READ_TYPE
         except PayloadError as exc:
             raise HttpError(exc.status, str(exc)) from None
         except PromQLError as exc:

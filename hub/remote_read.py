@@ -13,6 +13,7 @@ response type other than SAMPLES only) is PayloadError 400 naming what is wrong.
 from __future__ import annotations
 
 from http import HTTPStatus
+from typing import Any
 
 import cramjam
 from google.protobuf import descriptor_pb2, message_factory
@@ -81,14 +82,19 @@ _CLASSES = _read_classes()
 ReadRequest, ReadResponse = _CLASSES["ReadRequest"], _CLASSES["ReadResponse"]
 
 
-def answer_read(body: bytes, max_body_bytes: int, read: Read) -> bytes:
+def answer_read(body: bytes, max_body_bytes: int, max_samples: int, read: Read) -> bytes:
     """The snappy-compressed ReadResponse of a request whose series `read` fetches; PayloadError (400)
-    naming what is wrong with a request that is refused, 413 when it inflates past `max_body_bytes`."""
+    naming what is wrong with a request that is refused or whose queries read more than `max_samples`
+    samples together, 413 when it inflates past `max_body_bytes`."""
     queries = [_selector(index, query) for index, query in enumerate(_request(body, max_body_bytes))]
-    response = ReadResponse()
-    for selector, start_ms, end_ms in queries:
+    response, samples = ReadResponse(), 0
+    for index, (selector, start_ms, end_ms) in enumerate(queries):
         result = response.results.add()
-        for series in read_series(read, selector, start_ms, end_ms):
+        found = read_series(read, selector, start_ms, end_ms)
+        samples += sum(len(series.times) for series in found)
+        if samples > max_samples:
+            raise _bad(f"queries[0..{index}] read more than {max_samples} samples (hub.query_max_rows)")
+        for series in found:
             encoded = result.timeseries.add()
             encoded.labels.extend(
                 Label(name=name, value=value).SerializeToString() for name, value in series.labels
@@ -98,7 +104,7 @@ def answer_read(body: bytes, max_body_bytes: int, read: Read) -> bytes:
     return bytes(cramjam.snappy.compress_raw(response.SerializeToString()))
 
 
-def _request(body: bytes, max_body_bytes: int) -> list:
+def _request(body: bytes, max_body_bytes: int) -> list[Any]:
     """The queries of a ReadRequest that asks for SAMPLES, 1 to MAX_QUERIES of them."""
     try:
         request = ReadRequest.FromString(unsnappy(body, max_body_bytes))
@@ -112,7 +118,7 @@ def _request(body: bytes, max_body_bytes: int) -> list:
     return list(request.queries)
 
 
-def _selector(index: int, query: object) -> tuple[Selector, int, int]:
+def _selector(index: int, query: Any) -> tuple[Selector, int, int]:
     """The selector and time range of queries[index]; PayloadError naming a matcher that is wrong."""
     matchers = list(query.matchers)
     if not matchers or len(matchers) > MAX_MATCHERS:

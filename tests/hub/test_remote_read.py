@@ -150,6 +150,10 @@ REFUSED = {
     "end first": (read_request((T0_MS, T0_MS - 1, EVERY_REQUEST)), "end_timestamp_ms is before"),
     "bad regex": (read_request((T0_MS, T0_MS + MINUTE_MS, [(RE, "job", "(")])), ""),
     "over the rows": (read_request((0, T0_MS + 90 * MINUTE_MS, EVERY_REQUEST)), "more than 50 samples"),
+    "over the rows together": (
+        read_request(*[(T0_MS, T0_MS + 4 * MINUTE_MS, [(EQ, "__name__", "fl_requests_total")])] * 2),
+        "queries[0..1] read more than 50 samples",  # 26 each
+    ),
     "chunks only": (remote_write.snappy(b"\x10\x01"), "answers SAMPLES (0) only"),
 }
 
