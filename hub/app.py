@@ -5,7 +5,7 @@
     POST /v1/metrics (OTLP) ─┐                               │ (store down: spool on disk, replay in order)
     POST /api/v1/steps ──────┴──(StepRecord)──▶ writer          ▼
     POST /api/v1/sql ◀─────────── read-only SQL ────────── store (read sessions of its own)
-    GET|POST /api/v1/query, /api/v1/query_range ◀─ PromQL (hub.promql) ─ store
+    GET|POST /api/v1/{query,query_range,series,labels,metadata,...}, POST /api/v1/read ◀─ PromQL API ─ store
     POST /api/v1/silences, /api/v1/actions ─(silences, drain requests)─▶ store
     POST /api/v1/topology, hub.topology_file (hub.topology) ─(links, parsed by the hub)─▶ store
     POST /api/v1/checks (hub.checks) ─(active checks' verdicts)─▶ store
@@ -68,8 +68,11 @@ from hub.otlp import OtlpStepReceiver, otlp_error_response
 from hub.placements import PlacementPoller
 from hub.promql import answer_query
 from hub.promql.answer import error as promql_error
+from hub.promql.catalog import answer_catalog, is_catalog_path
 from hub.promql.sql import NUMBERS, Read, ReadNumbers
 from hub.queryslots import QuerySlots
+from hub.remote_read import CONTENT_TYPE as REMOTE_READ_TYPE
+from hub.remote_read import answer_read
 from hub.remote_write import RemoteWriteReceiver
 from hub.rounds import JOURNAL_DIR, MAX_PENDING_ROUNDS, RoundJournal, RoundQueue
 from hub.scraper import Scraper
@@ -86,6 +89,7 @@ OTHER_PATH = "other"  # what unknown paths count as in fleetlens_hub_refused_req
 NO_CONTENT = (b"", "")  # a handler's answer that is a 204: taken, nothing to say
 OPEN_PATHS = ("/metrics", "/healthz")  # GET and HEAD, without a token: they hold no data of the fleet
 PROMQL_PATHS = ("/api/v1/query", "/api/v1/query_range")  # GET and POST, with a read token (hub.promql)
+ENCODINGS = {"/api/v1/read": "snappy"}  # the Content-Encoding of a path's successful answers
 
 
 _REASONS = {
@@ -326,10 +330,12 @@ class Hub:
             log.exception("%s %s failed", method, printable(path))
             status, body, content_type = 500, b'{"error": "internal error; the hub\'s log says more"}', JSON
         headers = [("Content-Type", content_type), *extra]
+        if status == 200 and path in ENCODINGS:
+            headers.append(("Content-Encoding", ENCODINGS[path]))
         if status != 204:
             headers.append(("Content-Length", str(len(body))))
         if status == 405:
-            allowed = "POST" if path in self._posts else "GET, POST" if path in PROMQL_PATHS else "GET, HEAD"
+            allowed = "POST" if path in self._posts else "GET, HEAD" if path in OPEN_PATHS else "GET, POST"
             headers.append(("Allow", allowed))
         start_response(f"{status} {_REASONS.get(status, '')}", headers)
         return _Answer(b"" if method == "HEAD" else body, request_body.discard)
@@ -344,7 +350,7 @@ class Hub:
             if problem is not None:
                 raise HttpError(503, problem, f"not ok: {problem}\n".encode(), "text/plain")
             return b"ok\n", "text/plain"
-        if path in PROMQL_PATHS:
+        if path in PROMQL_PATHS or is_catalog_path(path):
             if method not in ("GET", "POST"):
                 raise HttpError(405, f"{path} takes GET or POST")
             self._authorize("read", environ)
@@ -365,7 +371,8 @@ class Hub:
 
     def _note_refused(self, method: str, path: str, status: int, reason: str) -> None:
         """Count a refusal under its endpoint (unknown paths under one label) and log it, escaped."""
-        endpoint = path if path in self._posts or path in OPEN_PATHS or path in PROMQL_PATHS else OTHER_PATH
+        known = path in self._posts or path in OPEN_PATHS or path in PROMQL_PATHS or is_catalog_path(path)
+        endpoint = path if known else OTHER_PATH
         with self._counts_lock:
             self.refused[(endpoint, status)] = self.refused.get((endpoint, status), 0) + 1
         log.info("refused %s %s: %d %s", printable(method), printable(path), status, printable(reason))
@@ -545,25 +552,38 @@ class Hub:
         return json.dumps(head).encode()[:-1] + b', "rows": ' + result.rows + b"}", JSON
 
     def _promql(self, path: str, method: str, environ: dict, body: bytes) -> tuple[bytes, str]:
-        """A PromQL query (hub.promql), its reads run as SQL queries are: in the client's slots, within
-        query_max_seconds, at most query_max_rows samples; errors in Prometheus's envelope."""
+        """A PromQL query (hub.promql) or catalog request (hub.promql.catalog), its reads run as SQL queries
+        are: in the client's slots, within query_max_seconds, at most query_max_rows rows; errors in
+        Prometheus's envelope."""
         deadline = time.monotonic() + self._query_max_seconds
+        request = (method, environ.get("QUERY_STRING", ""), environ.get("CONTENT_TYPE"), body)
+        reads = self._promql_reader(self._query_client(environ), deadline)
         try:
-            answer = answer_query(
-                path == "/api/v1/query_range",
-                method,
-                environ.get("QUERY_STRING", ""),
-                environ.get("CONTENT_TYPE"),
-                body,
-                *self._promql_reader(self._query_client(environ), deadline),
-                self._wall_clock(),
-            )
+            if path in PROMQL_PATHS:
+                answer = answer_query(path == "/api/v1/query_range", *request, *reads, self._wall_clock())
+            else:
+                answer = answer_catalog(path, *request, reads[0], self._wall_clock())
         except PromQLError as exc:
             raise HttpError(exc.status, str(exc), promql_error(exc.error_type, str(exc))) from None
         except SlotsBusy as busy:
             retry = [("Retry-After", str(busy.retry_after_s))]
             raise HttpError(429, str(busy), promql_error("unavailable", str(busy)), headers=retry) from None
         return answer, JSON
+
+    def _remote_read(self, body: bytes, environ: dict) -> tuple[bytes, str]:
+        """Prometheus remote read (hub.remote_read), its reads run as PromQL's: 400 for a request that
+        is refused or whose queries read more than promql_max_samples samples together, 429 when no
+        query slot comes free."""
+        reads = self._promql_reader(self._query_client(environ), time.monotonic() + self._query_max_seconds)
+        try:
+            answer = answer_read(body, self._max_body_bytes, self._promql_max_samples, *reads)
+        except PayloadError as exc:
+            raise HttpError(exc.status, str(exc)) from None
+        except PromQLError as exc:
+            raise HttpError(400 if exc.status == 422 else exc.status, str(exc)) from None
+        except SlotsBusy as busy:
+            raise HttpError(429, str(busy), headers=[("Retry-After", str(busy.retry_after_s))]) from None
+        return answer, REMOTE_READ_TYPE
 
     def _promql_reader(self, client: str, deadline: float) -> tuple[Read, ReadNumbers]:
         """How a PromQL query reads its series (rows) and samples (numpy columns): store.query and
@@ -624,6 +644,7 @@ class Hub:
         "/api/v1/topology": ("write", _topology),
         "/api/v1/checks": ("write", _checks),
         "/api/v1/sql": ("read", _query),
+        "/api/v1/read": ("read", _remote_read),
         "/api/v1/silences": ("act", _silences),
         "/api/v1/actions": ("act", _actions),
     }

@@ -62,6 +62,18 @@ def matcher_conditions(selector: Selector, parameters: dict[str, Any]) -> list[s
     return conditions
 
 
+def selector_where(selector: Selector, since_ms: int, until_ms: int) -> tuple[str, dict[str, Any]]:
+    """The WHERE condition on the `metrics` view of `selector`'s samples stamped from `since_ms` to
+    `until_ms` (both included), and its parameters."""
+    parameters: dict[str, Any] = {"since": since_ms, "until": until_ms}
+    conditions = [
+        "ts >= fromUnixTimestamp64Milli({since:Int64}, 'UTC')",
+        "ts <= fromUnixTimestamp64Milli({until:Int64}, 'UTC')",
+        *matcher_conditions(selector, parameters),
+    ]
+    return " AND ".join(conditions), parameters
+
+
 def series_sql(selector: Selector) -> tuple[str, dict[str, Any]]:
     """The SELECT of the series `selector` matches (series_id, metric, node, labels), and its parameters."""
     parameters: dict[str, Any] = {}
