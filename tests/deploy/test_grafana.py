@@ -66,7 +66,10 @@ VARIABLE_SCHEMA = {
     "required": ["name", "type"],
     "properties": {"type": {"enum": ["datasource", "query"]}, "name": {"pattern": r"^\w+$"}},
     "if": {"properties": {"type": {"const": "query"}}},
-    "then": {"required": ["datasource", "query", "definition", "refresh"]},
+    "then": {
+        "required": ["datasource", "query", "definition", "refresh"],
+        "properties": {"query": {"type": "object", "required": ["query"]}},
+    },
 }
 DASHBOARD_SCHEMA = {
     "type": "object",
@@ -143,7 +146,7 @@ def resolve_variables(hub: str, dashboard: dict[str, Any]) -> dict[str, list[str
     for variable in variables(dashboard):
         if variable["type"] != "query":
             continue
-        found = label_values(hub, substitute(variable["definition"], values))
+        found = label_values(hub, substitute(variable["query"]["query"], values))
         if variable.get("regex"):
             pattern = re.compile(variable["regex"].strip("/"))
             found = sorted({m.group(1) for m in map(pattern.search, found) if m})
@@ -207,7 +210,8 @@ def test_every_panel_reads_the_datasource_variable_with_a_unit(name: str):
 def test_every_variable_referenced_is_defined(name: str):
     dashboard = DASHBOARDS[name]
     defined = {variable["name"] for variable in variables(dashboard)}
-    used = referenced(json.dumps(dashboard["panels"])) | referenced(json.dumps(variables(dashboard)))
+    queries = [variable["query"] for variable in variables(dashboard)]
+    used = referenced(json.dumps(dashboard["panels"])) | referenced(json.dumps(queries))
     undefined = used - defined - set(BUILTINS) - LINK_BUILTINS
     assert not undefined, f"{name}: variables used but not defined: {sorted(undefined)}"
 
