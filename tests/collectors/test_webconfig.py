@@ -196,6 +196,24 @@ def test_a_new_user_and_a_new_certificate_take_effect_without_a_restart(pki, tmp
         assert get(port, context, "grafana")[3] == "server-rotated"
 
 
+def test_a_request_looks_at_the_config_file_once(pki, tmp_path, monkeypatch):
+    config = write(tmp_path / "web.yml", web_yaml(pki))
+    source = WebConfigSource(config)
+    looks = []
+    real_stat = Path.stat
+
+    def counted(path: Path, *args, **kwargs) -> os.stat_result:
+        if path == config:
+            looks.append(path)
+        return real_stat(path, *args, **kwargs)
+
+    with serving(source) as port:
+        monkeypatch.setattr(Path, "stat", counted)
+        assert get(port, client_context(pki), "prometheus")[0] == 200
+        assert get(port, client_context(pki), "grafana")[0] == 401
+    assert len(looks) == 2  # one per request: its connection and its basic auth share one look
+
+
 def test_a_config_turned_invalid_keeps_the_last_good_one_and_says_why(pki, tmp_path, caplog):
     config = write(tmp_path / "web.yml", web_yaml(pki))
     source = WebConfigSource(config)
