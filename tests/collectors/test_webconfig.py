@@ -36,6 +36,7 @@ from collectors.httpserver import serve_app
 from collectors.steprecord import StepRecord
 from collectors.webconfig import TLS_KEYS, TOP_KEYS, WebConfig, WebConfigSource, load_web_config
 from sim.online import StepPoster
+from tests.sim.test_live import SCENARIO as LIVE_SCENARIO
 from tests.support.hubserver import hub_command, hub_environment
 from tests.support.peers import fleetlens_exporter, free_port, peer, prometheus, stop
 from tests.support.tlscerts import CertificateAuthority, Pair
@@ -430,15 +431,6 @@ def test_the_hub_serves_its_api_over_tls(pki, tmp_path):
     assert f"API at https://127.0.0.1:{port}" in (tmp_path / "hub.log").read_text()
 
 
-SIM_SCENARIO = {
-    "seed": 5,
-    "duration_s": 120,
-    "interval_s": 1,
-    "fleet": {"nodes": 1, "gpus_per_node": 1, "nics_per_node": 1, "prefix": "mtls-"},
-    "jobs": [{"name": "mtls-job", "nodes": 1, "step_s": 2.0, "dp": 1, "pp": 1, "tp": 1}],
-}
-
-
 def test_the_hubs_clients_present_a_client_certificate_where_the_hub_requires_one(pki, tmp_path, monkeypatch):
     tls = {
         "cert_file": str(pki.server.cert),
@@ -470,7 +462,7 @@ def test_the_hubs_clients_present_a_client_certificate_where_the_hub_requires_on
             monkeypatch.setenv(name, value)
         assert HubClient(hub).query("SELECT 1 AS one").rows == [(1,)]
 
-        scenario = write(tmp_path / "sim.yaml", yaml.safe_dump(SIM_SCENARIO))
+        scenario = write(tmp_path / "sim.yaml", yaml.safe_dump({**LIVE_SCENARIO, "interval_s": 1}))
         with (tmp_path / "sim.log").open("w") as log:
             sim = subprocess.Popen(
                 [
@@ -483,7 +475,7 @@ def test_the_hubs_clients_present_a_client_certificate_where_the_hub_requires_on
                 stderr=log,
             )
         try:
-            assert stored_steps(hub, "mtls-job", presenting, tmp_path / "sim.log") > 0
+            assert stored_steps(hub, "small", presenting, tmp_path / "sim.log") > 0
         finally:
             stop(sim)
 
