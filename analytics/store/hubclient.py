@@ -103,7 +103,10 @@ class HubClient:
         access = HubAccess.resolve(token=token, client_cert=client_cert, client_key=client_key)
         self._token = access.token
         self._timeout_s = timeout_s
-        self._open = opener if opener is not None else access.opener()
+        if opener is None:  # TLS settings, and their files, matter to an https hub only
+            https = urllib.parse.urlsplit(self.url).scheme == "https"
+            opener = access.opener() if https else urllib.request.urlopen
+        self._open = opener
 
     def query(
         self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int | None = None

@@ -447,7 +447,8 @@ def test_the_hubs_clients_present_a_client_certificate_where_the_hub_requires_on
     with tls_hub(tmp_path, tls, client_context(pki, pki.client)) as port:
         hub = f"https://127.0.0.1:{port}"
         refused = fleetlens("query", "--hub", hub, "SELECT 1 AS one", env=trusting)
-        assert refused.returncode != 0 and "CERTIFICATE_REQUIRED" in refused.stderr, refused.stderr
+        # TLS 1.3 sends the refusal after the handshake: the client reads an alert or just the close
+        assert refused.returncode != 0 and f"hub {hub} unreachable" in refused.stderr, refused.stderr
         stranger = {
             **trusting,
             CLIENT_CERT_VARIABLE: str(pki.stranger.cert),
