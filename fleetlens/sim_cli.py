@@ -65,9 +65,8 @@ def cmd_sim_serve(args: argparse.Namespace) -> int:
             flush=True,
         )
         if args.hub:
-            hub, access = urlsplit(args.hub), HubAccess.resolve()
-            tls = access.tls_context() if hub.scheme == "https" else None
-            fleet.post_steps_until(stop, hub.netloc, access.token, tls)
+            access = HubAccess.resolve()
+            fleet.post_steps_until(stop, urlsplit(args.hub).netloc, access.token, access.tls_for(args.hub))
         else:
             stop.wait()
     return 0

@@ -9,6 +9,7 @@ transport is a seam (`opener`), so tests can answer without a network.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import ssl
@@ -67,8 +68,11 @@ class HubAccess:
             raise SettingError(f"hub client key {key!r} ({CLIENT_KEY_VARIABLE}) without a certificate")
         return cls(token if token is not None else environ.get(TOKEN_VARIABLE), cert, key)
 
-    def tls_context(self) -> ssl.SSLContext:
-        """A client TLS context that trusts the default CAs and presents the client certificate, if any."""
+    def tls_for(self, url: str) -> ssl.SSLContext | None:
+        """The TLS context for a hub at `url`: None for http://, else one that trusts the default CAs and
+        presents the client certificate, if any."""
+        if urllib.parse.urlsplit(url).scheme != "https":
+            return None
         context = ssl.create_default_context()
         if self.client_cert is not None:
             try:
@@ -80,10 +84,6 @@ class HubAccess:
                     f"certificate and key: {exc}"
                 ) from None
         return context
-
-    def opener(self) -> Opener:
-        """urlopen's equivalent that speaks TLS with `tls_context()`."""
-        return urllib.request.build_opener(urllib.request.HTTPSHandler(context=self.tls_context())).open
 
 
 class HubClient:
@@ -103,10 +103,7 @@ class HubClient:
         access = HubAccess.resolve(token=token, client_cert=client_cert, client_key=client_key)
         self._token = access.token
         self._timeout_s = timeout_s
-        if opener is None:  # TLS settings, and their files, matter to an https hub only
-            https = urllib.parse.urlsplit(self.url).scheme == "https"
-            opener = access.opener() if https else urllib.request.urlopen
-        self._open = opener
+        self._open = opener or functools.partial(urllib.request.urlopen, context=access.tls_for(self.url))
 
     def query(
         self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int | None = None

@@ -483,7 +483,8 @@ def test_the_hubs_clients_present_a_client_certificate_where_the_hub_requires_on
 
 def test_a_client_certificate_that_does_not_load_is_refused_naming_its_files(pki):
     with pytest.raises(SettingError, match=f"{pki.client.cert}.*{pki.server.key}.*no matching PEM"):
-        HubAccess.resolve(client_cert=str(pki.client.cert), client_key=str(pki.server.key)).tls_context()
+        mismatched = HubAccess.resolve(client_cert=str(pki.client.cert), client_key=str(pki.server.key))
+        mismatched.tls_for("https://hub:9500")
     with pytest.raises(SettingError, match=f"{CLIENT_KEY_VARIABLE}.*without a certificate"):
         HubAccess.resolve(environ={CLIENT_KEY_VARIABLE: str(pki.client.key)})
     flag_wins = {CLIENT_CERT_VARIABLE: "from-environment.crt", "FLEETLENS_API_TOKEN": "env-token"}
