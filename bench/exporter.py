@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -38,24 +39,51 @@ def stat_cpu_seconds(stat: Path) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-def measure(url: str, pid: int, scrapes: int) -> dict[str, float]:
-    for _ in range(10):  # warm up: imports, first NVML/sysfs reads, connection setup
-        urllib.request.urlopen(url).read()
-    latencies = []
-    cpu_before = cpu_seconds(pid)
+@dataclass(frozen=True)
+class ScrapeRun:
+    """What a run of scrapes saw: each scrape's latency and body, and the CPU the server spent meanwhile."""
+
+    latencies_s: list[float]
+    bodies: list[bytes]
+    cpu_s: float
+    elapsed_s: float
+
+    def figures(self) -> dict[str, float]:
+        """Latency p50 and p99 and CPU per scrape, in ms."""
+        latencies = sorted(self.latencies_s)
+        return {
+            "p50_ms": statistics.median(latencies) * 1e3,
+            "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1e3,
+            "cpu_ms": self.cpu_s / len(latencies) * 1e3,
+        }
+
+
+def warm_up(url: str, scrapes: int) -> None:
+    """Scrape `url` a few times unmeasured: imports, first NVML/sysfs reads, connection setup."""
     for _ in range(scrapes):
-        start = time.perf_counter()
-        with urllib.request.urlopen(url) as resp:
-            size = len(resp.read())
-        latencies.append(time.perf_counter() - start)
-    cpu = (cpu_seconds(pid) - cpu_before) / scrapes
-    latencies.sort()
-    return {
-        "p50_ms": statistics.median(latencies) * 1e3,
-        "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1e3,
-        "cpu_ms": cpu * 1e3,
-        "bytes": size,
-    }
+        urllib.request.urlopen(url).read()
+
+
+def scrape_run(url: str, pid: int, scrapes: int, rate: float | None = None) -> ScrapeRun:
+    """`scrapes` timed scrapes of `url`, in a row or paced at `rate` a second; `pid`'s CPU meanwhile."""
+    latencies, bodies = [], []
+    cpu_before, started = cpu_seconds(pid), time.perf_counter()
+    for number in range(scrapes):
+        if rate is not None:
+            time.sleep(max(0.0, started + number / rate - time.perf_counter()))
+        begin = time.perf_counter()
+        with urllib.request.urlopen(url) as response:
+            bodies.append(response.read())
+        latencies.append(time.perf_counter() - begin)
+    elapsed = time.perf_counter() - started
+    return ScrapeRun(latencies, bodies, cpu_seconds(pid) - cpu_before, elapsed)
+
+
+def measure(url: str, pid: int, scrapes: int) -> dict[str, float]:
+    """Latency p50/p99 and CPU per scrape of `scrapes` back-to-back scrapes, and the body's size."""
+    warm_up(url, 10)
+    run = scrape_run(url, pid, scrapes)
+    return {**run.figures(), "bytes": len(run.bodies[-1])}
 
 
 def main() -> int:

@@ -21,14 +21,13 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.exporter import cpu_seconds
+from bench.exporter import cpu_seconds, scrape_run, warm_up
 from collectors.base import CollectorOptions
 from collectors.gpu.latency import H200_PROFILE, Slowed, load_profile
 from collectors.gpu.nvml import CADENCES, NvmlBackend
@@ -44,36 +43,22 @@ DEFAULTS = CollectorOptions()
 GOAL_P99_MS, GOAL_CPU_MS = 5.0, 2.0  # per scrape, 8 GPUs (issue 41)
 
 
-def scrape_run(url: str, pid: int, scrapes: int, rate: float) -> dict[str, float]:
+def paced_run(url: str, pid: int, scrapes: int, rate: float) -> dict[str, float]:
     """Warm up, measure the idle CPU rate, then `scrapes` paced scrapes; ages parsed off the clock."""
-    for _ in range(5):
-        urllib.request.urlopen(url).read()
+    warm_up(url, 5)
     idle_cpu = cpu_seconds(pid)
     time.sleep(IDLE_S)
     background = (cpu_seconds(pid) - idle_cpu) / IDLE_S
-    latencies, bodies = [], []
-    cpu_before, started = cpu_seconds(pid), time.perf_counter()
-    for number in range(scrapes):
-        time.sleep(max(0.0, started + number / rate - time.perf_counter()))
-        begin = time.perf_counter()
-        with urllib.request.urlopen(url) as response:
-            body = response.read()
-        latencies.append(time.perf_counter() - begin)
-        bodies.append(body)
-    elapsed = time.perf_counter() - started
-    cpu = cpu_seconds(pid) - cpu_before
-    latencies.sort()
+    run = scrape_run(url, pid, scrapes, rate)
     oldest: dict[str, float] = {}
-    for body in bodies:
+    for body in run.bodies:
         for family in text_string_to_metric_families(body.decode()):
             for sample in (s for s in family.samples if s.name == AGES):
                 cadence = sample.labels["cadence"]
                 oldest[cadence] = max(oldest.get(cadence, 0.0), sample.value)
     return {
-        "p50_ms": statistics.median(latencies) * 1e3,
-        "p99_ms": latencies[int(len(latencies) * 0.99) - 1] * 1e3,
-        "cpu_ms": cpu / scrapes * 1e3,
-        "scrape_cpu_ms": (cpu - background * elapsed) / scrapes * 1e3,
+        **run.figures(),
+        "scrape_cpu_ms": (run.cpu_s - background * run.elapsed_s) / scrapes * 1e3,
         "background_ms_per_s": background * 1e3,
         "oldest_polled_s": oldest.get("polled", float("nan")),
         "oldest_sampled_s": oldest.get("sampled", float("nan")),
@@ -135,7 +120,7 @@ def main() -> int:
         results = {}
         for name, (command, url) in contenders(sysfs, capture, args.backend).items():
             with peer(command, url) as process:
-                results[name] = scrape_run(url, process.pid, args.scrapes, args.rate)
+                results[name] = paced_run(url, process.pid, args.scrapes, args.rate)
 
     peer_result = results["node_exporter (infiniband+netclass)"]
     goals: list[tuple[str, bool, bool, bool]] = []

@@ -5,7 +5,8 @@ can open connections and then say nothing, each connection has a socket timeout 
 header or body read, or a client that stops reading the response, ends it) and their number is capped:
 past the cap a new connection gets a 503 at once, from the accepting thread, and no thread of its own.
 With a web config (collectors.webconfig), each connection's TLS handshake runs in its own thread, under the
-same timeout, with the config's context as it is at that moment; requests pass its basic auth first.
+same timeout, with the config as it is at that moment; the connection's request passes that config's basic
+auth first, so the files are looked at once per connection.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 from collectors.logtext import printable
-from collectors.webconfig import WebConfigSource
+from collectors.webconfig import ENVIRON_KEY, WebConfigSource
 
 log = logging.getLogger("fleetlens.http")
 
@@ -42,7 +43,8 @@ class _QuietHandler(WSGIRequestHandler):
         self.timeout = self.server.connection_timeout_s
         self.handshake_failed = False
         web = self.server.web
-        tls = web.current().tls if web is not None else None
+        self.web_config = web.current() if web is not None else None
+        tls = self.web_config.tls if self.web_config is not None else None
         if tls is not None:
             self.request.settimeout(self.timeout)
             try:
@@ -73,6 +75,8 @@ class _QuietHandler(WSGIRequestHandler):
         environ = super().get_environ()
         if isinstance(self.connection, ssl.SSLSocket):
             environ["HTTPS"] = "on"  # wsgi.url_scheme https
+        if self.web_config is not None:
+            environ[ENVIRON_KEY] = self.web_config
         return environ
 
     def log_message(self, format: str, *args: object) -> None:

@@ -4,8 +4,9 @@ The file node_exporter reads (docs/tls.md): `tls_server_config` (cert_file, key_
 client_auth_type, min_version, max_version), `basic_auth_users` (user: bcrypt hash) and
 `http_server_config` (http2, headers). Relative paths are relative to the file's folder. Keys are checked
 as strictly as the toolkit does: an unknown key is an error naming it and the file. The file and the
-files it names are re-read when one of them changes (each connection and request asks `WebConfigSource`);
-a change that makes them invalid keeps the last good config, and says why in the log.
+files it names are re-read when one of them changes (`WebConfigSource` looks once per connection, whose
+request is then served under that same config); a change that makes them invalid keeps the last good
+config, and says why in the log.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ AUTH_CACHE_TTL_S = 60.0
 # compared against when the user is unknown, so that an unknown user costs as much as a wrong password
 # (cost 10, htpasswd's and the toolkit's usual; of a random password nobody kept)
 _DUMMY_HASH = b"$2b$10$uE9fH2AukzxA7RnNgx3lVe6kRECXBFM2tvlamIAr58lVNZCWA2TNa"
+# the WSGI environ key under which the server hands a request the config its connection was accepted with
+ENVIRON_KEY = "fleetlens.web_config"
 
 
 @dataclass(frozen=True)
@@ -319,10 +322,14 @@ class WebConfigSource:
         return ok
 
     def guard(self, app: Callable) -> Callable:
-        """`app` behind the config's basic auth (401 with WWW-Authenticate) and with its extra headers."""
+        """`app` behind the config's basic auth (401 with WWW-Authenticate) and with its extra headers.
+
+        The config is the one the request's connection was accepted with (environ[ENVIRON_KEY]), so that a
+        request looks at the files once, not twice; without it, the config in force now.
+        """
 
         def guarded(environ: dict, start_response: Callable) -> Iterable[bytes]:
-            config = self.current()
+            config = environ.get(ENVIRON_KEY) or self.current()
             headers = list(config.headers)
 
             def respond(status: str, response_headers: list, exc_info: Any = None) -> Callable:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import signal
-import ssl
 import tempfile
 import threading
 import time
@@ -15,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from analytics.store.hubclient import HubAccess
 from fleetlens.access import hub_config, open_store
 from sim import pipeline
 from sim.evaluation import combine, to_json, to_markdown
@@ -40,7 +39,8 @@ def cmd_sim_run(args: argparse.Namespace) -> int:
 
 def cmd_sim_serve(args: argparse.Namespace) -> int:
     """Serve the scenario's nodes on loopback in real time until SIGTERM or SIGINT; with --hub, post the
-    jobs' step records there with FLEETLENS_API_TOKEN as the token, as every other client of a hub does."""
+    jobs' step records there with the token and client certificate of the environment (HubAccess), as
+    every other client of a hub does."""
     scenario = with_exporters(load_scenario(args.scenario), args.exporters)
     if args.until is not None:
         scenario = scenario.until(args.until)
@@ -65,9 +65,8 @@ def cmd_sim_serve(args: argparse.Namespace) -> int:
             flush=True,
         )
         if args.hub:
-            hub = urlsplit(args.hub)
-            tls = ssl.create_default_context() if hub.scheme == "https" else None  # trusts SSL_CERT_FILE too
-            fleet.post_steps_until(stop, hub.netloc, os.environ.get("FLEETLENS_API_TOKEN"), tls)
+            access = HubAccess.resolve()
+            fleet.post_steps_until(stop, urlsplit(args.hub).netloc, access.token, access.tls_for(args.hub))
         else:
             stop.wait()
     return 0

@@ -2,44 +2,108 @@
 UI and the CLI reach an embedded store, which only the hub process may open.
 
 `HubClient.query`, `insert_silences` and `insert_actions` answer like the Store's, so callers take
-either. The transport is a seam
-(`opener`), so tests can answer without a network.
+either. What a client presents to the hub (API token, TLS client certificate) is a `HubAccess`. The
+transport is a seam (`opener`), so tests can answer without a network.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from analytics.errors import AddressError, QueryError, RetentionRefused, StoreRejected, StoreUnavailable
+from analytics.errors import (
+    AddressError,
+    QueryError,
+    RetentionRefused,
+    SettingError,
+    StoreRejected,
+    StoreUnavailable,
+)
 from analytics.store.records import ActionRow, QueryResult, SilenceRow
 from analytics.store.topology import Changes
 
 Opener = Callable[..., Any]
+TOKEN_VARIABLE = "FLEETLENS_API_TOKEN"
+CLIENT_CERT_VARIABLE = "FLEETLENS_HUB_CLIENT_CERT"
+CLIENT_KEY_VARIABLE = "FLEETLENS_HUB_CLIENT_KEY"
+
+
+@dataclass(frozen=True)
+class HubAccess:
+    """What a client presents to a hub: its API token, and the client certificate TLS sends.
+
+    Each is the value the caller passes, else the environment's (FLEETLENS_API_TOKEN,
+    FLEETLENS_HUB_CLIENT_CERT, FLEETLENS_HUB_CLIENT_KEY), else none. The certificate is for a hub whose
+    web config asks for one (client_auth_type RequireAndVerifyClientCert); its key may sit in the
+    certificate's file. The hub's own certificate is checked against the system's CAs, or SSL_CERT_FILE's.
+    """
+
+    token: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+
+    @classmethod
+    def resolve(
+        cls,
+        *,
+        token: str | None = None,
+        client_cert: str | None = None,
+        client_key: str | None = None,
+        environ: Mapping[str, str] = os.environ,
+    ) -> HubAccess:
+        """The values given, the environment's where none is given; a key without a certificate is refused."""
+        cert = client_cert or environ.get(CLIENT_CERT_VARIABLE) or None
+        key = client_key or environ.get(CLIENT_KEY_VARIABLE) or None
+        if key is not None and cert is None:
+            raise SettingError(f"hub client key {key!r} ({CLIENT_KEY_VARIABLE}) without a certificate")
+        return cls(token if token is not None else environ.get(TOKEN_VARIABLE), cert, key)
+
+    def tls_for(self, url: str) -> ssl.SSLContext | None:
+        """The TLS context for a hub at `url`: None for http://, else one that trusts the default CAs and
+        presents the client certificate, if any."""
+        if urllib.parse.urlsplit(url).scheme != "https":
+            return None
+        context = ssl.create_default_context()
+        if self.client_cert is not None:
+            try:
+                context.load_cert_chain(self.client_cert, self.client_key)
+            except (ssl.SSLError, OSError) as exc:
+                raise SettingError(
+                    f"hub client certificate {self.client_cert!r} ({CLIENT_CERT_VARIABLE}) and key "
+                    f"{self.client_key or self.client_cert!r} ({CLIENT_KEY_VARIABLE}): no matching PEM "
+                    f"certificate and key: {exc}"
+                ) from None
+        return context
 
 
 class HubClient:
-    """A hub's query and step-import endpoints. `token` defaults to FLEETLENS_API_TOKEN."""
+    """A hub's query and step-import endpoints, reached with `HubAccess.resolve(token=token, ...)`."""
 
     def __init__(
         self,
         url: str,
         token: str | None = None,
         timeout_s: float = 60.0,
-        opener: Opener = urllib.request.urlopen,
+        opener: Opener | None = None,
+        *,
+        client_cert: str | None = None,
+        client_key: str | None = None,
     ) -> None:
         self.url = _checked_url(url)
-        self._token = token if token is not None else os.environ.get("FLEETLENS_API_TOKEN")
+        access = HubAccess.resolve(token=token, client_cert=client_cert, client_key=client_key)
+        self._token = access.token
         self._timeout_s = timeout_s
-        self._open = opener
+        self._open = opener or functools.partial(urllib.request.urlopen, context=access.tls_for(self.url))
 
     def query(
         self, sql: str, *, parameters: Mapping[str, Any] | None = None, max_rows: int | None = None

@@ -81,9 +81,14 @@ class PolledBackend:
         return list(self._identities)
 
     def read(self) -> list[GpuReading]:
-        """Every device's newest values, without calling NVML (the first read waits for the first passes)."""
+        """Every device's newest values, without calling NVML.
+
+        Only a device that has not answered yet is waited for (until `first_read_timeout_s` after the
+        start), so that the first read has values; once each has answered, a read takes no wait at all.
+        """
         for answered in self._answered:
-            answered.wait(max(0.0, self._ready_by - self._clock()))
+            if not answered.is_set():
+                answered.wait(max(0.0, self._ready_by - self._clock()))
         now = self._clock()
         with self._lock:
             return [

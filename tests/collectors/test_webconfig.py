@@ -29,11 +29,14 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from analytics.errors import SettingError
+from analytics.store.hubclient import CLIENT_CERT_VARIABLE, CLIENT_KEY_VARIABLE, HubAccess, HubClient
 from collectors.errors import WebConfigError
 from collectors.httpserver import serve_app
 from collectors.steprecord import StepRecord
 from collectors.webconfig import TLS_KEYS, TOP_KEYS, WebConfig, WebConfigSource, load_web_config
 from sim.online import StepPoster
+from tests.sim.test_live import SCENARIO as LIVE_SCENARIO
 from tests.support.hubserver import hub_command, hub_environment
 from tests.support.peers import fleetlens_exporter, free_port, peer, prometheus, stop
 from tests.support.tlscerts import CertificateAuthority, Pair
@@ -196,6 +199,24 @@ def test_a_new_user_and_a_new_certificate_take_effect_without_a_restart(pki, tmp
         assert get(port, context, "grafana")[3] == "server-rotated"
 
 
+def test_a_request_looks_at_the_config_file_once(pki, tmp_path, monkeypatch):
+    config = write(tmp_path / "web.yml", web_yaml(pki))
+    source = WebConfigSource(config)
+    looks = []
+    real_stat = Path.stat
+
+    def counted(path: Path, *args, **kwargs) -> os.stat_result:
+        if path == config:
+            looks.append(path)
+        return real_stat(path, *args, **kwargs)
+
+    with serving(source) as port:
+        monkeypatch.setattr(Path, "stat", counted)
+        assert get(port, client_context(pki), "prometheus")[0] == 200
+        assert get(port, client_context(pki), "grafana")[0] == 401
+    assert len(looks) == 2  # one per request: its connection and its basic auth share one look
+
+
 def test_a_config_turned_invalid_keeps_the_last_good_one_and_says_why(pki, tmp_path, caplog):
     config = write(tmp_path / "web.yml", web_yaml(pki))
     source = WebConfigSource(config)
@@ -356,9 +377,11 @@ def test_the_hub_refuses_basic_auth_beside_api_tokens(tmp_path):
     assert "basic_auth_users and API tokens both need the Authorization header" in result.stderr
 
 
-def test_the_hub_serves_its_api_over_tls(pki, tmp_path):
-    pair = {"cert_file": str(pki.server.cert), "key_file": str(pki.server.key)}
-    web = write(tmp_path / "web.yml", yaml.safe_dump({"tls_server_config": pair}))
+@contextlib.contextmanager
+def tls_hub(tmp_path: Path, tls: dict[str, str], probe: ssl.SSLContext) -> Iterator[int]:
+    """`fleetlens hub` serving its API under `tls` (a tls_server_config) on a free port, yielded once its
+    /healthz answers a client with `probe`; its log in tmp_path/hub.log."""
+    web = write(tmp_path / "web.yml", yaml.safe_dump({"tls_server_config": tls}))
     port = free_port()
     args = hub_command(tmp_path, "--web.config.file", str(web), listen=f"127.0.0.1:{port}")
     with (tmp_path / "hub.log").open("w") as log:
@@ -368,10 +391,28 @@ def test_the_hub_serves_its_api_over_tls(pki, tmp_path):
         answer = None
         while answer is None and process.poll() is None and time.monotonic() < deadline:
             with contextlib.suppress(ConnectionError):
-                answer = get(port, client_context(pki), path="/healthz")
+                answer = get(port, probe, path="/healthz")
             time.sleep(0.2)
-        assert answer is not None, (tmp_path / "hub.log").read_text()
-        assert (answer[0], answer[3]) == (200, "server")
+        assert answer is not None and answer[0] == 200, (tmp_path / "hub.log").read_text()
+        yield port
+    finally:
+        stop(process)
+
+
+def stored_steps(hub: str, job: str, env: dict[str, str], log: Path) -> int:
+    """The steps of `job` the hub has stored, once there is one (its writer stores in the background);
+    failing with `log`, the sender's, when none comes."""
+    count = f"SELECT count() AS n FROM steps WHERE job = '{job}'"
+    deadline = time.monotonic() + 60
+    while (stored := fleetlens("query", "--hub", hub, count, env=env)).stdout in ("", "n\n0\n"):
+        assert time.monotonic() < deadline, stored.stderr + log.read_text()
+    return int(stored.stdout.removeprefix("n\n"))
+
+
+def test_the_hub_serves_its_api_over_tls(pki, tmp_path):
+    pair = {"cert_file": str(pki.server.cert), "key_file": str(pki.server.key)}
+    with tls_hub(tmp_path, pair, client_context(pki)) as port:
+        assert get(port, client_context(pki), path="/healthz")[3] == "server"
         with pytest.raises(ConnectionError):
             plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             plain.request("GET", "/healthz")
@@ -386,10 +427,67 @@ def test_the_hub_serves_its_api_over_tls(pki, tmp_path):
         step = StepRecord(ts=time.time(), job="tls-job", rank=0, node="vela-001", step=1, duration_s=0.5)
         with StepPoster(f"127.0.0.1:{port}", tls=client_context(pki)) as poster:
             poster.post([step])
-        count = "SELECT count() AS n FROM steps WHERE job = 'tls-job'"
-        deadline = time.monotonic() + 60
-        while (stored := fleetlens("query", "--hub", hub, count, env=trusting)).stdout != "n\n1\n":
-            assert time.monotonic() < deadline, stored.stderr  # the hub's writer stores in the background
-    finally:
-        stop(process)
+        assert stored_steps(hub, "tls-job", trusting, tmp_path / "hub.log") == 1
     assert f"API at https://127.0.0.1:{port}" in (tmp_path / "hub.log").read_text()
+
+
+def test_the_hubs_clients_present_a_client_certificate_where_the_hub_requires_one(pki, tmp_path, monkeypatch):
+    tls = {
+        "cert_file": str(pki.server.cert),
+        "key_file": str(pki.server.key),
+        "client_ca_file": str(pki.ca.cert),
+        "client_auth_type": "RequireAndVerifyClientCert",
+    }
+    trusting = {"SSL_CERT_FILE": str(pki.ca.cert)}
+    presenting = {
+        **trusting,
+        CLIENT_CERT_VARIABLE: str(pki.client.cert),
+        CLIENT_KEY_VARIABLE: str(pki.client.key),
+    }
+    with tls_hub(tmp_path, tls, client_context(pki, pki.client)) as port:
+        hub = f"https://127.0.0.1:{port}"
+        refused = fleetlens("query", "--hub", hub, "SELECT 1 AS one", env=trusting)
+        # TLS 1.3 sends the refusal after the handshake: the client reads an alert or just the close
+        assert refused.returncode != 0 and f"hub {hub} unreachable" in refused.stderr, refused.stderr
+        stranger = {
+            **trusting,
+            CLIENT_CERT_VARIABLE: str(pki.stranger.cert),
+            CLIENT_KEY_VARIABLE: str(pki.stranger.key),
+        }
+        assert fleetlens("query", "--hub", hub, "SELECT 1 AS one", env=stranger).returncode != 0
+        answered = fleetlens("query", "--hub", hub, "SELECT 1 AS one", env=presenting)
+        assert (answered.returncode, answered.stdout) == (0, "one\n1\n"), answered.stderr
+
+        # the UI's client (ui.source opens HubClient(url)) reads the same environment
+        for name, value in presenting.items():
+            monkeypatch.setenv(name, value)
+        assert HubClient(hub).query("SELECT 1 AS one").rows == [(1,)]
+
+        scenario = write(tmp_path / "sim.yaml", yaml.safe_dump({**LIVE_SCENARIO, "interval_s": 1}))
+        with (tmp_path / "sim.log").open("w") as log:
+            sim = subprocess.Popen(
+                [
+                    *(sys.executable, "-m", "fleetlens.cli", "sim", "serve", str(scenario)),
+                    *("--file-sd", str(tmp_path / "targets.json"), "--hub", hub),
+                    *("--epoch", str(time.time() - 30)),
+                ],
+                env=hub_environment(presenting),
+                stdout=log,
+                stderr=log,
+            )
+        try:
+            assert stored_steps(hub, "small", presenting, tmp_path / "sim.log") > 0
+        finally:
+            stop(sim)
+
+
+def test_a_client_certificate_that_does_not_load_is_refused_naming_its_files(pki):
+    with pytest.raises(SettingError, match=f"{pki.client.cert}.*{pki.server.key}.*no matching PEM"):
+        mismatched = HubAccess.resolve(client_cert=str(pki.client.cert), client_key=str(pki.server.key))
+        mismatched.tls_for("https://hub:9500")
+    with pytest.raises(SettingError, match=f"{CLIENT_KEY_VARIABLE}.*without a certificate"):
+        HubAccess.resolve(environ={CLIENT_KEY_VARIABLE: str(pki.client.key)})
+    flag_wins = {CLIENT_CERT_VARIABLE: "from-environment.crt", "FLEETLENS_API_TOKEN": "env-token"}
+    assert HubAccess.resolve(client_cert="from-flag.crt", environ=flag_wins) == HubAccess(
+        "env-token", "from-flag.crt", None
+    )

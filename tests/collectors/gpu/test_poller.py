@@ -125,6 +125,23 @@ def test_each_reading_says_how_old_its_values_are(fixtures):
     assert first.sample.max_sm_clock_hz is not None  # a static one
 
 
+def test_a_scrape_after_every_gpu_answered_takes_no_wait(fixtures, monkeypatch):
+    """Only a GPU not yet answered is waited for: once each has, a scrape blocks on nothing."""
+    waits = []
+    real_wait = threading.Event.wait
+
+    def recorded(event: threading.Event, timeout: float | None = None) -> bool:
+        if threading.current_thread() is threading.main_thread():
+            waits.append(timeout)
+        return real_wait(event, timeout)
+
+    with polled(fixtures) as (backend, _):
+        assert all(reading.sample is not None for reading in backend.read())  # waited for the first passes
+        monkeypatch.setattr(threading.Event, "wait", recorded)
+        assert all(reading.sample is not None for reading in backend.read())
+    assert waits == []
+
+
 def test_a_hung_gpu_reads_down_without_holding_the_scrape_and_comes_back(fixtures):
     with polled(fixtures, poll_s=0.02, sample_s=0.05) as (backend, gate):
         assert backend.read()[1].sample is not None
