@@ -15,7 +15,19 @@ import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 
-from hub.promql.plan import COMPARISONS, Aggregation, Binary, Node, Number, RangeFunction, Selector
+from hub.promql import functions
+from hub.promql.answer import number_text
+from hub.promql.plan import (
+    COMPARISONS,
+    Absent,
+    Aggregation,
+    Binary,
+    Function,
+    Node,
+    Number,
+    RangeFunction,
+    Selector,
+)
 from hub.promql.sql import Labels, Series
 
 LOOKBACK_MS = 5 * 60 * 1000
@@ -45,27 +57,66 @@ def evaluate(node: Node, t: int, data: Mapping[Selector, list[Series]]) -> Vecto
     if isinstance(node, Selector):
         return _instant(data[node], t - node.offset_ms)
     if isinstance(node, RangeFunction):
-        return _range_function(node, t, data[node.selector])
+        function = RANGE_FUNCTIONS[node.name]
+        if node.parameter is not None:
+            function = _with_parameter(function, _scalar(node.parameter, t, data))
+        return _range_function(node, t, data[node.selector], function)
     if isinstance(node, Aggregation):
         vector = evaluate(node.expr, t, data)
         assert isinstance(vector, dict)
-        return _aggregate(node, vector)
+        if isinstance(node.parameter, str | None):
+            return _aggregate(node, vector, node.parameter)
+        return _aggregate(node, vector, _scalar(node.parameter, t, data))
+    if isinstance(node, Function):
+        return _function(node, t, data)
+    if isinstance(node, Absent):
+        return {} if evaluate(node.expr, t, data) else {node.labels: 1.0}
     return _binary(node, evaluate(node.lhs, t, data), evaluate(node.rhs, t, data))
+
+
+def _scalar(node: Node, t: int, data: Mapping[Selector, list[Series]]) -> float:
+    value = evaluate(node, t, data)
+    assert isinstance(value, float)
+    return value
+
+
+def _function(node: Function, t: int, data: Mapping[Selector, list[Series]]) -> Vector | float:
+    """A function's value; timestamp() of a selector gives its samples' own times, as Prometheus's."""
+    (first, *_) = node.args or (None,)
+    if node.name == "timestamp" and isinstance(first, Selector):
+        at = t - first.offset_ms
+        newest = ((series, _newest(series, at)) for series in data[first])
+        return functions.collect(
+            (drop_name(series.labels), series.times[index] / 1000)
+            for series, index in newest
+            if index is not None
+        )
+    args = [arg if isinstance(arg, str) else evaluate(arg, t, data) for arg in node.args]
+    return functions.call(node.name, args, t)
+
+
+def _with_parameter(function: Callable[..., float | None], parameter: float) -> RangeCall:
+    return lambda points, start, end: function(points, start, end, parameter)
 
 
 def _instant(every: list[Series], at: int) -> Vector:
     result = {}
     for series in every:
-        index = bisect.bisect_right(series.times, at) - 1
-        if index >= 0 and series.times[index] >= at - LOOKBACK_MS:
+        index = _newest(series, at)
+        if index is not None:
             result[series.labels] = series.values[index]
     return result
 
 
-def _range_function(node: RangeFunction, t: int, every: list[Series]) -> Vector:
+def _newest(series: Series, at: int) -> int | None:
+    """The index of `series`' newest sample in [at - 5m, at], None without one."""
+    index = bisect.bisect_right(series.times, at) - 1
+    return index if index >= 0 and series.times[index] >= at - LOOKBACK_MS else None
+
+
+def _range_function(node: RangeFunction, t: int, every: list[Series], function: RangeCall) -> Vector:
     end = t - node.selector.offset_ms
     start = end - node.selector.range_ms
-    function = RANGE_FUNCTIONS[node.name]
     result = {}
     for series in every:
         low, high = bisect.bisect_left(series.times, start), bisect.bisect_right(series.times, end)
@@ -120,7 +171,8 @@ def _over_time(aggregate: Callable[[Sequence[float]], float]) -> Callable[[Point
     return lambda points, start, end: aggregate(points[1])
 
 
-RANGE_FUNCTIONS: dict[str, Callable[[Points, int, int], float | None]] = {
+RangeCall = Callable[[Points, int, int], float | None]
+RANGE_FUNCTIONS: dict[str, Callable[..., float | None]] = {
     "rate": lambda points, start, end: extrapolated_rate(points, start, end, True, True),
     "increase": lambda points, start, end: extrapolated_rate(points, start, end, True, False),
     "irate": _irate,
@@ -130,19 +182,48 @@ RANGE_FUNCTIONS: dict[str, Callable[[Points, int, int], float | None]] = {
     "sum_over_time": _over_time(sum),
     "count_over_time": _over_time(lambda values: float(len(values))),
     "last_over_time": _over_time(lambda values: values[-1]),
+    "delta": lambda points, start, end: extrapolated_rate(points, start, end, False, False),
+    "deriv": functions.deriv,
+    "quantile_over_time": lambda points, start, end, q: functions.quantile(q, points[1]),
+    "stdvar_over_time": functions.variance_over_time,
+    "stddev_over_time": lambda points, start, end: math.sqrt(
+        functions.variance_over_time(points, start, end)
+    ),
+    "present_over_time": _over_time(lambda values: 1.0),
+    "changes": functions.CHANGES,
+    "resets": functions.RESETS,
 }
 
 
-def _aggregate(node: Aggregation, vector: Vector) -> Vector:
-    groups: dict[Labels, list[float]] = {}
-    chosen = set(node.labels)
-    for labels, value in vector.items():
+def _aggregate(node: Aggregation, vector: Vector, parameter: float | str | None) -> Vector:
+    """`node`'s aggregation of `vector` by group; topk and bottomk keep their samples' own labels,
+    count_values counts each group's values under the label `parameter` names."""
+    samples = list(vector.items())
+    if node.op == "count_values":
+        assert isinstance(parameter, str)
+        samples = [
+            (functions.with_label(labels, parameter, number_text(value)), value) for labels, value in samples
+        ]
+    groups: dict[Labels, list[tuple[Labels, float]]] = {}
+    chosen = set(node.labels) | ({parameter} if node.op == "count_values" and not node.without else set())
+    for labels, value in samples:
         if node.without:
             key = tuple((k, v) for k, v in labels if k not in chosen and k != "__name__")
         else:
             key = tuple((k, v) for k, v in labels if k in chosen)
-        groups.setdefault(key, []).append(value)
-    return {key: AGGREGATE[node.op](values) for key, values in groups.items()}
+        groups.setdefault(key, []).append((labels, value))
+    if node.op in ("topk", "bottomk"):
+        assert isinstance(parameter, float)
+        return dict(
+            sample
+            for members in groups.values()
+            for sample in functions.top(members, parameter, node.op == "topk")
+        )
+    values = {key: [value for _, value in members] for key, members in groups.items()}
+    if node.op == "quantile":
+        assert isinstance(parameter, float)
+        return {key: functions.quantile(parameter, members) for key, members in values.items()}
+    return {key: AGGREGATE[node.op](members) for key, members in values.items()}
 
 
 def _least(values: Sequence[float], before: Callable[[float, float], bool]) -> float:
@@ -160,6 +241,10 @@ AGGREGATE: dict[str, Callable[[list[float]], float]] = {
     "min": lambda values: _least(values, operator.lt),
     "max": lambda values: _least(values, operator.gt),
     "count": lambda values: float(len(values)),
+    "count_values": lambda values: float(len(values)),
+    "group": lambda values: 1.0,
+    "stdvar": functions.variance,
+    "stddev": lambda values: math.sqrt(functions.variance(values)),
 }
 
 
@@ -200,5 +285,4 @@ def arithmetic(op: str, left: float, right: float) -> float:
     return left / right
 
 
-def drop_name(labels: Labels) -> Labels:
-    return tuple(pair for pair in labels if pair[0] != "__name__")
+drop_name = functions.drop_name

@@ -18,6 +18,7 @@ import promql_parser as pp
 
 from collectors.logtext import printable
 from hub.errors import PromQLError
+from hub.promql.functions import FUNCTIONS, LABEL_NAME, SCALAR_FUNCTIONS, check_arguments
 
 RANGE_FUNCTIONS = frozenset(
     {
@@ -30,9 +31,32 @@ RANGE_FUNCTIONS = frozenset(
         "sum_over_time",
         "count_over_time",
         "last_over_time",
+        "delta",
+        "deriv",
+        "quantile_over_time",
+        "stddev_over_time",
+        "stdvar_over_time",
+        "present_over_time",
+        "changes",
+        "resets",
     }
 )
-AGGREGATIONS = frozenset({"sum", "avg", "min", "max", "count"})
+AGGREGATIONS = frozenset(
+    {
+        "sum",
+        "avg",
+        "min",
+        "max",
+        "count",
+        "topk",
+        "bottomk",
+        "quantile",
+        "count_values",
+        "stddev",
+        "stdvar",
+        "group",
+    }
+)
 ARITHMETIC = frozenset({"+", "-", "*", "/"})
 COMPARISONS = frozenset({">", "<", ">=", "<=", "==", "!="})
 MATCH_OPS = (  # promql_parser.MatchOp is not hashable
@@ -61,10 +85,12 @@ class Number:
 
 @dataclass(frozen=True)
 class RangeFunction:
-    """One of RANGE_FUNCTIONS over a range selector."""
+    """One of RANGE_FUNCTIONS over a range selector; `parameter` the scalar before it
+    (quantile_over_time's φ)."""
 
     name: str
     selector: Selector
+    parameter: Node | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +101,24 @@ class Aggregation:
     labels: tuple[str, ...]
     without: bool
     expr: Node
+    parameter: Node | str | None = None  # topk, bottomk, quantile: a scalar; count_values: a label name
+
+
+@dataclass(frozen=True)
+class Function:
+    """One of functions.FUNCTIONS (absent aside) over instant vectors and scalars: `args` holds the
+    argument nodes and string literals (label_replace's, label_join's) in call order."""
+
+    name: str
+    args: tuple[Node | str, ...]
+
+
+@dataclass(frozen=True)
+class Absent:
+    """absent(expr): 1 with `labels` (the equality matchers of a selector argument) when expr is empty."""
+
+    expr: Node
+    labels: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
@@ -87,7 +131,7 @@ class Binary:
     return_bool: bool
 
 
-Node = Selector | Number | RangeFunction | Aggregation | Binary
+Node = Selector | Number | RangeFunction | Aggregation | Binary | Function | Absent
 
 
 def plan(query: str) -> Node:
@@ -114,6 +158,8 @@ def is_scalar(node: Node) -> bool:
     """Whether `node` evaluates to a scalar (else an instant vector)."""
     if isinstance(node, Binary):
         return is_scalar(node.lhs) and is_scalar(node.rhs)
+    if isinstance(node, Function):
+        return node.name in SCALAR_FUNCTIONS
     return isinstance(node, Number)
 
 
@@ -158,24 +204,55 @@ def _match_op(op: pp.MatchOp) -> str:
 
 
 def _call(tree: pp.Call) -> Node:
+    """A function call; promql_parser has checked its arguments' number and types."""
     name = tree.func.name
-    if name not in RANGE_FUNCTIONS:
+    if name in RANGE_FUNCTIONS:
+        *parameters, argument = tree.args
+        if not isinstance(argument, pp.MatrixSelector):
+            raise PromQLError(
+                f"function {name}: only a range selector (metric[5m]) is supported as its argument"
+            )
+        selector = _selector(argument.vector_selector, _millis(argument.range))
+        return RangeFunction(name, selector, _node(parameters[0]) if parameters else None)
+    if name not in FUNCTIONS:
         raise PromQLError(f"function {name} is not supported yet")
-    argument = tree.args[0]
-    if not isinstance(argument, pp.MatrixSelector):
-        raise PromQLError(f"function {name}: only a range selector (metric[5m]) is supported as its argument")
-    return RangeFunction(name, _selector(argument.vector_selector, _millis(argument.range)))
+    args = tuple(str(arg.val) if isinstance(arg, pp.StringLiteral) else _node(arg) for arg in tree.args)
+    check_arguments(name, args)
+    if name == "absent":
+        return Absent(args[0], _absent_labels(args[0]))  # type: ignore[arg-type]
+    return Function(name, args)
+
+
+def _absent_labels(node: Node) -> tuple[tuple[str, str], ...]:
+    """The labels absent() gives a selector: those it matches with `=` once, but __name__."""
+    if not isinstance(node, Selector):
+        return ()
+    named = [name for name, _, _ in node.matchers]
+    equal = {
+        name: value
+        for name, op, value in node.matchers
+        if op == "=" and name != "__name__" and named.count(name) == 1 and value
+    }
+    return tuple(sorted(equal.items()))
 
 
 def _aggregation(tree: pp.AggregateExpr) -> Aggregation:
     op = str(tree.op)
     if op not in AGGREGATIONS:
         raise PromQLError(f"aggregation {op} is not supported yet")
+    parameter: Node | str | None = None
+    if isinstance(tree.param, pp.StringLiteral):
+        parameter = str(tree.param.val)
+        if not LABEL_NAME.fullmatch(parameter):
+            raise PromQLError(f"aggregation {op}: invalid label name {parameter!r}")
+    elif tree.param is not None:
+        parameter = _node(tree.param)
     modifier = tree.modifier
+    expr = _vector(tree.expr, f"aggregation {op}")
     if modifier is None:
-        return Aggregation(op, (), False, _vector(tree.expr, f"aggregation {op}"))
+        return Aggregation(op, (), False, expr, parameter)
     without = modifier.type == pp.AggModifierType.Without
-    return Aggregation(op, tuple(modifier.labels), without, _vector(tree.expr, f"aggregation {op}"))
+    return Aggregation(op, tuple(modifier.labels), without, expr, parameter)
 
 
 def _binary(tree: pp.BinaryExpr) -> Binary:
