@@ -3,7 +3,10 @@
 
 - an instant selector takes each series' newest sample in [t - 5m, t] (t moved back by `offset`);
 - a range selector [d] takes the samples in [t - d, t];
-- rate and increase add back counter resets and extrapolate to the range's ends (extrapolated_rate);
+- rate and increase add back counter resets and extrapolate to the range's ends (extrapolated_rate),
+  delta extrapolates alike without resets;
+- a parameter (topk's k, quantile's φ, quantile_over_time's φ) is evaluated at each step;
+- timestamp() of a selector gives its samples' own times, of any other vector the evaluation time;
 - functions, arithmetic and `bool` comparisons drop __name__; filtering comparisons and last_over_time
   keep it; a comparison keeps the vector's value whichever side the vector is on.
 """

@@ -1,10 +1,13 @@
 """PromQL text to a plan the hub can evaluate: parsed by promql_parser (the Prometheus grammar), then
 turned into this module's nodes, refusing with PromQLError (bad_data) every construct the hub does not
-evaluate yet, named ("function holt_winters is not supported", "the @ modifier is not supported yet").
+evaluate yet, named ("function predict_linear is not supported", "the @ modifier is not supported yet").
+promql_parser checks each call's number and types of arguments; string arguments that cannot work (a bad
+regular expression, label name) are refused here, naming the function.
 
 Supported: selectors with = != =~ !~ and `offset`; range selectors inside RANGE_FUNCTIONS; AGGREGATIONS
-with by/without; number literals and unary minus; ARITHMETIC and COMPARISONS (with `bool`) between a
-vector and a scalar or two scalars.
+with by/without (and their parameter); functions.FUNCTIONS over instant vectors and scalars; number
+literals and unary minus; ARITHMETIC and COMPARISONS (with `bool`) between a vector and a scalar or two
+scalars.
 """
 
 from __future__ import annotations
