@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from hub.promql import functions
 from hub.promql.answer import number_text
+from hub.promql.functions import drop_name
 from hub.promql.plan import (
     COMPARISONS,
     Absent,
@@ -85,12 +86,12 @@ def _scalar(node: Node, t: int, data: Mapping[Selector, list[Series]]) -> float:
 
 def _function(node: Function, t: int, data: Mapping[Selector, list[Series]]) -> Vector | float:
     """A function's value; timestamp() of a selector gives its samples' own times, as Prometheus's."""
-    (first, *_) = node.args or (None,)
+    first = node.args[0] if node.args else None
     if node.name == "timestamp" and isinstance(first, Selector):
         at = t - first.offset_ms
         newest = ((series, _newest(series, at)) for series in data[first])
         return functions.collect(
-            (drop_name(series.labels), series.times[index] / 1000)
+            (drop_name(series.labels), float(series.times[index] / 1000))
             for series, index in newest
             if index is not None
         )
@@ -205,7 +206,8 @@ def _aggregate(node: Aggregation, vector: Vector, parameter: float | str | None)
     if node.op == "count_values":
         assert isinstance(parameter, str)
         samples = [
-            (functions.with_label(labels, parameter, number_text(value)), value) for labels, value in samples
+            (functions.with_label(labels, parameter, number_text(float(value))), value)
+            for labels, value in samples
         ]
     groups: dict[Labels, list[tuple[Labels, float]]] = {}
     chosen = set(node.labels) | ({parameter} if node.op == "count_values" and not node.without else set())
@@ -286,6 +288,3 @@ def arithmetic(op: str, left: float, right: float) -> float:
             else math.copysign(math.inf, left) * math.copysign(1, right)
         )
     return left / right
-
-
-drop_name = functions.drop_name

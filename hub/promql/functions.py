@@ -13,13 +13,14 @@ import itertools
 import math
 import operator
 import re
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import re2
 
 from hub.errors import PromQLError
 
-Labels = tuple[tuple[str, str], ...]
+Labels = tuple[tuple[str, str], ...]  # as hub.promql.sql's, which imports this module through plan
 Vector = dict[Labels, float]
 Points = tuple[Sequence[int], Sequence[float]]
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -157,7 +158,7 @@ def variance_over_time(points: Points, start: int, end: int) -> float:
         delta = value - (mean + mean_c)
         mean, mean_c = kahan_add(delta / count, mean, mean_c)
         aux, aux_c = kahan_add(delta * (value - (mean + mean_c)), aux, aux_c)
-    return (aux + aux_c) / count
+    return float((aux + aux_c) / count)
 
 
 def deriv(points: Points, start: int, end: int) -> float | None:
@@ -177,7 +178,7 @@ def deriv(points: Points, start: int, end: int) -> float | None:
         sum_xy, c_xy = kahan_add(x * value, sum_xy, c_xy)
         sum_x2, c_x2 = kahan_add(x * x, sum_x2, c_x2)
     sum_x, sum_y, sum_xy, sum_x2 = sum_x + c_x, sum_y + c_y, sum_xy + c_xy, sum_x2 + c_x2
-    return go_divide(sum_xy - sum_x * sum_y / n, sum_x2 - sum_x * sum_x / n)
+    return float(go_divide(sum_xy - sum_x * sum_y / n, sum_x2 - sum_x * sum_x / n))
 
 
 def _count_pairs(before: Callable[[float, float], bool]) -> Callable[[Points, int, int], float]:
@@ -260,14 +261,24 @@ def expand(template: str, match: re2._Match) -> str:
             out.append("$")
             rest = rest[1:]
             continue
-        found = re.match(r"\{(\w+)\}|(\w+)", rest)
-        if found is None:
+        braced = rest.startswith("{")
+        length = _name_length(rest[braced:])
+        if length == 0 or (braced and rest[1 + length : 2 + length] != "}"):
             out.append("$")
             continue
-        name = found.group(1) or found.group(2)
-        rest = rest[found.end() :]
-        out.append(_group(match, name))
+        out.append(_group(match, rest[braced : braced + length]))
+        rest = rest[length + 2 * braced :]
     return "".join(out) + rest
+
+
+def _name_length(text: str) -> int:
+    """How many leading characters of `text` Go's Expand takes as a name: letters, digits (Nd), `_`."""
+    length = 0
+    for char in text:
+        if not (char == "_" or char.isalpha() or unicodedata.category(char) == "Nd"):
+            break
+        length += 1
+    return length
 
 
 def _group(match: re2._Match, name: str) -> str:
@@ -342,21 +353,23 @@ def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
         start = bounds[b - 1]
         count -= counts[b - 1]
         rank -= counts[b - 1]
-    return start + (bounds[b] - start) * go_divide(rank, count)
+    return float(start + (bounds[b] - start) * go_divide(rank, count))
 
 
 def clamp(vector: Vector, low: float, high: float) -> Vector:
     """Each value held within [low, high]; nothing when high < low."""
     if high < low:
         return {}
-    return collect((drop_name(labels), go_max(low, go_min(high, value))) for labels, value in vector.items())
+    return collect(
+        (drop_name(labels), float(go_max(low, go_min(high, value)))) for labels, value in vector.items()
+    )
 
 
 def round_to(vector: Vector, to_nearest: float = 1.0) -> Vector:
     """Each value rounded to the nearest multiple of `to_nearest`, halves up, as Prometheus's round."""
     inverse = go_divide(1.0, to_nearest)
     return collect(
-        (drop_name(labels), go_divide(go_floor(value * inverse + 0.5), inverse))
+        (drop_name(labels), float(go_divide(go_floor(value * inverse + 0.5), inverse)))
         for labels, value in vector.items()
     )
 
@@ -370,19 +383,20 @@ def apply_math(name: str, vector: Vector) -> Vector:
 def call(name: str, args: Sequence[Vector | float | str], t_ms: int) -> Vector | float:
     """The function `name` (one of FUNCTIONS but absent and timestamp of a selector) at `t_ms` over its
     evaluated arguments."""
-    if name in MATH:
-        return apply_math(name, args[0])  # type: ignore[arg-type]
     if name == "time":
         return t_ms / 1000
+    first = args[0]
     if name == "vector":
-        return {(): args[0]}  # type: ignore[dict-item]
+        assert isinstance(first, float)
+        return {(): first}
+    if name in VECTOR_FUNCTIONS:
+        return VECTOR_FUNCTIONS[name](*args)
+    assert isinstance(first, dict)
     if name == "scalar":
-        vector = args[0]
-        assert isinstance(vector, dict)
-        return next(iter(vector.values())) if len(vector) == 1 else math.nan
+        return float(next(iter(first.values()))) if len(first) == 1 else math.nan
     if name == "timestamp":
-        return collect((drop_name(labels), t_ms / 1000) for labels in args[0])  # type: ignore[union-attr]
-    return VECTOR_FUNCTIONS[name](*args)  # type: ignore[operator]
+        return collect((drop_name(labels), t_ms / 1000) for labels in first)
+    return apply_math(name, first)
 
 
 VECTOR_FUNCTIONS: Mapping[str, Callable[..., Vector]] = {
@@ -409,13 +423,13 @@ def variance(values: Sequence[float]) -> float:
         delta = value - mean
         mean += delta / count
         total += delta * (value - mean)
-    return total / count
+    return float(total / count)
 
 
 def top(samples: Sequence[tuple[Labels, float]], k: float, largest: bool) -> list[tuple[Labels, float]]:
     """topk's (`largest`) or bottomk's `k` samples, NaN ranked last; none for k < 1; Prometheus's
     execution error when k is not an int64."""
-    if math.isnan(k) or not -INT64_RANGE <= k < INT64_RANGE:
+    if math.isnan(k) or not -INT64_RANGE <= k <= INT64_RANGE:
         raise PromQLError(f"Scalar value {k} overflows int64", "execution", 422)
     if int(k) < 1:
         return []

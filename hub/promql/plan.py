@@ -222,7 +222,9 @@ def _call(tree: pp.Call) -> Node:
     args = tuple(str(arg.val) if isinstance(arg, pp.StringLiteral) else _node(arg) for arg in tree.args)
     check_arguments(name, args)
     if name == "absent":
-        return Absent(args[0], _absent_labels(args[0]))  # type: ignore[arg-type]
+        (vector,) = args
+        assert not isinstance(vector, str)
+        return Absent(vector, _absent_labels(vector))
     return Function(name, args)
 
 

@@ -138,6 +138,7 @@ QUERIES = [
     "sgn(fl_power_watts - 50)",
     'label_replace(fl_power_watts, "host", "$1", "instance", "(.*):.*")',
     'label_replace(fl_power_watts, "port", "${2}_$1x $$ $name", "instance", "(?P<name>n.)(?::(.*))")',
+    'label_replace(fl_power_watts, "odd", "${1 $ $01 ${x} $2é $", "instance", "(n.):(.*)")',
     'label_replace(fl_power_watts, "gpu", "", "gpu", "1")',
     'label_replace(fl_power_watts, "where", "here", "instance", "n1")',
     'label_join(fl_power_watts, "where", "/", "node", "gpu", "missing")',
