@@ -229,7 +229,8 @@ def _call(tree: pp.Call) -> Node:
 
 
 def _absent_labels(node: Node) -> tuple[tuple[str, str], ...]:
-    """The labels absent() gives a selector: those it matches with `=` once, but __name__."""
+    """The labels absent() gives a selector, in parentheses or not: those it matches with `=` once, but
+    __name__; none for any other argument."""
     if not isinstance(node, Selector):
         return ()
     named = [name for name, _, _ in node.matchers]

@@ -5,15 +5,25 @@ series to relabel, remote-written to the hub and to Debian's Prometheus, asked t
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from tests.support import remote_write
-from tests.support.promqlpeers import compare_instant, compare_range, get, hub_and_prometheus
+from tests.support.promqlpeers import (
+    assert_same,
+    comparable,
+    compare_instant,
+    compare_range,
+    get,
+    hub_and_prometheus,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -146,6 +156,7 @@ QUERIES = [
     'absent(fl_missing{job="x", node=~"n.", gpu="0", gpu="1"})',
     'absent(fl_power_watts{node="n9"})',
     "absent(sum(fl_missing))",
+    'absent((fl_missing{job="x"}))',
     "time()",
     "vector(time())",
     "fl_power_watts - time() / 1e6",
@@ -160,6 +171,7 @@ QUERIES = [
     "histogram_quantile(0.01, fl_latency_seconds_bucket)",
     "histogram_quantile(1.5, fl_latency_seconds_bucket)",
 ]
+PEERS = ("hub", "prometheus")
 INSTANT_TIMES = (at(25), at(41.5), at(59.75))  # in a gap, midway, at the end
 
 
@@ -205,6 +217,36 @@ def test_bad_arguments_answer_bad_data_naming_the_function(peers, query, reason)
 )
 def test_failing_evaluation_answers_execution_as_prometheus_does(peers, query):
     parameters = {"query": query, "time": str(at(40) / 1000)}
-    ours, theirs = (get(peers[side], "/api/v1/query", parameters) for side in ("hub", "prometheus"))
+    ours, theirs = (get(peers[side], "/api/v1/query", parameters) for side in PEERS)
     assert theirs[0] == 422 and theirs[1]["errorType"] == "execution", theirs
     assert (ours[0], ours[1]["errorType"]) == (theirs[0], theirs[1]["errorType"]), ours
+
+
+REGEX_PARTS = st.sampled_from(
+    ["(", ")", "n", ".", "*", "+?", ":", "\\d", "[0-9]", "|", "(?P<g>", "^", "$", "é", "(?i)"]
+)
+TEMPLATE_PARTS = st.sampled_from(["$", "$$", "${", "}", "1", "2", "g", "x", "_", "-", "é", " ", "0"])
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    regex=st.lists(REGEX_PARTS, max_size=6).map("".join),
+    template=st.lists(TEMPLATE_PARTS, max_size=8).map("".join),
+)
+@example(regex="(", template="$1")  # refused by both
+@example(regex="(?P<g>n.):(.*)", template="${g}$2x$$")
+def test_label_replace_expands_any_pattern_as_prometheus_does(peers, regex, template):
+    """Whatever the pattern and template, the hub labels as Prometheus does, or refuses the pattern
+    Prometheus refuses with the same message (as bad_data, before evaluating)."""
+    quoted = [json.dumps(text, ensure_ascii=False) for text in (template, regex)]
+    query = f'label_replace(fl_power_watts, "out", {quoted[0]}, "instance", {quoted[1]})'
+    parameters = {"query": query, "time": str(at(40) / 1000)}
+    (status, ours), (their_status, theirs) = (get(peers[side], "/api/v1/query", parameters) for side in PEERS)
+    if their_status == 200:
+        assert status == 200, (query, ours)
+        assert_same(comparable(ours["data"]["result"]), comparable(theirs["data"]["result"]), query)
+    else:
+        assert (status, ours["errorType"], ours["error"]) == (400, "bad_data", theirs["error"]), (
+            query,
+            theirs,
+        )
