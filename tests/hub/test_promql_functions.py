@@ -6,6 +6,7 @@ series to relabel, remote-written to the hub and to Debian's Prometheus, asked t
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +69,14 @@ def power(node: str, gpu: str) -> dict[str, str]:
 
 
 RANGE = range(120)
+ODD = [math.nan, math.inf, -math.inf, -0.0, 2.5, -3.5, 1e308, 0.5]  # Go's float64 corners
+
+
+def odd(series: int) -> list[tuple[int, float]]:
+    """Every 15 s, the values of ODD in turn, each series `series` places further on."""
+    return [(at(index / 4), ODD[(index + series) % len(ODD)]) for index in range(240)]
+
+
 SERIES: list[remote_write.Series] = [
     ({"__name__": "fl_jobs_total", "node": "n1", "job": "a"}, counter(15, {60, 150}, 2.0)),
     ({"__name__": "fl_jobs_total", "node": "n2", "job": "b"}, counter(30, {70}, 5.0)),
@@ -95,6 +104,7 @@ SERIES: list[remote_write.Series] = [
             "+Inf": [9.0 * i + 7 for i in RANGE],
         },
     ),
+    *(({"__name__": "fl_odd_value", "node": "n3", "k": str(k)}, odd(k)) for k in range(6)),
     *buckets("c", "n2", {"0.1": [1.0 * i for i in RANGE], "1": [2.0 * i for i in RANGE], "x": [3.0] * 120}),
 ]
 
@@ -165,6 +175,25 @@ QUERIES = [
     "timestamp(fl_power_watts)",
     "timestamp(fl_power_watts offset 2m)",
     "timestamp(fl_power_watts * 1)",
+    "abs(fl_odd_value)",
+    "ceil(fl_odd_value)",
+    "round(fl_odd_value, 0.5)",
+    "clamp(fl_odd_value, -1, 1)",
+    "sqrt(fl_odd_value)",
+    "ln(fl_odd_value)",
+    "exp(fl_odd_value)",
+    "sgn(fl_odd_value)",
+    "topk(3, fl_odd_value)",
+    "bottomk(3, fl_odd_value)",
+    "quantile(0.3, fl_odd_value)",
+    'count_values("v", fl_odd_value)',
+    "stddev(fl_odd_value)",
+    "changes(fl_odd_value[5m])",
+    "resets(fl_odd_value[5m])",
+    "quantile_over_time(0.5, fl_odd_value[1m])",
+    "stdvar_over_time(fl_odd_value[1m])",
+    "deriv(fl_odd_value[1m])",
+    "delta(fl_odd_value[1m])",
     "histogram_quantile(0.9, fl_latency_seconds_bucket)",
     "histogram_quantile(0.5, rate(fl_latency_seconds_bucket[5m]))",
     "histogram_quantile(0.99, sum by (le) (rate(fl_latency_seconds_bucket[5m])))",
