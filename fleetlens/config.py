@@ -173,6 +173,8 @@ class HubConfig:
     query_max_bytes_to_read: int = 32 << 30
     query_max_result_bytes: int = 16 << 20
     query_max_threads: int = 1
+    # samples one PromQL query holds in memory at most (16 bytes each), as Prometheus's --query.max-samples
+    promql_max_samples: int = 20_000_000
     # queries at once, in all and per client (a token; an address on a hub without tokens), and how long
     # a query waits for a slot before its 429 (hub.queryslots)
     query_slots: int = 4
@@ -237,6 +239,7 @@ class HubConfig:
             ("query_max_bytes_to_read", 1 << 20, 1 << 50),
             ("query_max_result_bytes", 64 << 10, 1 << 30),
             ("query_max_threads", 1, 256),
+            ("promql_max_samples", 1000, 1_000_000_000),
             ("query_slots", 1, 16),  # the most a store's read sessions run at once
             ("query_slots_per_client", 1, self.query_slots),
             ("query_queue_s", 0, self.query_max_seconds),

@@ -115,6 +115,7 @@ def build_hub(settings: Config, tokens: Tokens) -> Hub:
         tokens=tokens,
         max_body_bytes=config.max_body_bytes,
         query_max_rows=config.query_max_rows,
+        promql_max_samples=config.promql_max_samples,
         query_max_seconds=config.query_max_seconds,
         query_limits=ReadLimits(
             max_memory_bytes=config.query_max_memory_bytes,

@@ -5,7 +5,7 @@
     POST /v1/metrics (OTLP) ─┐                               │ (store down: spool on disk, replay in order)
     POST /api/v1/steps ──────┴──(StepRecord)──▶ writer          ▼
     POST /api/v1/sql ◀─────────── read-only SQL ────────── store (read sessions of its own)
-    GET|POST /api/v1/query, /api/v1/query_range ◀─ PromQL (hub.promql) ─ store
+    GET|POST /api/v1/{query,query_range,series,labels,metadata,...}, POST /api/v1/read ◀─ PromQL API ─ store
     POST /api/v1/silences, /api/v1/actions ─(silences, drain requests)─▶ store
     POST /api/v1/topology, hub.topology_file (hub.topology) ─(links, parsed by the hub)─▶ store
     POST /api/v1/checks (hub.checks) ─(active checks' verdicts)─▶ store
@@ -32,6 +32,7 @@ stored once (hub.groupcommit).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -41,6 +42,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -66,8 +68,11 @@ from hub.otlp import OtlpStepReceiver, otlp_error_response
 from hub.placements import PlacementPoller
 from hub.promql import answer_query
 from hub.promql.answer import error as promql_error
-from hub.promql.sql import Read
+from hub.promql.catalog import answer_catalog, is_catalog_path
+from hub.promql.sql import NUMBERS, Read, ReadNumbers
 from hub.queryslots import QuerySlots
+from hub.remote_read import CONTENT_TYPE as REMOTE_READ_TYPE
+from hub.remote_read import answer_read
 from hub.remote_write import RemoteWriteReceiver
 from hub.rounds import JOURNAL_DIR, MAX_PENDING_ROUNDS, RoundJournal, RoundQueue
 from hub.scraper import Scraper
@@ -84,6 +89,7 @@ OTHER_PATH = "other"  # what unknown paths count as in fleetlens_hub_refused_req
 NO_CONTENT = (b"", "")  # a handler's answer that is a 204: taken, nothing to say
 OPEN_PATHS = ("/metrics", "/healthz")  # GET and HEAD, without a token: they hold no data of the fleet
 PROMQL_PATHS = ("/api/v1/query", "/api/v1/query_range")  # GET and POST, with a read token (hub.promql)
+ENCODINGS = {"/api/v1/read": "snappy"}  # the Content-Encoding of a path's successful answers
 
 
 _REASONS = {
@@ -140,6 +146,7 @@ class Hub:
         tokens: Tokens | None = None,
         max_body_bytes: int = 16 << 20,
         query_max_rows: int = 100_000,
+        promql_max_samples: int = 20_000_000,
         query_max_seconds: float = 30.0,
         query_limits: ReadLimits | None = None,
         query_slots: QuerySlots | None = None,
@@ -160,6 +167,7 @@ class Hub:
         self._tokens = tokens or Tokens()
         self._max_body_bytes = max_body_bytes
         self._query_max_rows = query_max_rows
+        self._promql_max_samples = promql_max_samples
         self._query_max_seconds = query_max_seconds
         self._query_limits = query_limits or ReadLimits()
         self._query_slots = query_slots or QuerySlots()
@@ -322,10 +330,12 @@ class Hub:
             log.exception("%s %s failed", method, printable(path))
             status, body, content_type = 500, b'{"error": "internal error; the hub\'s log says more"}', JSON
         headers = [("Content-Type", content_type), *extra]
+        if status == 200 and path in ENCODINGS:
+            headers.append(("Content-Encoding", ENCODINGS[path]))
         if status != 204:
             headers.append(("Content-Length", str(len(body))))
         if status == 405:
-            allowed = "POST" if path in self._posts else "GET, POST" if path in PROMQL_PATHS else "GET, HEAD"
+            allowed = "POST" if path in self._posts else "GET, HEAD" if path in OPEN_PATHS else "GET, POST"
             headers.append(("Allow", allowed))
         start_response(f"{status} {_REASONS.get(status, '')}", headers)
         return _Answer(b"" if method == "HEAD" else body, request_body.discard)
@@ -340,7 +350,7 @@ class Hub:
             if problem is not None:
                 raise HttpError(503, problem, f"not ok: {problem}\n".encode(), "text/plain")
             return b"ok\n", "text/plain"
-        if path in PROMQL_PATHS:
+        if path in PROMQL_PATHS or is_catalog_path(path):
             if method not in ("GET", "POST"):
                 raise HttpError(405, f"{path} takes GET or POST")
             self._authorize("read", environ)
@@ -361,7 +371,8 @@ class Hub:
 
     def _note_refused(self, method: str, path: str, status: int, reason: str) -> None:
         """Count a refusal under its endpoint (unknown paths under one label) and log it, escaped."""
-        endpoint = path if path in self._posts or path in OPEN_PATHS or path in PROMQL_PATHS else OTHER_PATH
+        known = path in self._posts or path in OPEN_PATHS or path in PROMQL_PATHS or is_catalog_path(path)
+        endpoint = path if known else OTHER_PATH
         with self._counts_lock:
             self.refused[(endpoint, status)] = self.refused.get((endpoint, status), 0) + 1
         log.info("refused %s %s: %d %s", printable(method), printable(path), status, printable(reason))
@@ -541,19 +552,17 @@ class Hub:
         return json.dumps(head).encode()[:-1] + b', "rows": ' + result.rows + b"}", JSON
 
     def _promql(self, path: str, method: str, environ: dict, body: bytes) -> tuple[bytes, str]:
-        """A PromQL query (hub.promql), its reads run as SQL queries are: in the client's slots, within
-        query_max_seconds, at most query_max_rows samples; errors in Prometheus's envelope."""
+        """A PromQL query (hub.promql) or catalog request (hub.promql.catalog), its reads run as SQL queries
+        are: in the client's slots, within query_max_seconds, at most query_max_rows rows; errors in
+        Prometheus's envelope."""
         deadline = time.monotonic() + self._query_max_seconds
+        request = (method, environ.get("QUERY_STRING", ""), environ.get("CONTENT_TYPE"), body)
+        reads = self._promql_reader(self._query_client(environ), deadline)
         try:
-            answer = answer_query(
-                path == "/api/v1/query_range",
-                method,
-                environ.get("QUERY_STRING", ""),
-                environ.get("CONTENT_TYPE"),
-                body,
-                self._promql_reader(self._query_client(environ), deadline),
-                self._wall_clock(),
-            )
+            if path in PROMQL_PATHS:
+                answer = answer_query(path == "/api/v1/query_range", *request, *reads, self._wall_clock())
+            else:
+                answer = answer_catalog(path, *request, reads[0], self._wall_clock())
         except PromQLError as exc:
             raise HttpError(exc.status, str(exc), promql_error(exc.error_type, str(exc))) from None
         except SlotsBusy as busy:
@@ -561,29 +570,63 @@ class Hub:
             raise HttpError(429, str(busy), promql_error("unavailable", str(busy)), headers=retry) from None
         return answer, JSON
 
-    def _promql_reader(self, client: str, deadline: float) -> Read:
-        """How a PromQL query reads its samples: store.query in one of `client`'s slots until `deadline`;
-        PromQLError when the store refuses, is down, or more than query_max_rows samples match."""
+    def _remote_read(self, body: bytes, environ: dict) -> tuple[bytes, str]:
+        """Prometheus remote read (hub.remote_read), its reads run as PromQL's: 400 for a request that
+        is refused or whose queries read more than promql_max_samples samples together, 429 when no
+        query slot comes free."""
+        reads = self._promql_reader(self._query_client(environ), time.monotonic() + self._query_max_seconds)
+        try:
+            answer = answer_read(body, self._max_body_bytes, self._promql_max_samples, *reads)
+        except PayloadError as exc:
+            raise HttpError(exc.status, str(exc)) from None
+        except PromQLError as exc:
+            raise HttpError(400 if exc.status == 422 else exc.status, str(exc)) from None
+        except SlotsBusy as busy:
+            raise HttpError(429, str(busy), headers=[("Retry-After", str(busy.retry_after_s))]) from None
+        return answer, REMOTE_READ_TYPE
 
-        def read(sql: str, parameters: Mapping[str, Any]) -> Sequence[tuple]:
+    def _promql_reader(self, client: str, deadline: float) -> tuple[Read, ReadNumbers]:
+        """How a PromQL query reads its series (rows) and samples (numpy columns): store.query and
+        store.query_numbers in one of `client`'s slots until `deadline`; PromQLError when the store
+        refuses, is down, or a read matches more than query_max_rows series or promql_max_samples
+        samples."""
+
+        @contextlib.contextmanager
+        def guarded() -> Iterator[None]:
             with self._query_slots.slot(client, deadline):
                 try:
-                    result = self.store.query(
-                        sql,
-                        parameters=parameters,
-                        max_rows=self._query_max_rows,
-                        max_seconds=max(1, round(deadline - time.monotonic())),
-                    )
+                    yield
                 except QueryError as exc:
                     raise PromQLError(str(exc), "execution", 422) from None
                 except StoreError as exc:
                     raise PromQLError(str(exc), "unavailable", 503) from None
-            if result.truncated:
-                message = f"the query reads more than {self._query_max_rows} samples (hub.query_max_rows)"
-                raise PromQLError(message, "execution", 422)
+
+        def refuse_truncated(truncated: bool, limit: int, what: str, name: str) -> None:
+            if truncated:
+                raise PromQLError(f"the query reads more than {limit} {what} ({name})", "execution", 422)
+
+        def seconds_left() -> int:
+            return max(1, round(deadline - time.monotonic()))
+
+        def read(sql: str, parameters: Mapping[str, Any]) -> Sequence[tuple]:
+            with guarded():
+                limit = self._query_max_rows
+                result = self.store.query(
+                    sql, parameters=parameters, max_rows=limit, max_seconds=seconds_left()
+                )
+            refuse_truncated(result.truncated, limit, "series", "hub.query_max_rows")
             return result.rows
 
-        return read
+        def read_numbers(sql: str, parameters: Mapping[str, Any]) -> Mapping[str, np.ndarray]:
+            with guarded():
+                limit = self._promql_max_samples
+                result = self.store.query_numbers(
+                    sql, NUMBERS, parameters=parameters, max_rows=limit, max_seconds=seconds_left()
+                )
+            refuse_truncated(result.truncated, limit, "samples", "hub.promql_max_samples")
+            return result.columns
+
+        return read, read_numbers
 
     def _query_client(self, environ: dict) -> str:
         """Whom a query's slots count against: its token (a digest of it), or on a hub without tokens,
@@ -601,6 +644,7 @@ class Hub:
         "/api/v1/topology": ("write", _topology),
         "/api/v1/checks": ("write", _checks),
         "/api/v1/sql": ("read", _query),
+        "/api/v1/read": ("read", _remote_read),
         "/api/v1/silences": ("act", _silences),
         "/api/v1/actions": ("act", _actions),
     }

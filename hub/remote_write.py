@@ -269,7 +269,7 @@ class RemoteWriteReceiver:
             raise PayloadError(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body of {len(body)} bytes exceeds the limit of {limit}"
             )
-        data = _unsnappy(body, limit)
+        data = unsnappy(body, limit)
         try:
             timeseries = RawWriteRequest.FromString(data).timeseries
         except DecodeError as error:
@@ -580,7 +580,7 @@ def _check_headers(content_type: str | None, content_encoding: str | None, versi
         )
 
 
-def _unsnappy(body: bytes, limit: int) -> memoryview:
+def unsnappy(body: bytes, limit: int) -> memoryview:
     """The snappy block `body` decompressed; its declared size is checked against `limit` first."""
     try:
         size = cramjam.snappy.decompress_raw_len(body)

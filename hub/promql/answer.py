@@ -19,7 +19,9 @@ def number_text(value: float) -> str:
         return "NaN"
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
-    text = format(Decimal(repr(value)), "f")
+    text = repr(value)  # the shortest digits that read back, as Go's; an exponent from 1e16 or below 1e-4
+    if "e" in text:
+        text = format(Decimal(text), "f")
     return text.removesuffix(".0") if "." in text else text
 
 

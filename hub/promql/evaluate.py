@@ -1,70 +1,98 @@
 """A plan evaluated at one time over the series read for its selectors, with the rules of Prometheus 2
 (promql/engine.go and functions.go), which Debian's Prometheus applies:
 
-- an instant selector takes each series' newest sample in [t - 5m, t] (t moved back by `offset`);
-- a range selector [d] takes the samples in [t - d, t];
+- an instant selector takes each series' newest sample in [t - 5m, t] (t, or its `@` time, moved back
+  by `offset`);
+- a range selector [d] takes the samples in [t - d, t]; a subquery [d:s] evaluates its expression at each
+  multiple of s in [t - d, t];
 - rate and increase add back counter resets and extrapolate to the range's ends (extrapolated_rate),
   delta extrapolates alike without resets;
 - a parameter (topk's k, quantile's φ, quantile_over_time's φ) is evaluated at each step;
 - timestamp() of a selector gives its samples' own times, of any other vector the evaluation time;
-- functions, arithmetic and `bool` comparisons drop __name__; filtering comparisons and last_over_time
-  keep it; a comparison keeps the vector's value whichever side the vector is on.
+- functions drop __name__, but last_over_time, label_replace and label_join (hub.promql.functions);
+  binary operators as hub.promql.binary says.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
+
+import numpy as np
 
 from hub.promql import functions
 from hub.promql.answer import number_text
+from hub.promql.binary import Vector, binary
 from hub.promql.functions import drop_name
 from hub.promql.plan import (
-    COMPARISONS,
     Absent,
     Aggregation,
-    Binary,
     Function,
     Node,
     Number,
     RangeFunction,
     Selector,
+    Subquery,
+    children,
 )
 from hub.promql.sql import Labels, Series
 
 LOOKBACK_MS = 5 * 60 * 1000
-Vector = dict[Labels, float]
 Points = tuple[Sequence[int], Sequence[float]]  # times (ms) and values of one series within a range
-
-COMPARE: dict[str, Callable[[float, float], bool]] = {
-    ">": operator.gt,
-    "<": operator.lt,
-    ">=": operator.ge,
-    "<=": operator.le,
-    "==": operator.eq,
-    "!=": operator.ne,
-}
+Window = tuple[int, int]  # since, until (ms), both included
 
 
-def window(node: Selector) -> tuple[int, int]:
-    """How far before and after an evaluation time `node` reads: (since, until) offsets in ms."""
-    reach = node.range_ms or LOOKBACK_MS
-    return -node.offset_ms - reach, -node.offset_ms
+def read_windows(
+    node: Node, first_ms: int, last_ms: int, found: dict[Selector, Window] | None = None
+) -> dict[Selector, Window]:
+    """The samples each selector in `node` needs when `node` is evaluated at times from `first_ms` to
+    `last_ms`: from the earliest any evaluation reaches back (through `@`, offsets, ranges, subqueries and
+    the lookback) to the latest."""
+    found = {} if found is None else found
+    if isinstance(node, Selector | Subquery) and isinstance(node.at, int):
+        first_ms = last_ms = node.at
+    if isinstance(node, Selector):
+        since = first_ms - node.offset_ms - (node.range_ms or LOOKBACK_MS)
+        until = last_ms - node.offset_ms
+        known = found.get(node, (since, until))
+        found[node] = (min(since, known[0]), max(until, known[1]))
+    elif isinstance(node, Subquery):
+        read_windows(node.expr, first_ms - node.offset_ms - node.range_ms, last_ms - node.offset_ms, found)
+    else:
+        for child in children(node):
+            read_windows(child, first_ms, last_ms, found)
+    return found
 
 
-def evaluate(node: Node, t: int, data: Mapping[Selector, list[Series]]) -> Vector | float:
+class Samples(dict[Selector, list[Series]]):
+    """What a query is evaluated over: each selector's series, and in `at_steps` the values some nodes
+    take at every step of a range query, computed for all steps at once (hub.promql.grid), which
+    evaluate looks up instead of computing them step by step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at_steps: dict[Node, Steps] = {}
+
+
+class Steps(Protocol):
+    def at(self, t: int) -> Vector | None:
+        """The vector at `t`, None when `t` is not one of the steps."""
+
+
+def evaluate(node: Node, t: int, data: Samples) -> Vector | float:
     """`node`'s value at `t` (ms): a scalar, or an instant vector by label set."""
+    if node in data.at_steps:
+        found = data.at_steps[node].at(t)
+        if found is not None:
+            return found
     if isinstance(node, Number):
         return node.value
     if isinstance(node, Selector):
-        return _instant(data[node], t - node.offset_ms)
+        return _instant(data[node], _at(node, t) - node.offset_ms)
     if isinstance(node, RangeFunction):
-        function = RANGE_FUNCTIONS[node.name]
-        if node.parameter is not None:
-            function = _with_parameter(function, _scalar(node.parameter, t, data))
-        return _range_function(node, t, data[node.selector], function)
+        return _range_function(node, t, data)
     if isinstance(node, Aggregation):
         vector = evaluate(node.expr, t, data)
         assert isinstance(vector, dict)
@@ -75,23 +103,24 @@ def evaluate(node: Node, t: int, data: Mapping[Selector, list[Series]]) -> Vecto
         return _function(node, t, data)
     if isinstance(node, Absent):
         return {} if evaluate(node.expr, t, data) else {node.labels: 1.0}
-    return _binary(node, evaluate(node.lhs, t, data), evaluate(node.rhs, t, data))
+    assert not isinstance(node, Subquery), "a subquery is evaluated by range_points"
+    return binary(node, evaluate(node.lhs, t, data), evaluate(node.rhs, t, data))
 
 
-def _scalar(node: Node, t: int, data: Mapping[Selector, list[Series]]) -> float:
+def _scalar(node: Node, t: int, data: Samples) -> float:
     value = evaluate(node, t, data)
     assert isinstance(value, float)
     return value
 
 
-def _function(node: Function, t: int, data: Mapping[Selector, list[Series]]) -> Vector | float:
+def _function(node: Function, t: int, data: Samples) -> Vector | float:
     """A function's value; timestamp() of a selector gives its samples' own times, as Prometheus's."""
     first = node.args[0] if node.args else None
     if node.name == "timestamp" and isinstance(first, Selector):
-        at = t - first.offset_ms
+        at = _at(first, t) - first.offset_ms
         newest = ((series, _newest(series, at)) for series in data[first])
         return functions.collect(
-            (drop_name(series.labels), float(series.times[index] / 1000))
+            (drop_name(series.labels), float(series.times[index]) / 1000)
             for series, index in newest
             if index is not None
         )
@@ -99,8 +128,39 @@ def _function(node: Function, t: int, data: Mapping[Selector, list[Series]]) -> 
     return functions.call(node.name, args, t)
 
 
-def _with_parameter(function: Callable[..., float | None], parameter: float) -> RangeCall:
-    return lambda points, start, end: function(points, start, end, parameter)
+def range_points(
+    source: Selector | Subquery, t: int, data: Samples
+) -> tuple[int, int, Iterator[tuple[Labels, Points]]]:
+    """A range selector's or subquery's window at `t` (start and end, ms) and each series' points in it:
+    the samples of a selector, the values of a subquery's expression at its steps."""
+    end = _at(source, t) - source.offset_ms
+    start = end - source.range_ms
+    if isinstance(source, Selector):
+        return start, end, _samples_within(data[source], start, end)
+    series: dict[Labels, tuple[list[int], list[float]]] = {}
+    first = -(-start // source.step_ms) * source.step_ms  # the first multiple of the step in the window
+    for step_t in range(first, end + 1, source.step_ms):
+        value = evaluate(source.expr, step_t, data)
+        assert isinstance(value, dict)
+        for labels, number in value.items():
+            times, values = series.setdefault(labels, ([], []))
+            times.append(step_t)
+            values.append(number)
+    return start, end, iter(series.items())
+
+
+def _samples_within(every: list[Series], start: int, end: int) -> Iterator[tuple[Labels, Points]]:
+    for series in every:
+        low = int(np.searchsorted(series.times, start, "left"))
+        high = int(np.searchsorted(series.times, end, "right"))
+        if low < high:
+            yield series.labels, (series.times[low:high].tolist(), series.values[low:high].tolist())
+
+
+def _at(node: Selector | Subquery, t: int) -> int:
+    """The time `node` is evaluated at: its `@` time (pinned by plan.pin_at), else `t`."""
+    assert not isinstance(node.at, str), "pin_at fixes @ start() and @ end() before evaluation"
+    return t if node.at is None else node.at
 
 
 def _instant(every: list[Series], at: int) -> Vector:
@@ -108,29 +168,39 @@ def _instant(every: list[Series], at: int) -> Vector:
     for series in every:
         index = _newest(series, at)
         if index is not None:
-            result[series.labels] = series.values[index]
+            result[series.labels] = float(series.values[index])
     return result
 
 
 def _newest(series: Series, at: int) -> int | None:
     """The index of `series`' newest sample in [at - 5m, at], None without one."""
-    index = bisect.bisect_right(series.times, at) - 1
+    index = int(np.searchsorted(series.times, at, "right")) - 1
     return index if index >= 0 and series.times[index] >= at - LOOKBACK_MS else None
 
 
-def _range_function(node: RangeFunction, t: int, every: list[Series], function: RangeCall) -> Vector:
-    end = t - node.selector.offset_ms
-    start = end - node.selector.range_ms
+def _range_function(node: RangeFunction, t: int, data: Samples) -> Vector:
+    start, end, every = range_points(node.source, t, data)
+    parameter = None if node.parameter is None else _scalar(node.parameter, t, data)
+    function = range_call(node, parameter)
     result = {}
-    for series in every:
-        low, high = bisect.bisect_left(series.times, start), bisect.bisect_right(series.times, end)
-        if low == high:
-            continue
-        value = function((series.times[low:high], series.values[low:high]), start, end)
+    for labels, points in every:
+        value = function(points, start, end)
         if value is not None:
-            labels = series.labels if node.name == "last_over_time" else drop_name(series.labels)
-            result[labels] = value
+            result[range_labels(node, labels)] = value
     return result
+
+
+def range_call(node: RangeFunction, parameter: float | None) -> RangeCall:
+    """`node`'s function over one window's points, its parameter (quantile_over_time's φ) bound."""
+    function = RANGE_FUNCTIONS[node.name]
+    if parameter is None:
+        return function
+    return lambda points, start, end: function(points, start, end, parameter)
+
+
+def range_labels(node: RangeFunction, labels: Labels) -> Labels:
+    """The labels of `node`'s value for a series: without __name__ but for last_over_time."""
+    return labels if node.name == "last_over_time" else drop_name(labels)
 
 
 def extrapolated_rate(points: Points, start: int, end: int, is_counter: bool, is_rate: bool) -> float | None:
@@ -251,40 +321,3 @@ AGGREGATE: dict[str, Callable[[list[float]], float]] = {
     "stdvar": functions.variance,
     "stddev": lambda values: math.sqrt(functions.variance(values)),
 }
-
-
-def _binary(node: Binary, lhs: Vector | float, rhs: Vector | float) -> Vector | float:
-    if isinstance(lhs, float) and isinstance(rhs, float):
-        if node.op in COMPARISONS:
-            return float(COMPARE[node.op](lhs, rhs))
-        return arithmetic(node.op, lhs, rhs)
-    vector_on_left = isinstance(lhs, dict)
-    vector, scalar = (lhs, rhs) if vector_on_left else (rhs, lhs)
-    assert isinstance(vector, dict) and isinstance(scalar, float)
-    result = {}
-    for labels, value in vector.items():
-        left, right = (value, scalar) if vector_on_left else (scalar, value)
-        if node.op not in COMPARISONS:
-            result[drop_name(labels)] = arithmetic(node.op, left, right)
-        elif node.return_bool:
-            result[drop_name(labels)] = float(COMPARE[node.op](left, right))
-        elif COMPARE[node.op](left, right):
-            result[labels] = value
-    return result
-
-
-def arithmetic(op: str, left: float, right: float) -> float:
-    """`left op right` as Go's float64 arithmetic: division by zero is ±Inf or NaN, never an error."""
-    if op == "+":
-        return left + right
-    if op == "-":
-        return left - right
-    if op == "*":
-        return left * right
-    if right == 0:
-        return (
-            math.nan
-            if left == 0 or math.isnan(left)
-            else math.copysign(math.inf, left) * math.copysign(1, right)
-        )
-    return left / right

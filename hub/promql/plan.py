@@ -1,20 +1,22 @@
 """PromQL text to a plan the hub can evaluate: parsed by promql_parser (the Prometheus grammar), then
 turned into this module's nodes, refusing with PromQLError (bad_data) every construct the hub does not
-evaluate yet, named ("function predict_linear is not supported", "the @ modifier is not supported yet").
-promql_parser checks each call's number and types of arguments; string arguments that cannot work (a bad
-regular expression, label name) are refused here, naming the function.
+evaluate yet, named ("function predict_linear is not supported"). promql_parser checks each call's
+number and types of arguments; string arguments that cannot work (a bad regular expression or label
+name) are refused here, naming the function.
 
-Supported: selectors with = != =~ !~ and `offset`; range selectors inside RANGE_FUNCTIONS; AGGREGATIONS
-with by/without (and their parameter); functions.FUNCTIONS over instant vectors and scalars; number
-literals and unary minus; ARITHMETIC and COMPARISONS (with `bool`) between a vector and a scalar or two
-scalars.
+Supported: selectors with = != =~ !~, `offset` and `@` (a time, start() or end(): pin_at fixes the last
+two once the query's times are known); range selectors and subqueries inside RANGE_FUNCTIONS, or as an
+instant query's result; AGGREGATIONS with by/without (and their parameter); functions.FUNCTIONS over
+instant vectors and scalars; number literals and unary minus; ARITHMETIC and
+COMPARISONS (with `bool`) between scalars and vectors, SET_OPERATORS between vectors, with Matching's
+on/ignoring and group_left/group_right.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
-from datetime import timedelta
+from dataclasses import dataclass, fields, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import promql_parser as pp
@@ -22,6 +24,7 @@ import promql_parser as pp
 from collectors.logtext import printable
 from hub.errors import PromQLError
 from hub.promql.functions import FUNCTIONS, LABEL_NAME, SCALAR_FUNCTIONS, check_arguments
+from hub.promql.request import MAX_POINTS, MAX_TIMESTAMP_MS
 
 RANGE_FUNCTIONS = frozenset(
     {
@@ -60,8 +63,18 @@ AGGREGATIONS = frozenset(
         "group",
     }
 )
-ARITHMETIC = frozenset({"+", "-", "*", "/"})
+ARITHMETIC = frozenset({"+", "-", "*", "/", "%", "^", "atan2"})
 COMPARISONS = frozenset({">", "<", ">=", "<=", "==", "!="})
+SET_OPERATORS = frozenset({"and", "or", "unless"})
+CARDINALITIES = (  # promql_parser.VectorMatchCardinality is not hashable
+    (pp.VectorMatchCardinality.OneToOne, "one-to-one"),
+    (pp.VectorMatchCardinality.ManyToOne, "many-to-one"),
+    (pp.VectorMatchCardinality.OneToMany, "one-to-many"),
+    (pp.VectorMatchCardinality.ManyToMany, "many-to-many"),
+)
+AT_EDGES = ((pp.AtModifierType.Start, "start"), (pp.AtModifierType.End, "end"))
+DEFAULT_RESOLUTION_MS = 60_000  # a subquery's step when it names none: Prometheus's evaluation_interval
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MATCH_OPS = (  # promql_parser.MatchOp is not hashable
     (pp.MatchOp.Equal, "="),
     (pp.MatchOp.NotEqual, "!="),
@@ -71,14 +84,30 @@ MATCH_OPS = (  # promql_parser.MatchOp is not hashable
 MAX_QUERY_CHARS = 64 * 1024
 
 
+At = int | str | None  # `@`: a time in ms, "start" or "end" (until pin_at), or None for none
+
+
 @dataclass(frozen=True)
 class Selector:
-    """Series by their label matchers ((name, op, value), op one of = != =~ !~), read `offset_ms` back;
-    `range_ms` > 0 for a range selector [d], 0 for an instant one."""
+    """Series by their label matchers ((name, op, value), op one of = != =~ !~), read `offset_ms` back
+    from the evaluation time or from `at`; `range_ms` > 0 for a range selector [d], 0 for an instant one."""
 
     matchers: tuple[tuple[str, str, str], ...]
     offset_ms: int
     range_ms: int = 0
+    at: At = None
+
+
+@dataclass(frozen=True)
+class Subquery:
+    """`expr[range:step]`: `expr` evaluated at each multiple of `step_ms` in [t - range, t], t being the
+    evaluation time (or `at`) moved back by `offset_ms`."""
+
+    expr: Node
+    range_ms: int
+    step_ms: int
+    offset_ms: int
+    at: At = None
 
 
 @dataclass(frozen=True)
@@ -88,11 +117,11 @@ class Number:
 
 @dataclass(frozen=True)
 class RangeFunction:
-    """One of RANGE_FUNCTIONS over a range selector; `parameter` the scalar before it
+    """One of RANGE_FUNCTIONS over a range selector or a subquery; `parameter` the scalar before it
     (quantile_over_time's φ)."""
 
     name: str
-    selector: Selector
+    source: Selector | Subquery
     parameter: Node | None = None
 
 
@@ -125,16 +154,29 @@ class Absent:
 
 
 @dataclass(frozen=True)
+class Matching:
+    """How two vectors' series pair up: on `labels` (`on`), or on all labels but them and __name__;
+    `card` one of CARDINALITIES' names; `include`: the labels group_left/group_right copy from the "one"
+    side."""
+
+    on: bool = False
+    labels: tuple[str, ...] = ()
+    card: str = "one-to-one"
+    include: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Binary:
-    """An arithmetic or comparison operator; `return_bool` for a comparison with `bool`."""
+    """An arithmetic, comparison or set operator; `return_bool` for a comparison with `bool`."""
 
     op: str
     lhs: Node
     rhs: Node
     return_bool: bool
+    matching: Matching = Matching()
 
 
-Node = Selector | Number | RangeFunction | Aggregation | Binary | Function | Absent
+Node = Selector | Subquery | Number | RangeFunction | Aggregation | Binary | Function | Absent
 
 
 def plan(query: str) -> Node:
@@ -145,7 +187,34 @@ def plan(query: str) -> Node:
         tree = pp.parse(query)
     except (ValueError, RecursionError, OverflowError) as error:
         raise PromQLError(f'invalid parameter "query": {printable(str(error))[:500]}') from None
+    while isinstance(tree, pp.ParenExpr):
+        tree = tree.expr
+    if isinstance(tree, pp.MatrixSelector):
+        return _selector(tree.vector_selector, _millis(tree.range))
+    if isinstance(tree, pp.SubqueryExpr):
+        return _subquery(tree)
     return _node(tree)
+
+
+def is_range_vector(node: Node) -> bool:
+    """Whether `node` evaluates to a range vector (a range selector or a subquery)."""
+    return isinstance(node, Subquery) or (isinstance(node, Selector) and node.range_ms > 0)
+
+
+def pin_at(node: Node, start_ms: int, end_ms: int) -> Node:
+    """`node` with each `@ start()` and `@ end()` replaced by the query's start or end time (ms)."""
+    changes: dict[str, Any] = {}
+    for item in fields(node):
+        value = getattr(node, item.name)
+        if isinstance(value, Node):
+            changes[item.name] = pin_at(value, start_ms, end_ms)
+        elif isinstance(value, tuple) and any(isinstance(child, Node) for child in value):
+            changes[item.name] = tuple(
+                pin_at(child, start_ms, end_ms) if isinstance(child, Node) else child for child in value
+            )
+    if isinstance(node, Selector | Subquery) and isinstance(node.at, str):
+        changes["at"] = start_ms if node.at == "start" else end_ms
+    return replace(node, **changes)
 
 
 def children(node: Node) -> Iterator[Node]:
@@ -182,24 +251,49 @@ def _node(tree: Any) -> Node:
         return _aggregation(tree)
     if isinstance(tree, pp.BinaryExpr):
         return _binary(tree)
-    if isinstance(tree, pp.MatrixSelector):
-        raise PromQLError("a range vector as the query's result is not supported yet; apply a function to it")
-    if isinstance(tree, pp.SubqueryExpr):
-        raise PromQLError("subqueries are not supported yet")
+    if isinstance(tree, pp.MatrixSelector | pp.SubqueryExpr):
+        raise PromQLError("a range vector is supported only as a function's argument or the query's result")
     if isinstance(tree, pp.StringLiteral):
         raise PromQLError("string literals are not supported")
     raise PromQLError(f"the expression {type(tree).__name__} is not supported yet")
 
 
 def _selector(tree: pp.VectorSelector, range_ms: int) -> Selector:
-    if tree.at is not None:
-        raise PromQLError("the @ modifier is not supported yet")
     if tree.matchers.or_matchers:
         raise PromQLError("`or` between label matchers is not supported yet")
     matchers = [(m.name, _match_op(m.op), m.value) for m in tree.matchers.matchers]
     if tree.name is not None:
         matchers.insert(0, ("__name__", "=", tree.name))
-    return Selector(tuple(matchers), _millis(tree.offset) if tree.offset is not None else 0, range_ms)
+    return Selector(tuple(matchers), _offset(tree.offset), range_ms, _at(tree.at))
+
+
+def _subquery(tree: pp.SubqueryExpr) -> Subquery:
+    step_ms = _millis(tree.step) if tree.step is not None else DEFAULT_RESOLUTION_MS
+    if step_ms <= 0:
+        raise PromQLError("a subquery's step must be positive")
+    if _millis(tree.range) // step_ms >= MAX_POINTS:
+        raise PromQLError(f"a subquery's range holds more than {MAX_POINTS} steps: make its step longer")
+    expr = _vector(tree.expr, "subquery")
+    return Subquery(expr, _millis(tree.range), step_ms, _offset(tree.offset), _at(tree.at))
+
+
+def _offset(offset: timedelta | None) -> int:
+    return _millis(offset) if offset is not None else 0
+
+
+def _at(at: Any) -> At:
+    """The `@` of a selector or subquery: ms since the epoch, "start", "end", or None."""
+    if at is None:
+        return None
+    if at.type == pp.AtModifierType.At:
+        try:
+            at_ms = _millis(at.at - EPOCH)
+        except (ValueError, OverflowError):  # promql_parser's datetime cannot hold it
+            at_ms = MAX_TIMESTAMP_MS + 1
+        if at_ms > MAX_TIMESTAMP_MS:
+            raise PromQLError("the @ modifier's time is out of range")
+        return at_ms
+    return next(text for known, text in AT_EDGES if known == at.type)
 
 
 def _match_op(op: pp.MatchOp) -> str:
@@ -211,12 +305,14 @@ def _call(tree: pp.Call) -> Node:
     name = tree.func.name
     if name in RANGE_FUNCTIONS:
         *parameters, argument = tree.args
+        parameter = _node(parameters[0]) if parameters else None
+        while isinstance(argument, pp.ParenExpr):
+            argument = argument.expr
+        if isinstance(argument, pp.SubqueryExpr):
+            return RangeFunction(name, _subquery(argument), parameter)
         if not isinstance(argument, pp.MatrixSelector):
-            raise PromQLError(
-                f"function {name}: only a range selector (metric[5m]) is supported as its argument"
-            )
-        selector = _selector(argument.vector_selector, _millis(argument.range))
-        return RangeFunction(name, selector, _node(parameters[0]) if parameters else None)
+            raise PromQLError(f"function {name}: expected a range selector or a subquery as its argument")
+        return RangeFunction(name, _selector(argument.vector_selector, _millis(argument.range)), parameter)
     if name not in FUNCTIONS:
         raise PromQLError(f"function {name} is not supported yet")
     args = tuple(str(arg.val) if isinstance(arg, pp.StringLiteral) else _node(arg) for arg in tree.args)
@@ -263,13 +359,20 @@ def _aggregation(tree: pp.AggregateExpr) -> Aggregation:
 
 def _binary(tree: pp.BinaryExpr) -> Binary:
     op = str(tree.op)
-    if op not in ARITHMETIC | COMPARISONS:
+    if op not in ARITHMETIC | COMPARISONS | SET_OPERATORS:
         raise PromQLError(f"binary operator {op} is not supported yet")
     lhs, rhs = _node(tree.lhs), _node(tree.rhs)
-    if not is_scalar(lhs) and not is_scalar(rhs):
-        raise PromQLError("binary operation between two vectors is not supported yet")
     modifier = tree.modifier
-    return Binary(op, lhs, rhs, bool(modifier is not None and modifier.return_bool))
+    default = Matching(card="many-to-many" if op in SET_OPERATORS else "one-to-one")
+    if modifier is None:
+        return Binary(op, lhs, rhs, False, default)
+    card = next(text for known, text in CARDINALITIES if known == modifier.card)
+    on, labels = default.on, default.labels
+    if modifier.matching is not None:
+        on = modifier.matching.type == pp.LabelModifierType.Include
+        labels = tuple(modifier.matching.labels)
+    include = tuple(modifier.group_labels) if card in ("many-to-one", "one-to-many") else ()
+    return Binary(op, lhs, rhs, bool(modifier.return_bool), Matching(on, labels, card, include))
 
 
 def _vector(tree: Any, where: str) -> Node:

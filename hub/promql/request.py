@@ -46,12 +46,12 @@ def read_request(
     values = _parameters(method, query_string, content_type, body)
     query = values.get("query", "")
     if not is_range:
-        at = _time_ms("time", values["time"]) if "time" in values else round(now * 1000)
+        at = time_ms("time", values["time"]) if "time" in values else round(now * 1000)
         return Request(query, at, at, 1, False)
     for name in ("start", "end", "step"):
         if name not in values:
             raise PromQLError(f'invalid parameter "{name}": missing')
-    start, end = _time_ms("start", values["start"]), _time_ms("end", values["end"])
+    start, end = time_ms("start", values["start"]), time_ms("end", values["end"])
     step = _duration_ms("step", values["step"])
     if end < start:
         raise PromQLError('invalid parameter "end": end timestamp must not be before start time')
@@ -70,6 +70,16 @@ def read_request(
 
 def _parameters(method: str, query_string: str, content_type: str | None, body: bytes) -> dict[str, str]:
     """Each parameter's first value: a POST's form values before the query string's, as Go's FormValue."""
+    values: dict[str, str] = {}
+    for name, value in form_pairs(method, query_string, content_type, body):
+        values.setdefault(name, value)
+    return values
+
+
+def form_pairs(
+    method: str, query_string: str, content_type: str | None, body: bytes
+) -> list[tuple[str, str]]:
+    """Every (name, value) of a request: a POST's form values before the query string's, as Go's Form."""
     texts = [query_string]
     if method == "POST" and body:
         kind = media_type(content_type)
@@ -78,15 +88,13 @@ def _parameters(method: str, query_string: str, content_type: str | None, body: 
         if kind != FORM:
             raise PromQLError(f"a POST's body must be {FORM}, not {printable(kind or 'none')[:100]!r}")
         texts.insert(0, _text(body))
-    values: dict[str, str] = {}
+    pairs: list[tuple[str, str]] = []
     for text in texts:
         try:
-            pairs = urllib.parse.parse_qsl(text, keep_blank_values=True, errors="strict")
+            pairs += urllib.parse.parse_qsl(text, keep_blank_values=True, errors="strict")
         except (ValueError, UnicodeDecodeError):
             raise PromQLError("the parameters are not valid URL-encoded UTF-8") from None
-        for name, value in pairs:
-            values.setdefault(name, value)
-    return values
+    return pairs
 
 
 def _json_refusal(body: bytes) -> str:
@@ -107,7 +115,7 @@ def _text(body: bytes) -> str:
         raise PromQLError("a form body is URL-encoded ASCII") from None
 
 
-def _time_ms(name: str, text: str) -> int:
+def time_ms(name: str, text: str) -> int:
     """Unix seconds (a float) or RFC 3339, as milliseconds."""
     try:
         seconds = float(text)

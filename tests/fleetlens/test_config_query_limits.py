@@ -29,6 +29,10 @@ from hub.queryslots import QuerySlots
         ("hub: {query_max_threads: 0}", "hub.query_max_threads: must be between 1 and 256, got 0"),
         ("hub: {query_slots: 0}", "hub.query_slots: must be between 1 and 16, got 0"),
         (
+            "hub: {promql_max_samples: 10}",
+            "hub.promql_max_samples: must be between 1000 and 1000000000, got 10",
+        ),
+        (
             "hub: {query_slots: 2, query_slots_per_client: 3}",
             "hub.query_slots_per_client: must be between 1 and 2",
         ),

@@ -1,0 +1,149 @@
+"""A range query's selectors and range functions evaluated at every step at once.
+
+Stepping through a week at a time, evaluate would search each series once per step and per node; here
+one numpy.searchsorted per series finds every step's window. An instant selector's value is then its
+newest sample within the lookback, taken for all steps by indexing. rate and increase over a window
+without a counter reset are computed on arrays with extrapolated_rate's operations, in its order (the
+same floats); every other window goes through evaluate's own function on that window's samples, so a
+value here never differs from a step-by-step evaluation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from hub.promql.evaluate import LOOKBACK_MS, Samples, Vector, range_call, range_labels
+from hub.promql.plan import Node, Number, RangeFunction, Selector, Subquery, children
+from hub.promql.sql import Labels, Series
+
+RATES = {"rate": True, "increase": False}  # range functions computed on arrays -> whether per second
+
+
+@dataclass(frozen=True)
+class StepTable:
+    """Values at the times start_ms + k * step_ms (k < count), one row per series: `present` says where
+    a value is."""
+
+    start_ms: int
+    step_ms: int
+    count: int
+    labels: list[Labels]
+    values: np.ndarray  # (series, steps) float64
+    present: np.ndarray  # (series, steps) bool
+
+    def at(self, t: int) -> Vector | None:
+        """The vector at `t`, None when `t` is not one of the steps."""
+        index, rest = divmod(t - self.start_ms, self.step_ms)
+        if rest or not 0 <= index < self.count:
+            return None
+        present, values = self.present[:, index].tolist(), self.values[:, index].tolist()
+        return {
+            labels: value for labels, here, value in zip(self.labels, present, values, strict=True) if here
+        }
+
+
+def tabulate(root: Node, times: range, data: Samples) -> None:
+    """Put into `data.at_steps` the table, over `times`, of every node of `root` that _stepped yields."""
+    steps = np.arange(times.start, times.stop, times.step, dtype=np.int64)
+    for node in _stepped(root):
+        if isinstance(node, Selector):
+            built = [_selector_row(series, steps - node.offset_ms) for series in data[node]]
+            labels = [series.labels for series in data[node]]
+        else:
+            assert isinstance(node.source, Selector)
+            every = data[node.source]
+            built = [_range_row(node, series, steps - node.source.offset_ms) for series in every]
+            labels = [range_labels(node, series.labels) for series in every]
+        values = np.array([row[0] for row in built]).reshape(len(built), len(steps))
+        present = np.array([row[1] for row in built], dtype=bool).reshape(len(built), len(steps))
+        data.at_steps[node] = StepTable(times.start, times.step, len(steps), labels, values, present)
+
+
+def stepped_only(root: Node) -> set[Selector]:
+    """The selectors of `root` evaluated only at the query's own steps (every occurrence is _stepped):
+    those whose reads may keep to the samples within reach of a step."""
+    stepped = Counter(node if isinstance(node, Selector) else node.source for node in _stepped(root))
+    return {selector for selector, count in Counter(_selectors(root)).items() if stepped[selector] == count}
+
+
+def _stepped(node: Node) -> Iterator[Selector | RangeFunction]:
+    """The instant selectors, and range functions of a range selector, that `node` evaluates at the
+    query's own steps: neither inside a subquery nor fixed in time by `@`."""
+    if isinstance(node, Subquery):
+        return
+    if isinstance(node, Selector):
+        if node.at is None:
+            yield node
+        return
+    if isinstance(node, RangeFunction) and isinstance(node.source, Selector) and node.source.at is None:
+        if isinstance(node.parameter, Number | None):
+            yield node
+        else:  # a parameter that changes from step to step: the function is evaluated step by step
+            yield from _stepped(node.parameter)
+        return
+    for child in children(node):
+        yield from _stepped(child)
+
+
+def _selectors(node: Node) -> Iterator[Selector]:
+    if isinstance(node, Selector):
+        yield node
+    for child in children(node):
+        yield from _selectors(child)
+
+
+def _selector_row(series: Series, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each end's newest sample at or before it, present when within the lookback."""
+    index = np.searchsorted(series.times, ends, "right") - 1
+    taken = np.maximum(index, 0)
+    present = (index >= 0) & (series.times[taken] >= ends - LOOKBACK_MS)
+    return series.values[taken], present
+
+
+def _range_row(node: RangeFunction, series: Series, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`node`'s function over each window [end - range, end] of `series`."""
+    starts = ends - node.source.range_ms
+    low = np.searchsorted(series.times, starts, "left")
+    high = np.searchsorted(series.times, ends, "right")
+    values = np.full(len(ends), np.nan)
+    present = np.zeros(len(ends), dtype=bool)
+    by_step = high - low > 0
+    if node.name in RATES:
+        resets = np.concatenate(([0], np.cumsum(series.values[1:] < series.values[:-1])))
+        last = np.maximum(high - 1, 0)
+        plain = (high - low >= 2) & (resets[last] == resets[np.minimum(low, last)])
+        values[plain] = _rates(series, low[plain], high[plain], starts[plain], ends[plain], RATES[node.name])
+        present |= plain
+        by_step &= ~plain
+    times, samples = series.times.tolist(), series.values.tolist()
+    function = range_call(node, node.parameter.value if isinstance(node.parameter, Number) else None)
+    for index in np.flatnonzero(by_step).tolist():
+        first, after = int(low[index]), int(high[index])
+        start, end = int(starts[index]), int(ends[index])
+        value = function((times[first:after], samples[first:after]), start, end)
+        if value is not None:
+            values[index], present[index] = value, True
+    return values, present
+
+
+def _rates(
+    series: Series, low: np.ndarray, high: np.ndarray, starts: np.ndarray, ends: np.ndarray, per_second: bool
+) -> np.ndarray:
+    """extrapolated_rate of counter windows [low, high) (at least two samples, no reset) on arrays."""
+    first_t, last_t = series.times[low], series.times[high - 1]
+    first, result = series.values[low], series.values[high - 1] - series.values[low]
+    to_start, to_end = (first_t - starts) / 1000, (ends - last_t) / 1000
+    sampled = (last_t - first_t) / 1000
+    average = sampled / (high - low - 1)
+    zero_at = sampled * (first / np.where(result == 0, 1.0, result))
+    closer = (result > 0) & (first >= 0) & (zero_at < to_start)  # Python's min(to_start, zero_at)
+    to_start = np.where(closer, zero_at, to_start)
+    threshold = average * 1.1
+    interval = sampled + np.where(to_start < threshold, to_start, average / 2)
+    interval = interval + np.where(to_end < threshold, to_end, average / 2)
+    result = result * (interval / sampled)
+    return result / ((ends - starts) / 1000) if per_second else result

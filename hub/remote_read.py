@@ -1,0 +1,139 @@
+"""Prometheus remote read from the hub's store, so that a Prometheus can use fleetlens as long-term storage:
+
+    remote_read: [{url: http://hub:9464/api/v1/read, read_recent: true}]
+
+A request is a snappy-compressed (block format) protobuf ReadRequest (prometheus/prompb); each of its
+queries (matchers, start and end in milliseconds) is read with the same SQL as a PromQL selector
+(hub.promql.sql) and answered in a SAMPLES ReadResponse, snappy-compressed too. The messages are built
+from descriptors beside remote write's (hub.remote_write), whose TimeSeries, Label and Sample they share.
+A request the hub will never answer (not snappy, not a ReadRequest, no or too many queries, a bad matcher, a
+response type other than SAMPLES only) is PayloadError 400 naming what is wrong.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+import cramjam
+from google.protobuf import descriptor_pb2, message_factory
+from google.protobuf.message import DecodeError
+
+from hub.errors import PayloadError
+from hub.promql.plan import Selector
+from hub.promql.sql import Read, ReadNumbers, read_series
+from hub.remote_write import Label, WriteRequest, unsnappy
+
+CONTENT_TYPE = "application/x-protobuf"
+MAX_QUERIES = 64  # queries in one request (Prometheus sends one per selector)
+MAX_MATCHERS = 64  # matchers in one query
+SAMPLES = 0  # ReadRequest.ResponseType SAMPLES; 1 is STREAMED_XOR_CHUNKS, not served
+MATCH_TYPES = ("=", "!=", "=~", "!~")  # LabelMatcher.Type EQ, NEQ, RE, NRE
+
+_PROTO = descriptor_pb2.FieldDescriptorProto
+_MESSAGES = {  # name -> fields (name, number, type, message type or "", repeated)
+    "LabelMatcher": (
+        ("type", 1, _PROTO.TYPE_INT32, "", False),
+        ("name", 2, _PROTO.TYPE_STRING, "", False),
+        ("value", 3, _PROTO.TYPE_STRING, "", False),
+    ),
+    "Query": (
+        ("start_timestamp_ms", 1, _PROTO.TYPE_INT64, "", False),
+        ("end_timestamp_ms", 2, _PROTO.TYPE_INT64, "", False),
+        ("matchers", 3, _PROTO.TYPE_MESSAGE, "LabelMatcher", True),
+    ),
+    "ReadRequest": (
+        ("queries", 1, _PROTO.TYPE_MESSAGE, "Query", True),
+        ("accepted_response_types", 2, _PROTO.TYPE_INT32, "", True),
+    ),
+    "QueryResult": (("timeseries", 1, _PROTO.TYPE_MESSAGE, "TimeSeries", True),),
+    "ReadResponse": (("results", 1, _PROTO.TYPE_MESSAGE, "QueryResult", True),),
+}
+
+
+def _read_classes() -> dict[str, type]:
+    """The remote read messages, added to the descriptor pool of remote write's (hub.remote_write) so
+    that QueryResult holds its TimeSeries; query hints are skipped as unknown fields."""
+    written = WriteRequest.DESCRIPTOR.file
+    file = descriptor_pb2.FileDescriptorProto(
+        name="fleetlens/prompb_read.proto",
+        package=written.package,
+        syntax="proto3",
+        dependency=[written.name],
+    )
+    for name, fields in _MESSAGES.items():
+        message = file.message_type.add(name=name)
+        for field_name, number, kind, type_name, repeated in fields:
+            message.field.add(
+                name=field_name,
+                number=number,
+                type=kind,
+                type_name=f".{written.package}.{type_name}" if type_name else None,
+                label=_PROTO.LABEL_REPEATED if repeated else _PROTO.LABEL_OPTIONAL,
+            )
+    written.pool.Add(file)
+    return {
+        name: message_factory.GetMessageClass(written.pool.FindMessageTypeByName(f"{written.package}.{name}"))
+        for name in _MESSAGES
+    }
+
+
+_CLASSES = _read_classes()
+ReadRequest, ReadResponse = _CLASSES["ReadRequest"], _CLASSES["ReadResponse"]
+
+
+def answer_read(
+    body: bytes, max_body_bytes: int, max_samples: int, read: Read, read_numbers: ReadNumbers
+) -> bytes:
+    """The snappy-compressed ReadResponse of a request whose series `read` finds and whose samples
+    `read_numbers` fetches (hub.promql.sql.read_series); PayloadError (400)
+    naming what is wrong with a request that is refused or whose queries read more than `max_samples`
+    samples together, 413 when it inflates past `max_body_bytes`."""
+    queries = [_selector(index, query) for index, query in enumerate(_request(body, max_body_bytes))]
+    response, samples = ReadResponse(), 0
+    for index, (selector, start_ms, end_ms) in enumerate(queries):
+        result = response.results.add()
+        found = read_series(read, read_numbers, selector, start_ms, end_ms, None)
+        samples += sum(len(series.times) for series in found)
+        if samples > max_samples:
+            raise _bad(f"queries[0..{index}] read more than {max_samples} samples (hub.promql_max_samples)")
+        for series in found:
+            encoded = result.timeseries.add()
+            encoded.labels.extend(
+                Label(name=name, value=value).SerializeToString() for name, value in series.labels
+            )
+            for ts_ms, value in zip(series.times.tolist(), series.values.tolist(), strict=True):
+                encoded.samples.add(timestamp=ts_ms, value=value)
+    return bytes(cramjam.snappy.compress_raw(response.SerializeToString()))
+
+
+def _request(body: bytes, max_body_bytes: int) -> list[Any]:
+    """The queries of a ReadRequest that asks for SAMPLES, 1 to MAX_QUERIES of them."""
+    try:
+        request = ReadRequest.FromString(unsnappy(body, max_body_bytes))
+    except DecodeError as error:
+        raise _bad(f"body is not a remote read ReadRequest (protobuf): {error}") from None
+    accepted = list(request.accepted_response_types)
+    if accepted and SAMPLES not in accepted:
+        raise _bad(f"accepted_response_types {accepted}: this hub answers SAMPLES ({SAMPLES}) only")
+    if not 0 < len(request.queries) <= MAX_QUERIES:
+        raise _bad(f"{len(request.queries)} queries in one request; 1 to {MAX_QUERIES} are taken")
+    return list(request.queries)
+
+
+def _selector(index: int, query: Any) -> tuple[Selector, int, int]:
+    """The selector and time range of queries[index]; PayloadError naming a matcher that is wrong."""
+    matchers = list(query.matchers)
+    if not matchers or len(matchers) > MAX_MATCHERS:
+        raise _bad(f"queries[{index}]: {len(matchers)} matchers; 1 to {MAX_MATCHERS} are taken")
+    for number, matcher in enumerate(matchers):
+        if not 0 <= matcher.type < len(MATCH_TYPES) or not matcher.name:
+            raise _bad(f"queries[{index}].matchers[{number}]: type {matcher.type} on label {matcher.name!r}")
+    if query.end_timestamp_ms < query.start_timestamp_ms:
+        raise _bad(f"queries[{index}]: end_timestamp_ms is before start_timestamp_ms")
+    selector = Selector(tuple((m.name, MATCH_TYPES[m.type], m.value) for m in matchers), 0)
+    return selector, query.start_timestamp_ms, query.end_timestamp_ms
+
+
+def _bad(message: str) -> PayloadError:
+    return PayloadError(HTTPStatus.BAD_REQUEST, message)
