@@ -25,7 +25,7 @@ import numpy as np
 from hub.promql import functions
 from hub.promql.answer import number_text
 from hub.promql.binary import Vector, binary
-from hub.promql.functions import drop_name
+from hub.promql.functions import Points, drop_name
 from hub.promql.plan import (
     Absent,
     Aggregation,
@@ -40,7 +40,6 @@ from hub.promql.plan import (
 from hub.promql.sql import Labels, Series
 
 LOOKBACK_MS = 5 * 60 * 1000
-Points = tuple[Sequence[int], Sequence[float]]  # times (ms) and values of one series within a range
 Window = tuple[int, int]  # since, until (ms), both included
 
 

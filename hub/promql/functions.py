@@ -3,7 +3,8 @@ quantile.go and the aggregation in engine.go): Go's float64 semantics throughout
 Python exception), RE2 regular expressions with Go's `$1`/`${name}` expansion, and the label rules
 Prometheus applies (functions drop __name__; label_replace and label_join keep it unless they set it).
 
-Every function here takes Python floats or Sequences of them and returns Python floats.
+Every function here takes Python floats or Sequences of them (lists or numpy arrays); every number it
+returns is a Python float.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from hub.errors import PromQLError
 
 Labels = tuple[tuple[str, str], ...]  # as hub.promql.sql's, which imports this module through plan
 Vector = dict[Labels, float]
-Points = tuple[Sequence[int], Sequence[float]]
+Points = tuple[Sequence[int], Sequence[float]]  # times (ms) and values of one series within a range
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 GO_FLOAT = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf|infinity|nan)", re.IGNORECASE)
 GO_HEX_FLOAT = re.compile(r"[+-]?0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)[pP][+-]?\d+")
@@ -31,16 +32,12 @@ QUIET = re2.Options()
 QUIET.log_errors = False  # a bad pattern is answered to the client, not logged
 
 
-def same_labelset() -> PromQLError:
-    return PromQLError("vector cannot contain metrics with the same labelset", "execution", 422)
-
-
 def collect(pairs: Iterable[tuple[Labels, float]]) -> Vector:
     """The vector of `pairs`; Prometheus's execution error when two share a label set."""
     result: Vector = {}
     for labels, value in pairs:
         if labels in result:
-            raise same_labelset()
+            raise PromQLError("vector cannot contain metrics with the same labelset", "execution", 422)
         result[labels] = value
     return result
 
@@ -211,7 +208,7 @@ def check_arguments(name: str, args: Sequence[object]) -> None:
             raise PromQLError(f"invalid regular expression in label_replace(): {regex}") from None
         names = {"destination": [destination]}
     elif name == "label_join":
-        names = {"destination": [strings[0]], "source": strings[2:]}
+        names = {"source": strings[2:], "destination": [strings[0]]}  # in the order Prometheus checks
     else:
         return
     for role, labels in names.items():
