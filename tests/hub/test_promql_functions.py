@@ -164,6 +164,7 @@ QUERIES = [
     'label_replace(fl_power_watts, "port", "${2}_$1x $$ $name", "instance", "(?P<name>n.)(?::(.*))")',
     'label_replace(fl_power_watts, "odd", "${1 $ $01 ${x} $2é $", "instance", "(n.):(.*)")',
     'label_replace(fl_power_watts, "gpu", "", "gpu", "1")',
+    'label_join(max_over_time(fl_power_watts[10m] @ end()), "where", "@", "node", "gpu")',
     'label_replace(fl_power_watts, "where", "here", "instance", "n1")',
     'label_join(fl_power_watts, "where", "/", "node", "gpu", "missing")',
     'label_join(fl_power_watts, "__name__", "_", "node", "gpu")',
