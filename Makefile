@@ -65,6 +65,7 @@ bench: install-test
 	$(PY) bench/storage_layout.py
 	$(PY) bench/ingest.py --nodes 192 --seconds 120 --warmup-s 190
 	$(PY) bench/remote_write.py --nodes 96 --warmup 45
+	$(PY) bench/promql_range.py
 	$(PY) bench/ingest.py --nodes 600 --interval-s 10 --shards 2 --seconds 120 --warmup-s 190
 	$(PY) bench/rollup.py
 	$(PY) bench/detect.py --nodes 192 --minutes 3

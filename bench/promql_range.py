@@ -6,22 +6,27 @@ Prometheus 2.42 (an OpenMetrics file backfilled with `promtool tsdb create-block
 Each query is then asked of both over HTTP (/api/v1/query_range) several times; the median wall time of
 each is printed with their ratio, and the two answers are checked to be the same (1e-9 relative).
 
-    .venv/bin/python bench/promql_range.py [--nodes 64] [--days 7] [--runs 5]
+    .venv/bin/python bench/promql_range.py [--nodes 64] [--days 7] [--runs 5] [--keep DIR]
+
+--keep DIR fills DIR once (backfilling Prometheus takes minutes) and reuses it on later runs with the same
+--nodes and --days.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,10 +109,14 @@ def fill_prometheus(tsdb: Path, work: Path, nodes: int, ticks: int, end_s: int) 
 
 
 def ask(url: str, query: str, start: int, end: int, step: int) -> tuple[float, dict]:
+    """Seconds `url` took to answer the range query, and its answer (an error's too)."""
     body = urllib.parse.urlencode({"query": query, "start": start, "end": end, "step": step}).encode()
     started = time.perf_counter()
-    with urllib.request.urlopen(f"{url}/api/v1/query_range", data=body, timeout=600) as answer:
-        data = json.load(answer)
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/query_range", data=body, timeout=600) as answer:
+            data = json.load(answer)
+    except urllib.error.HTTPError as error:
+        data = json.load(error)
     return time.perf_counter() - started, data
 
 
@@ -120,6 +129,8 @@ def same(ours: dict, theirs: dict) -> str:
             for s in answer["data"]["result"]
         }
 
+    if ours["status"] != "success":
+        return f"the hub answered {ours.get('errorType')}: {ours.get('error')}"
     mine, peer_ = table(ours), table(theirs)
     if set(mine) != set(peer_):
         return f"series differ: {len(mine)} vs {len(peer_)}"
@@ -137,49 +148,67 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=64)
     parser.add_argument("--days", type=float, default=7.0)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--keep", type=Path, help="a folder to fill once and reuse")
     args = parser.parse_args()
     require_binary("promtool")
     ticks = round(args.days * 86400 / INTERVAL_S)
-    end_s = (int(time.time()) - 600) // 600 * 600
-    start_s = end_s - round(args.days * 86400) + 600
-    with tempfile.TemporaryDirectory(prefix="fleetlens-promql-") as folder:
-        work = Path(folder)
-        started = time.perf_counter()
-        with Store.open(f"chdb://{work / 'store'}", database=f"bench_{uuid.uuid4().hex[:8]}") as store:
+    with contextlib.ExitStack() as cleanup:
+        work = args.keep or Path(
+            cleanup.enter_context(tempfile.TemporaryDirectory(prefix="fleetlens-promql-"))
+        )
+        work.mkdir(parents=True, exist_ok=True)
+        filled = work / "filled.json"
+        shape = {"nodes": args.nodes, "days": args.days}
+        kept = json.loads(filled.read_text()) if filled.exists() else {}
+        reuse = kept.get("shape") == shape
+        end_s = kept["end_s"] if reuse else (int(time.time()) - 600) // 600 * 600
+        if not reuse:
+            for old in ("store", "tsdb"):
+                shutil.rmtree(work / old, ignore_errors=True)
+        start_s = end_s - round(args.days * 86400) + 600
+        store = cleanup.enter_context(Store.open(f"chdb://{work / 'store'}", database="bench"))
+        (work / "prometheus.yml").write_text("scrape_configs: []\n")
+        if not reuse:
+            started = time.perf_counter()
             stored = fill_hub(store, args.nodes, ticks, end_s)
             print(f"hub: {stored:,} samples stored in {time.perf_counter() - started:.0f} s", flush=True)
             started = time.perf_counter()
-            (work / "prometheus.yml").write_text("scrape_configs: []\n")
             fill_prometheus(work / "tsdb", work, args.nodes, ticks, end_s)
             print(f"prometheus: backfilled in {time.perf_counter() - started:.0f} s", flush=True)
-            command, prometheus_url = prometheus(work)
-            hub = Hub(
-                store,
-                Writer(store, Spool(work / "spool", 64 << 20)),
-                OtlpStepReceiver(),
-                query_max_rows=1_000_000,
-                query_max_seconds=300,
-            )
-            with (
-                peer([*command, "--storage.tsdb.retention.time=30d"], f"{prometheus_url}/-/ready"),
-                on_loopback(hub) as hub_url,
-            ):
-                print(f"{'query':<62} {'step':>5} {'points':>7} {'hub s':>7} {'prom s':>7} {'ratio':>6}")
-                for query, step in QUERIES:
-                    timings: dict[str, list[float]] = {"hub": [], "prometheus": []}
-                    answers = {}
-                    for _ in range(args.runs):
-                        for side, url in (("hub", hub_url), ("prometheus", prometheus_url)):
-                            elapsed, answers[side] = ask(url, query, start_s, end_s, step)
-                            timings[side].append(elapsed)
-                    differs = same(answers["hub"], answers["prometheus"])
-                    hub_s, prom_s = (statistics.median(timings[side]) for side in ("hub", "prometheus"))
-                    points = sum(len(s["values"]) for s in answers["prometheus"]["data"]["result"])
-                    print(
-                        f"{query:<62} {step:>5} {points:>7} {hub_s:>7.3f} {prom_s:>7.3f} "
-                        f"{hub_s / prom_s:>6.1f}{'  DIFFERENT: ' + differs if differs else ''}",
-                        flush=True,
-                    )
+            filled.write_text(json.dumps({"shape": shape, "end_s": end_s}))
+        command, prometheus_url = prometheus(work)
+        hub = Hub(
+            store,
+            Writer(store, Spool(work / "spool", 64 << 20)),
+            OtlpStepReceiver(),
+            query_max_seconds=300,
+        )
+        cleanup.enter_context(
+            peer([*command, "--storage.tsdb.retention.time=30d"], f"{prometheus_url}/-/ready")
+        )
+        hub_url = cleanup.enter_context(on_loopback(hub))
+        compare(hub_url, prometheus_url, start_s, end_s, args.runs)
+
+
+def compare(hub_url: str, prometheus_url: str, start_s: int, end_s: int, runs: int) -> None:
+    """Ask each of QUERIES of both `runs` times; print the median seconds of each, their ratio, and
+    whether the answers differ."""
+    print(f"{'query':<62} {'step':>5} {'points':>7} {'hub s':>7} {'prom s':>7} {'ratio':>6}")
+    for query, step in QUERIES:
+        timings: dict[str, list[float]] = {"hub": [], "prometheus": []}
+        answers = {}
+        for _ in range(runs):
+            for side, url in (("hub", hub_url), ("prometheus", prometheus_url)):
+                elapsed, answers[side] = ask(url, query, start_s, end_s, step)
+                timings[side].append(elapsed)
+        differs = same(answers["hub"], answers["prometheus"])
+        hub_s, prom_s = (statistics.median(timings[side]) for side in ("hub", "prometheus"))
+        points = sum(len(s["values"]) for s in answers["prometheus"]["data"]["result"])
+        print(
+            f"{query:<62} {step:>5} {points:>7} {hub_s:>7.3f} {prom_s:>7.3f} "
+            f"{hub_s / prom_s:>6.1f}{'  DIFFERENT: ' + differs if differs else ''}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
