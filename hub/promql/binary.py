@@ -18,6 +18,7 @@ import operator
 from collections.abc import Callable
 
 from hub.errors import PromQLError
+from hub.promql.functions import drop_name, go_divide
 from hub.promql.plan import COMPARISONS, SET_OPERATORS, Binary, Matching
 from hub.promql.sql import Labels
 
@@ -68,24 +69,12 @@ def arithmetic(op: str, left: float, right: float) -> float:
     if op == "*":
         return left * right
     if op == "/":
-        return _divide(left, right)
+        return go_divide(left, right)
     if op == "%":
         return _modulo(left, right)
     if op == "^":
         return _power(left, right)
     return math.atan2(left, right)
-
-
-def drop_name(labels: Labels) -> Labels:
-    return tuple(pair for pair in labels if pair[0] != "__name__")
-
-
-def _divide(left: float, right: float) -> float:
-    if right != 0:
-        return left / right
-    if left == 0 or math.isnan(left):
-        return math.nan
-    return math.copysign(math.inf, left) * math.copysign(1, right)
 
 
 def _modulo(left: float, right: float) -> float:

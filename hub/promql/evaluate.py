@@ -5,8 +5,12 @@
   by `offset`);
 - a range selector [d] takes the samples in [t - d, t]; a subquery [d:s] evaluates its expression at each
   multiple of s in [t - d, t];
-- rate and increase add back counter resets and extrapolate to the range's ends (extrapolated_rate);
-- functions drop __name__, last_over_time keeps it; binary operators as hub.promql.binary says.
+- rate and increase add back counter resets and extrapolate to the range's ends (extrapolated_rate),
+  delta extrapolates alike without resets;
+- a parameter (topk's k, quantile's φ, quantile_over_time's φ) is evaluated at each step;
+- timestamp() of a selector gives its samples' own times, of any other vector the evaluation time;
+- functions drop __name__, but last_over_time, label_replace and label_join (hub.promql.functions);
+  binary operators as hub.promql.binary says.
 """
 
 from __future__ import annotations
@@ -18,12 +22,24 @@ from typing import Protocol
 
 import numpy as np
 
-from hub.promql.binary import Vector, binary, drop_name
-from hub.promql.plan import Aggregation, Node, Number, RangeFunction, Selector, Subquery, children
+from hub.promql import functions
+from hub.promql.answer import number_text
+from hub.promql.binary import Vector, binary
+from hub.promql.functions import Points, drop_name
+from hub.promql.plan import (
+    Absent,
+    Aggregation,
+    Function,
+    Node,
+    Number,
+    RangeFunction,
+    Selector,
+    Subquery,
+    children,
+)
 from hub.promql.sql import Labels, Series
 
 LOOKBACK_MS = 5 * 60 * 1000
-Points = tuple[Sequence[int], Sequence[float]]  # times (ms) and values of one series within a range
 Window = tuple[int, int]  # since, until (ms), both included
 
 
@@ -79,9 +95,36 @@ def evaluate(node: Node, t: int, data: Samples) -> Vector | float:
     if isinstance(node, Aggregation):
         vector = evaluate(node.expr, t, data)
         assert isinstance(vector, dict)
-        return _aggregate(node, vector)
+        if isinstance(node.parameter, str | None):
+            return _aggregate(node, vector, node.parameter)
+        return _aggregate(node, vector, _scalar(node.parameter, t, data))
+    if isinstance(node, Function):
+        return _function(node, t, data)
+    if isinstance(node, Absent):
+        return {} if evaluate(node.expr, t, data) else {node.labels: 1.0}
     assert not isinstance(node, Subquery), "a subquery is evaluated by range_points"
     return binary(node, evaluate(node.lhs, t, data), evaluate(node.rhs, t, data))
+
+
+def _scalar(node: Node, t: int, data: Samples) -> float:
+    value = evaluate(node, t, data)
+    assert isinstance(value, float)
+    return value
+
+
+def _function(node: Function, t: int, data: Samples) -> Vector | float:
+    """A function's value; timestamp() of a selector gives its samples' own times, as Prometheus's."""
+    first = node.args[0] if node.args else None
+    if node.name == "timestamp" and isinstance(first, Selector):
+        at = _at(first, t) - first.offset_ms
+        newest = ((series, _newest(series, at)) for series in data[first])
+        return functions.collect(
+            (drop_name(series.labels), float(series.times[index]) / 1000)
+            for series, index in newest
+            if index is not None
+        )
+    args = [arg if isinstance(arg, str) else evaluate(arg, t, data) for arg in node.args]
+    return functions.call(node.name, args, t)
 
 
 def range_points(
@@ -122,21 +165,36 @@ def _at(node: Selector | Subquery, t: int) -> int:
 def _instant(every: list[Series], at: int) -> Vector:
     result = {}
     for series in every:
-        index = int(np.searchsorted(series.times, at, "right")) - 1
-        if index >= 0 and series.times[index] >= at - LOOKBACK_MS:
+        index = _newest(series, at)
+        if index is not None:
             result[series.labels] = float(series.values[index])
     return result
 
 
+def _newest(series: Series, at: int) -> int | None:
+    """The index of `series`' newest sample in [at - 5m, at], None without one."""
+    index = int(np.searchsorted(series.times, at, "right")) - 1
+    return index if index >= 0 and series.times[index] >= at - LOOKBACK_MS else None
+
+
 def _range_function(node: RangeFunction, t: int, data: Samples) -> Vector:
     start, end, every = range_points(node.source, t, data)
-    function = RANGE_FUNCTIONS[node.name]
+    parameter = None if node.parameter is None else _scalar(node.parameter, t, data)
+    function = range_call(node, parameter)
     result = {}
     for labels, points in every:
         value = function(points, start, end)
         if value is not None:
             result[range_labels(node, labels)] = value
     return result
+
+
+def range_call(node: RangeFunction, parameter: float | None) -> RangeCall:
+    """`node`'s function over one window's points, its parameter (quantile_over_time's φ) bound."""
+    function = RANGE_FUNCTIONS[node.name]
+    if parameter is None:
+        return function
+    return lambda points, start, end: function(points, start, end, parameter)
 
 
 def range_labels(node: RangeFunction, labels: Labels) -> Labels:
@@ -186,7 +244,8 @@ def _over_time(aggregate: Callable[[Sequence[float]], float]) -> Callable[[Point
     return lambda points, start, end: aggregate(points[1])
 
 
-RANGE_FUNCTIONS: dict[str, Callable[[Points, int, int], float | None]] = {
+RangeCall = Callable[[Points, int, int], float | None]
+RANGE_FUNCTIONS: dict[str, Callable[..., float | None]] = {
     "rate": lambda points, start, end: extrapolated_rate(points, start, end, True, True),
     "increase": lambda points, start, end: extrapolated_rate(points, start, end, True, False),
     "irate": _irate,
@@ -196,19 +255,49 @@ RANGE_FUNCTIONS: dict[str, Callable[[Points, int, int], float | None]] = {
     "sum_over_time": _over_time(sum),
     "count_over_time": _over_time(lambda values: float(len(values))),
     "last_over_time": _over_time(lambda values: values[-1]),
+    "delta": lambda points, start, end: extrapolated_rate(points, start, end, False, False),
+    "deriv": functions.deriv,
+    "quantile_over_time": lambda points, start, end, q: functions.quantile(q, points[1]),
+    "stdvar_over_time": functions.variance_over_time,
+    "stddev_over_time": lambda points, start, end: math.sqrt(
+        functions.variance_over_time(points, start, end)
+    ),
+    "present_over_time": _over_time(lambda values: 1.0),
+    "changes": functions.CHANGES,
+    "resets": functions.RESETS,
 }
 
 
-def _aggregate(node: Aggregation, vector: Vector) -> Vector:
-    groups: dict[Labels, list[float]] = {}
-    chosen = set(node.labels)
-    for labels, value in vector.items():
+def _aggregate(node: Aggregation, vector: Vector, parameter: float | str | None) -> Vector:
+    """`node`'s aggregation of `vector` by group; topk and bottomk keep their samples' own labels,
+    count_values counts each group's values under the label `parameter` names."""
+    samples = list(vector.items())
+    if node.op == "count_values":
+        assert isinstance(parameter, str)
+        samples = [
+            (functions.with_label(labels, parameter, number_text(float(value))), value)
+            for labels, value in samples
+        ]
+    groups: dict[Labels, list[tuple[Labels, float]]] = {}
+    chosen = set(node.labels) | ({parameter} if node.op == "count_values" and not node.without else set())
+    for labels, value in samples:
         if node.without:
             key = tuple((k, v) for k, v in labels if k not in chosen and k != "__name__")
         else:
             key = tuple((k, v) for k, v in labels if k in chosen)
-        groups.setdefault(key, []).append(value)
-    return {key: AGGREGATE[node.op](values) for key, values in groups.items()}
+        groups.setdefault(key, []).append((labels, value))
+    if node.op in ("topk", "bottomk"):
+        assert isinstance(parameter, float)
+        return dict(
+            sample
+            for members in groups.values()
+            for sample in functions.top(members, parameter, node.op == "topk")
+        )
+    values = {key: [value for _, value in members] for key, members in groups.items()}
+    if node.op == "quantile":
+        assert isinstance(parameter, float)
+        return {key: functions.quantile(parameter, members) for key, members in values.items()}
+    return {key: AGGREGATE[node.op](members) for key, members in values.items()}
 
 
 def _least(values: Sequence[float], before: Callable[[float, float], bool]) -> float:
@@ -226,4 +315,8 @@ AGGREGATE: dict[str, Callable[[list[float]], float]] = {
     "min": lambda values: _least(values, operator.lt),
     "max": lambda values: _least(values, operator.gt),
     "count": lambda values: float(len(values)),
+    "count_values": lambda values: float(len(values)),
+    "group": lambda values: 1.0,
+    "stdvar": functions.variance,
+    "stddev": lambda values: math.sqrt(functions.variance(values)),
 }

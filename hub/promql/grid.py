@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hub.promql.evaluate import LOOKBACK_MS, RANGE_FUNCTIONS, Samples, Vector, range_labels
-from hub.promql.plan import Node, RangeFunction, Selector, Subquery, children
+from hub.promql.evaluate import LOOKBACK_MS, Samples, Vector, range_call, range_labels
+from hub.promql.plan import Node, Number, RangeFunction, Selector, Subquery, children
 from hub.promql.sql import Labels, Series
 
 RATES = {"rate": True, "increase": False}  # range functions computed on arrays -> whether per second
@@ -80,7 +80,10 @@ def _stepped(node: Node) -> Iterator[Selector | RangeFunction]:
             yield node
         return
     if isinstance(node, RangeFunction) and isinstance(node.source, Selector) and node.source.at is None:
-        yield node
+        if isinstance(node.parameter, Number | None):
+            yield node
+        else:  # a parameter that changes from step to step: the function is evaluated step by step
+            yield from _stepped(node.parameter)
         return
     for child in children(node):
         yield from _stepped(child)
@@ -117,7 +120,7 @@ def _range_row(node: RangeFunction, series: Series, ends: np.ndarray) -> tuple[n
         present |= plain
         by_step &= ~plain
     times, samples = series.times.tolist(), series.values.tolist()
-    function = RANGE_FUNCTIONS[node.name]
+    function = range_call(node, node.parameter.value if isinstance(node.parameter, Number) else None)
     for index in np.flatnonzero(by_step).tolist():
         first, after = int(low[index]), int(high[index])
         start, end = int(starts[index]), int(ends[index])

@@ -1,10 +1,13 @@
 """PromQL text to a plan the hub can evaluate: parsed by promql_parser (the Prometheus grammar), then
 turned into this module's nodes, refusing with PromQLError (bad_data) every construct the hub does not
-evaluate yet, named ("function holt_winters is not supported").
+evaluate yet, named ("function predict_linear is not supported"). promql_parser checks each call's
+number and types of arguments; string arguments that cannot work (a bad regular expression or label
+name) are refused here, naming the function.
 
 Supported: selectors with = != =~ !~, `offset` and `@` (a time, start() or end(): pin_at fixes the last
 two once the query's times are known); range selectors and subqueries inside RANGE_FUNCTIONS, or as an
-instant query's result; AGGREGATIONS with by/without; number literals and unary minus; ARITHMETIC and
+instant query's result; AGGREGATIONS with by/without (and their parameter); functions.FUNCTIONS over
+instant vectors and scalars; number literals and unary minus; ARITHMETIC and
 COMPARISONS (with `bool`) between scalars and vectors, SET_OPERATORS between vectors, with Matching's
 on/ignoring and group_left/group_right.
 """
@@ -20,6 +23,7 @@ import promql_parser as pp
 
 from collectors.logtext import printable
 from hub.errors import PromQLError
+from hub.promql.functions import FUNCTIONS, LABEL_NAME, SCALAR_FUNCTIONS, check_arguments
 from hub.promql.request import MAX_POINTS, MAX_TIMESTAMP_MS
 
 RANGE_FUNCTIONS = frozenset(
@@ -33,9 +37,32 @@ RANGE_FUNCTIONS = frozenset(
         "sum_over_time",
         "count_over_time",
         "last_over_time",
+        "delta",
+        "deriv",
+        "quantile_over_time",
+        "stddev_over_time",
+        "stdvar_over_time",
+        "present_over_time",
+        "changes",
+        "resets",
     }
 )
-AGGREGATIONS = frozenset({"sum", "avg", "min", "max", "count"})
+AGGREGATIONS = frozenset(
+    {
+        "sum",
+        "avg",
+        "min",
+        "max",
+        "count",
+        "topk",
+        "bottomk",
+        "quantile",
+        "count_values",
+        "stddev",
+        "stdvar",
+        "group",
+    }
+)
 ARITHMETIC = frozenset({"+", "-", "*", "/", "%", "^", "atan2"})
 COMPARISONS = frozenset({">", "<", ">=", "<=", "==", "!="})
 SET_OPERATORS = frozenset({"and", "or", "unless"})
@@ -90,10 +117,12 @@ class Number:
 
 @dataclass(frozen=True)
 class RangeFunction:
-    """One of RANGE_FUNCTIONS over a range selector or a subquery."""
+    """One of RANGE_FUNCTIONS over a range selector or a subquery; `parameter` the scalar before it
+    (quantile_over_time's φ)."""
 
     name: str
     source: Selector | Subquery
+    parameter: Node | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +133,24 @@ class Aggregation:
     labels: tuple[str, ...]
     without: bool
     expr: Node
+    parameter: Node | str | None = None  # topk, bottomk, quantile: a scalar; count_values: a label name
+
+
+@dataclass(frozen=True)
+class Function:
+    """One of functions.FUNCTIONS (absent aside) over instant vectors and scalars: `args` holds the
+    argument nodes and string literals (label_replace's, label_join's) in call order."""
+
+    name: str
+    args: tuple[Node | str, ...]
+
+
+@dataclass(frozen=True)
+class Absent:
+    """absent(expr): 1 with `labels` (the equality matchers of a selector argument) when expr is empty."""
+
+    expr: Node
+    labels: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
@@ -129,7 +176,7 @@ class Binary:
     matching: Matching = Matching()
 
 
-Node = Selector | Subquery | Number | RangeFunction | Aggregation | Binary
+Node = Selector | Subquery | Number | RangeFunction | Aggregation | Binary | Function | Absent
 
 
 def plan(query: str) -> Node:
@@ -183,6 +230,8 @@ def is_scalar(node: Node) -> bool:
     """Whether `node` evaluates to a scalar (else an instant vector)."""
     if isinstance(node, Binary):
         return is_scalar(node.lhs) and is_scalar(node.rhs)
+    if isinstance(node, Function):
+        return node.name in SCALAR_FUNCTIONS
     return isinstance(node, Number)
 
 
@@ -252,28 +301,60 @@ def _match_op(op: pp.MatchOp) -> str:
 
 
 def _call(tree: pp.Call) -> Node:
+    """A function call; promql_parser has checked its arguments' number and types."""
     name = tree.func.name
-    if name not in RANGE_FUNCTIONS:
+    if name in RANGE_FUNCTIONS:
+        *parameters, argument = tree.args
+        parameter = _node(parameters[0]) if parameters else None
+        while isinstance(argument, pp.ParenExpr):
+            argument = argument.expr
+        if isinstance(argument, pp.SubqueryExpr):
+            return RangeFunction(name, _subquery(argument), parameter)
+        if not isinstance(argument, pp.MatrixSelector):
+            raise PromQLError(f"function {name}: expected a range selector or a subquery as its argument")
+        return RangeFunction(name, _selector(argument.vector_selector, _millis(argument.range)), parameter)
+    if name not in FUNCTIONS:
         raise PromQLError(f"function {name} is not supported yet")
-    argument = tree.args[0]
-    while isinstance(argument, pp.ParenExpr):
-        argument = argument.expr
-    if isinstance(argument, pp.SubqueryExpr):
-        return RangeFunction(name, _subquery(argument))
-    if not isinstance(argument, pp.MatrixSelector):
-        raise PromQLError(f"function {name}: expected a range selector or a subquery as its argument")
-    return RangeFunction(name, _selector(argument.vector_selector, _millis(argument.range)))
+    args = tuple(str(arg.val) if isinstance(arg, pp.StringLiteral) else _node(arg) for arg in tree.args)
+    check_arguments(name, args)
+    if name == "absent":
+        (vector,) = args
+        assert not isinstance(vector, str)
+        return Absent(vector, _absent_labels(vector))
+    return Function(name, args)
+
+
+def _absent_labels(node: Node) -> tuple[tuple[str, str], ...]:
+    """The labels absent() gives a selector, in parentheses or not: those it matches with `=` once, but
+    __name__; none for any other argument."""
+    if not isinstance(node, Selector):
+        return ()
+    named = [name for name, _, _ in node.matchers]
+    equal = {
+        name: value
+        for name, op, value in node.matchers
+        if op == "=" and name != "__name__" and named.count(name) == 1 and value
+    }
+    return tuple(sorted(equal.items()))
 
 
 def _aggregation(tree: pp.AggregateExpr) -> Aggregation:
     op = str(tree.op)
     if op not in AGGREGATIONS:
         raise PromQLError(f"aggregation {op} is not supported yet")
+    parameter: Node | str | None = None
+    if isinstance(tree.param, pp.StringLiteral):
+        parameter = str(tree.param.val)
+        if not LABEL_NAME.fullmatch(parameter):
+            raise PromQLError(f"aggregation {op}: invalid label name {parameter!r}")
+    elif tree.param is not None:
+        parameter = _node(tree.param)
     modifier = tree.modifier
+    expr = _vector(tree.expr, f"aggregation {op}")
     if modifier is None:
-        return Aggregation(op, (), False, _vector(tree.expr, f"aggregation {op}"))
+        return Aggregation(op, (), False, expr, parameter)
     without = modifier.type == pp.AggModifierType.Without
-    return Aggregation(op, tuple(modifier.labels), without, _vector(tree.expr, f"aggregation {op}"))
+    return Aggregation(op, tuple(modifier.labels), without, expr, parameter)
 
 
 def _binary(tree: pp.BinaryExpr) -> Binary:

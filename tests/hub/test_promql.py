@@ -143,8 +143,8 @@ QUERIES = [
 ]
 INSTANT_TIMES = (minutes(25), minutes(32.5), minutes(59.75), minutes(63))  # in the gap, past the reset, end
 UNSUPPORTED = {
-    "topk(2, fl_temperature_celsius)": "aggregation topk is not supported",
-    "deriv(fl_temperature_celsius[5m])": "function deriv is not supported",
+    "predict_linear(fl_temperature_celsius[5m], 60)": "function predict_linear is not supported",
+    "sort(fl_temperature_celsius)": "function sort is not supported",
     "fl_temperature_celsius @ 1e20": "the @ modifier's time is out of range",
     "max_over_time(fl_temperature_celsius[1d:1s])": "a subquery's range holds more than 11000 steps",
     "sum(": "unclosed left parenthesis",
