@@ -41,7 +41,7 @@ STEP_METRICS = {  # the PromQL metric of each steps column read as a series
     "fleetlens_step_comm_seconds": "comm_s",
     "fleetlens_step_data_seconds": "data_s",
 }
-# Each step record once per metric, as (step_metric, step_value), the series id of the pair in step_id.
+# Each step record once per metric, as (step_metric, step_value); STEP_ID is the series id of a pair.
 STEP_ROWS = (
     "FROM steps ARRAY JOIN "
     + f"[{', '.join(repr(metric) for metric in STEP_METRICS)}] AS step_metric, "
