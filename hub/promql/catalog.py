@@ -2,7 +2,8 @@
 /api/v1/label/<name>/values, /api/v1/metadata and /api/v1/status/buildinfo.
 
 `match[]` is a series selector parsed by promql_parser (hub.promql.plan), read with the matcher SQL that
-queries use (hub.promql.sql.selector_where). Prometheus's default time range is all time; here a missing
+queries use (hub.promql.sql.selector_where); the step series (hub.promql.sql.STEP_METRICS) with a record in
+the window are listed with the stored ones. Prometheus's default time range is all time; here a missing
 `start` is DEFAULT_WINDOW_S before `end` (now by default), so that a request without times reads a bounded
 share of the store; the hub's query_max_rows (distinct series) and query_max_seconds bound it further.
 
@@ -22,7 +23,7 @@ from collectors.logtext import printable
 from hub.errors import PromQLError
 from hub.promql.plan import Selector, plan
 from hub.promql.request import form_pairs, time_ms
-from hub.promql.sql import Labels, Read, selector_where, series_labels
+from hub.promql.sql import Labels, Read, may_match_steps, selector_where, series_labels, step_series_sql
 
 DEFAULT_WINDOW_S = 24 * 3600  # how far back a request without `start` reads
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # Prometheus's label names
@@ -99,10 +100,19 @@ def _series(read: Read, selectors: Iterable[Selector], start_ms: int, end_ms: in
     """The label sets of the series any of `selectors` matches with a sample from start to end."""
     found: set[Labels] = set()
     for selector in selectors:
-        where, parameters = selector_where(selector, start_ms, end_ms)
-        rows = read(f"SELECT DISTINCT metric, node, labels FROM metrics WHERE {where}", parameters)
+        rows = read(*_catalog_sql(selector, start_ms, end_ms, "metric, node, labels"))
         found.update(series_labels(metric, node, labels) for metric, node, labels in rows)
     return found
+
+
+def _catalog_sql(selector: Selector, start_ms: int, end_ms: int, columns: str) -> tuple[str, dict]:
+    """The SELECT of the distinct `columns` (of metric, node, labels) of the stored and step series
+    `selector` matches with a sample from start to end, and its parameters."""
+    where, parameters = selector_where(selector, start_ms, end_ms)
+    sql = f"SELECT DISTINCT {columns} FROM metrics WHERE {where}"
+    if may_match_steps(selector):
+        sql += f" UNION DISTINCT SELECT {columns} FROM ({step_series_sql(selector, parameters)})"
+    return sql, parameters
 
 
 def _metadata(read: Read, values: dict[str, str], start_ms: int, end_ms: int) -> dict[str, list[dict]]:
@@ -114,9 +124,8 @@ def _metadata(read: Read, values: dict[str, str], start_ms: int, end_ms: int) ->
         except ValueError:
             raise PromQLError("limit must be a number") from None
     matchers = (("__name__", "=", values["metric"]),) if values.get("metric") else EVERY_SERIES.matchers
-    where, parameters = selector_where(Selector(matchers, 0), start_ms, end_ms)
-    rows = read(f"SELECT DISTINCT metric FROM metrics WHERE {where} ORDER BY metric", parameters)
-    names = [metric for (metric,) in rows][: limit if limit >= 0 else None]
+    rows = read(*_catalog_sql(Selector(matchers, 0), start_ms, end_ms, "metric"))
+    names = sorted(metric for (metric,) in rows)[: limit if limit >= 0 else None]
     return {name: [{"type": "unknown", "help": "", "unit": ""}] for name in names}
 
 

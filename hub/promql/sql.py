@@ -3,6 +3,12 @@ metric, node and labels), then their samples (from `samples`, read as numpy colu
 metrics and nodes, so that the table's key (metric, node, series_id, ts) narrows the read). Label names
 and values travel as query parameters, never in the SQL text.
 
+Training step records (the `steps` table) are series too: each of STEP_METRICS is a gauge with a sample
+per record that has its column (NULL ones skipped) at the record's ts, labelled `job`, `rank`, `node` and
+`dp_rank`, `pp_stage`, `tp_rank` where the record has them. A step series is one (metric, job, rank,
+node), its id their cityHash64; the series SELECT finds them by grouping the records of the read's window,
+the samples SELECT reads them from `steps`.
+
 A series' PromQL labels are its stored labels, `__name__` (the metric) and `node` (the hub's node column,
 from a `node` label, Hostname or instance; see hub.remote_write). A matcher on a label a series lacks
 sees the empty string, as in Prometheus. Regular expressions are RE2 (ClickHouse's match), anchored.
@@ -25,6 +31,27 @@ NUMBERS = {"series_id": np.uint64, "t": np.int64, "value": np.float64}  # what r
 COLUMNS = {"__name__": "metric", "node": "node"}  # PromQL labels held in columns of their own
 COMPARE = {"=": "{column} = {value}", "!=": "{column} != {value}"}
 MATCH = {"=~": "match({column}, {value})", "!~": "NOT match({column}, {value})"}
+WINDOW = (  # a read's samples or records: from {since} to {until}, both included, in milliseconds
+    "ts >= fromUnixTimestamp64Milli({since:Int64}, 'UTC')",
+    "ts <= fromUnixTimestamp64Milli({until:Int64}, 'UTC')",
+)
+STEP_METRICS = {  # the PromQL metric of each steps column read as a series
+    "fleetlens_step_duration_seconds": "duration_s",
+    "fleetlens_step_compute_seconds": "compute_s",
+    "fleetlens_step_comm_seconds": "comm_s",
+    "fleetlens_step_data_seconds": "data_s",
+}
+# Each step record once per metric, as (step_metric, step_value); STEP_ID is the series id of a pair.
+STEP_ROWS = (
+    "FROM steps ARRAY JOIN "
+    + f"[{', '.join(repr(metric) for metric in STEP_METRICS)}] AS step_metric, "
+    + f"[{', '.join(STEP_METRICS.values())}] AS step_value"
+)
+STEP_ID = "cityHash64(step_metric, job, rank, node)"
+STEP_LABELS = """CAST(mapFilter((name, text) -> text != '', map(
+        'job', CAST(job, 'String'), 'rank', toString(rank), 'dp_rank', ifNull(toString(any(dp_rank)), ''),
+        'pp_stage', ifNull(toString(any(pp_stage)), ''), 'tp_rank', ifNull(toString(any(tp_rank)), '')
+    )), 'Map(String, String)')"""
 
 
 @dataclass
@@ -66,68 +93,111 @@ def selector_where(selector: Selector, since_ms: int, until_ms: int) -> tuple[st
     """The WHERE condition on the `metrics` view of `selector`'s samples stamped from `since_ms` to
     `until_ms` (both included), and its parameters."""
     parameters: dict[str, Any] = {"since": since_ms, "until": until_ms}
-    conditions = [
-        "ts >= fromUnixTimestamp64Milli({since:Int64}, 'UTC')",
-        "ts <= fromUnixTimestamp64Milli({until:Int64}, 'UTC')",
-        *matcher_conditions(selector, parameters),
-    ]
-    return " AND ".join(conditions), parameters
+    return " AND ".join([*WINDOW, *matcher_conditions(selector, parameters)]), parameters
 
 
-def series_sql(selector: Selector) -> tuple[str, dict[str, Any]]:
-    """The SELECT of the series `selector` matches (series_id, metric, node, labels), and its parameters."""
-    parameters: dict[str, Any] = {}
+def may_match_steps(selector: Selector) -> bool:
+    """Whether `selector` may match a step series: no `__name__="..."` naming another metric (so that
+    queries of other metrics never read the steps table)."""
+    return all(
+        name != "__name__" or op != "=" or value in STEP_METRICS for name, op, value in selector.matchers
+    )
+
+
+def step_series_sql(selector: Selector, parameters: dict[str, Any]) -> str:
+    """The SELECT of the step series `selector` matches with a record from {since} to {until} (series_id,
+    metric, node, labels), its matchers' parameters added to `parameters`."""
+    where = " AND ".join(matcher_conditions(selector, parameters)) or "1"
+    return (
+        f"SELECT series_id, metric, node, labels FROM (SELECT {STEP_ID} AS series_id,"
+        f" step_metric AS metric, node, {STEP_LABELS} AS labels {STEP_ROWS}"
+        f" WHERE {' AND '.join(WINDOW)} AND step_value IS NOT NULL GROUP BY step_metric, job, rank, node)"
+        f" WHERE {where}"
+    )
+
+
+def series_sql(selector: Selector, since_ms: int, until_ms: int) -> tuple[str, dict[str, Any]]:
+    """The SELECT of the series `selector` matches (series_id, metric, node, labels, whether a step
+    series): those stored and the step series with a record from `since_ms` to `until_ms`; and its
+    parameters."""
+    parameters: dict[str, Any] = {"since": since_ms, "until": until_ms}
     where = " AND ".join(matcher_conditions(selector, parameters)) or "1"
     sql = (
-        "SELECT series_id, any(metric), any(node), any(labels) FROM series WHERE "
+        "SELECT series_id, any(metric), any(node), any(labels), false FROM series WHERE "
         + where
         + " GROUP BY series_id"
     )
+    if may_match_steps(selector):
+        sql += f" UNION ALL SELECT *, true FROM ({step_series_sql(selector, parameters)})"
     return sql, parameters
 
 
 def samples_sql(
-    series: Mapping[int, tuple[str, str]], since_ms: int, until_ms: int, grid: Grid | None
+    stored: Mapping[int, tuple[str, str]],
+    steps: Mapping[int, tuple[str, str, str]],
+    since_ms: int,
+    until_ms: int,
+    grid: Grid | None,
 ) -> tuple[str, dict[str, Any]]:
-    """The SELECT of the samples of `series` (id -> metric, node) from `since_ms` to `until_ms` (both
-    included), only those within reach of `grid`'s times when it is given, ordered by series and time;
-    and its parameters."""
-    parameters: dict[str, Any] = {
-        "ids": sorted(series),
-        "metrics": sorted({metric for metric, _ in series.values()}),
-        "nodes": sorted({node for _, node in series.values()}),
-        "since": since_ms,
-        "until": until_ms,
-    }
-    conditions = [
-        "metric IN {metrics:Array(String)}",
-        "node IN {nodes:Array(String)}",
-        "series_id IN {ids:Array(UInt64)}",
-        "ts >= fromUnixTimestamp64Milli({since:Int64}, 'UTC')",
-        "ts <= fromUnixTimestamp64Milli({until:Int64}, 'UTC')",
-    ]
+    """The SELECT of the samples of the `stored` series (id -> metric, node) and of the `steps` series
+    (id -> metric, node, job) from `since_ms` to `until_ms` (both included), only those within reach of
+    `grid`'s times when it is given, ordered by series and time; and its parameters."""
+    parameters: dict[str, Any] = {"since": since_ms, "until": until_ms}
+    window = list(WINDOW)
     if grid is not None and grid.reach_ms < grid.step_ms:
         parameters |= {"base": grid.base_ms - grid.reach_ms, "step": grid.step_ms, "reach": grid.reach_ms}
-        conditions.append("(toUnixTimestamp64Milli(ts) - {base:Int64}) % {step:Int64} <= {reach:Int64}")
-    sql = (
-        "SELECT series_id, toUnixTimestamp64Milli(ts) AS t, value FROM samples WHERE "
-        + " AND ".join(conditions)
-        + " ORDER BY series_id, t"
-    )
-    return sql, parameters
+        window.append("(toUnixTimestamp64Milli(ts) - {base:Int64}) % {step:Int64} <= {reach:Int64}")
+    parts = []
+    if stored:
+        parameters |= {
+            "ids": sorted(stored),
+            "metrics": sorted({metric for metric, _ in stored.values()}),
+            "nodes": sorted({node for _, node in stored.values()}),
+        }
+        conditions = ["metric IN {metrics:Array(String)}", "node IN {nodes:Array(String)}"]
+        parts.append(
+            "SELECT series_id, toUnixTimestamp64Milli(ts) AS t, value FROM samples WHERE "
+            + " AND ".join([*conditions, "series_id IN {ids:Array(UInt64)}", *window])
+        )
+    if steps:
+        parameters |= {
+            "step_ids": sorted(steps),
+            "step_metrics": sorted({metric for metric, _, _ in steps.values()}),
+            "step_nodes": sorted({node for _, node, _ in steps.values()}),
+            "step_jobs": sorted({job for _, _, job in steps.values()}),
+        }
+        conditions = [
+            "job IN {step_jobs:Array(String)}",
+            "node IN {step_nodes:Array(String)}",
+            "step_metric IN {step_metrics:Array(String)}",
+            "step_value IS NOT NULL",
+            f"{STEP_ID} IN {{step_ids:Array(UInt64)}}",
+        ]
+        parts.append(
+            f"SELECT {STEP_ID} AS series_id, toUnixTimestamp64Milli(ts) AS t,"
+            f" assumeNotNull(step_value) AS value {STEP_ROWS} WHERE " + " AND ".join([*conditions, *window])
+        )
+    union = " UNION ALL ".join(parts)
+    return (union if len(parts) == 1 else f"SELECT * FROM ({union})") + " ORDER BY series_id, t", parameters
 
 
 def read_series(
     read: Read, read_numbers: ReadNumbers, selector: Selector, since_ms: int, until_ms: int, grid: Grid | None
 ) -> list[Series]:
-    """`selector`'s series with their samples from `since_ms` to `until_ms` (only those within reach of
-    `grid`'s times when given), each in time order; series without a sample there are left out."""
-    rows = read(*series_sql(selector))
+    """`selector`'s series, stored and step series, with their samples from `since_ms` to `until_ms`
+    (only those within reach of `grid`'s times when given), each in time order; series without a sample
+    there are left out."""
+    rows = read(*series_sql(selector, since_ms, until_ms))
     if not rows:
         return []
-    found = {int(series_id): series_labels(metric, node, labels) for series_id, metric, node, labels in rows}
-    where = {int(series_id): (metric, node) for series_id, metric, node, _ in rows}
-    columns = read_numbers(*samples_sql(where, since_ms, until_ms, grid))
+    found = {int(row[0]): series_labels(*row[1:4]) for row in rows}
+    stored = {int(series_id): (metric, node) for series_id, metric, node, _, is_step in rows if not is_step}
+    steps = {
+        int(series_id): (metric, node, labels.get("job", ""))
+        for series_id, metric, node, labels, is_step in rows
+        if is_step
+    }
+    columns = read_numbers(*samples_sql(stored, steps, since_ms, until_ms, grid))
     ids, times, values = columns["series_id"], columns["t"], columns["value"]
     edges = np.flatnonzero(ids[1:] != ids[:-1]) + 1
     return [
