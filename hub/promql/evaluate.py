@@ -182,12 +182,8 @@ def _range_function(node: RangeFunction, t: int, data: Samples) -> Vector:
     start, end, every = range_points(node.source, t, data)
     parameter = None if node.parameter is None else _scalar(node.parameter, t, data)
     function = range_call(node, parameter)
-    result = {}
-    for labels, points in every:
-        value = function(points, start, end)
-        if value is not None:
-            result[range_labels(node, labels)] = value
-    return result
+    values = ((range_labels(node, labels), function(points, start, end)) for labels, points in every)
+    return functions.collect((labels, value) for labels, value in values if value is not None)
 
 
 def range_call(node: RangeFunction, parameter: float | None) -> RangeCall:

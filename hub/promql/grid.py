@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hub.errors import PromQLError
 from hub.promql.evaluate import LOOKBACK_MS, Samples, Vector, range_call, range_labels
 from hub.promql.plan import Node, Number, RangeFunction, Selector, Subquery, children
 from hub.promql.sql import Labels, Series
@@ -68,7 +69,19 @@ def tabulate(root: Node, times: range, data: Samples) -> None:
             labels = [range_labels(node, series.labels) for series in every]
         values = np.array([row[0] for row in built]).reshape(len(built), len(steps))
         present = np.array([row[1] for row in built], dtype=bool).reshape(len(built), len(steps))
+        _refuse_shared_label_sets(labels, present)
         data.at_steps[node] = StepTable(times.start, times.step, len(steps), labels, values, present)
+
+
+def _refuse_shared_label_sets(labels: list[Labels], present: np.ndarray) -> None:
+    """Prometheus's execution error when two rows with one label set (series told apart only by the
+    __name__ a function dropped) both have a value in the query's range (its check is on the matrix)."""
+    rows: dict[Labels, list[int]] = {}
+    for index, row_labels in enumerate(labels):
+        rows.setdefault(row_labels, []).append(index)
+    for shared in (indices for indices in rows.values() if len(indices) > 1):
+        if present[shared].any(axis=1).sum() > 1:
+            raise PromQLError("vector cannot contain metrics with the same labelset", "execution", 422)
 
 
 def stepped_only(root: Node) -> set[Selector]:

@@ -80,6 +80,7 @@ def odd(series: int) -> list[tuple[int, float]]:
 SERIES: list[remote_write.Series] = [
     ({"__name__": "fl_jobs_total", "node": "n1", "job": "a"}, counter(15, {60, 150}, 2.0)),
     ({"__name__": "fl_jobs_total", "node": "n2", "job": "b"}, counter(30, {70}, 5.0)),
+    ({"__name__": "fl_jobs_again_total", "node": "n1", "job": "a"}, counter(15, set(), 1.0)),  # as n1's
     (power("n1", "0"), gauge(15, 0.0)),
     (power("n1", "1"), gauge(15, 0.35, gap=(20, 30))),
     (power("n2", "0"), gauge(20, 3.1)),
@@ -249,13 +250,19 @@ def test_bad_arguments_answer_bad_data_naming_the_function(peers, query, reason)
     [
         'label_replace(fl_power_watts, "gpu", "", "gpu", ".*")',  # n1's two GPUs become one label set
         "topk(1e300, fl_power_watts)",
+        'rate({__name__=~"fl_jobs(_again)?_total", job="a"}[5m])',  # two series once __name__ is dropped
     ],
 )
 def test_failing_evaluation_answers_execution_as_prometheus_does(peers, query):
-    parameters = {"query": query, "time": str(at(40) / 1000)}
-    ours, theirs = (get(peers[side], "/api/v1/query", parameters) for side in PEERS)
-    assert theirs[0] == 422 and theirs[1]["errorType"] == "execution", theirs
-    assert (ours[0], ours[1]["errorType"]) == (theirs[0], theirs[1]["errorType"]), ours
+    instant = ("/api/v1/query", {"query": query, "time": str(at(40) / 1000)})
+    ranged = (
+        "/api/v1/query_range",
+        {"query": query, "start": str(at(10) / 1000), "end": str(at(50) / 1000), "step": "60"},
+    )
+    for path, parameters in (instant, ranged):
+        ours, theirs = (get(peers[side], path, parameters) for side in PEERS)
+        assert theirs[0] == 422 and theirs[1]["errorType"] == "execution", (path, theirs)
+        assert (ours[0], ours[1]["errorType"]) == (theirs[0], theirs[1]["errorType"]), (path, ours)
 
 
 REGEX_PARTS = st.sampled_from(
