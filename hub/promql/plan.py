@@ -82,6 +82,11 @@ MATCH_OPS = (  # promql_parser.MatchOp is not hashable
     (pp.MatchOp.NotRe, "!~"),
 )
 MAX_QUERY_CHARS = 64 * 1024
+# Operators and brackets a query may hold: a bound on how deep its parse tree nests. promql_parser parses
+# recursively on the thread's stack and ends the process on some thousands (a "x+x+...+x" of 10 KB).
+MAX_NESTING = 200
+OPERATOR_CHARACTERS = frozenset("+-*/%^<>=!([")  # outside label matchers' braces and quotes
+OPERATOR_WORDS = frozenset({"and", "or", "unless", "atan2"})
 
 
 At = int | str | None  # `@`: a time in ms, "start" or "end" (until pin_at), or None for none
@@ -183,6 +188,8 @@ def plan(query: str) -> Node:
     """The plan of `query`; PromQLError (bad_data) naming a parse error or an unsupported construct."""
     if len(query) > MAX_QUERY_CHARS:
         raise PromQLError(f"the query is longer than {MAX_QUERY_CHARS} characters")
+    if _operators(query) > MAX_NESTING:
+        raise PromQLError(f"the query holds more than {MAX_NESTING} operators and brackets")
     try:
         tree = pp.parse(query)
     except (ValueError, RecursionError, OverflowError) as error:
@@ -194,6 +201,34 @@ def plan(query: str) -> Node:
     if isinstance(tree, pp.SubqueryExpr):
         return _subquery(tree)
     return _node(tree)
+
+
+def _operators(query: str) -> int:
+    """How many operators and brackets `query` holds outside quotes and label matchers: at least the
+    depth its parse tree can reach. A bound checked before the parser runs, not a reading of the query,
+    which only the parser makes."""
+    count, quote, escaped, braces, word = 0, "", False, 0, ""
+    for char in query + " ":
+        if quote:
+            if escaped:
+                escaped = False
+            elif char == "\\" and quote != "`":  # backquoted strings have no escapes
+                escaped = True
+            elif char == quote:
+                quote = ""
+            continue
+        if char.isalnum() or char in "_:":
+            word += char
+            continue
+        count += word.lower() in OPERATOR_WORDS
+        word = ""
+        if char in "\"'`":
+            quote = char
+        elif char in "{}":
+            braces += 1 if char == "{" else -1
+        elif braces <= 0 and char in OPERATOR_CHARACTERS:
+            count += 1
+    return count
 
 
 def is_range_vector(node: Node) -> bool:
