@@ -174,7 +174,7 @@ class HubConfig:
     query_max_result_bytes: int = 16 << 20
     query_max_threads: int = 1
     # samples one PromQL query holds in memory at most (16 bytes each), as Prometheus's --query.max-samples
-    promql_max_samples: int = 20_000_000
+    promql_max_samples: int = 10_000_000
     # queries at once, in all and per client (a token; an address on a hub without tokens), and how long
     # a query waits for a slot before its 429 (hub.queryslots)
     query_slots: int = 4

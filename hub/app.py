@@ -32,10 +32,10 @@ stored once (hub.groupcommit).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -66,7 +66,7 @@ from hub.groupcommit import GroupCommit
 from hub.httpread import RequestBody
 from hub.otlp import OtlpStepReceiver, otlp_error_response
 from hub.placements import PlacementPoller
-from hub.promql import answer_query
+from hub.promql import Limits, answer_query
 from hub.promql.answer import error as promql_error
 from hub.promql.catalog import answer_catalog, is_catalog_path
 from hub.promql.sql import NUMBERS, Read, ReadNumbers
@@ -146,7 +146,7 @@ class Hub:
         tokens: Tokens | None = None,
         max_body_bytes: int = 16 << 20,
         query_max_rows: int = 100_000,
-        promql_max_samples: int = 20_000_000,
+        promql_max_samples: int = 10_000_000,
         query_max_seconds: float = 30.0,
         query_limits: ReadLimits | None = None,
         query_slots: QuerySlots | None = None,
@@ -552,17 +552,20 @@ class Hub:
         return json.dumps(head).encode()[:-1] + b', "rows": ' + result.rows + b"}", JSON
 
     def _promql(self, path: str, method: str, environ: dict, body: bytes) -> tuple[bytes, str]:
-        """A PromQL query (hub.promql) or catalog request (hub.promql.catalog), its reads run as SQL queries
-        are: in the client's slots, within query_max_seconds, at most query_max_rows rows; errors in
+        """A PromQL query (hub.promql) or catalog request (hub.promql.catalog), run as SQL queries are:
+        in one of the client's slots for the whole query, within query_max_seconds; errors in
         Prometheus's envelope."""
         deadline = time.monotonic() + self._query_max_seconds
         request = (method, environ.get("QUERY_STRING", ""), environ.get("CONTENT_TYPE"), body)
-        reads = self._promql_reader(self._query_client(environ), deadline)
+        limits = Limits(deadline, self._promql_max_samples)
         try:
-            if path in PROMQL_PATHS:
-                answer = answer_query(path == "/api/v1/query_range", *request, *reads, self._wall_clock())
-            else:
-                answer = answer_catalog(path, *request, reads[0], self._wall_clock())
+            with self._query_slots.slot(self._query_client(environ), deadline):
+                reads = self._promql_reader(limits)
+                if path in PROMQL_PATHS:
+                    is_range = path == "/api/v1/query_range"
+                    answer = answer_query(is_range, *request, *reads, self._wall_clock(), limits)
+                else:
+                    answer = answer_catalog(path, *request, reads[0], self._wall_clock())
         except PromQLError as exc:
             raise HttpError(exc.status, str(exc), promql_error(exc.error_type, str(exc))) from None
         except SlotsBusy as busy:
@@ -571,12 +574,14 @@ class Hub:
         return answer, JSON
 
     def _remote_read(self, body: bytes, environ: dict) -> tuple[bytes, str]:
-        """Prometheus remote read (hub.remote_read), its reads run as PromQL's: 400 for a request that
-        is refused or whose queries read more than promql_max_samples samples together, 429 when no
-        query slot comes free."""
-        reads = self._promql_reader(self._query_client(environ), time.monotonic() + self._query_max_seconds)
+        """Prometheus remote read (hub.remote_read), run as PromQL queries are: 400 for a request that is
+        refused or whose queries read more than promql_max_samples samples together, 503 past
+        query_max_seconds, 429 when no query slot comes free."""
+        deadline = time.monotonic() + self._query_max_seconds
+        limits = Limits(deadline, self._promql_max_samples)
         try:
-            answer = answer_read(body, self._max_body_bytes, self._promql_max_samples, *reads)
+            with self._query_slots.slot(self._query_client(environ), deadline):
+                answer = answer_read(body, self._max_body_bytes, limits, *self._promql_reader(limits))
         except PayloadError as exc:
             raise HttpError(exc.status, str(exc)) from None
         except PromQLError as exc:
@@ -585,45 +590,43 @@ class Hub:
             raise HttpError(429, str(busy), headers=[("Retry-After", str(busy.retry_after_s))]) from None
         return answer, REMOTE_READ_TYPE
 
-    def _promql_reader(self, client: str, deadline: float) -> tuple[Read, ReadNumbers]:
-        """How a PromQL query reads its series (rows) and samples (numpy columns): store.query and
-        store.query_numbers in one of `client`'s slots until `deadline`; PromQLError when the store
-        refuses, is down, or a read matches more than query_max_rows series or promql_max_samples
-        samples."""
+    def _promql_reader(self, limits: Limits) -> tuple[Read, ReadNumbers]:
+        """How a PromQL query reads its series (rows) and samples (numpy columns), in the slot its caller
+        holds: store.query and store.query_numbers, each within what is left of the query's time;
+        PromQLError when the store refuses or is down, a read matches more than query_max_rows series,
+        or the query's reads together more than promql_max_samples samples."""
+        read_so_far = [0]
 
-        @contextlib.contextmanager
-        def guarded() -> Iterator[None]:
-            with self._query_slots.slot(client, deadline):
-                try:
-                    yield
-                except QueryError as exc:
-                    raise PromQLError(str(exc), "execution", 422) from None
-                except StoreError as exc:
-                    raise PromQLError(str(exc), "unavailable", 503) from None
-
-        def refuse_truncated(truncated: bool, limit: int, what: str, name: str) -> None:
-            if truncated:
+        def run(query: Callable[[int], Any], limit: int, what: str, name: str) -> Any:
+            limits.check_time()
+            try:
+                result = query(max(1, math.ceil(limits.deadline - time.monotonic())))
+            except QueryError as exc:
+                raise PromQLError(str(exc), "execution", 422) from None
+            except StoreError as exc:
+                raise PromQLError(str(exc), "unavailable", 503) from None
+            if result.truncated:
                 raise PromQLError(f"the query reads more than {limit} {what} ({name})", "execution", 422)
-
-        def seconds_left() -> int:
-            return max(1, round(deadline - time.monotonic()))
+            return result
 
         def read(sql: str, parameters: Mapping[str, Any]) -> Sequence[tuple]:
-            with guarded():
-                limit = self._query_max_rows
-                result = self.store.query(
-                    sql, parameters=parameters, max_rows=limit, max_seconds=seconds_left()
-                )
-            refuse_truncated(result.truncated, limit, "series", "hub.query_max_rows")
-            return result.rows
+            limit = self._query_max_rows
+
+            def rows(seconds: int) -> Any:
+                return self.store.query(sql, parameters=parameters, max_rows=limit, max_seconds=seconds)
+
+            return run(rows, limit, "series", "hub.query_max_rows").rows
 
         def read_numbers(sql: str, parameters: Mapping[str, Any]) -> Mapping[str, np.ndarray]:
-            with guarded():
-                limit = self._promql_max_samples
-                result = self.store.query_numbers(
-                    sql, NUMBERS, parameters=parameters, max_rows=limit, max_seconds=seconds_left()
+            limit = self._promql_max_samples - read_so_far[0]
+
+            def numbers(seconds: int) -> Any:
+                return self.store.query_numbers(
+                    sql, NUMBERS, parameters=parameters, max_rows=limit, max_seconds=seconds
                 )
-            refuse_truncated(result.truncated, limit, "samples", "hub.promql_max_samples")
+
+            result = run(numbers, self._promql_max_samples, "samples", "hub.promql_max_samples")
+            read_so_far[0] += len(result.columns["t"])
             return result.columns
 
         return read, read_numbers

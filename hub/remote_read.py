@@ -19,7 +19,8 @@ import cramjam
 from google.protobuf import descriptor_pb2, message_factory
 from google.protobuf.message import DecodeError
 
-from hub.errors import PayloadError
+from hub.errors import PayloadError, PromQLError
+from hub.promql.limits import Limits
 from hub.promql.plan import Selector
 from hub.promql.sql import Read, ReadNumbers, read_series
 from hub.remote_write import Label, WriteRequest, unsnappy
@@ -83,21 +84,24 @@ ReadRequest, ReadResponse = _CLASSES["ReadRequest"], _CLASSES["ReadResponse"]
 
 
 def answer_read(
-    body: bytes, max_body_bytes: int, max_samples: int, read: Read, read_numbers: ReadNumbers
+    body: bytes, max_body_bytes: int, limits: Limits, read: Read, read_numbers: ReadNumbers
 ) -> bytes:
     """The snappy-compressed ReadResponse of a request whose series `read` finds and whose samples
-    `read_numbers` fetches (hub.promql.sql.read_series); PayloadError (400)
-    naming what is wrong with a request that is refused or whose queries read more than `max_samples`
-    samples together, 413 when it inflates past `max_body_bytes`."""
+    `read_numbers` fetches (hub.promql.sql.read_series), built within `limits`' time; PayloadError (400)
+    naming what is wrong with a request that is refused or whose queries read more samples together
+    than `read_numbers` allows, 413 when it inflates past `max_body_bytes`."""
     queries = [_selector(index, query) for index, query in enumerate(_request(body, max_body_bytes))]
-    response, samples = ReadResponse(), 0
+    response = ReadResponse()
     for index, (selector, start_ms, end_ms) in enumerate(queries):
         result = response.results.add()
-        found = read_series(read, read_numbers, selector, start_ms, end_ms, None)
-        samples += sum(len(series.times) for series in found)
-        if samples > max_samples:
-            raise _bad(f"queries[0..{index}] read more than {max_samples} samples (hub.promql_max_samples)")
+        try:
+            found = read_series(read, read_numbers, selector, start_ms, end_ms, None)
+        except PromQLError as error:
+            if error.status != 422:
+                raise
+            raise _bad(f"queries[0..{index}]: {error}") from None
         for series in found:
+            limits.check_time()
             encoded = result.timeseries.add()
             encoded.labels.extend(
                 Label(name=name, value=value).SerializeToString() for name, value in series.labels

@@ -16,11 +16,12 @@ from hub.errors import PromQLError
 from hub.promql import answer
 from hub.promql.evaluate import LOOKBACK_MS, Samples, evaluate, range_points, read_windows
 from hub.promql.grid import stepped_only, tabulate
+from hub.promql.limits import Limits
 from hub.promql.plan import Selector, Subquery, is_range_vector, pin_at, plan
 from hub.promql.request import read_request
 from hub.promql.sql import Grid, Labels, Read, ReadNumbers, read_series
 
-__all__ = ["answer_query"]
+__all__ = ["Limits", "answer_query"]
 
 
 def answer_query(
@@ -32,9 +33,11 @@ def answer_query(
     read: Read,
     read_numbers: ReadNumbers,
     now: float,
+    limits: Limits,
 ) -> bytes:
     """The JSON answer of an instant (`is_range` False) or range query whose series `read` finds and
-    whose samples `read_numbers` fetches; PromQLError for a request that is refused."""
+    whose samples `read_numbers` fetches, evaluated within `limits`; PromQLError for a request that is
+    refused."""
     request = read_request(is_range, method, query_string, content_type, body, now)
     node = pin_at(plan(request.query), request.start_ms, request.end_ms)
     if request.is_range and is_range_vector(node):
@@ -42,7 +45,7 @@ def answer_query(
             'invalid expression type "range vector" for range query, must be Scalar or instant Vector'
         )
     gridded = stepped_only(node) if request.is_range else set()
-    data = Samples()
+    data = Samples(limits)
     for selector, (since, until) in read_windows(node, request.start_ms, request.end_ms).items():
         grid = None
         if selector in gridded:
@@ -61,7 +64,9 @@ def answer_query(
     tabulate(node, request.times(), data)
     series: dict[Labels, list[answer.Point]] = {}
     for t in request.times():
+        limits.check_time()
         value = evaluate(node, t, data)
+        limits.hold(1 if isinstance(value, float) else len(value))
         for labels, number in ({(): value} if isinstance(value, float) else value).items():
             series.setdefault(labels, []).append((t, number))
     return answer.matrix(series)

@@ -27,6 +27,7 @@ from hub.promql import functions
 from hub.promql.answer import number_text
 from hub.promql.binary import Vector, binary
 from hub.promql.functions import Points, drop_name
+from hub.promql.limits import Limits
 from hub.promql.plan import (
     Absent,
     Aggregation,
@@ -67,13 +68,14 @@ def read_windows(
 
 
 class Samples(dict[Selector, list[Series]]):
-    """What a query is evaluated over: each selector's series, and in `at_steps` the values some nodes
-    take at every step of a range query, computed for all steps at once (hub.promql.grid), which
-    evaluate looks up instead of computing them step by step."""
+    """What a query is evaluated over: each selector's series, in `at_steps` the values some nodes take
+    at every step of a range query, computed for all steps at once (hub.promql.grid), which evaluate
+    looks up instead of computing them step by step; and the query's `limits`."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: Limits | None = None) -> None:
         super().__init__()
         self.at_steps: dict[Node, Steps] = {}
+        self.limits = limits or Limits()
 
 
 class Steps(Protocol):
@@ -140,6 +142,7 @@ def range_points(
     series: dict[Labels, tuple[list[int], list[float]]] = {}
     first = -(-start // source.step_ms) * source.step_ms  # the first multiple of the step in the window
     for step_t in range(first, end + 1, source.step_ms):
+        data.limits.check_time()
         value = evaluate(source.expr, step_t, data)
         assert isinstance(value, dict)
         for labels, number in value.items():

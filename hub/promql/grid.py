@@ -59,17 +59,21 @@ def tabulate(root: Node, times: range, data: Samples) -> None:
     """Put into `data.at_steps` the table, over `times`, of every node of `root` that _stepped yields."""
     steps = np.arange(times.start, times.stop, times.step, dtype=np.int64)
     for node in _stepped(root):
+        source = node if isinstance(node, Selector) else node.source
+        assert isinstance(source, Selector)
+        every = data[source]
+        data.limits.check_time()
+        data.limits.hold(len(every) * len(steps))
         if isinstance(node, Selector):
-            built = [_selector_row(series, steps - node.offset_ms) for series in data[node]]
-            labels = [series.labels for series in data[node]]
+            built = [_selector_row(series, steps - node.offset_ms) for series in every]
+            labels = [series.labels for series in every]
         else:
-            assert isinstance(node.source, Selector)
-            every = data[node.source]
-            built = [_range_row(node, series, steps - node.source.offset_ms) for series in every]
+            built = [_range_row(node, series, steps - source.offset_ms) for series in every]
             labels = [range_labels(node, series.labels) for series in every]
         values = np.array([row[0] for row in built]).reshape(len(built), len(steps))
         present = np.array([row[1] for row in built], dtype=bool).reshape(len(built), len(steps))
-        _refuse_shared_label_sets(labels, present)
+        if isinstance(node, RangeFunction):
+            _refuse_shared_label_sets(labels, present)
         data.at_steps[node] = StepTable(times.start, times.step, len(steps), labels, values, present)
 
 

@@ -315,22 +315,52 @@ def test_label_values_are_matched_as_text_whatever_they_hold(peers, value):
     )
 
 
-def test_a_query_holding_more_samples_than_the_limit_answers_execution_naming_it(peers, tmp_path):
+def limited_hub(peers: dict[str, Any], tmp_path: Path, **limits: Any) -> Hub:
+    """A hub on the peers' store with a read token ("reader") and the given query limits."""
     store = peers["hub_app"].store
-    hub = Hub(
-        store,
-        Writer(store, Spool(tmp_path / "spool", 1 << 20)),
-        OtlpStepReceiver(),
-        tokens=Tokens({"reader": frozenset({"read"})}),
-        promql_max_samples=100,
-    )
+    spool = Spool(tmp_path / "spool", 1 << 20)
+    tokens = Tokens({"reader": frozenset({"read"})})
+    return Hub(store, Writer(store, spool), OtlpStepReceiver(), tokens=tokens, **limits)
 
-    def ask(query: str, end_minute: float) -> tuple[int, dict]:
-        window = {"start": minutes(0) / 1000, "end": minutes(end_minute) / 1000, "step": "60"}
-        parameters = urllib.parse.urlencode({"query": query, **window})
-        return ask_wsgi(hub, "GET", "/api/v1/query_range", parameters, "Bearer reader")
 
-    assert ask('fl_requests_total{job="batch"}', 20)[0] == 200
-    status, answer = ask("rate(fl_requests_total[5m])", 60)
+def ask_range(hub: Hub, query: str, end_minute: float, step: str = "60") -> tuple[int, dict]:
+    window = {"start": minutes(0) / 1000, "end": minutes(end_minute) / 1000, "step": step}
+    parameters = urllib.parse.urlencode({"query": query, **window})
+    return ask_wsgi(hub, "GET", "/api/v1/query_range", parameters, "Bearer reader")
+
+
+def test_a_query_reading_more_samples_than_the_limit_answers_execution_naming_it(peers, tmp_path):
+    hub = limited_hub(peers, tmp_path, promql_max_samples=100)
+    assert ask_range(hub, 'fl_requests_total{job="batch"}', 20)[0] == 200
+    status, answer = ask_range(hub, "rate(fl_requests_total[5m])", 60)
     assert (status, answer["errorType"]) == (422, "execution")
     assert "more than 100 samples (hub.promql_max_samples)" in answer["error"]
+    status, answer = ask_range(hub, 'fl_requests_total{job="batch"} + fl_requests_total{code="500"}', 60)
+    assert status == 422, "two reads under the limit each, over it together"
+
+
+def test_a_query_holding_more_points_than_the_limit_answers_as_prometheus_does(peers, tmp_path):
+    """440 samples read, but a table of 3 series at 3,601 steps: Prometheus's --query.max-samples error."""
+    hub = limited_hub(peers, tmp_path, promql_max_samples=1000)
+    status, answer = ask_range(hub, "fl_temperature_celsius", 60, step="1")
+    assert (status, answer["errorType"]) == (422, "execution")
+    assert "too many samples into memory" in answer["error"]
+
+
+def test_a_query_evaluating_past_its_time_answers_timeout(peers, tmp_path):
+    hub = limited_hub(peers, tmp_path, query_max_seconds=1)
+    status, answer = ask_range(hub, "max_over_time(max_over_time(fl_temperature_celsius[1h:1s])[1h:1s])", 60)
+    assert (status, answer["errorType"]) == (503, "timeout")
+    assert "hub.query_max_seconds" in answer["error"]
+
+
+@pytest.mark.parametrize("query", ["x+" * 5000 + "x", "(" * 5000 + "x" + ")" * 5000, "-" * 300 + "1"])
+def test_a_query_nested_beyond_the_bound_answers_bad_data_before_it_is_parsed(peers, query):
+    status, answer = get(peers["hub"], "/api/v1/query", {"query": query, "time": str(minutes(30) / 1000)})
+    assert (status, answer["errorType"]) == (400, "bad_data")
+    assert "more than 200 operators and brackets" in answer["error"]
+
+
+def test_a_query_of_many_operators_within_the_bound_answers_as_prometheus_does(peers):
+    query = "fl_temperature_celsius" + " + 1" * 150
+    assert compare_instant(peers, query, INSTANT_TIMES)

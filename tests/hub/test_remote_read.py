@@ -152,7 +152,7 @@ REFUSED = {
     "over the rows": (read_request((0, T0_MS + 90 * MINUTE_MS, EVERY_REQUEST)), "more than 50 samples"),
     "over the rows together": (
         read_request(*[(T0_MS, T0_MS + 4 * MINUTE_MS, [(EQ, "__name__", "fl_requests_total")])] * 2),
-        "queries[0..1] read more than 50 samples",  # 26 each
+        "queries[0..1]: the query reads more than 50 samples",  # 26 each
     ),
     "chunks only": (remote_write.snappy(b"\x10\x01"), "answers SAMPLES (0) only"),
 }
