@@ -246,10 +246,10 @@ RANGE_FUNCTIONS: dict[str, Callable[..., float | None]] = {
     "rate": lambda points, start, end: extrapolated_rate(points, start, end, True, True),
     "increase": lambda points, start, end: extrapolated_rate(points, start, end, True, False),
     "irate": _irate,
-    "avg_over_time": _over_time(lambda values: sum(values) / len(values)),
+    "avg_over_time": _over_time(functions.mean_over_time),
     "min_over_time": _over_time(lambda values: _least(values, operator.lt)),
     "max_over_time": _over_time(lambda values: _least(values, operator.gt)),
-    "sum_over_time": _over_time(sum),
+    "sum_over_time": _over_time(functions.kahan_sum),
     "count_over_time": _over_time(lambda values: float(len(values))),
     "last_over_time": _over_time(lambda values: values[-1]),
     "delta": lambda points, start, end: extrapolated_rate(points, start, end, False, False),
@@ -314,7 +314,7 @@ def _least(values: Sequence[float], before: Callable[[float, float], bool]) -> f
 
 AGGREGATE: dict[str, Callable[[list[float]], float]] = {
     "sum": sum,
-    "avg": lambda values: sum(values) / len(values),
+    "avg": functions.mean,
     "min": lambda values: _least(values, operator.lt),
     "max": lambda values: _least(values, operator.gt),
     "count": lambda values: float(len(values)),

@@ -107,6 +107,14 @@ SERIES: list[remote_write.Series] = [
     ),
     *(({"__name__": "fl_odd_value", "node": "n3", "k": str(k)}, odd(k)) for k in range(6)),
     *buckets("c", "n2", {"0.1": [1.0 * i for i in RANGE], "1": [2.0 * i for i in RANGE], "x": [3.0] * 120}),
+    *(
+        ({"__name__": "fl_huge_value", "node": "n4", "k": k}, [(at(index / 4), 1e308) for index in range(240)])
+        for k in "ab"
+    ),
+    (  # sums that lose the 1 unless compensated
+        {"__name__": "fl_cancelling_value", "node": "n4"},
+        [(at(index / 4), (1e16, 1.0, -1e16)[index % 3]) for index in range(240)],
+    ),
 ]
 
 
@@ -202,6 +210,15 @@ QUERIES = [
     "stdvar_over_time(fl_odd_value[1m])",
     "deriv(fl_odd_value[1m])",
     "delta(fl_odd_value[1m])",
+    "avg(fl_huge_value)",
+    "avg_over_time(fl_huge_value[1m])",
+    "sum(fl_huge_value)",
+    "sum_over_time(fl_cancelling_value[1m])",
+    "avg_over_time(fl_cancelling_value[1m])",
+    "sum(fl_cancelling_value or fl_huge_value * 0 + 1)",
+    "avg(fl_odd_value)",
+    "avg_over_time(fl_odd_value[1m])",
+    "sum_over_time(fl_odd_value[1m])",
     "histogram_quantile(0.9, fl_latency_seconds_bucket)",
     "histogram_quantile(0.5, rate(fl_latency_seconds_bucket[5m]))",
     "histogram_quantile(0.99, sum by (le) (rate(fl_latency_seconds_bucket[5m])))",
