@@ -202,9 +202,10 @@ def range_labels(node: RangeFunction, labels: Labels) -> Labels:
 def extrapolated_rate(points: Points, start: int, end: int, is_counter: bool, is_rate: bool) -> float | None:
     """Prometheus's extrapolatedRate: the increase over the samples, counter resets added back, stretched
     to the range's ends where the samples come close to them (within 1.1 average intervals), else by half
-    an interval, and not below zero for a counter; per second of the range for a rate."""
+    an interval, and not below zero for a counter; per second of the range for a rate. None below two
+    samples, or when all share one time (step records of one millisecond), which Prometheus cannot hold."""
     times, values = points
-    if len(values) < 2:
+    if len(values) < 2 or times[-1] == times[0]:
         return None
     result = values[-1] - values[0]
     if is_counter:

@@ -136,7 +136,8 @@ def _range_row(node: RangeFunction, series: Series, ends: np.ndarray) -> tuple[n
     if node.name in RATES:
         resets = np.concatenate(([0], np.cumsum(series.values[1:] < series.values[:-1])))
         last = np.maximum(high - 1, 0)
-        plain = (high - low >= 2) & (resets[last] == resets[np.minimum(low, last)])
+        spans_time = series.times[last] > series.times[np.minimum(low, last)]  # else extrapolated_rate's None
+        plain = (high - low >= 2) & spans_time & (resets[last] == resets[np.minimum(low, last)])
         values[plain] = _rates(series, low[plain], high[plain], starts[plain], ends[plain], RATES[node.name])
         present |= plain
         by_step &= ~plain
