@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from hub.errors import PromQLError
-from hub.promql.functions import drop_name, go_divide
+from hub.promql.functions import collect, drop_name, go_divide
 from hub.promql.plan import COMPARISONS, SET_OPERATORS, Binary, Matching
 from hub.promql.sql import Labels
 
@@ -48,16 +48,22 @@ def binary(node: Binary, lhs: Vector | float, rhs: Vector | float) -> Vector | f
     vector_on_left = isinstance(lhs, dict)
     vector, scalar = (lhs, rhs) if vector_on_left else (rhs, lhs)
     assert isinstance(vector, dict) and isinstance(scalar, float)
-    result = {}
+    return collect(_vector_scalar(node, vector, scalar, vector_on_left))
+
+
+def _vector_scalar(
+    node: Binary, vector: Vector, scalar: float, vector_on_left: bool
+) -> Iterator[tuple[Labels, float]]:
+    """Each sample of `vector op scalar` (or `scalar op vector`); series that dropping __name__ makes
+    one label set stay apart here, for collect to refuse as Prometheus does."""
     for labels, value in vector.items():
         left, right = (value, scalar) if vector_on_left else (scalar, value)
         if node.op not in COMPARISONS:
-            result[drop_name(labels) if node.op in DROPS_NAME else labels] = arithmetic(node.op, left, right)
+            yield (drop_name(labels) if node.op in DROPS_NAME else labels), arithmetic(node.op, left, right)
         elif node.return_bool:
-            result[drop_name(labels)] = float(COMPARE[node.op](left, right))
+            yield drop_name(labels), float(COMPARE[node.op](left, right))
         elif COMPARE[node.op](left, right):
-            result[labels] = value
-    return result
+            yield labels, value
 
 
 def arithmetic(op: str, left: float, right: float) -> float:

@@ -91,7 +91,7 @@ def _match(text: str) -> Selector:
     except PromQLError as error:
         reason = str(error).removeprefix('invalid parameter "query": ')
         raise PromQLError(f'invalid parameter "match[]": {reason}') from None
-    if not isinstance(node, Selector) or node.offset_ms or node.range_ms:
+    if not isinstance(node, Selector) or node.offset_ms or node.range_ms or node.at is not None:
         raise PromQLError(f'invalid parameter "match[]": {printable(text)[:100]!r} is not a series selector')
     return node
 

@@ -205,9 +205,10 @@ def range_labels(node: RangeFunction, labels: Labels) -> Labels:
 def extrapolated_rate(points: Points, start: int, end: int, is_counter: bool, is_rate: bool) -> float | None:
     """Prometheus's extrapolatedRate: the increase over the samples, counter resets added back, stretched
     to the range's ends where the samples come close to them (within 1.1 average intervals), else by half
-    an interval, and not below zero for a counter; per second of the range for a rate."""
+    an interval, and not below zero for a counter; per second of the range for a rate. None below two
+    samples, or when all share one time (step records of one millisecond), which Prometheus cannot hold."""
     times, values = points
-    if len(values) < 2:
+    if len(values) < 2 or times[-1] == times[0]:
         return None
     result = values[-1] - values[0]
     if is_counter:
@@ -249,10 +250,10 @@ RANGE_FUNCTIONS: dict[str, Callable[..., float | None]] = {
     "rate": lambda points, start, end: extrapolated_rate(points, start, end, True, True),
     "increase": lambda points, start, end: extrapolated_rate(points, start, end, True, False),
     "irate": _irate,
-    "avg_over_time": _over_time(lambda values: sum(values) / len(values)),
+    "avg_over_time": _over_time(functions.mean_over_time),
     "min_over_time": _over_time(lambda values: _least(values, operator.lt)),
     "max_over_time": _over_time(lambda values: _least(values, operator.gt)),
-    "sum_over_time": _over_time(sum),
+    "sum_over_time": _over_time(functions.kahan_sum),
     "count_over_time": _over_time(lambda values: float(len(values))),
     "last_over_time": _over_time(lambda values: values[-1]),
     "delta": lambda points, start, end: extrapolated_rate(points, start, end, False, False),
@@ -317,7 +318,7 @@ def _least(values: Sequence[float], before: Callable[[float, float], bool]) -> f
 
 AGGREGATE: dict[str, Callable[[list[float]], float]] = {
     "sum": sum,
-    "avg": lambda values: sum(values) / len(values),
+    "avg": functions.mean,
     "min": lambda values: _least(values, operator.lt),
     "max": lambda values: _least(values, operator.gt),
     "count": lambda values: float(len(values)),

@@ -147,6 +147,35 @@ def quantile(q: float, values: Sequence[float]) -> float:
     return float(ordered[lower] * (1 - weight) + ordered[upper] * weight)
 
 
+def kahan_sum(values: Sequence[float]) -> float:
+    """sum_over_time's compensated sum; an infinite sum without its compensation (which is NaN)."""
+    total = compensation = 0.0
+    for value in values:
+        total, compensation = kahan_add(value, total, compensation)
+    return float(total if math.isinf(total) else total + compensation)
+
+
+def mean_over_time(values: Sequence[float]) -> float:
+    """avg_over_time: the mean moved by each value's share (never overflowing where the sum would),
+    Kahan-compensated, as Prometheus's funcAvgOverTime."""
+    count = mean = compensation = 0.0
+    for value in values:
+        count += 1
+        if not _keeps_infinite_mean(mean, value):
+            mean, compensation = kahan_add(value / count - mean / count, mean, compensation)
+    return float(mean if math.isinf(mean) else mean + compensation)
+
+
+def _keeps_infinite_mean(mean: float, value: float) -> bool:
+    """Whether an infinite `mean` stays as it is when `value` joins: an Inf of its sign or a finite
+    value would otherwise make it Inf - Inf, NaN."""
+    if not math.isinf(mean):
+        return False
+    if math.isinf(value):
+        return (mean > 0) == (value > 0)
+    return not math.isnan(value)
+
+
 def variance_over_time(points: Points, start: int, end: int) -> float:
     """stdvar_over_time: the population variance, by Welford's method with Kahan-summed terms."""
     count = mean = mean_c = aux = aux_c = 0.0
@@ -421,6 +450,15 @@ def variance(values: Sequence[float]) -> float:
         mean += delta / count
         total += delta * (value - mean)
     return float(total / count)
+
+
+def mean(values: Sequence[float]) -> float:
+    """avg's incremental mean, without compensation, as Prometheus's aggregation computes it."""
+    result = values[0]
+    for count, value in enumerate(values[1:], start=2):
+        if not _keeps_infinite_mean(result, value):
+            result += value / count - result / count
+    return float(result)
 
 
 def top(samples: Sequence[tuple[Labels, float]], k: float, largest: bool) -> list[tuple[Labels, float]]:

@@ -4,9 +4,9 @@ Stepping through a week at a time, evaluate would search each series once per st
 one numpy.searchsorted per series finds every step's window. An instant selector's value is then its
 newest sample within the lookback, taken for all steps by indexing. rate and increase over a window
 without a counter reset are computed on arrays with extrapolated_rate's operations, in its order (the
-same floats); min, max, count and last over time on arrays too, where they are exact; every other
-window goes through evaluate's own function on that window's samples, so a value here never differs
-from a step-by-step evaluation.
+same floats); min, max, count and last over time on arrays too, where they are exact (a min or max
+of zero, which may be 0 or -0, is not); every other window goes through evaluate's own function on
+that window's samples, so a value here never differs from a step-by-step evaluation.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from hub.promql.plan import Node, Number, RangeFunction, Selector, Subquery, chi
 from hub.promql.sql import Labels, Series
 
 RATES = {"rate": True, "increase": False}  # range functions computed on arrays -> whether per second
-# min and max over windows without NaN, as numpy keeps the first of equal values as Prometheus does
+# min and max over windows without NaN; a zero goes step by step, as numpy may not keep the first of
+# equal values (0 and -0) as Prometheus does
 EXTREMES = {"min_over_time": np.minimum, "max_over_time": np.maximum}
 ENDS = {  # functions of a window's count or last sample: values of windows [low, high)
     "count_over_time": lambda values, low, high: (high - low).astype(np.float64),
@@ -140,16 +141,19 @@ def _range_row(node: RangeFunction, series: Series, ends: np.ndarray) -> tuple[n
     if node.name in RATES:
         resets = np.concatenate(([0], np.cumsum(series.values[1:] < series.values[:-1])))
         last = np.maximum(high - 1, 0)
-        plain = (high - low >= 2) & (resets[last] == resets[np.minimum(low, last)])
+        spans_time = series.times[last] > series.times[np.minimum(low, last)]  # else extrapolated_rate's None
+        plain = (high - low >= 2) & spans_time & (resets[last] == resets[np.minimum(low, last)])
         values[plain] = _rates(series, low[plain], high[plain], starts[plain], ends[plain], RATES[node.name])
         present |= plain
         by_step &= ~plain
     elif node.name in EXTREMES and not np.isnan(series.values).any():
         bounds = np.stack((low, high), axis=1).ravel()  # reduceat: [low, high) at even positions
         padded = np.append(series.values, 0.0)
-        values[by_step] = EXTREMES[node.name].reduceat(padded, bounds)[::2][by_step]
-        present |= by_step
-        by_step[:] = False
+        extremes = EXTREMES[node.name].reduceat(padded, bounds)[::2]
+        exact = by_step & (extremes != 0)
+        values[exact] = extremes[exact]
+        present |= exact
+        by_step &= ~exact
     elif node.name in ENDS:
         values[by_step] = ENDS[node.name](series.values, low, high)[by_step]
         present |= by_step

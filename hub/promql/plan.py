@@ -14,16 +14,18 @@ on/ignoring and group_left/group_right.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import promql_parser as pp
+import re2
 
 from collectors.logtext import printable
 from hub.errors import PromQLError
-from hub.promql.functions import FUNCTIONS, LABEL_NAME, SCALAR_FUNCTIONS, check_arguments
+from hub.promql.functions import FUNCTIONS, LABEL_NAME, SCALAR_FUNCTIONS, anchored, check_arguments
 from hub.promql.request import MAX_POINTS, MAX_TIMESTAMP_MS
 
 RANGE_FUNCTIONS = frozenset(
@@ -297,9 +299,27 @@ def _selector(tree: pp.VectorSelector, range_ms: int) -> Selector:
     if tree.matchers.or_matchers:
         raise PromQLError("`or` between label matchers is not supported yet")
     matchers = [(m.name, _match_op(m.op), m.value) for m in tree.matchers.matchers]
+    for name, op, value in matchers:
+        if op in ("=~", "!~"):
+            _check_regex(name, op, value)
     if tree.name is not None:
         matchers.insert(0, ("__name__", "=", tree.name))
     return Selector(tuple(matchers), _offset(tree.offset), range_ms, _at(tree.at))
+
+
+def _check_regex(name: str, op: str, value: str) -> None:
+    """PromQLError (bad_data) naming the matcher whose regular expression RE2 refuses, as ClickHouse
+    would when running it (the parser's own regex engine accepts more, such as repeats above 1000)."""
+    try:
+        anchored(value)
+    except re2.error as error:
+        matcher = printable(f"{name}{op}{json.dumps(value, ensure_ascii=False)}")[:200]
+        reason = error.args[0] if error.args else ""
+        reason = reason.decode(errors="replace") if isinstance(reason, bytes) else str(reason)
+        raise PromQLError(
+            f'invalid parameter "query": invalid regular expression in matcher {matcher}: '
+            f"{printable(reason)[:200]}"
+        ) from None
 
 
 def _subquery(tree: pp.SubqueryExpr) -> Subquery:

@@ -21,7 +21,7 @@ from hub.bodies import media_type
 from hub.errors import PromQLError
 
 FORM = "application/x-www-form-urlencoded"
-MAX_POINTS = 11_000  # points per series of a range query, as Prometheus limits them
+MAX_POINTS = 11_000  # steps after the start a range query may hold, as Prometheus limits them
 MAX_TIMESTAMP_MS = 2**62 // 1000  # far beyond any stored sample, well inside what the arithmetic holds
 
 
@@ -60,7 +60,7 @@ def read_request(
             'invalid parameter "step": zero or negative query resolution step widths are not accepted. '
             "Try a positive integer"
         )
-    if (end - start) // step >= MAX_POINTS:
+    if (end - start) // step > MAX_POINTS:
         raise PromQLError(
             "exceeded maximum resolution of 11,000 points per timeseries. Try decreasing the query "
             "resolution (?step=XX)"

@@ -26,7 +26,7 @@ from hub.otlp import OtlpStepReceiver
 from hub.spool import Spool
 from hub.writer import Writer
 from tests.support import remote_write
-from tests.support.promqlpeers import compare_instant, compare_range, get, hub_and_prometheus
+from tests.support.promqlpeers import comparable, compare_instant, compare_range, get, hub_and_prometheus
 
 pytestmark = pytest.mark.integration
 
@@ -199,6 +199,18 @@ def test_bad_range_parameters_answer_bad_data_naming_them(peers, parameters, rea
     status, answer = get(peers["hub"], "/api/v1/query_range", parameters)
     assert (status, answer["errorType"]) == (400, "bad_data")
     assert reason in answer["error"]
+
+
+@pytest.mark.parametrize("end", ["11000", "11000.999", "11001"])
+def test_range_queries_hold_at_most_11000_steps_after_the_start_as_in_prometheus(peers, end):
+    """Prometheus refuses a range only when (end - start) / step, in whole steps, exceeds 11,000."""
+    parameters = {"query": "1", "start": "0", "end": end, "step": "1"}
+    (status, ours), (their_status, theirs) = (
+        get(peers[side], "/api/v1/query_range", parameters) for side in ("hub", "prometheus")
+    )
+    assert (status, ours.get("errorType")) == (their_status, theirs.get("errorType")), ours
+    if their_status == 200:
+        assert comparable(ours["data"]["result"]) == comparable(theirs["data"]["result"])
 
 
 def test_range_parameters_take_rfc3339_times_and_durations(peers):

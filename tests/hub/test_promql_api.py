@@ -159,6 +159,14 @@ def test_labels_and_values_without_match_answer_as_prometheus_does(peers, window
         ("/api/v1/series", [("match[]", "fl_up"), ("start", "yesterday")]),
         ("/api/v1/series", [("match[]", "fl_up"), ("end", "1x")]),
         ("/api/v1/labels", [("match[]", 'fl_up{job=~"("}')]),
+        ("/api/v1/series", [("match[]", "fl_up @ 123")]),
+        ("/api/v1/series", [("match[]", "fl_up @ start()")]),
+        ("/api/v1/series", [("match[]", 'fl_up{job=~"a{1001}"}')]),
+        ("/api/v1/query", [("query", 'fl_up{job=~"a{1001}"}')]),
+        (
+            "/api/v1/query_range",
+            [("query", 'fl_up{job!~"(?i)x{2000}"}'), ("start", "0"), ("end", "60"), ("step", "15")],
+        ),
         ("/api/v1/label/1bad/values", []),
         ("/api/v1/label/a-b/values", []),
         ("/api/v1/metadata", [("limit", "ten")]),
@@ -174,6 +182,20 @@ def test_a_selector_with_more_than_matchers_is_refused_naming_match(peers):
     status, answer = get(peers["hub"], "/api/v1/series", {"match[]": "rate(fl_up[5m])"})
     assert (status, answer["errorType"]) == (400, "bad_data")
     assert 'invalid parameter "match[]"' in answer["error"]
+
+
+@pytest.mark.parametrize(
+    ("path", "parameters", "named"),
+    [
+        ("/api/v1/series", {"match[]": "fl_up @ 123"}, "'fl_up @ 123' is not a series selector"),
+        ("/api/v1/series", {"match[]": 'fl_up{job=~"a{1001}"}'}, 'in matcher job=~"a{1001}"'),
+        ("/api/v1/query", {"query": 'sum(fl_up{node!~"n{1,1001}"})'}, 'in matcher node!~"n{1,1001}"'),
+    ],
+)
+def test_what_prometheus_refuses_in_a_selector_is_named(peers, path, parameters, named):
+    status, answer = get(peers["hub"], path, parameters)
+    assert (status, answer["errorType"]) == (400, "bad_data")
+    assert named in answer["error"]
 
 
 def test_metadata_names_the_stored_metrics_with_unknown_types(peers):

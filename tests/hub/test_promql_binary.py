@@ -59,6 +59,8 @@ SERIES: list[remote_write.Series] = [
     ({"__name__": "fl_node_capacity", "node": "n2", "source": "bmc"}, every_15s(lambda i: 4)),
     ({"__name__": "fl_requests_total", "node": "n1", "job": "api"}, every_15s(requests_counter)),
     ({"__name__": "fl_requests_total", "node": "n2", "job": "api"}, every_15s(lambda i: 100 + i * 4)),
+    (gpu("fl_fan_speed", "n1", "0"), every_15s(lambda i: 40 + i % 30)),
+    (gpu("fl_fan_target", "n1", "0"), every_15s(lambda i: 55, skip=(20, 61))),  # as fl_fan_speed's
 ]
 AT_S = minutes(30) // 1000  # a fixed time for `@`, in unix seconds
 
@@ -191,3 +193,40 @@ def test_ambiguous_matches_answer_the_execution_error_prometheus_answers(peers, 
     )
     assert theirs[:3] == (422, "error", "execution")
     assert ours == theirs
+
+
+FANS = '{__name__=~"fl_fan_.*"}'  # two series told apart by __name__ alone, both present until minute 20
+NAME_DROPPING = [
+    f"{FANS} * 2",
+    f"2 - {FANS}",
+    f"{FANS} / 4",
+    f"{FANS} > bool 50",
+    f"50 >= bool {FANS}",
+    f"-{FANS}",
+]
+NAME_DROPPING_WINDOWS = [  # (start, end) minutes and a step; an instant query where start is end
+    (10, 10, "1m"),
+    (40, 40, "1m"),
+    (4, 66, "45s"),
+    (30, 66, "45s"),
+    (4, 66, "7m"),
+    (24, 66, "7m"),
+]
+
+
+@pytest.mark.parametrize("query", NAME_DROPPING)
+def test_dropping_names_that_alone_tell_series_apart_answers_as_prometheus_does(peers, query):
+    """Prometheus's execution error where the series that became one label set share a step, the same
+    values where they do not, for every operator that drops __name__, instant and range."""
+    for start, end, step in NAME_DROPPING_WINDOWS:
+        if start == end:
+            path, parameters = "/api/v1/query", {"query": query, "time": str(minutes(start) / 1000)}
+        else:
+            window = {"start": str(minutes(start) / 1000), "end": str(minutes(end) / 1000), "step": step}
+            path, parameters = "/api/v1/query_range", {"query": query, **window}
+        theirs, ours = prometheus_and_hub(peers, path, parameters)
+        assert ours == theirs, (start, end, step)
+        if theirs[0] == 200 and start == end:
+            assert compare_instant(peers, query, [minutes(start)])
+        elif theirs[0] == 200:
+            assert compare_range(peers, query, minutes(start), minutes(end), step)

@@ -107,6 +107,21 @@ SERIES: list[remote_write.Series] = [
     ),
     *(({"__name__": "fl_odd_value", "node": "n3", "k": str(k)}, odd(k)) for k in range(6)),
     *buckets("c", "n2", {"0.1": [1.0 * i for i in RANGE], "1": [2.0 * i for i in RANGE], "x": [3.0] * 120}),
+    *(
+        (
+            {"__name__": "fl_huge_value", "node": "n4", "k": k},
+            [(at(index / 4), 1e308) for index in range(240)],
+        )
+        for k in "ab"
+    ),
+    (
+        {"__name__": "fl_signed_zero", "node": "n4"},
+        [(at(index / 4), (0.0, -0.0)[index % 2]) for index in range(240)],
+    ),
+    (  # sums that lose the 1 unless compensated
+        {"__name__": "fl_cancelling_value", "node": "n4"},
+        [(at(index / 4), (1e16, 1.0, -1e16)[index % 3]) for index in range(240)],
+    ),
 ]
 
 
@@ -202,6 +217,15 @@ QUERIES = [
     "stdvar_over_time(fl_odd_value[1m])",
     "deriv(fl_odd_value[1m])",
     "delta(fl_odd_value[1m])",
+    "avg(fl_huge_value)",
+    "avg_over_time(fl_huge_value[1m])",
+    "sum(fl_huge_value)",
+    "sum_over_time(fl_cancelling_value[1m])",
+    "avg_over_time(fl_cancelling_value[1m])",
+    "sum(fl_cancelling_value or fl_huge_value * 0 + 1)",
+    "avg(fl_odd_value)",
+    "avg_over_time(fl_odd_value[1m])",
+    "sum_over_time(fl_odd_value[1m])",
     "histogram_quantile(0.9, fl_latency_seconds_bucket)",
     "histogram_quantile(0.5, rate(fl_latency_seconds_bucket[5m]))",
     "histogram_quantile(0.99, sum by (le) (rate(fl_latency_seconds_bucket[5m])))",
@@ -263,6 +287,22 @@ def test_failing_evaluation_answers_execution_as_prometheus_does(peers, query):
         ours, theirs = (get(peers[side], path, parameters) for side in PEERS)
         assert theirs[0] == 422 and theirs[1]["errorType"] == "execution", (path, theirs)
         assert (ours[0], ours[1]["errorType"]) == (theirs[0], theirs[1]["errorType"]), (path, ours)
+
+
+@pytest.mark.parametrize(
+    "query", ["min_over_time(fl_signed_zero[50s])", "max_over_time(fl_signed_zero[50s])"]
+)
+def test_min_and_max_of_signed_zeros_keep_the_first_as_prometheus_does(peers, query):
+    """Windows of four zeros, 0 and -0 in turn, some starting with each (steps of 75 s), print the first
+    of the equal zeros as Prometheus does ("0" or "-0"), over steps at least as long as the range."""
+    parameters = {"query": query, "start": str(at(1) / 1000), "end": str(at(59) / 1000), "step": "75"}
+    texts = []
+    for side in PEERS:
+        status, answer = get(peers[side], "/api/v1/query_range", parameters)
+        assert status == 200, (side, answer)
+        texts.append([[text for _, text in one["values"]] for one in answer["data"]["result"]])
+    assert texts[0] == texts[1]
+    assert {"0", "-0"} <= set(texts[1][0]), "both signs compared"
 
 
 REGEX_PARTS = st.sampled_from(

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from collectors.steprecord import StepRecord
+from hub.promql.evaluate import extrapolated_rate
 from tests.support import remote_write
 from tests.support.promqlpeers import compare_instant, compare_range, get, hub_and_prometheus
 
@@ -175,3 +176,42 @@ def test_metadata_names_the_step_metrics(peers):
     assert sorted(answer["data"]) == [
         f"fleetlens_step_{name}_seconds" for name in sorted(("duration", *PHASES.values()))
     ]
+
+
+def twin_records() -> list[StepRecord]:
+    """Every 5 minutes two steps of one rank recorded in the same millisecond, the second longer."""
+    return [
+        StepRecord((T0_MS + k * 300_000) / 1000, "twin", 0, "n0", 2 * k + second, 1.0 + k + 2 * second)
+        for k in range(13)
+        for second in (0, 1)
+    ]
+
+
+@pytest.fixture(scope="module")
+def twins(chdb_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The hub holding twin_records, Prometheus the first of each pair (it keeps one sample a time)."""
+    with hub_and_prometheus([], chdb_dir, tmp_path_factory.mktemp("twins")) as both:
+        rows = twin_records()
+        assert both["hub_app"].store.insert_steps(rows, token="promql-twins") == len(rows)
+        firsts = [row for row in rows if row.step % 2 == 0]
+        series = [one for one in as_series(firsts) if one[0]["__name__"] == "fleetlens_step_duration_seconds"]
+        status, answer = remote_write.post(
+            both["prometheus"], remote_write.snappy(remote_write.encode(series))
+        )
+        assert status == 204, answer
+        yield both
+
+
+@pytest.mark.parametrize("function", ["rate", "increase", "delta", "irate"])
+def test_windows_of_steps_in_one_millisecond_have_no_rate_as_in_prometheus(twins, function):
+    """A window holding only samples of one time has no rate (Prometheus holds one of them: too few)."""
+    query = f"{function}(fleetlens_step_duration_seconds[1m])"
+    compare_instant(twins, query, [minutes(m) for m in (0.5, 5.2, 30, 60)])
+    compare_range(twins, query, minutes(-2), minutes(66), "20s")
+    status, answer = get(twins["hub"], "/api/v1/query", {"query": query, "time": str(minutes(5.5) / 1000)})
+    assert (status, answer["data"]["result"]) == (200, [])
+
+
+def test_extrapolated_rate_of_samples_at_one_time_is_none():
+    for is_counter, is_rate in ((True, True), (True, False), (False, False)):
+        assert extrapolated_rate(([5_000, 5_000], [1.0, 2.0]), 0, 60_000, is_counter, is_rate) is None
