@@ -141,10 +141,13 @@ def range_points(
         return start, end, _samples_within(data[source], start, end)
     series: dict[Labels, tuple[list[int], list[float]]] = {}
     first = -(-start // source.step_ms) * source.step_ms  # the first multiple of the step in the window
+    held = 0
     for step_t in range(first, end + 1, source.step_ms):
         data.limits.check_time()
         value = evaluate(source.expr, step_t, data)
         assert isinstance(value, dict)
+        held += len(value)
+        data.limits.check_room(held)
         for labels, number in value.items():
             times, values = series.setdefault(labels, ([], []))
             times.append(step_t)

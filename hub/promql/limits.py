@@ -27,9 +27,14 @@ class Limits:
             )
 
     def hold(self, points: int) -> None:
-        """Count `points` more held; PromQLError (execution, 422, as Prometheus) past max_points."""
+        """Count `points` more held for the rest of the query; PromQLError past max_points."""
         self.points += points
-        if self.points > self.max_points:
+        self.check_room(0)
+
+    def check_room(self, transient: int) -> None:
+        """PromQLError (execution, 422, as Prometheus answers) when the points held and `transient` more
+        (a subquery's, held while a function reads them) are past max_points."""
+        if self.points + transient > self.max_points:
             raise PromQLError(
                 "query processing would load too many samples into memory in query execution"
                 f" (more than {self.max_points}, hub.promql_max_samples)",

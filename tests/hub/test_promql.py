@@ -359,6 +359,17 @@ def test_a_query_holding_more_points_than_the_limit_answers_as_prometheus_does(p
     assert "too many samples into memory" in answer["error"]
 
 
+def test_a_subquery_holding_more_points_than_the_limit_answers_as_prometheus_does(peers, tmp_path):
+    """An instant query whose subquery holds some thousands of points (3 series, 3,600 steps)."""
+    hub = limited_hub(peers, tmp_path, promql_max_samples=1000)
+    query = urllib.parse.urlencode(
+        {"query": "max_over_time(fl_temperature_celsius[1h:1s])", "time": str(minutes(60) / 1000)}
+    )
+    status, answer = ask_wsgi(hub, "GET", "/api/v1/query", query, "Bearer reader")
+    assert (status, answer["errorType"]) == (422, "execution")
+    assert "too many samples into memory" in answer["error"]
+
+
 def test_a_query_evaluating_past_its_time_answers_timeout(peers, tmp_path):
     hub = limited_hub(peers, tmp_path, query_max_seconds=1)
     status, answer = ask_range(hub, "max_over_time(max_over_time(fl_temperature_celsius[1h:1s])[1h:1s])", 60)
