@@ -129,13 +129,15 @@ def query_range(hub: str, expr: str) -> dict[str, Any]:
 
 
 def label_values(hub: str, definition: str) -> list[str]:
-    """What Grafana lists for a `label_values(selector, label)` variable, asked through the hub's PromQL
-    (a count by the label over the range holds every value the range saw)."""
+    """What Grafana lists for a `label_values(selector, label)` variable: its Prometheus data source asks
+    /api/v1/label/<label>/values with the selector as match[] over the dashboard's range."""
     parsed = LABEL_VALUES.fullmatch(definition)
     assert parsed, f"not a label_values(selector, label) query: {definition}"
-    label = parsed["label"]
-    result = query_range(hub, f"count by ({label}) ({parsed['selector']})")["result"]
-    return sorted({series["metric"][label] for series in result if label in series["metric"]})
+    window = {"start": str(EPOCH + START_S), "end": str(EPOCH + END_S)}
+    path = f"/api/v1/label/{parsed['label']}/values"
+    status, answer = get(hub, path, {"match[]": parsed["selector"], **window})
+    assert status == 200 and answer["status"] == "success", (definition, status, answer)
+    return answer["data"]
 
 
 def resolve_variables(hub: str, dashboard: dict[str, Any]) -> dict[str, list[str]]:
