@@ -16,6 +16,8 @@ otlp           OTLP/HTTP metric bodies into step records
 steplines      step JSON-lines bodies into step records
 remote_write   Prometheus remote write requests into scrape batches and statuses
 groupcommit    remote write requests that arrive together, written together
+promql         Prometheus's read API on the store: PromQL queries, series, labels, metadata
+remote_read    Prometheus remote read: a Prometheus reads the store as its long-term storage
 writer         the one path to the store, an insert per record type, through the spool while it is away
 spool          durable on-disk batches, replayed in order
 detect         the detection loop, each window's anomalies handed to alerting
