@@ -186,7 +186,8 @@ def read_series(
 ) -> list[Series]:
     """`selector`'s series, stored and step series, with their samples from `since_ms` to `until_ms`
     (only those within reach of `grid`'s times when given), each in time order; series without a sample
-    there are left out."""
+    there are left out. Ordered by label set, as Prometheus's storage returns series: the order in
+    which topk, bottomk and the rest meet equal values decides which they keep."""
     rows = read(*series_sql(selector, since_ms, until_ms))
     if not rows:
         return []
@@ -200,13 +201,14 @@ def read_series(
     columns = read_numbers(*samples_sql(stored, steps, since_ms, until_ms, grid))
     ids, times, values = columns["series_id"], columns["t"], columns["value"]
     edges = np.flatnonzero(ids[1:] != ids[:-1]) + 1
-    return [
+    every = [
         Series(found[int(part_ids[0])], part_times, part_values)
         for part_ids, part_times, part_values in zip(
             np.split(ids, edges), np.split(times, edges), np.split(values, edges), strict=True
         )
         if len(part_ids)
     ]
+    return sorted(every, key=lambda series: series.labels)
 
 
 def series_labels(metric: str, node: str, labels: Mapping[str, str]) -> Labels:

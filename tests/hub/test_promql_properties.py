@@ -52,16 +52,16 @@ def series() -> list[remote_write.Series]:
     return found
 
 
-SELECTORS = st.sampled_from(
+PLAIN = st.sampled_from(
     [
         "fl_ops_total",
         'fl_ops_total{node="n1"}',
         "fl_temp",
         'fl_temp{gpu!="1"}',
         'fl_temp{node=~"n.*", gpu=~"0|1"}',
-        "fl_temp offset 3m",
     ]
 )
+MODIFIERS = st.sampled_from(["", " offset 3m", " @ start()", " @ end() offset 1m"])
 RANGES = st.sampled_from(["1m", "2m", "5m", "10m"])
 RANGE_FUNCTIONS = st.sampled_from(
     [
@@ -84,20 +84,34 @@ RANGE_FUNCTIONS = st.sampled_from(
 )
 AGGREGATIONS = st.sampled_from(["sum", "avg", "min", "max", "count", "stddev", "group"])
 GROUPINGS = st.sampled_from(["", " by (node)", " without (gpu)", " by (job, node)"])
-FUNCTIONS = st.sampled_from(["abs({})", "ceil({})", "clamp_min({}, 41)", "round({}, 0.5)", "-({})"])
-OPERATORS = st.sampled_from(["+", "-", "*", "/", ">", ">= bool", "<", "== bool"])
+FUNCTIONS = st.sampled_from(
+    [
+        "abs({})",
+        "ceil({})",
+        "clamp_min({}, 41)",
+        "round({}, 0.5)",
+        "-({})",
+        "sgn({})",
+        "timestamp({})",
+        "absent({})",
+        'label_replace({}, "n", "$1", "node", "n(.*)")',
+        "quantile(0.9, {})",
+    ]
+)  # not topk or bottomk: of equal values, Prometheus's range queries keep whichever its map order gives
+OPERATORS = st.sampled_from(["+", "-", "*", "/", "%", "^", ">", ">= bool", "<", "== bool"])
+SET_OPERATORS = st.sampled_from(["and", "or", "unless"])
 MATCHINGS = st.sampled_from(["", " on (node, gpu)", " ignoring (job)"])
 
 
 def range_call(draw: st.DrawFn) -> str:
-    return f"{draw(RANGE_FUNCTIONS)}({draw(SELECTORS)}[{draw(RANGES)}])"
+    return f"{draw(RANGE_FUNCTIONS)}({draw(PLAIN)}[{draw(RANGES)}]{draw(MODIFIERS)})"
 
 
 @st.composite
 def vectors(draw: st.DrawFn, depth: int = 2) -> str:
     """An instant-vector expression, at most `depth` levels above its selectors."""
     if depth == 0:
-        return draw(SELECTORS) if draw(st.booleans()) else range_call(draw)
+        return draw(PLAIN) + draw(MODIFIERS) if draw(st.booleans()) else range_call(draw)
     inner = draw(vectors(depth - 1))
     kind = draw(st.sampled_from(["leaf", "aggregate", "function", "scalar", "vectors", "subquery"]))
     if kind == "leaf":
@@ -115,7 +129,8 @@ def vectors(draw: st.DrawFn, depth: int = 2) -> str:
         )
     if kind == "vectors":
         other = draw(vectors(depth - 1))
-        return f"({inner}) {draw(OPERATORS)}{draw(MATCHINGS)} ({other})"
+        operator = draw(OPERATORS | SET_OPERATORS)
+        return f"({inner}) {operator}{draw(MATCHINGS)} ({other})"
     window = draw(st.sampled_from(["[10m:1m]", "[5m:30s]", "[15m:]"]))
     return (
         f"{draw(st.sampled_from(['max_over_time', 'avg_over_time', 'count_over_time']))}(({inner}){window})"
