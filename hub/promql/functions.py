@@ -442,9 +442,10 @@ SCALAR_FUNCTIONS = frozenset({"time", "scalar"})
 
 
 def variance(values: Sequence[float]) -> float:
-    """stdvar's population variance by Welford's method, as Prometheus's aggregation computes it."""
-    count = mean = total = 0.0
-    for value in values:
+    """stdvar's population variance by Welford's method, as Prometheus's aggregation computes it: from
+    the first value as the mean and 0 as the sum of squares (so one NaN or Inf alone varies by 0)."""
+    count, mean, total = 1.0, values[0], 0.0
+    for value in values[1:]:
         count += 1
         delta = value - mean
         mean += delta / count
