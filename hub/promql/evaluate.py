@@ -229,8 +229,10 @@ def extrapolated_rate(points: Points, start: int, end: int, is_counter: bool, is
     interval = sampled
     interval += to_start if to_start < threshold else average / 2
     interval += to_end if to_end < threshold else average / 2
-    result *= interval / sampled
-    return result / ((end - start) / 1000) if is_rate else result
+    factor = interval / sampled
+    if is_rate:
+        factor /= (end - start) / 1000
+    return result * factor
 
 
 def _irate(points: Points, start: int, end: int) -> float | None:

@@ -173,16 +173,19 @@ def _rates(
     series: Series, low: np.ndarray, high: np.ndarray, starts: np.ndarray, ends: np.ndarray, per_second: bool
 ) -> np.ndarray:
     """extrapolated_rate of counter windows [low, high) (at least two samples, no reset) on arrays."""
-    first_t, last_t = series.times[low], series.times[high - 1]
-    first, result = series.values[low], series.values[high - 1] - series.values[low]
-    to_start, to_end = (first_t - starts) / 1000, (ends - last_t) / 1000
-    sampled = (last_t - first_t) / 1000
-    average = sampled / (high - low - 1)
-    zero_at = sampled * (first / np.where(result == 0, 1.0, result))
-    closer = (result > 0) & (first >= 0) & (zero_at < to_start)  # Python's min(to_start, zero_at)
-    to_start = np.where(closer, zero_at, to_start)
-    threshold = average * 1.1
-    interval = sampled + np.where(to_start < threshold, to_start, average / 2)
-    interval = interval + np.where(to_end < threshold, to_end, average / 2)
-    result = result * (interval / sampled)
-    return result / ((ends - starts) / 1000) if per_second else result
+    with np.errstate(all="ignore"):  # NaN and infinite samples make NaN and Inf, as in Go
+        first_t, last_t = series.times[low], series.times[high - 1]
+        first, result = series.values[low], series.values[high - 1] - series.values[low]
+        to_start, to_end = (first_t - starts) / 1000, (ends - last_t) / 1000
+        sampled = (last_t - first_t) / 1000
+        average = sampled / (high - low - 1)
+        zero_at = sampled * (first / np.where(result == 0, 1.0, result))
+        closer = (result > 0) & (first >= 0) & (zero_at < to_start)  # Python's min(to_start, zero_at)
+        to_start = np.where(closer, zero_at, to_start)
+        threshold = average * 1.1
+        interval = sampled + np.where(to_start < threshold, to_start, average / 2)
+        interval = interval + np.where(to_end < threshold, to_end, average / 2)
+        factor = interval / sampled
+        if per_second:
+            factor = factor / ((ends - starts) / 1000)
+        return result * factor

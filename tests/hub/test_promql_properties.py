@@ -6,6 +6,7 @@ step grid (hub/promql/grid.py) and the samples it leaves unread are checked agai
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ def at(minute: float) -> int:
 
 def series() -> list[remote_write.Series]:
     """Two nodes' counters (one restarting, one sampled every 30 s) and gauges (one silent for 10
-    minutes, one with -0.0, 0.0 and equal values), an hour of them."""
+    minutes, one with -0.0, 0.0 and equal values, one with NaN and infinities), an hour of them."""
     found: list[remote_write.Series] = []
     for node, every_s, restart in (("n1", 15, 120), ("n2", 30, None)):
         value, samples = 0.0, []
@@ -49,6 +50,10 @@ def series() -> list[remote_write.Series]:
         found.append(({"__name__": "fl_temp", "node": node, "gpu": gpu, "job": "train"}, samples))
     zeros = [(at(index / 4), (0.0, -0.0, 3.0, 3.0)[index % 4]) for index in range(240)]
     found.append(({"__name__": "fl_temp", "node": "n2", "gpu": "1", "job": "train"}, zeros))
+    odd = [
+        (at(index / 4), (50.0, math.nan, 51.0, math.inf, 49.0, -math.inf)[index % 6]) for index in range(240)
+    ]
+    found.append(({"__name__": "fl_temp", "node": "n3", "gpu": "0", "job": "train"}, odd))
     return found
 
 
@@ -170,3 +175,23 @@ def test_composed_queries_answer_as_prometheus_does(peers, query, minute, step):
     assert_same_answer(peers, "/api/v1/query", instant, f"{query} at minute {minute}")
     ranged = {"query": query, "start": str(at(-3) / 1000), "end": str(at(64) / 1000), "step": step}
     assert_same_answer(peers, "/api/v1/query_range", ranged, f"{query} every {step}")
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["rate(fl_ops_total[1m])", "increase(fl_ops_total[2m])", "delta(fl_temp[5m])", "irate(fl_ops_total[1m])"],
+)
+def test_extrapolated_rates_are_prometheus_floats_to_the_last_bit(peers, query):
+    """The same operations in the same order as Prometheus's extrapolatedRate (its factor, then the
+    product): values written identically, not merely close; both on the step grid and step by step."""
+    ranged = {"query": query, "start": str(at(-3) / 1000), "end": str(at(64) / 1000), "step": "15s"}
+    instant = [{"query": query, "time": str(at(minute) / 1000)} for minute in (0.25, 0.5, 4, 31.25)]
+    for path, parameters in [("/api/v1/query_range", ranged)] + [("/api/v1/query", one) for one in instant]:
+        ours, theirs = (get(peers[side], path, parameters)[1]["data"]["result"] for side in PEERS)
+        assert sorted(map(exact, ours)) == sorted(map(exact, theirs)), (path, parameters)
+
+
+def exact(series: dict[str, Any]) -> tuple:
+    """A result series as (labels, value texts), its times as numbers."""
+    points = series.get("values") or [series["value"]]
+    return tuple(sorted(series["metric"].items())), [(float(t), text) for t, text in points]
