@@ -101,11 +101,17 @@ FUNCTIONS = st.sampled_from(
         "absent({})",
         'label_replace({}, "n", "$1", "node", "n(.*)")',
         "quantile(0.9, {})",
+        'count_values("v", round({}))',
+        'label_join({}, "both", "-", "node", "job")',
+        "clamp({}, 40, 50)",
+        "vector(time()) - scalar(sum({}))",
     ]
 )  # not topk or bottomk: of equal values, Prometheus's range queries keep whichever its map order gives
 OPERATORS = st.sampled_from(["+", "-", "*", "/", "%", "^", ">", ">= bool", "<", "== bool"])
 SET_OPERATORS = st.sampled_from(["and", "or", "unless"])
-MATCHINGS = st.sampled_from(["", " on (node, gpu)", " ignoring (job)"])
+MATCHINGS = st.sampled_from(
+    ["", " on (node, gpu)", " ignoring (job)", " on (node) group_left", " ignoring (gpu) group_right"]
+)
 
 
 def range_call(draw: st.DrawFn) -> str:
