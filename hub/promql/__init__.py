@@ -15,7 +15,7 @@ from __future__ import annotations
 from hub.errors import PromQLError
 from hub.promql import answer
 from hub.promql.evaluate import LOOKBACK_MS, Samples, evaluate, range_points, read_windows
-from hub.promql.grid import stepped_only, tabulate
+from hub.promql.grid import StepTable, stepped_only, tabulate
 from hub.promql.limits import Limits
 from hub.promql.plan import Selector, Subquery, is_range_vector, pin_at, plan
 from hub.promql.request import read_request
@@ -62,6 +62,10 @@ def answer_query(
             return answer.scalar(value, request.start_ms)
         return answer.vector(value, request.start_ms)
     tabulate(node, request.times(), data)
+    table = data.at_steps.get(node)
+    if isinstance(table, StepTable):
+        limits.hold(int(table.present.sum()))
+        return answer.matrix(table.points())
     series: dict[Labels, list[answer.Point]] = {}
     for t in request.times():
         limits.check_time()

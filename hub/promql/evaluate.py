@@ -288,7 +288,7 @@ def _aggregate(node: Aggregation, vector: Vector, parameter: float | str | None)
     extra = {parameter} if node.op == "count_values" and not node.without else set()
     chosen = frozenset(node.labels) | extra
     for labels, value in samples:
-        groups.setdefault(_group(labels, chosen, node.without), []).append((labels, value))
+        groups.setdefault(group_of(labels, chosen, node.without), []).append((labels, value))
     if node.op in ("topk", "bottomk"):
         assert isinstance(parameter, float)
         return dict(
@@ -304,7 +304,7 @@ def _aggregate(node: Aggregation, vector: Vector, parameter: float | str | None)
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _group(labels: Labels, chosen: frozenset[str], without: bool) -> Labels:
+def group_of(labels: Labels, chosen: frozenset[str], without: bool) -> Labels:
     """The group of a series with `labels`: those `chosen`, or (`without`) all but them and __name__;
     remembered, as a range query asks it of the same series at every step."""
     if without:

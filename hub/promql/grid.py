@@ -12,14 +12,14 @@ that window's samples, so a value here never differs from a step-by-step evaluat
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from hub.errors import PromQLError
-from hub.promql.evaluate import LOOKBACK_MS, Samples, Vector, range_call, range_labels
-from hub.promql.plan import Node, Number, RangeFunction, Selector, Subquery, children
+from hub.promql.evaluate import LOOKBACK_MS, Samples, Vector, group_of, range_call, range_labels
+from hub.promql.plan import Aggregation, Node, Number, RangeFunction, Selector, Subquery, children
 from hub.promql.sql import Labels, Series
 
 RATES = {"rate": True, "increase": False}  # range functions computed on arrays -> whether per second
@@ -55,9 +55,19 @@ class StepTable:
             labels: value for labels, here, value in zip(self.labels, present, values, strict=True) if here
         }
 
+    def points(self) -> dict[Labels, list[tuple[int, float]]]:
+        """Each row's (time, value) points where it has a value: a range query's answer."""
+        times = np.arange(self.count, dtype=np.int64) * self.step_ms + self.start_ms
+        found = {}
+        for labels, values, present in zip(self.labels, self.values, self.present, strict=True):
+            if present.any():
+                found[labels] = list(zip(times[present].tolist(), values[present].tolist(), strict=True))
+        return found
+
 
 def tabulate(root: Node, times: range, data: Samples) -> None:
-    """Put into `data.at_steps` the table, over `times`, of every node of `root` that _stepped yields."""
+    """Put into `data.at_steps` the table, over `times`, of every node of `root` that _stepped yields,
+    then of every aggregation in FOLDS over a tabulated node, from the leaves up."""
     steps = np.arange(times.start, times.stop, times.step, dtype=np.int64)
     for node in _stepped(root):
         source = node if isinstance(node, Selector) else node.source
@@ -76,6 +86,78 @@ def tabulate(root: Node, times: range, data: Samples) -> None:
         if isinstance(node, RangeFunction):
             _refuse_shared_label_sets(labels, present)
         data.at_steps[node] = StepTable(times.start, times.step, len(steps), labels, values, present)
+    _tabulate_aggregations(root, data)
+
+
+def _tabulate_aggregations(node: Node, data: Samples) -> None:
+    """Tabulate, children first, each aggregation in FOLDS whose argument has a table."""
+    if isinstance(node, Subquery) or node in data.at_steps:
+        return
+    for child in children(node):
+        _tabulate_aggregations(child, data)
+    if isinstance(node, Aggregation) and node.op in FOLDS and node.parameter is None:
+        table = data.at_steps.get(node.expr)
+        if isinstance(table, StepTable):
+            data.limits.check_time()
+            data.at_steps[node] = _aggregated(node, table)
+            data.limits.hold(data.at_steps[node].values.size)
+
+
+def _aggregated(node: Aggregation, table: StepTable) -> StepTable:
+    """`node` over `table` at every step: its rows grouped as evaluate groups a vector's series and
+    folded in the table's order with the operations evaluate's AGGREGATE makes in its order."""
+    groups: dict[Labels, list[int]] = {}
+    chosen = frozenset(node.labels)
+    for index, labels in enumerate(table.labels):
+        groups.setdefault(group_of(labels, chosen, node.without), []).append(index)
+    with np.errstate(all="ignore"):  # NaN and infinite values make NaN and Inf, as in Go
+        folded = [FOLDS[node.op](table.values[rows], table.present[rows]) for rows in groups.values()]
+    values = np.array([value for value, _ in folded]).reshape(len(folded), table.count)
+    present = np.array([here for _, here in folded], dtype=bool).reshape(len(folded), table.count)
+    return StepTable(table.start_ms, table.step_ms, table.count, list(groups), values, present)
+
+
+def _sum(values: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Python's sum of each step's values, row after row from 0."""
+    total = np.zeros(values.shape[1])
+    for row, here in zip(values, present, strict=True):
+        total = np.where(here, total + row, total)
+    return total, present.any(axis=0)
+
+
+def _extreme(before: np.ufunc) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """evaluate._least on arrays: the first value in `before`'s order, NaN only when all are NaN."""
+
+    def fold(values: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        best = np.full(values.shape[1], np.nan)
+        for row, here in zip(values, present, strict=True):
+            best = np.where(here & (before(row, best) | np.isnan(best)), row, best)
+        return best, present.any(axis=0)
+
+    return fold
+
+
+def _mean(values: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """functions.mean on arrays: the first value, then value / count - mean / count added unless an
+    infinite mean stays as it is."""
+    mean, count = np.full(values.shape[1], np.nan), np.zeros(values.shape[1])
+    for row, here in zip(values, present, strict=True):
+        later = here & (count > 0)
+        mean = np.where(here & (count == 0), row, mean)
+        count = np.where(here, count + 1, count)
+        keeps = np.isinf(mean) & np.where(np.isinf(row), (mean > 0) == (row > 0), ~np.isnan(row))
+        mean = np.where(later & ~keeps, mean + (row / count - mean / count), mean)
+    return mean, present.any(axis=0)
+
+
+FOLDS: dict[str, Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]] = {
+    "sum": _sum,
+    "avg": _mean,
+    "min": _extreme(np.less),
+    "max": _extreme(np.greater),
+    "count": lambda values, present: (present.sum(axis=0).astype(np.float64), present.any(axis=0)),
+    "group": lambda values, present: (np.ones(values.shape[1]), present.any(axis=0)),
+}
 
 
 def _refuse_shared_label_sets(labels: list[Labels], present: np.ndarray) -> None:
