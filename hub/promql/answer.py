@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from decimal import Decimal
 
 from hub.promql.sql import Labels
@@ -47,12 +48,27 @@ def vector(values: dict[Labels, float], t_ms: int) -> bytes:
 def matrix(series: dict[Labels, list[Point]]) -> bytes:
     """A matrix written as text piece by piece: a long range answer holds a million points, and a list
     per point for json.dumps cost more than the query. A value's text is digits, a sign, a point, NaN or
-    Inf, which need no escaping; a time in seconds is Python's float text, valid JSON."""
+    Inf, which need no escaping; a time in seconds is Python's float text, valid JSON, written once per
+    time whatever the number of series."""
+    stamps: dict[int, str] = {}
     parts = []
     for labels, points in sorted(series.items()):
-        values = ",".join(f'[{t / 1000!r},"{number_text(value)}"]' for t, value in points)
-        parts.append(f'{{"metric":{json.dumps(dict(labels))},"values":[{values}]}}')
+        times, values = zip(*points, strict=True) if points else ((), ())
+        for t in times:
+            if t not in stamps:
+                stamps[t] = repr(t / 1000)
+        pairs = zip(map(stamps.__getitem__, times), number_texts(values), strict=True)
+        text = ",".join(f'[{stamp},"{value}"]' for stamp, value in pairs)
+        parts.append(f'{{"metric":{json.dumps(dict(labels))},"values":[{text}]}}')
     return ('{"status":"success","data":{"resultType":"matrix","result":[' + ",".join(parts) + "]}}").encode()
+
+
+def number_texts(values: Sequence[float]) -> list[str]:
+    """number_text of each value: repr at C speed, number_text only for an exponent, NaN or Inf."""
+    return [
+        number_text(value) if "e" in text or "n" in text else text.removesuffix(".0")
+        for text, value in zip(map(repr, values), values, strict=True)
+    ]
 
 
 def scalar(value: float, t_ms: int) -> bytes:

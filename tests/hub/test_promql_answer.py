@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hub.promql.answer import number_text
+from hub.promql.answer import number_text, number_texts
 
 
 @pytest.mark.parametrize(
@@ -35,3 +35,8 @@ def test_every_finite_value_reads_back_without_an_exponent(value):
     text = number_text(value)
     assert "e" not in text.lower()
     assert float(text) == value and math.copysign(1, float(text)) == math.copysign(1, value)
+
+
+@given(st.lists(st.floats()))
+def test_values_written_together_read_as_each_alone(values):
+    assert number_texts(values) == [number_text(value) for value in values]
