@@ -1,12 +1,13 @@
-"""A range query's selectors and range functions evaluated at every step at once.
+"""A range query's selectors, range functions and simple aggregations evaluated at every step at once.
 
 Stepping through a week at a time, evaluate would search each series once per step and per node; here
 one numpy.searchsorted per series finds every step's window. An instant selector's value is then its
 newest sample within the lookback, taken for all steps by indexing. rate and increase over a window
 without a counter reset are computed on arrays with extrapolated_rate's operations, in its order (the
-same floats); min, max, count and last over time on arrays too, where they are exact (a min or max
-of zero, which may be 0 or -0, is not); every other window goes through evaluate's own function on
-that window's samples, so a value here never differs from a step-by-step evaluation.
+same floats); min, max, count and last over time on arrays too, where they are exact; every other
+window goes through evaluate's own function on that window's samples. The aggregations of FOLDS over a
+table fold its rows in evaluate's order with evaluate's operations. A value here is the one a
+step-by-step evaluation gives (tests/hub/test_promql_properties.py holds both to Prometheus).
 """
 
 from __future__ import annotations
