@@ -2,10 +2,11 @@
 /api/v1/label/<name>/values, /api/v1/metadata and /api/v1/status/buildinfo.
 
 `match[]` is a series selector parsed by promql_parser (hub.promql.plan), read with the matcher SQL that
-queries use (hub.promql.sql.selector_where); the step series (hub.promql.sql.STEP_METRICS) with a record in
-the window are listed with the stored ones. Prometheus's default time range is all time; here a missing
-`start` is DEFAULT_WINDOW_S before `end` (now by default), so that a request without times reads a bounded
-share of the store; the hub's query_max_rows (distinct series) and query_max_seconds bound it further.
+queries use (hub.promql.sql.selector_where); the series of tables read as series (hub.promql.sql.SOURCES:
+training steps, scrape outcomes) with a row in the window are listed with the stored ones. Prometheus's
+default time range is all time; here a missing `start` is DEFAULT_WINDOW_S before `end` (now by default),
+so that a request without times reads a bounded share of the store; the hub's query_max_rows (distinct
+series) and query_max_seconds bound it further.
 
 The store keeps no metric types, help or units: /api/v1/metadata names each metric stored in the window
 with type "unknown" and empty help and unit.
@@ -23,7 +24,7 @@ from collectors.logtext import printable
 from hub.errors import PromQLError
 from hub.promql.plan import Selector, plan
 from hub.promql.request import form_pairs, time_ms
-from hub.promql.sql import Labels, Read, may_match_steps, selector_where, series_labels, step_series_sql
+from hub.promql.sql import SOURCES, Labels, Read, may_match, selector_where, series_labels, virtual_series_sql
 
 DEFAULT_WINDOW_S = 24 * 3600  # how far back a request without `start` reads
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # Prometheus's label names
@@ -106,12 +107,15 @@ def _series(read: Read, selectors: Iterable[Selector], start_ms: int, end_ms: in
 
 
 def _catalog_sql(selector: Selector, start_ms: int, end_ms: int, columns: str) -> tuple[str, dict]:
-    """The SELECT of the distinct `columns` (of metric, node, labels) of the stored and step series
+    """The SELECT of the distinct `columns` (of metric, node, labels) of the stored and virtual series
     `selector` matches with a sample from start to end, and its parameters."""
     where, parameters = selector_where(selector, start_ms, end_ms)
     sql = f"SELECT DISTINCT {columns} FROM metrics WHERE {where}"
-    if may_match_steps(selector):
-        sql += f" UNION DISTINCT SELECT {columns} FROM ({step_series_sql(selector, parameters)})"
+    for source in SOURCES.values():
+        if may_match(source, selector):
+            sql += (
+                f" UNION DISTINCT SELECT {columns} FROM ({virtual_series_sql(source, selector, parameters)})"
+            )
     return sql, parameters
 
 
