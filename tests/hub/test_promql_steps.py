@@ -5,22 +5,29 @@ job names holding quotes, backslashes and SQL are selected as text."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from analytics.store import Store
 from collectors.steprecord import StepRecord
 from hub.promql.evaluate import extrapolated_rate
-from tests.support import remote_write
-from tests.support.promqlpeers import compare_instant, compare_range, get, hub_and_prometheus
+from tests.support.promqlpeers import (
+    T0_MS,
+    Point,
+    compare_catalog,
+    compare_instant,
+    compare_range,
+    get,
+    hub_filled_and_prometheus,
+    minutes,
+    quoted,
+)
 
 pytestmark = pytest.mark.integration
 
-MINUTE_MS = 60_000
-T0_MS = (int(time.time()) - 2 * 3600) // 60 * MINUTE_MS  # inside both stores' windows, on a whole minute
 HOSTILE = "a\"b\\c'; DROP TABLE steps; --"  # a job name a query must match as text, never run
 JOBS = {"llm-7b": 4, HOSTILE: 2}  # job -> ranks; rank r runs on node n{r // 2}
 STEPS = 120  # one every 30 s: an hour of steps
@@ -53,9 +60,8 @@ def records() -> list[StepRecord]:
     return rows
 
 
-def as_series(rows: list[StepRecord]) -> list[remote_write.Series]:
-    """The plain series a Prometheus gets for `rows`: what the hub must make of them."""
-    series: dict[tuple, list[tuple[int, float]]] = {}
+def as_points(rows: list[StepRecord]) -> Iterator[Point]:
+    """The plain samples a Prometheus gets for `rows`: what the hub must make of them."""
     for row in rows:
         labels = {"job": row.job, "rank": str(row.rank), "node": row.node, "dp_rank": str(row.dp_rank)}
         labels["pp_stage"] = str(row.pp_stage)
@@ -64,30 +70,31 @@ def as_series(rows: list[StepRecord]) -> list[remote_write.Series]:
         }
         for name, value in values.items():
             if value is not None:
-                key = tuple(sorted((labels | {"__name__": f"fleetlens_step_{name}_seconds"}).items()))
-                series.setdefault(key, []).append((round(row.ts * 1000), value))
-    return [(dict(key), samples) for key, samples in series.items()]
+                yield labels | {"__name__": f"fleetlens_step_{name}_seconds"}, round(row.ts * 1000), value
+
+
+def filled_with(rows: list[StepRecord], token: str) -> Callable[[Store], None]:
+    """What stores `rows` in a hub's store, every one of them."""
+
+    def fill(store: Store) -> None:
+        assert store.insert_steps(rows, token=token) == len(rows)
+
+    return fill
 
 
 @pytest.fixture(scope="module")
 def peers(chdb_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The hub holding the step records, Prometheus the same values as plain series."""
-    with hub_and_prometheus([], chdb_dir, tmp_path_factory.mktemp("steps")) as both:
-        rows = records()
-        assert both["hub_app"].store.insert_steps(rows, token="promql-steps") == len(rows)
-        status, answer = remote_write.post(
-            both["prometheus"], remote_write.snappy(remote_write.encode(as_series(rows)))
-        )
-        assert status == 204, answer
+    rows = records()
+    work = tmp_path_factory.mktemp("steps")
+    with hub_filled_and_prometheus(
+        filled_with(rows, "promql-steps"), as_points(rows), chdb_dir, work
+    ) as both:
         yield both
 
 
-def minutes(m: float) -> int:
-    return T0_MS + round(m * MINUTE_MS)
-
-
 NONE = 'fleetlens_step_duration_seconds{job="a"}'  # no such job: an empty answer on both sides
-ESCAPED = HOSTILE.replace("\\", "\\\\").replace('"', '\\"')
+ESCAPED = quoted(HOSTILE)
 QUERIES = [
     "fleetlens_step_duration_seconds",
     'fleetlens_step_duration_seconds{job="llm-7b"}',
@@ -163,11 +170,7 @@ WINDOW = {"start": str(minutes(-10) / 1000), "end": str(minutes(70) / 1000)}
     ],
 )
 def test_the_catalog_lists_step_series_as_prometheus_does(peers, path, match):
-    ours, theirs = (get(peers[side], path, WINDOW | {"match[]": match}) for side in ("hub", "prometheus"))
-    assert ours[0] == theirs[0] == 200
-    key = (lambda one: sorted(one.items())) if path == "/api/v1/series" else None
-    assert sorted(ours[1]["data"], key=key) == sorted(theirs[1]["data"], key=key)
-    assert ours[1]["data"]
+    compare_catalog(peers, path, WINDOW | {"match[]": match})
 
 
 def test_metadata_names_the_step_metrics(peers):
@@ -190,15 +193,14 @@ def twin_records() -> list[StepRecord]:
 @pytest.fixture(scope="module")
 def twins(chdb_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The hub holding twin_records, Prometheus the first of each pair (it keeps one sample a time)."""
-    with hub_and_prometheus([], chdb_dir, tmp_path_factory.mktemp("twins")) as both:
-        rows = twin_records()
-        assert both["hub_app"].store.insert_steps(rows, token="promql-twins") == len(rows)
-        firsts = [row for row in rows if row.step % 2 == 0]
-        series = [one for one in as_series(firsts) if one[0]["__name__"] == "fleetlens_step_duration_seconds"]
-        status, answer = remote_write.post(
-            both["prometheus"], remote_write.snappy(remote_write.encode(series))
-        )
-        assert status == 204, answer
+    rows = twin_records()
+    firsts = [
+        point
+        for point in as_points([row for row in rows if row.step % 2 == 0])
+        if point[0]["__name__"] == "fleetlens_step_duration_seconds"
+    ]
+    work = tmp_path_factory.mktemp("twins")
+    with hub_filled_and_prometheus(filled_with(rows, "promql-twins"), firsts, chdb_dir, work) as both:
         yield both
 
 

@@ -6,21 +6,28 @@ holding quotes, backslashes and SQL is selected as text."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from analytics.store import Store
 from analytics.store.records import TargetStatus
-from tests.support import remote_write
-from tests.support.promqlpeers import compare_instant, compare_range, get, hub_and_prometheus
+from tests.support.promqlpeers import (
+    T0_MS,
+    Point,
+    compare_catalog,
+    compare_instant,
+    compare_range,
+    get,
+    hub_filled_and_prometheus,
+    minutes,
+    quoted,
+)
 
 pytestmark = pytest.mark.integration
 
-MINUTE_MS = 60_000
-T0_MS = (int(time.time()) - 2 * 3600) // 60 * MINUTE_MS  # inside both stores' windows, on a whole minute
 HOSTILE = "a\"b\\c'; DROP TABLE targets; --"  # a target name a query must match as text, never run
 TARGETS = {  # target -> (node, scrape interval in s); "" is a target whose node is not known
     "10.0.0.1:9400": ("n0", 15),
@@ -49,38 +56,30 @@ def statuses() -> list[TargetStatus]:
     return rows
 
 
-def as_series(rows: list[TargetStatus]) -> list[remote_write.Series]:
-    """The plain series a Prometheus gets for `rows`: what the hub must make of them."""
-    series: dict[tuple, list[tuple[int, float]]] = {}
+def as_points(rows: list[TargetStatus]) -> Iterator[Point]:
+    """The plain samples a Prometheus gets for `rows`: what the hub must make of them."""
     for row in rows:
         labels = {"instance": row.target} | ({"node": row.node} if row.node else {})
         values = {"up": float(row.up), "scrape_duration_seconds": row.duration_s}
         values["scrape_samples_scraped"] = float(row.samples)
         for name, value in values.items():
-            key = tuple(sorted((labels | {"__name__": name}).items()))
-            series.setdefault(key, []).append((round(row.ts * 1000), value))
-    return [(dict(key), samples) for key, samples in series.items()]
+            yield labels | {"__name__": name}, round(row.ts * 1000), value
 
 
 @pytest.fixture(scope="module")
 def peers(chdb_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The hub holding the target statuses, Prometheus the same values as plain series."""
-    with hub_and_prometheus([], chdb_dir, tmp_path_factory.mktemp("up")) as both:
-        rows = statuses()
-        assert both["hub_app"].store.insert_targets(rows, token="promql-up") == len(rows)
-        status, answer = remote_write.post(
-            both["prometheus"], remote_write.snappy(remote_write.encode(as_series(rows)))
-        )
-        assert status == 204, answer
+    rows = statuses()
+
+    def fill(store: Store) -> None:
+        assert store.insert_targets(rows, token="promql-up") == len(rows)
+
+    with hub_filled_and_prometheus(fill, as_points(rows), chdb_dir, tmp_path_factory.mktemp("up")) as both:
         yield both
 
 
-def minutes(m: float) -> int:
-    return T0_MS + round(m * MINUTE_MS)
-
-
 NONE = 'up{instance="nowhere:9400"}'  # no such target: an empty answer on both sides
-ESCAPED = HOSTILE.replace("\\", "\\\\").replace('"', '\\"')
+ESCAPED = quoted(HOSTILE)
 QUERIES = [
     "up",
     "up == 0",
@@ -102,22 +101,14 @@ QUERIES = [
 
 
 @pytest.mark.parametrize("query", QUERIES)
-def test_instant_queries_of_scrape_series_answer_as_prometheus_does(peers, query):
+def test_scrape_series_answer_instant_and_range_queries_as_prometheus_does(peers, query):
+    """At times before, in and after a target's failures and absence, and over ranges whose step is
+    shorter than the 5 m lookback and longer (samples between evaluation times left unread)."""
     times = [minutes(m) for m in (0, 0.3, 12.25, 25, 30.1, 44, 46.5, 52.2, 61, 80)]
-    assert compare_instant(peers, query, times) or query == NONE, "nothing compared"
-
-
-@pytest.mark.parametrize("query", QUERIES)
-def test_range_queries_of_scrape_series_answer_as_prometheus_does(peers, query):
-    assert compare_range(peers, query, minutes(-5), minutes(70), "20s") or query == NONE, "nothing compared"
-
-
-@pytest.mark.parametrize(
-    ("query", "step"),
-    [("up", "7m"), ("avg_over_time(up[1m])", "5m"), ("avg by (node) (scrape_duration_seconds)", "6m17s")],
-)
-def test_range_queries_with_steps_past_their_reach_answer_as_prometheus_does(peers, query, step):
-    assert compare_range(peers, query, minutes(1), minutes(66), step)
+    compared = compare_instant(peers, query, times)
+    for step in ("20s", "7m", "6m17s"):
+        compared += compare_range(peers, query, minutes(-5), minutes(70), step)
+    assert compared or query == NONE, "nothing compared"
 
 
 def test_the_failing_target_is_the_one_up_names(peers):
@@ -129,24 +120,18 @@ def test_the_failing_target_is_the_one_up_names(peers):
 
 
 WINDOW = {"start": str(minutes(-10) / 1000), "end": str(minutes(70) / 1000)}
+CATALOG_REQUESTS = {  # endpoint -> the match[] selectors asked of it
+    "/api/v1/series": ('up{node="n1"}', f'{{__name__=~"scrape_.+", instance="{ESCAPED}"}}'),
+    "/api/v1/labels": ("scrape_duration_seconds",),
+    "/api/v1/label/instance/values": ("up",),
+    "/api/v1/label/node/values": ('{__name__=~"up|scrape_.+"}',),
+}
 
 
-@pytest.mark.parametrize(
-    ("path", "match"),
-    [
-        ("/api/v1/series", 'up{node="n1"}'),
-        ("/api/v1/series", f'{{__name__=~"scrape_.+", instance="{ESCAPED}"}}'),
-        ("/api/v1/labels", "scrape_duration_seconds"),
-        ("/api/v1/label/instance/values", "up"),
-        ("/api/v1/label/node/values", '{__name__=~"up|scrape_.+"}'),
-    ],
-)
-def test_the_catalog_lists_scrape_series_as_prometheus_does(peers, path, match):
-    ours, theirs = (get(peers[side], path, WINDOW | {"match[]": match}) for side in ("hub", "prometheus"))
-    assert ours[0] == theirs[0] == 200
-    key = (lambda one: sorted(one.items())) if path == "/api/v1/series" else None
-    assert sorted(ours[1]["data"], key=key) == sorted(theirs[1]["data"], key=key)
-    assert ours[1]["data"]
+def test_the_catalog_lists_scrape_series_as_prometheus_does(peers):
+    for path, selectors in CATALOG_REQUESTS.items():
+        for match in selectors:
+            compare_catalog(peers, path, WINDOW | {"match[]": match})
 
 
 def test_metadata_names_the_scrape_metrics(peers):

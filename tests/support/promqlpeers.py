@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,10 @@ from hub.writer import Writer
 from tests.support import remote_write
 from tests.support.hubserver import on_loopback
 from tests.support.peers import peer, prometheus, require_binary
+
+Point = tuple[Mapping[str, str], int, float]  # labels with __name__, time in ms, value
+MINUTE_MS = 60_000
+T0_MS = (int(time.time()) - 2 * 3600) // 60 * MINUTE_MS  # inside both stores' windows, on a whole minute
 
 
 @contextmanager
@@ -122,3 +127,46 @@ def get(url: str, path: str, parameters: dict[str, str]) -> tuple[int, dict]:
             return answer.status, json.load(answer)
     except urllib.error.HTTPError as error:
         return error.code, json.load(error)
+
+
+@contextmanager
+def hub_filled_and_prometheus(
+    fill: Callable[[Store], None], points: Iterable[Point], chdb_dir: Path, work: Path
+) -> Iterator[dict[str, Any]]:
+    """hub_and_prometheus with the hub's store filled by `fill` (rows of a table the hub reads as series:
+    steps, targets) and Prometheus holding `points`, the same values as plain series."""
+    with hub_and_prometheus([], chdb_dir, work) as both:
+        fill(both["hub_app"].store)
+        status, answer = remote_write.post(
+            both["prometheus"], remote_write.snappy(remote_write.encode(plain_series(points)))
+        )
+        assert status == 204, answer
+        yield both
+
+
+def plain_series(points: Iterable[Point]) -> list[remote_write.Series]:
+    """`points` (labels with __name__, time in ms, value) as series, each its points in the given order."""
+    series: dict[tuple, list[tuple[int, float]]] = {}
+    for labels, ts_ms, value in points:
+        series.setdefault(tuple(sorted(labels.items())), []).append((ts_ms, value))
+    return [(dict(key), samples) for key, samples in series.items()]
+
+
+def quoted(text: str) -> str:
+    """`text` as the body of a PromQL double-quoted string."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def compare_catalog(peers: dict[str, Any], path: str, parameters: dict[str, str]) -> None:
+    """Ask both peers catalog endpoint `path` with `parameters` and assert the same, non-empty, answers
+    (in any order)."""
+    ours, theirs = (get(peers[side], path, parameters) for side in ("hub", "prometheus"))
+    assert ours[0] == theirs[0] == 200
+    key = (lambda one: sorted(one.items())) if path == "/api/v1/series" else None
+    assert sorted(ours[1]["data"], key=key) == sorted(theirs[1]["data"], key=key)
+    assert ours[1]["data"]
+
+
+def minutes(m: float) -> int:
+    """The time `m` minutes after T0_MS, in milliseconds."""
+    return T0_MS + round(m * MINUTE_MS)
