@@ -5,9 +5,7 @@ cluster drains the node with our reason once a person approves, and resumes it w
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from analytics.store import Store
 from tests.support.alertmanager import alertmanager
 from tests.support.fleetdata import SimulatedFleet
 from tests.support.slurm import slurm_cluster
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 NODES = ["vela-001", "vela-002", "vela-003", "vela-004"]
@@ -38,15 +37,6 @@ def run_windows(
     for _ in range(count):
         window = fleet.tick()
         service.cycle(runner.step(store, window), now=window.end)
-
-
-def wait_for(condition: Callable[[], object], what: str, timeout: float = 15.0) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := condition():
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def active_alerts(base: str) -> list[dict]:

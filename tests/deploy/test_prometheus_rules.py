@@ -7,13 +7,11 @@ import contextlib
 import json
 import re
 import subprocess
-import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 import yaml
@@ -21,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.hubserver import HubProcess, hub_process
 from tests.support.peers import fleetlens_exporter, peer, prometheus, require_binary, stop
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +27,6 @@ RULES_DIR = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 RULES = RULES_DIR / "fleetlens-alerts.yml"
 RULE_TESTS = RULES_DIR / "fleetlens-alerts.test.yml"
 SPOOL_FILL = "fleetlens_hub:spool_fill:ratio"
-T = TypeVar("T")
 WAIT_S = 60.0  # a ceiling on waiting for Prometheus to scrape and evaluate, not a timing assertion
 
 # The series each rule selects. promql-parser (the PyPI PromQL parser) is not installed, and neither
@@ -208,16 +206,6 @@ def prometheus_get(base: str, path: str) -> dict:
     return reply["data"]
 
 
-def wait_until(condition: Callable[[], T], what: str) -> T:
-    """`condition()`'s first truthy result, polled until WAIT_S has passed."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if result := condition():
-            return result
-        time.sleep(0.5)
-    raise AssertionError(f"Prometheus never showed {what}")
-
-
 @contextlib.contextmanager
 def prometheus_watching(fleet: Fleet, work: Path) -> Iterator[str]:
     """Debian's Prometheus with the rules loaded, scraping the fleet's hub and exporter under the job names
@@ -260,17 +248,19 @@ def test_real_prometheus_loads_every_rule_and_pages_when_the_hub_stops(fleet: Fl
             evaluated = all(not rule["lastEvaluation"].startswith("0001-") for rule in loaded)
             return loaded if loaded and evaluated else None
 
-        loaded = wait_until(evaluated_rules, "every rule evaluated")
+        loaded = wait_for(evaluated_rules, "every rule evaluated", WAIT_S)
         assert {rule["name"]: rule["health"] for rule in loaded} == dict.fromkeys(RULE_METRICS, "ok")
         assert {rule["name"]: selected_names(rule["query"]) for rule in loaded} == RULE_METRICS
         hub_up = urllib.parse.urlencode({"query": 'up{job="fleetlens-hub"} == 1'})
-        wait_until(lambda: prometheus_get(base, f"/api/v1/query?{hub_up}")["result"], "the hub scraped as up")
+        wait_for(
+            lambda: prometheus_get(base, f"/api/v1/query?{hub_up}")["result"], "the hub scraped as up", WAIT_S
+        )
         assert not alerts_named(base, "FleetlensHubDown")
 
         stop(fleet.hub.process)
 
-        [alert] = wait_until(
-            lambda: alerts_named(base, "FleetlensHubDown"), "FleetlensHubDown once the hub stopped"
+        [alert] = wait_for(
+            lambda: alerts_named(base, "FleetlensHubDown"), "FleetlensHubDown once the hub stopped", WAIT_S
         )
         assert alert["state"] == "pending"  # `for: 2m` holds it back from firing yet
         assert alert["labels"]["instance"] == fleet.hub.url.removeprefix("http://")
