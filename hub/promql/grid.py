@@ -241,6 +241,8 @@ def _range_row(node: RangeFunction, series: Series, ends: np.ndarray) -> tuple[n
         values[by_step] = ENDS[node.name](series.values, low, high)[by_step]
         present |= by_step
         by_step[:] = False
+    if not by_step.any():  # every window done on arrays: no list of the series' samples to build
+        return values, present
     times, samples = series.times.tolist(), series.values.tolist()
     function = range_call(node, node.parameter.value if isinstance(node.parameter, Number) else None)
     for index in np.flatnonzero(by_step).tolist():
