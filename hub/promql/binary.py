@@ -18,7 +18,7 @@ import operator
 from collections.abc import Callable, Iterator
 
 from hub.errors import PromQLError
-from hub.promql.functions import collect, drop_name, go_divide
+from hub.promql.functions import collect, drop_name, go_divide, group_of
 from hub.promql.plan import COMPARISONS, SET_OPERATORS, Binary, Matching
 from hub.promql.sql import Labels
 
@@ -107,9 +107,7 @@ def _power(base: float, exponent: float) -> float:
 def _signature(matching: Matching) -> Callable[[Labels], Labels]:
     """The labels two series must share to match: `on`'s, or all but `ignoring`'s and __name__."""
     chosen = frozenset(matching.labels)
-    if matching.on:
-        return lambda labels: tuple(pair for pair in labels if pair[0] in chosen)
-    return lambda labels: tuple(pair for pair in labels if pair[0] not in chosen and pair[0] != "__name__")
+    return lambda labels: group_of(labels, chosen, not matching.on)
 
 
 def _set_operation(op: str, matching: Matching, lhs: Vector, rhs: Vector) -> Vector:

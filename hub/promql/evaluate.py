@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 import operator
 from collections.abc import Callable, Iterator, Sequence
@@ -288,7 +287,7 @@ def _aggregate(node: Aggregation, vector: Vector, parameter: float | str | None)
     extra = {parameter} if node.op == "count_values" and not node.without else set()
     chosen = frozenset(node.labels) | extra
     for labels, value in samples:
-        groups.setdefault(group_of(labels, chosen, node.without), []).append((labels, value))
+        groups.setdefault(functions.group_of(labels, chosen, node.without), []).append((labels, value))
     if node.op in ("topk", "bottomk"):
         assert isinstance(parameter, float)
         return dict(
@@ -301,15 +300,6 @@ def _aggregate(node: Aggregation, vector: Vector, parameter: float | str | None)
         assert isinstance(parameter, float)
         return {key: functions.quantile(parameter, members) for key, members in values.items()}
     return {key: AGGREGATE[node.op](members) for key, members in values.items()}
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def group_of(labels: Labels, chosen: frozenset[str], without: bool) -> Labels:
-    """The group of a series with `labels`: those `chosen`, or (`without`) all but them and __name__;
-    remembered, as a range query asks it of the same series at every step."""
-    if without:
-        return tuple((k, v) for k, v in labels if k not in chosen and k != "__name__")
-    return tuple((k, v) for k, v in labels if k in chosen)
 
 
 def _least(values: Sequence[float], before: Callable[[float, float], bool]) -> float:

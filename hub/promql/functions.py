@@ -42,6 +42,15 @@ def collect(pairs: Iterable[tuple[Labels, float]]) -> Vector:
     return result
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def group_of(labels: Labels, chosen: frozenset[str], without: bool) -> Labels:
+    """The group of a series with `labels`: those `chosen`, or (`without`) all but them and __name__;
+    remembered, as a range query asks it of the same series at every step."""
+    if without:
+        return tuple((k, v) for k, v in labels if k not in chosen and k != "__name__")
+    return tuple((k, v) for k, v in labels if k in chosen)
+
+
 def drop_name(labels: Labels) -> Labels:
     return tuple(pair for pair in labels if pair[0] != "__name__")
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hub.errors import PromQLError
-from hub.promql.evaluate import LOOKBACK_MS, Samples, Vector, group_of, range_call, range_labels
+from hub.promql.evaluate import LOOKBACK_MS, Samples, Vector, range_call, range_labels
+from hub.promql.functions import group_of
 from hub.promql.plan import Aggregation, Node, Number, RangeFunction, Selector, Subquery, children
 from hub.promql.sql import Labels, Series
 
