@@ -87,7 +87,8 @@ class HubAccess:
 
 
 class HubClient:
-    """A hub's query and step-import endpoints, reached with `HubAccess.resolve(token=token, ...)`."""
+    """A hub's query and step-import endpoints, reached with `HubAccess.resolve(token=token)`: the token
+    given or the environment's, and the environment's client certificate."""
 
     def __init__(
         self,
@@ -95,12 +96,9 @@ class HubClient:
         token: str | None = None,
         timeout_s: float = 60.0,
         opener: Opener | None = None,
-        *,
-        client_cert: str | None = None,
-        client_key: str | None = None,
     ) -> None:
         self.url = _checked_url(url)
-        access = HubAccess.resolve(token=token, client_cert=client_cert, client_key=client_key)
+        access = HubAccess.resolve(token=token)
         self._token = access.token
         self._timeout_s = timeout_s
         self._open = opener or functools.partial(urllib.request.urlopen, context=access.tls_for(self.url))
