@@ -585,7 +585,7 @@ class Hub:
         except PayloadError as exc:
             raise HttpError(exc.status, str(exc)) from None
         except PromQLError as exc:
-            raise HttpError(400 if exc.status == 422 else exc.status, str(exc)) from None
+            raise HttpError(exc.status, str(exc)) from None  # its 422s are PayloadErrors already
         except SlotsBusy as busy:
             raise HttpError(429, str(busy), headers=[("Retry-After", str(busy.retry_after_s))]) from None
         return answer, REMOTE_READ_TYPE
