@@ -22,12 +22,12 @@ from collections.abc import Iterable
 
 from collectors.logtext import printable
 from hub.errors import PromQLError
+from hub.promql.functions import LABEL_NAME
 from hub.promql.plan import Selector, plan
 from hub.promql.request import form_pairs, time_ms
 from hub.promql.sql import SOURCES, Labels, Read, may_match, selector_where, series_labels, virtual_series_sql
 
 DEFAULT_WINDOW_S = 24 * 3600  # how far back a request without `start` reads
-LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # Prometheus's label names
 VALUES_PATH = re.compile(r"/api/v1/label/([^/]+)/values")
 PATHS = ("/api/v1/series", "/api/v1/labels", "/api/v1/metadata", "/api/v1/status/buildinfo")
 EVERY_SERIES = Selector((("__name__", "=~", ".+"),), 0)  # what no match[] reads
