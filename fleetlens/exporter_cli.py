@@ -49,15 +49,16 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     host, port = config.host_port
     server = serve(make_registry(exporter), host, port, config.web_max_requests, web=web)
     shown_host = f"[{host}]" if ":" in host else host
+    served_as = scheme(web)
     log.info(
         "serving metrics at %s://%s:%d/metrics (collectors: %s)",
-        scheme(web),
+        served_as,
         shown_host,
         server.server_port,
         ", ".join(item.name for item in exporter.built),
     )
     print(
-        f"fleetlens exporter: metrics at {scheme(web)}://{shown_host}:{server.server_port}/metrics",
+        f"fleetlens exporter: metrics at {served_as}://{shown_host}:{server.server_port}/metrics",
         flush=True,
     )
     serve_until_signal(server, exporter.close)
