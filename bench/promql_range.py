@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import shutil
 import statistics
 import subprocess
@@ -40,6 +39,7 @@ from hub.spool import Spool
 from hub.writer import Writer
 from tests.support.hubserver import on_loopback
 from tests.support.peers import peer, prometheus, require_binary
+from tests.support.promqlpeers import assert_same, comparable
 
 INTERVAL_S = 15
 COUNTER = "node_infiniband_port_data_received_bytes_total"
@@ -121,25 +121,14 @@ def ask(url: str, query: str, start: int, end: int, step: int) -> tuple[float, d
 
 
 def same(ours: dict, theirs: dict) -> str:
-    """'' when both answers hold the same series and values (1e-9 relative), else what differs."""
-
-    def table(answer: dict) -> dict:
-        return {
-            frozenset(s["metric"].items()): [(t, float(v)) for t, v in s["values"]]
-            for s in answer["data"]["result"]
-        }
-
+    """'' when both answers hold the same series and values (tests.support.promqlpeers.assert_same:
+    1e-9 relative), else what differs."""
     if ours["status"] != "success":
         return f"the hub answered {ours.get('errorType')}: {ours.get('error')}"
-    mine, peer_ = table(ours), table(theirs)
-    if set(mine) != set(peer_):
-        return f"series differ: {len(mine)} vs {len(peer_)}"
-    for labels, points in peer_.items():
-        if [t for t, _ in mine[labels]] != [t for t, _ in points]:
-            return f"times differ for {sorted(labels)}"
-        for (_, a), (_, b) in zip(mine[labels], points, strict=True):
-            if not (math.isclose(a, b, rel_tol=1e-9) or (math.isnan(a) and math.isnan(b))):
-                return f"values differ for {sorted(labels)}: {a} vs {b}"
+    try:
+        assert_same(*(comparable(answer["data"]["result"]) for answer in (ours, theirs)), "the week")
+    except AssertionError as differs:
+        return str(differs)[:300]
     return ""
 
 
