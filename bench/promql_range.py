@@ -156,7 +156,6 @@ def main() -> None:
                 shutil.rmtree(work / old, ignore_errors=True)
         start_s = end_s - round(args.days * 86400) + 600
         store = cleanup.enter_context(Store.open(f"chdb://{work / 'store'}", database="bench"))
-        (work / "prometheus.yml").write_text("scrape_configs: []\n")
         if not reuse:
             started = time.perf_counter()
             stored = fill_hub(store, args.nodes, ticks, end_s)

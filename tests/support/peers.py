@@ -68,9 +68,13 @@ def fleetlens_exporter(*flags: str) -> tuple[list[str], str]:
 
 
 def prometheus(folder: Path) -> tuple[list[str], str]:
-    """Debian's Prometheus on a free port, with `folder`/prometheus.yml and its TSDB in `folder`/tsdb; the
-    command line and its base URL (`/-/ready` answers once it has started)."""
+    """Debian's Prometheus on a free port, with `folder`/prometheus.yml (one scraping nothing when the
+    folder has none) and its TSDB in `folder`/tsdb; the command line and its base URL (`/-/ready` answers
+    once it has started)."""
     binary = require_binary("prometheus")
+    config = folder / "prometheus.yml"
+    if not config.exists():
+        config.write_text("scrape_configs: []\n")
     port = free_port()
     args = [
         binary,

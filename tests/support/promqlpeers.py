@@ -38,7 +38,6 @@ def hub_and_prometheus(
     """A hub (on a fresh database in `chdb_dir`) and a Prometheus (in `work`) holding `series`: their URLs
     ("hub", "prometheus") and the hub itself ("hub_app")."""
     require_binary("promtool")
-    (work / "prometheus.yml").write_text("scrape_configs: []\n")
     args, prometheus_url = prometheus(work)
     body = remote_write.snappy(remote_write.encode(series))
     with (
