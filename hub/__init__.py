@@ -15,6 +15,7 @@ bodies         request bodies: size limits, decompression, UTF-8 and JSON checks
 otlp           OTLP/HTTP metric bodies into step records
 steplines      step JSON-lines bodies into step records
 remote_write   Prometheus remote write requests into scrape batches and statuses
+prompb         Prometheus's remote write and read protobuf messages, from their descriptors
 groupcommit    remote write requests that arrive together, written together
 promql         Prometheus's read API on the store: PromQL queries, series, labels, metadata
 remote_read    Prometheus remote read: a Prometheus reads the store as its long-term storage

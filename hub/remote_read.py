@@ -4,8 +4,8 @@
 
 A request is a snappy-compressed (block format) protobuf ReadRequest (prometheus/prompb); each of its
 queries (matchers, start and end in milliseconds) is read with the same SQL as a PromQL selector
-(hub.promql.sql) and answered in a SAMPLES ReadResponse, snappy-compressed too. The messages are built
-from descriptors beside remote write's (hub.remote_write), whose TimeSeries, Label and Sample they share.
+(hub.promql.sql) and answered in a SAMPLES ReadResponse, snappy-compressed too. The messages are
+hub.prompb's, with remote write's.
 A request the hub will never answer (not snappy, not a ReadRequest, no or too many queries, a bad matcher, a
 response type other than SAMPLES only) is PayloadError 400 naming what is wrong.
 """
@@ -16,71 +16,20 @@ from http import HTTPStatus
 from typing import Any
 
 import cramjam
-from google.protobuf import descriptor_pb2, message_factory
 from google.protobuf.message import DecodeError
 
 from hub.errors import PayloadError, PromQLError
+from hub.prompb import Label, ReadRequest, ReadResponse
 from hub.promql.limits import Limits
 from hub.promql.plan import Selector
 from hub.promql.sql import Read, ReadNumbers, read_series
-from hub.remote_write import Label, WriteRequest, unsnappy
+from hub.remote_write import unsnappy
 
 CONTENT_TYPE = "application/x-protobuf"
 MAX_QUERIES = 64  # queries in one request (Prometheus sends one per selector)
 MAX_MATCHERS = 64  # matchers in one query
 SAMPLES = 0  # ReadRequest.ResponseType SAMPLES; 1 is STREAMED_XOR_CHUNKS, not served
 MATCH_TYPES = ("=", "!=", "=~", "!~")  # LabelMatcher.Type EQ, NEQ, RE, NRE
-
-_PROTO = descriptor_pb2.FieldDescriptorProto
-_MESSAGES = {  # name -> fields (name, number, type, message type or "", repeated)
-    "LabelMatcher": (
-        ("type", 1, _PROTO.TYPE_INT32, "", False),
-        ("name", 2, _PROTO.TYPE_STRING, "", False),
-        ("value", 3, _PROTO.TYPE_STRING, "", False),
-    ),
-    "Query": (
-        ("start_timestamp_ms", 1, _PROTO.TYPE_INT64, "", False),
-        ("end_timestamp_ms", 2, _PROTO.TYPE_INT64, "", False),
-        ("matchers", 3, _PROTO.TYPE_MESSAGE, "LabelMatcher", True),
-    ),
-    "ReadRequest": (
-        ("queries", 1, _PROTO.TYPE_MESSAGE, "Query", True),
-        ("accepted_response_types", 2, _PROTO.TYPE_INT32, "", True),
-    ),
-    "QueryResult": (("timeseries", 1, _PROTO.TYPE_MESSAGE, "TimeSeries", True),),
-    "ReadResponse": (("results", 1, _PROTO.TYPE_MESSAGE, "QueryResult", True),),
-}
-
-
-def _read_classes() -> dict[str, type]:
-    """The remote read messages, added to the descriptor pool of remote write's (hub.remote_write) so
-    that QueryResult holds its TimeSeries; query hints are skipped as unknown fields."""
-    written = WriteRequest.DESCRIPTOR.file
-    file = descriptor_pb2.FileDescriptorProto(
-        name="fleetlens/prompb_read.proto",
-        package=written.package,
-        syntax="proto3",
-        dependency=[written.name],
-    )
-    for name, fields in _MESSAGES.items():
-        message = file.message_type.add(name=name)
-        for field_name, number, kind, type_name, repeated in fields:
-            message.field.add(
-                name=field_name,
-                number=number,
-                type=kind,
-                type_name=f".{written.package}.{type_name}" if type_name else None,
-                label=_PROTO.LABEL_REPEATED if repeated else _PROTO.LABEL_OPTIONAL,
-            )
-    written.pool.Add(file)
-    return {
-        name: message_factory.GetMessageClass(written.pool.FindMessageTypeByName(f"{written.package}.{name}"))
-        for name in _MESSAGES
-    }
-
-
-_CLASSES = _read_classes()
-ReadRequest, ReadResponse = _CLASSES["ReadRequest"], _CLASSES["ReadResponse"]
 
 
 def answer_read(

@@ -40,7 +40,6 @@ from http import HTTPStatus
 from urllib.parse import urlsplit
 
 import cramjam
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -49,6 +48,7 @@ from analytics.store.records import ScrapeBatch, TargetStatus
 from collectors.steprecord import check_value
 from hub.bodies import media_type
 from hub.errors import PayloadError
+from hub.prompb import Label, RawWriteRequest, Sample, TimeSeries
 
 CONTENT_TYPE = "application/x-protobuf"
 VERSION = "0.1.0"  # X-Prometheus-Remote-Write-Version of remote write 1.0
@@ -105,51 +105,6 @@ def strip_port(address: str) -> str:
     if host is None or not parts.netloc.endswith(f":{parts.port}"):
         return address
     return host
-
-
-def _message_classes() -> tuple[type, type, type, type, type]:
-    """WriteRequest and Label of prometheus/prompb (types.proto, remote.proto), built from their
-    descriptors here, so the real protobuf parser decodes them without generated code.
-
-    A series' labels are kept as their encoded Label messages (bytes, the same wire format), and only a
-    series not seen before has its labels decoded (and their UTF-8 checked) as Labels. Histograms are kept
-    as raw bytes: this hub counts and drops them; exemplars and metadata are skipped as unknown fields.
-    RawWriteRequest is WriteRequest with each TimeSeries left encoded, for the receiver's fast path."""
-    proto = descriptor_pb2.FieldDescriptorProto
-    file = descriptor_pb2.FileDescriptorProto(
-        name="fleetlens/prompb_remote.proto", package="fleetlens.prompb", syntax="proto3"
-    )
-
-    def message(name: str, *fields: tuple[str, int, int, str, bool]) -> None:
-        added = file.message_type.add(name=name)
-        for field_name, number, kind, type_name, repeated in fields:
-            label = proto.LABEL_REPEATED if repeated else proto.LABEL_OPTIONAL
-            added.field.add(name=field_name, number=number, type=kind, label=label)
-            if type_name:
-                added.field[-1].type_name = type_name
-
-    message("Label", ("name", 1, proto.TYPE_STRING, "", False), ("value", 2, proto.TYPE_STRING, "", False))
-    message(
-        "Sample", ("value", 1, proto.TYPE_DOUBLE, "", False), ("timestamp", 2, proto.TYPE_INT64, "", False)
-    )
-    message(
-        "TimeSeries",
-        ("labels", 1, proto.TYPE_BYTES, "", True),
-        ("samples", 2, proto.TYPE_MESSAGE, ".fleetlens.prompb.Sample", True),
-        ("histograms", 4, proto.TYPE_BYTES, "", True),
-    )
-    message("WriteRequest", ("timeseries", 1, proto.TYPE_MESSAGE, ".fleetlens.prompb.TimeSeries", True))
-    message("RawWriteRequest", ("timeseries", 1, proto.TYPE_BYTES, "", True))
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(file)
-    classes = (
-        message_factory.GetMessageClass(pool.FindMessageTypeByName(f"fleetlens.prompb.{name}"))
-        for name in ("WriteRequest", "Label", "TimeSeries", "RawWriteRequest", "Sample")
-    )
-    return tuple(classes)
-
-
-WriteRequest, Label, TimeSeries, RawWriteRequest, Sample = _message_classes()
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 from hub.app import Hub
 from hub.auth import Tokens
 from hub.otlp import OtlpStepReceiver
-from hub.remote_read import ReadRequest, ReadResponse
-from hub.remote_write import Label
+from hub.prompb import Label, ReadRequest, ReadResponse
 from hub.spool import Spool
 from hub.writer import Writer
 from tests.support import remote_write

@@ -19,14 +19,8 @@ from hub.app import Hub
 from hub.auth import Tokens
 from hub.errors import PayloadError
 from hub.otlp import OtlpStepReceiver
-from hub.remote_write import (
-    Label,
-    NodeIdentity,
-    RemoteWriteLimits,
-    RemoteWriteReceiver,
-    WriteRequest,
-    strip_port,
-)
+from hub.prompb import Label, WriteRequest
+from hub.remote_write import NodeIdentity, RemoteWriteLimits, RemoteWriteReceiver, strip_port
 from hub.spool import Spool
 from hub.writer import Writer
 from tests.hub.test_app import Outage

@@ -8,7 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import cramjam
 
-from hub.remote_write import CONTENT_TYPE, VERSION, Label, WriteRequest
+from hub.prompb import Label, WriteRequest
+from hub.remote_write import CONTENT_TYPE, VERSION
 
 Series = tuple[Mapping[str, str], Sequence[tuple[int, float]]]  # labels with __name__, (ts ms, value)
 HEADERS = {
