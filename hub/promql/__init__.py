@@ -55,7 +55,7 @@ def answer_query(
     if is_range_vector(node):
         assert isinstance(node, Selector | Subquery)
         _, _, every = range_points(node, request.start_ms, data)
-        return answer.matrix({labels: list(zip(*points, strict=True)) for labels, points in every})
+        return answer.matrix({labels: (list(times), list(values)) for labels, (times, values) in every})
     if not request.is_range:
         value = evaluate(node, request.start_ms, data)
         if isinstance(value, float):
@@ -66,11 +66,13 @@ def answer_query(
     if isinstance(table, StepTable):
         limits.hold(int(table.present.sum()))
         return answer.matrix(table.points())
-    series: dict[Labels, list[answer.Point]] = {}
+    series: dict[Labels, answer.Points] = {}
     for t in request.times():
         limits.check_time()
         value = evaluate(node, t, data)
         limits.hold(1 if isinstance(value, float) else len(value))
         for labels, number in ({(): value} if isinstance(value, float) else value).items():
-            series.setdefault(labels, []).append((t, number))
+            times, values = series.setdefault(labels, ([], []))
+            times.append(t)
+            values.append(number)
     return answer.matrix(series)

@@ -11,7 +11,7 @@ from decimal import Decimal
 
 from hub.promql.sql import Labels
 
-Point = tuple[int, float]  # time (ms) and value
+Points = tuple[list[int], list[float]]  # one series' times (ms) and values, in time order
 
 
 def number_text(value: float) -> str:
@@ -45,15 +45,14 @@ def vector(values: dict[Labels, float], t_ms: int) -> bytes:
     return success("vector", result)
 
 
-def matrix(series: dict[Labels, list[Point]]) -> bytes:
+def matrix(series: dict[Labels, Points]) -> bytes:
     """A matrix written as text piece by piece: a long range answer holds a million points, and a list
     per point for json.dumps cost more than the query. A value's text is digits, a sign, a point, NaN or
     Inf, which need no escaping; a time in seconds is Python's float text, valid JSON, written once per
     time whatever the number of series."""
     stamps: dict[int, str] = {}
     parts = []
-    for labels, points in sorted(series.items()):
-        times, values = zip(*points, strict=True) if points else ((), ())
+    for labels, (times, values) in sorted(series.items()):
         for t in times:
             if t not in stamps:
                 stamps[t] = repr(t / 1000)

@@ -57,13 +57,13 @@ class StepTable:
             labels: value for labels, here, value in zip(self.labels, present, values, strict=True) if here
         }
 
-    def points(self) -> dict[Labels, list[tuple[int, float]]]:
-        """Each row's (time, value) points where it has a value: a range query's answer."""
+    def points(self) -> dict[Labels, tuple[list[int], list[float]]]:
+        """Each row's times and values where it has a value: a range query's answer."""
         times = np.arange(self.count, dtype=np.int64) * self.step_ms + self.start_ms
         found = {}
         for labels, values, present in zip(self.labels, self.values, self.present, strict=True):
             if present.any():
-                found[labels] = list(zip(times[present].tolist(), values[present].tolist(), strict=True))
+                found[labels] = (times[present].tolist(), values[present].tolist())
         return found
 
 
